@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages OrbitKV's tests and benchmarks use, when missing.
+# Idempotent: a second run installs nothing and takes well under a second.
+set -euo pipefail
+
+pkgs=(
+  fio redis-server iperf3 iproute2 protobuf-compiler
+  python3-torch python3-grpcio python3-grpc-tools python3-protobuf python3-pytest python3-numpy
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
