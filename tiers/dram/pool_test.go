@@ -1,0 +1,127 @@
+package dram
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+func newPool(t *testing.T, slabs, slabBytes uint64) *Pool {
+	t.Helper()
+	p, err := New(Config{Bytes: slabs * slabBytes, SlabBytes: slabBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func TestAllocFillsAndFrees(t *testing.T) {
+	p := newPool(t, 2, 64<<10)
+	var slots []Slot
+	for {
+		s, err := p.Alloc(10000) // 12 KiB slots: 5 per slab
+		if errors.Is(err, ErrFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, s)
+	}
+	if len(slots) != 10 {
+		t.Fatalf("got %d slots, want 10", len(slots))
+	}
+	if got := p.Stats().UsedBytes; got != 10*12288 {
+		t.Fatalf("used %d", got)
+	}
+	// Slots never overlap and are aligned.
+	seen := map[uint64]bool{}
+	for _, s := range slots {
+		off := p.Offset(s)
+		if off%4096 != 0 || seen[off] {
+			t.Fatalf("slot %x offset %d misaligned or reused", s, off)
+		}
+		seen[off] = true
+		if len(p.Bytes(s)) != 12288 {
+			t.Fatal("slot length")
+		}
+	}
+	// Another size class cannot be served until a whole slab is free.
+	if _, err := p.Alloc(4096); !errors.Is(err, ErrFull) {
+		t.Fatalf("want ErrFull, got %v", err)
+	}
+	for _, s := range slots[:5] {
+		p.Free(s)
+	}
+	if _, err := p.Alloc(4096); err != nil {
+		t.Fatalf("after freeing a slab: %v", err)
+	}
+}
+
+func TestTooLarge(t *testing.T) {
+	p := newPool(t, 1, 64<<10)
+	if _, err := p.Alloc(64<<10 + 1); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("want ErrTooLarge, got %v", err)
+	}
+}
+
+func TestDoubleFreePanics(t *testing.T) {
+	p := newPool(t, 1, 64<<10)
+	s, _ := p.Alloc(100)
+	p.Free(s)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("double free must panic")
+		}
+	}()
+	p.Free(s)
+}
+
+// TestRandomAgainstModel allocates and frees at random with two sizes and
+// checks that live slots never overlap and accounting matches.
+func TestRandomAgainstModel(t *testing.T) {
+	p := newPool(t, 8, 64<<10)
+	r := rand.New(rand.NewPCG(3, 4))
+	live := map[Slot]uint64{}
+	for step := 0; step < 5000; step++ {
+		if r.IntN(3) > 0 {
+			size := []uint64{4096, 20000}[r.IntN(2)]
+			s, err := p.Alloc(size)
+			if errors.Is(err, ErrFull) {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, dup := live[s]; dup {
+				t.Fatalf("slot %x handed out twice", s)
+			}
+			live[s] = SlotBytes(size)
+			b := p.Bytes(s)
+			b[0], b[len(b)-1] = byte(step), byte(step)
+		} else {
+			for s := range live {
+				p.Free(s)
+				delete(live, s)
+				break
+			}
+		}
+		var used uint64
+		type iv struct{ a, b uint64 }
+		var ivs []iv
+		for s, sz := range live {
+			used += sz
+			off := p.Offset(s)
+			for _, o := range ivs {
+				if off < o.b && o.a < off+sz {
+					t.Fatalf("slots overlap at step %d", step)
+				}
+			}
+			ivs = append(ivs, iv{off, off + sz})
+		}
+		if st := p.Stats(); st.UsedBytes != used || st.Slots != len(live) {
+			t.Fatalf("stats %+v, model used %d slots %d", st, used, len(live))
+		}
+	}
+}

@@ -1,0 +1,7 @@
+// Package hbm holds the engine-registered KV buffers a peer copies pages in
+// and out of: a shared-memory file for CPU engines (mapped here), and GPU
+// allocations imported from CUDA IPC handles (package cuda) for GPU engines.
+//
+// A mapped buffer lives exactly as long as the session that registered it;
+// the peer unmaps it only after every copy touching it has finished.
+package hbm

@@ -1,0 +1,63 @@
+package hbm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrBuffer reports an engine buffer that cannot be used as described.
+var ErrBuffer = errors.New("engine kv buffer")
+
+// Shared is an engine's shared-memory KV buffer mapped into the peer.
+type Shared struct {
+	Path string
+	mem  []byte
+}
+
+// MapShared maps size bytes of the file at path, read-write and shared, so
+// the peer's copies land in the engine's memory.
+func MapShared(path string, size uint64) (*Shared, error) {
+	if !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("%w: path %q is not absolute", ErrBuffer, path)
+	}
+	if size == 0 {
+		return nil, fmt.Errorf("%w: %s: size 0", ErrBuffer, path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open: %v", ErrBuffer, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: stat %s: %v", ErrBuffer, path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file", ErrBuffer, path)
+	}
+	if uint64(st.Size()) < size {
+		return nil, fmt.Errorf("%w: %s has %d bytes, described as %d", ErrBuffer, path, st.Size(), size)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%w: map %s (%d bytes): %v", ErrBuffer, path, size, err)
+	}
+	return &Shared{Path: path, mem: mem}, nil
+}
+
+// Bytes returns the mapped memory.
+func (s *Shared) Bytes() []byte { return s.mem }
+
+// Close unmaps the buffer; it is idempotent.
+func (s *Shared) Close() error {
+	if s.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(s.mem)
+	s.mem = nil
+	return err
+}

@@ -1,0 +1,16 @@
+// Package transfer moves page bytes: it plans descriptor batches between an
+// engine's KV buffers (scattered (layer × plane) segments) and a page blob
+// (one contiguous tier slot), and executes them on a Transport.
+//
+// Invariants:
+//   - A page blob is segment-major: for each segment in the session's order,
+//     the page's blocks in sequence order. Gather and Scatter are exact
+//     inverses for the same geometry and block list.
+//   - Descriptors are bounds-checked against their regions when planned;
+//     a Transport never sees an out-of-range descriptor.
+//   - Adjacent descriptors that are contiguous on both sides are merged, so
+//     engines whose blocks are contiguous move in few large copies.
+//
+// Transports: Local (host memory, memmove) lives here; CUDA (H2D/D2H/peer),
+// TCP and RDMA verbs plug in behind the same Transport interface.
+package transfer

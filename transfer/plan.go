@@ -1,0 +1,112 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrGeometry reports a segment description that does not fit its buffers.
+var ErrGeometry = errors.New("kv buffer geometry")
+
+// Segment locates one (layer, plane) of the KV cache in a buffer: block b
+// occupies [Offset + b*Stride, + BlockBytes).
+type Segment struct {
+	Buffer     int
+	Offset     uint64
+	Stride     uint64
+	BlockBytes uint64
+}
+
+// Geometry is how one engine session's pages map onto its buffers.
+type Geometry struct {
+	Segments      []Segment
+	NumBlocks     uint32
+	BlocksPerPage int
+}
+
+// PageBytes is the size of one page blob.
+func (g *Geometry) PageBytes() uint64 {
+	var n uint64
+	for _, s := range g.Segments {
+		n += s.BlockBytes
+	}
+	return n * uint64(g.BlocksPerPage)
+}
+
+// Validate checks every segment's blocks against the buffer sizes.
+func (g *Geometry) Validate(bufSizes []uint64) error {
+	if g.BlocksPerPage <= 0 || g.NumBlocks == 0 || len(g.Segments) == 0 {
+		return fmt.Errorf("%w: %d blocks per page, %d blocks, %d segments", ErrGeometry, g.BlocksPerPage, g.NumBlocks, len(g.Segments))
+	}
+	for i, s := range g.Segments {
+		if s.Buffer < 0 || s.Buffer >= len(bufSizes) {
+			return fmt.Errorf("%w: segment %d names buffer %d of %d", ErrGeometry, i, s.Buffer, len(bufSizes))
+		}
+		if s.BlockBytes == 0 || (g.NumBlocks > 1 && s.Stride < s.BlockBytes) {
+			return fmt.Errorf("%w: segment %d block %d bytes, stride %d", ErrGeometry, i, s.BlockBytes, s.Stride)
+		}
+		end := s.Offset + uint64(g.NumBlocks-1)*s.Stride + s.BlockBytes
+		if end > bufSizes[s.Buffer] || end < s.Offset {
+			return fmt.Errorf("%w: segment %d ends at byte %d, buffer %d has %d", ErrGeometry, i, end, s.Buffer, bufSizes[s.Buffer])
+		}
+	}
+	return nil
+}
+
+// CheckBlocks validates one page's block list.
+func (g *Geometry) CheckBlocks(blocks []uint32) error {
+	if len(blocks) != g.BlocksPerPage {
+		return fmt.Errorf("%w: page names %d blocks, want %d", ErrGeometry, len(blocks), g.BlocksPerPage)
+	}
+	for _, b := range blocks {
+		if b >= g.NumBlocks {
+			return fmt.Errorf("%w: block %d out of range (%d blocks)", ErrGeometry, b, g.NumBlocks)
+		}
+	}
+	return nil
+}
+
+// Gather appends the descriptors that copy a page's blocks from the engine
+// buffers into blob at blobOff, in blob order.
+func (g *Geometry) Gather(dst []Desc, bufs []*Region, blocks []uint32, blob *Region, blobOff uint64) ([]Desc, error) {
+	return g.plan(dst, bufs, blocks, blob, blobOff, false)
+}
+
+// Scatter appends the descriptors that copy a page blob back into blocks.
+func (g *Geometry) Scatter(dst []Desc, bufs []*Region, blocks []uint32, blob *Region, blobOff uint64) ([]Desc, error) {
+	return g.plan(dst, bufs, blocks, blob, blobOff, true)
+}
+
+func (g *Geometry) plan(out []Desc, bufs []*Region, blocks []uint32, blob *Region, off uint64, toEngine bool) ([]Desc, error) {
+	if err := g.CheckBlocks(blocks); err != nil {
+		return out, err
+	}
+	for _, s := range g.Segments {
+		buf := bufs[s.Buffer]
+		for _, b := range blocks {
+			d := Desc{Src: buf, SrcOff: s.Offset + uint64(b)*s.Stride, Dst: blob, DstOff: off, Len: s.BlockBytes}
+			if toEngine {
+				d.Src, d.Dst, d.SrcOff, d.DstOff = d.Dst, d.Src, d.DstOff, d.SrcOff
+			}
+			if err := d.check(); err != nil {
+				return out, fmt.Errorf("%w: %v", ErrGeometry, err)
+			}
+			out = appendMerged(out, d)
+			off += s.BlockBytes
+		}
+	}
+	return out, nil
+}
+
+// appendMerged appends d, extending the last descriptor when d continues it
+// on both sides.
+func appendMerged(out []Desc, d Desc) []Desc {
+	if n := len(out); n > 0 {
+		l := &out[n-1]
+		if l.Src == d.Src && l.Dst == d.Dst && l.SrcOff+l.Len == d.SrcOff && l.DstOff+l.Len == d.DstOff {
+			l.Len += d.Len
+			return out
+		}
+	}
+	return append(out, d)
+}

@@ -1,0 +1,118 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash/crc32"
+	"math/rand/v2"
+	"testing"
+)
+
+// flashGeometry describes a vLLM-FlashAttention-like buffer: per layer one
+// (2, numBlocks, blockBytes) tensor laid out back to back in one buffer.
+func flashGeometry(layers int, numBlocks uint32, blockBytes uint64, perPage int) Geometry {
+	g := Geometry{NumBlocks: numBlocks, BlocksPerPage: perPage}
+	plane := uint64(numBlocks) * blockBytes
+	for l := 0; l < layers; l++ {
+		for p := 0; p < 2; p++ {
+			g.Segments = append(g.Segments, Segment{Offset: uint64(2*l+p) * plane, Stride: blockBytes, BlockBytes: blockBytes})
+		}
+	}
+	return g
+}
+
+func TestGatherScatterRoundTrip(t *testing.T) {
+	g := flashGeometry(3, 16, 96, 4)
+	size := uint64(3 * 2 * 16 * 96)
+	if err := g.Validate([]uint64{size}); err != nil {
+		t.Fatal(err)
+	}
+	engine := HostRegion("engine", make([]byte, size))
+	r := rand.New(rand.NewPCG(1, 1))
+	for i := range engine.Host {
+		engine.Host[i] = byte(r.Uint32())
+	}
+	blob := HostRegion("blob", make([]byte, g.PageBytes()))
+	src := []uint32{9, 2, 3, 15}
+	descs, err := g.Gather(nil, []*Region{engine}, src, blob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crc, err := Local{}.CopyChecksum(context.Background(), descs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := crc32.Checksum(blob.Host, castagnoli); crc != want {
+		t.Fatalf("checksum %08x, want %08x", crc, want)
+	}
+	// Blocks 2,3 are adjacent in every segment: 6 segments x 3 runs.
+	if len(descs) != 6*3 {
+		t.Fatalf("%d descriptors, want 18 after merging", len(descs))
+	}
+	dstBuf := HostRegion("engine2", make([]byte, size))
+	sentinel := bytes.Repeat([]byte{0xAB}, int(size))
+	copy(dstBuf.Host, sentinel)
+	dstBlocks := []uint32{0, 5, 6, 11}
+	descs, err = g.Scatter(nil, []*Region{dstBuf}, dstBlocks, blob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (Local{}).Copy(context.Background(), descs); err != nil {
+		t.Fatal(err)
+	}
+	for si, s := range g.Segments {
+		for i := uint32(0); i < g.NumBlocks; i++ {
+			got := dstBuf.Host[s.Offset+uint64(i)*s.Stride:][:s.BlockBytes]
+			want := sentinel[:s.BlockBytes]
+			for j, b := range dstBlocks {
+				if b == i {
+					want = engine.Host[s.Offset+uint64(src[j])*s.Stride:][:s.BlockBytes]
+				}
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("segment %d block %d differs", si, i)
+			}
+		}
+	}
+}
+
+func TestPlanRejectsBadInput(t *testing.T) {
+	g := flashGeometry(1, 4, 64, 2)
+	engine := HostRegion("e", make([]byte, 2*4*64))
+	blob := HostRegion("b", make([]byte, g.PageBytes()))
+	for name, blocks := range map[string][]uint32{
+		"too few blocks":  {1},
+		"block past end":  {1, 4},
+		"too many blocks": {0, 1, 2},
+	} {
+		if _, err := g.Gather(nil, []*Region{engine}, blocks, blob, 0); !errors.Is(err, ErrGeometry) {
+			t.Errorf("%s: want ErrGeometry, got %v", name, err)
+		}
+	}
+	small := HostRegion("b", make([]byte, g.PageBytes()-1))
+	if _, err := g.Gather(nil, []*Region{engine}, []uint32{0, 1}, small, 0); !errors.Is(err, ErrGeometry) {
+		t.Errorf("small blob: want ErrGeometry, got %v", err)
+	}
+	if err := g.Validate([]uint64{100}); !errors.Is(err, ErrGeometry) {
+		t.Errorf("short buffer: want ErrGeometry, got %v", err)
+	}
+	if err := g.Validate(nil); !errors.Is(err, ErrGeometry) {
+		t.Errorf("missing buffer: want ErrGeometry, got %v", err)
+	}
+}
+
+func TestLocalHonorsDeadline(t *testing.T) {
+	a := HostRegion("a", make([]byte, 4*chunk))
+	b := HostRegion("b", make([]byte, 4*chunk))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := Local{}.Copy(ctx, []Desc{{Src: a, Dst: b, Len: 4 * chunk}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("want context.Canceled, got %v", err)
+	}
+	dev := &Region{Name: "gpu", Kind: Device, Size: 10}
+	if err := (Local{}).Copy(context.Background(), []Desc{{Src: dev, Dst: b, Len: 1}}); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("want ErrUnsupported, got %v", err)
+	}
+}
