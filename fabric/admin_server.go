@@ -1,0 +1,173 @@
+package fabric
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+// adminServer implements pb.AdminServiceServer.
+type adminServer struct {
+	pb.UnimplementedAdminServiceServer
+	p *Peer
+}
+
+// Idle reports whether no lease, operation or SSD I/O is outstanding.
+func (p *Peer) idle() (bool, string) {
+	leases, ops := 0, 0
+	for _, s := range p.sessions.list() {
+		s.mu.Lock()
+		leases += len(s.mu.leases)
+		ops += len(s.mu.ops)
+		s.mu.Unlock()
+	}
+	var ssdInflight int64
+	if p.ssd != nil {
+		ssdInflight = p.ssd.Stats().InFlight
+	}
+	p.pages.mu.Lock()
+	leased := p.leasedBytes
+	p.pages.mu.Unlock()
+	idle := leases == 0 && leased == 0 && ssdInflight == 0 && p.runningOps() == 0
+	return idle, fmt.Sprintf("leases=%d leased_bytes=%d unwaited_ops=%d running_ops=%d ssd_inflight=%d",
+		leases, leased, ops, p.runningOps(), ssdInflight)
+}
+
+func (p *Peer) runningOps() int {
+	n := 0
+	for _, s := range p.sessions.list() {
+		s.mu.Lock()
+		for _, o := range s.mu.ops {
+			select {
+			case <-o.done:
+			default:
+				n++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
+func (s *adminServer) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
+	p := s.p
+	ps := p.pool.Stats()
+	out := &pb.StatusResponse{Healthy: true, Version: Version, UptimeMs: time.Since(p.started).Milliseconds(),
+		Sessions: uint32(len(p.sessions.list())), CatalogEntries: uint64(p.cat.Len()), InflightOps: uint32(p.runningOps())}
+	p.pages.mu.Lock()
+	ssdPages := p.pages.mu.ssd.Len()
+	p.pages.mu.Unlock()
+	out.Tiers = append(out.Tiers, &pb.TierStatus{Tier: pb.Tier_TIER_DRAM, CapacityBytes: ps.CapacityBytes, UsedBytes: ps.UsedBytes, Pages: uint64(ps.Slots)})
+	if p.ssd != nil {
+		st := p.ssd.Stats()
+		out.Tiers = append(out.Tiers, &pb.TierStatus{Tier: pb.Tier_TIER_SSD, CapacityBytes: st.CapacityBytes, UsedBytes: st.UsedBytes, Pages: uint64(ssdPages)})
+	}
+	for _, sess := range p.sessions.list() {
+		sess.mu.Lock()
+		out.Leases += uint32(len(sess.mu.leases))
+		sess.mu.Unlock()
+	}
+	return out, nil
+}
+
+func (s *adminServer) CatalogLookup(_ context.Context, r *pb.CatalogLookupRequest) (*pb.CatalogLookupResponse, error) {
+	keys, err := keysFromPB(r.Keys, s.p.cfg.MaxKeys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	res := s.p.cat.Lookup(keys, now())
+	out := &pb.CatalogLookupResponse{HitPages: uint32(res.Hit)}
+	for _, t := range res.Tiers {
+		out.Tiers = append(out.Tiers, tierToPB(t))
+	}
+	return out, nil
+}
+
+func (s *adminServer) Evict(_ context.Context, r *pb.EvictRequest) (*pb.EvictResponse, error) {
+	keys, err := keysFromPB(r.Keys, s.p.cfg.MaxKeys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	var tier catalog.Tier
+	switch r.Tier {
+	case pb.Tier_TIER_DRAM:
+		tier = catalog.TierDRAM
+	case pb.Tier_TIER_SSD:
+		tier = catalog.TierSSD
+	default:
+		return nil, toStatus(invalid("evict needs tier DRAM or SSD"))
+	}
+	n, err := s.p.pages.evict(tier, keys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.EvictResponse{EvictedPages: uint64(n)}, nil
+}
+
+func (s *adminServer) Drain(ctx context.Context, r *pb.DrainRequest) (*pb.DrainResponse, error) {
+	deadline := time.Now().Add(min(durationMs(r.TimeoutMs, 10*time.Second), maxWait))
+	for {
+		idle, detail := s.p.idle()
+		if idle || time.Now().After(deadline) || ctx.Err() != nil {
+			s.p.pages.updateGauges()
+			return &pb.DrainResponse{Idle: idle, Detail: detail}, nil
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// evict drops unpinned copies from one tier: the given keys, or every page
+// when keys is empty. A DRAM copy not held on SSD is demoted first (when
+// the SSD tier exists) so eviction from DRAM loses nothing.
+func (s *pageStore) evict(tier catalog.Tier, keys []pagekey.Key) (int, error) {
+	if len(keys) == 0 {
+		s.cat.Range(func(e catalog.Entry) bool { keys = append(keys, e.Key); return true })
+	}
+	n := 0
+	for _, k := range keys {
+		ok, err := s.evictOne(tier, k)
+		if err != nil {
+			return n, err
+		}
+		if ok {
+			n++
+		}
+	}
+	s.updateGauges()
+	return n, nil
+}
+
+func (s *pageStore) evictOne(tier catalog.Tier, k pagekey.Key) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.cat.Get(k)
+	if !ok {
+		return false, nil
+	}
+	switch {
+	case tier == catalog.TierDRAM && e.DRAMSlot >= 0 && !s.mu.dram.Pinned(k):
+		if !e.OnSSD && s.ssd != nil {
+			s.mu.Unlock()
+			err := s.demote(context.Background(), e)
+			s.mu.Lock()
+			if err != nil {
+				return false, err
+			}
+			if e, ok = s.cat.Get(k); !ok || s.mu.dram.Pinned(k) {
+				return false, nil
+			}
+		}
+		s.dropDRAMLocked(e)
+		return true, nil
+	case tier == catalog.TierSSD && e.OnSSD && !s.mu.ssd.Pinned(k):
+		return true, s.dropSSDLocked(k)
+	}
+	return false, nil
+}

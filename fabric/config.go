@@ -1,0 +1,97 @@
+package fabric
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/bytesize"
+)
+
+// Config configures a peer. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	DataDir     string // directory for the socket, the catalog and the SSD files
+	Socket      string // engine/admin Unix socket path (default DataDir/orbitkv.sock)
+	MetricsAddr string // Prometheus /metrics listen address; "" disables
+
+	DRAMBytes     bytesize.Size // DRAM pool capacity in bytes
+	DRAMSlabBytes bytesize.Size // DRAM slab size in bytes (largest page)
+	SSDBytes      bytesize.Size // SSD tier capacity in bytes; 0 disables the tier
+	SSDFileBytes  bytesize.Size // size of each preallocated SSD file in bytes
+	SSDQueueDepth int           // io_uring submissions in flight per batch
+	SSDNoSync     bool          // skip fdatasync (benchmarks only: loses durability)
+
+	LeaseTTL         time.Duration // default lease lifetime
+	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once
+	Keepalive        time.Duration // a session without a keepalive for this long is closed
+	OpDeadline       time.Duration // default deadline of a Save or Load
+
+	MaxKeys  int // most keys in one Lookup
+	MaxPages int // most pages in one Save or Load
+}
+
+// DefaultConfig returns the embedded default `make run` uses.
+func DefaultConfig() Config {
+	return Config{
+		DataDir:          "./data",
+		MetricsAddr:      "127.0.0.1:9464",
+		DRAMBytes:        1 << 30,
+		DRAMSlabBytes:    64 << 20,
+		SSDBytes:         4 << 30,
+		SSDFileBytes:     1 << 30,
+		SSDQueueDepth:    32,
+		LeaseTTL:         30 * time.Second,
+		QueryBudgetBytes: 2 << 30,
+		Keepalive:        10 * time.Second,
+		OpDeadline:       30 * time.Second,
+		MaxKeys:          1 << 16,
+		MaxPages:         4096,
+	}
+}
+
+// RegisterFlags binds the config to flags (documented in docs/configuration.md).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the socket, catalog and SSD files")
+	fs.StringVar(&c.Socket, "socket", c.Socket, "engine/admin Unix socket (default DATA-DIR/orbitkv.sock)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "Prometheus /metrics address; empty disables")
+	fs.Var(&c.DRAMBytes, "dram-bytes", "DRAM pool capacity (e.g. 1GiB)")
+	fs.Var(&c.DRAMSlabBytes, "dram-slab-bytes", "DRAM slab size; the largest page that fits")
+	fs.Var(&c.SSDBytes, "ssd-bytes", "SSD tier capacity; 0 disables the SSD tier")
+	fs.Var(&c.SSDFileBytes, "ssd-file-bytes", "size of each preallocated SSD file")
+	fs.IntVar(&c.SSDQueueDepth, "ssd-queue-depth", c.SSDQueueDepth, "io_uring submissions in flight")
+	fs.BoolVar(&c.SSDNoSync, "ssd-no-sync", c.SSDNoSync, "skip fdatasync on SSD writes (benchmarks only)")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "default lease lifetime")
+	fs.Var(&c.QueryBudgetBytes, "query-budget-bytes", "bytes all live leases may hold at once")
+	fs.DurationVar(&c.Keepalive, "keepalive", c.Keepalive, "close a session silent for this long")
+	fs.DurationVar(&c.OpDeadline, "op-deadline", c.OpDeadline, "default deadline of a save or load")
+	fs.IntVar(&c.MaxKeys, "max-keys", c.MaxKeys, "most keys in one lookup")
+	fs.IntVar(&c.MaxPages, "max-pages", c.MaxPages, "most pages in one save or load")
+}
+
+// Validate checks the config and fills derived defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data-dir is required"))
+	}
+	if c.Socket == "" {
+		c.Socket = filepath.Join(c.DataDir, "orbitkv.sock")
+	}
+	if c.DRAMSlabBytes == 0 || c.DRAMBytes < c.DRAMSlabBytes {
+		errs = append(errs, fmt.Errorf("dram-bytes %v must hold at least one slab of %v", c.DRAMBytes, c.DRAMSlabBytes))
+	}
+	if c.SSDBytes > 0 && c.SSDFileBytes == 0 {
+		errs = append(errs, errors.New("ssd-file-bytes must be positive"))
+	}
+	for name, d := range map[string]time.Duration{"lease-ttl": c.LeaseTTL, "keepalive": c.Keepalive, "op-deadline": c.OpDeadline} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %v", name, d))
+		}
+	}
+	if c.MaxKeys <= 0 || c.MaxPages <= 0 {
+		errs = append(errs, errors.New("max-keys and max-pages must be positive"))
+	}
+	return errors.Join(errs...)
+}

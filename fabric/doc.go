@@ -1,0 +1,19 @@
+// Package fabric is the per-host OrbitKV peer: the composition root that
+// wires the catalog, the tiers and the transports, owns the gRPC servers
+// (engine and admin, on a Unix socket with owner-only permissions), sessions
+// and leases, and exports Prometheus metrics.
+//
+// Invariants:
+//   - A catalog entry names only bytes that are in place: a DRAM slot after
+//     its gather finished, an SSD slot after the SSD tier made it durable.
+//     Slots are freed only after the catalog stopped naming them.
+//   - A page is pinned (tiers.LRU) for every lease and copy that needs it,
+//     and eviction never picks a pinned page.
+//   - Every operation has a deadline; a session that stops sending
+//     keepalives is closed, its leases released and its operations
+//     cancelled before its buffers are unmapped.
+//   - A page that fails its checksum is removed from the catalog and reported
+//     as corrupt; it is never copied into an engine.
+//   - Gauges (leases, query bytes, in-flight operations, SSD queue) return to
+//     zero when the peer is idle.
+package fabric

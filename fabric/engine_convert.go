@@ -1,0 +1,188 @@
+package fabric
+
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/transfer"
+)
+
+// The engine API's conversions between generated types and the peer's own.
+// Every request from outside is validated here before it reaches anything.
+
+const (
+	maxLayers     = 1024
+	maxBuffers    = 4096
+	maxStringLen  = 512
+	maxPageTokens = 1 << 16
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
+}
+
+func layoutFromPB(l *pb.Layout) (pagekey.Layout, error) {
+	if l == nil {
+		return pagekey.Layout{}, invalid("layout is required")
+	}
+	out := pagekey.Layout{Model: l.Model, Revision: l.Revision, DType: l.Dtype, NumLayers: l.NumLayers,
+		KVHeads: l.KvHeads, HeadDim: l.HeadDim, TPRank: l.TpRank, TPSize: l.TpSize, PageTokens: l.PageTokens, ByteLayout: l.ByteLayout}
+	switch {
+	case out.Model == "" || out.DType == "" || out.ByteLayout == "":
+		return out, invalid("layout needs model, dtype and byte_layout")
+	case len(out.Model) > maxStringLen || len(out.Revision) > maxStringLen || len(out.DType) > maxStringLen || len(out.ByteLayout) > maxStringLen:
+		return out, invalid("layout strings are limited to %d bytes", maxStringLen)
+	case out.NumLayers == 0 || out.NumLayers > maxLayers:
+		return out, invalid("num_layers %d out of range 1..%d", out.NumLayers, maxLayers)
+	case out.KVHeads == 0 || out.HeadDim == 0:
+		return out, invalid("kv_heads and head_dim must be positive")
+	case out.TPSize == 0 || out.TPRank >= out.TPSize:
+		return out, invalid("tp_rank %d of tp_size %d", out.TPRank, out.TPSize)
+	case out.PageTokens == 0 || out.PageTokens > maxPageTokens:
+		return out, invalid("page_tokens %d out of range 1..%d", out.PageTokens, maxPageTokens)
+	}
+	return out, nil
+}
+
+// sessionFromPB validates an OpenSession request.
+func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessionSpec, error) {
+	var spec sessionSpec
+	layout, err := layoutFromPB(r.Layout)
+	if err != nil {
+		return spec, err
+	}
+	spec.layout, spec.engineID = layout, r.EngineId
+	if len(spec.engineID) > maxStringLen {
+		return spec, invalid("engine_id longer than %d bytes", maxStringLen)
+	}
+	if r.BlockTokens == 0 || layout.PageTokens%r.BlockTokens != 0 {
+		return spec, invalid("block_tokens %d must divide page_tokens %d", r.BlockTokens, layout.PageTokens)
+	}
+	if len(r.Buffers) == 0 || len(r.Buffers) > maxBuffers {
+		return spec, invalid("%d buffers, want 1..%d", len(r.Buffers), maxBuffers)
+	}
+	sizes := make([]uint64, len(r.Buffers))
+	for i, b := range r.Buffers {
+		shm := b.GetShm()
+		if shm == nil {
+			return spec, invalid("buffer %d: only shared-memory buffers are supported by this peer (CUDA IPC needs a GPU build)", i)
+		}
+		if !filepath.IsAbs(shm.Path) {
+			return spec, invalid("buffer %d: path %q is not absolute", i, shm.Path)
+		}
+		sizes[i] = b.SizeBytes
+		spec.shm = append(spec.shm, shmSpec{path: shm.Path, size: b.SizeBytes})
+	}
+	spec.geom, err = geometryFromPB(r, layout, sizes)
+	if err != nil {
+		return spec, err
+	}
+	spec.keepalive = defKeepalive
+	if r.KeepaliveMs > 0 {
+		spec.keepalive = time.Duration(r.KeepaliveMs) * time.Millisecond
+	}
+	return spec, nil
+}
+
+// geometryFromPB checks that the segments are exactly one per (layer, plane)
+// and fit their buffers, and orders them layer-major, K before V.
+func geometryFromPB(r *pb.OpenSessionRequest, l pagekey.Layout, sizes []uint64) (transfer.Geometry, error) {
+	g := transfer.Geometry{NumBlocks: r.NumBlocks, BlocksPerPage: int(l.PageTokens / r.BlockTokens)}
+	want := int(l.NumLayers) * 2
+	if len(r.Segments) != want {
+		return g, invalid("%d segments, want num_layers*2 = %d", len(r.Segments), want)
+	}
+	g.Segments = make([]transfer.Segment, want)
+	seen := make([]bool, want)
+	for i, s := range r.Segments {
+		if s.Layer >= l.NumLayers || s.Plane > 1 {
+			return g, invalid("segment %d: layer %d plane %d out of range", i, s.Layer, s.Plane)
+		}
+		at := int(s.Layer)*2 + int(s.Plane)
+		if seen[at] {
+			return g, invalid("segment %d: layer %d plane %d given twice", i, s.Layer, s.Plane)
+		}
+		seen[at] = true
+		g.Segments[at] = transfer.Segment{Buffer: int(s.Buffer), Offset: s.Offset, Stride: s.BlockStride, BlockBytes: s.BlockBytes}
+	}
+	if err := g.Validate(sizes); err != nil {
+		return g, err
+	}
+	return g, nil
+}
+
+// keysFromPB converts a key chain.
+func keysFromPB(in [][]byte, limit int) ([]pagekey.Key, error) {
+	if len(in) > limit {
+		return nil, invalid("%d keys, limit %d", len(in), limit)
+	}
+	out := make([]pagekey.Key, len(in))
+	for i, b := range in {
+		k, err := pagekey.FromBytes(b)
+		if err != nil {
+			return nil, fmt.Errorf("key %d: %w", i, err)
+		}
+		out[i] = k
+	}
+	return out, nil
+}
+
+// pagesFromPB converts and validates a Save/Load page list.
+func pagesFromPB(in []*pb.PageRef, sess *session, limit int) ([]pageReq, error) {
+	if len(in) == 0 || len(in) > limit {
+		return nil, invalid("%d pages, want 1..%d", len(in), limit)
+	}
+	out := make([]pageReq, len(in))
+	for i, r := range in {
+		k, err := pagekey.FromBytes(r.Key)
+		if err != nil {
+			return nil, fmt.Errorf("page %d: %w", i, err)
+		}
+		if err := sess.geom.CheckBlocks(r.Blocks); err != nil {
+			return nil, fmt.Errorf("page %d: %w", i, err)
+		}
+		out[i] = pageReq{Key: k, Blocks: r.Blocks}
+	}
+	return out, nil
+}
+
+func tierToPB(t catalog.Tier) pb.Tier {
+	switch t {
+	case catalog.TierDRAM:
+		return pb.Tier_TIER_DRAM
+	case catalog.TierSSD:
+		return pb.Tier_TIER_SSD
+	case catalog.TierRemote:
+		return pb.Tier_TIER_REMOTE
+	}
+	return pb.Tier_TIER_UNSPECIFIED
+}
+
+var codeToPB = map[pageCode]pb.PageCode{
+	codePending: pb.PageCode_PAGE_PENDING, codeOK: pb.PageCode_PAGE_OK, codeNotFound: pb.PageCode_PAGE_NOT_FOUND,
+	codeCorrupt: pb.PageCode_PAGE_CORRUPT, codeNoSpace: pb.PageCode_PAGE_NO_SPACE, codeDeadline: pb.PageCode_PAGE_DEADLINE,
+	codeIOError: pb.PageCode_PAGE_IO_ERROR, codeCancelled: pb.PageCode_PAGE_CANCELLED,
+}
+
+func statusToPB(o *op, done bool) *pb.OpStatus {
+	st := &pb.OpStatus{OpId: o.id, Done: done}
+	if !done {
+		return st
+	}
+	st.Pages = make([]*pb.PageResult, len(o.results))
+	for i, r := range o.results {
+		st.Pages[i] = &pb.PageResult{Code: codeToPB[r.Code], Tier: tierToPB(r.Tier), Message: r.Msg}
+	}
+	return st
+}
+
+func durationMs(ms uint32, def time.Duration) time.Duration {
+	if ms == 0 {
+		return def
+	}
+	return time.Duration(ms) * time.Millisecond
+}

@@ -1,0 +1,141 @@
+package fabric
+
+import (
+	"context"
+	"time"
+
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+// maxWait bounds one Wait call, so no RPC blocks without a deadline.
+const maxWait = 60 * time.Second
+
+// engineServer implements pb.EngineServiceServer.
+type engineServer struct {
+	pb.UnimplementedEngineServiceServer
+	p *Peer
+}
+
+func (s *engineServer) session(id string) (*session, error) {
+	sess, err := s.p.sessions.get(id)
+	if err != nil {
+		return nil, err
+	}
+	sess.touch(time.Now())
+	return sess, nil
+}
+
+func (s *engineServer) OpenSession(_ context.Context, r *pb.OpenSessionRequest) (*pb.OpenSessionResponse, error) {
+	spec, err := sessionFromPB(r, s.p.cfg.Keepalive)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	sess, err := s.p.openSession(spec)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.OpenSessionResponse{SessionId: sess.id, LayoutFingerprint: sess.fp[:], PageBytes: sess.pageBytes,
+		KeepaliveMs: uint32(sess.keepalive / time.Millisecond)}, nil
+}
+
+func (s *engineServer) Keepalive(_ context.Context, r *pb.KeepaliveRequest) (*pb.KeepaliveResponse, error) {
+	if _, err := s.session(r.SessionId); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.KeepaliveResponse{}, nil
+}
+
+func (s *engineServer) CloseSession(_ context.Context, r *pb.CloseSessionRequest) (*pb.CloseSessionResponse, error) {
+	if !s.p.closeSession(r.SessionId) {
+		return nil, toStatus(errUnknownSession)
+	}
+	return &pb.CloseSessionResponse{}, nil
+}
+
+func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.LookupResponse, error) {
+	sess, err := s.session(r.SessionId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	keys, err := keysFromPB(r.Keys, s.p.cfg.MaxKeys)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	res := s.p.lookup(sess, keys, r.Lease, durationMs(r.LeaseMs, s.p.cfg.LeaseTTL))
+	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd)}}
+	if res.lease != nil {
+		if !sess.addLease(res.lease) {
+			s.p.releaseLease(res.lease)
+			return nil, toStatus(errUnknownSession)
+		}
+		out.LeaseId, out.LeaseExpiresUnixMs = res.lease.id, res.lease.expires.UnixMilli()
+	}
+	return out, nil
+}
+
+func (s *engineServer) Save(_ context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
+	sess, err := s.session(r.SessionId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	pages, err := pagesFromPB(r.Pages, sess, s.p.cfg.MaxPages)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	toSSD := r.Durability == pb.Durability_DURABILITY_SSD
+	o, err := s.p.startOp(sess, len(pages), durationMs(r.DeadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+		s.p.pages.save(ctx, sess, pages, toSSD, res)
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.OpHandle{OpId: o.id}, nil
+}
+
+func (s *engineServer) Load(_ context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
+	sess, err := s.session(r.SessionId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	pages, err := pagesFromPB(r.Pages, sess, s.p.cfg.MaxPages)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	o, err := s.p.startOp(sess, len(pages), durationMs(r.DeadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+		s.p.pages.load(ctx, sess, pages, res)
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.OpHandle{OpId: o.id}, nil
+}
+
+func (s *engineServer) Wait(ctx context.Context, r *pb.WaitRequest) (*pb.OpStatus, error) {
+	sess, err := s.session(r.SessionId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	timeout := min(time.Duration(r.TimeoutMs)*time.Millisecond, maxWait)
+	o, done, err := s.p.waitOp(ctx, sess, r.OpId, timeout)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return statusToPB(o, done), nil
+}
+
+func (s *engineServer) Release(_ context.Context, r *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	sess, err := s.session(r.SessionId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	l, ok := sess.takeLease(r.LeaseId)
+	if !ok {
+		return nil, toStatus(invalidLease(r.LeaseId))
+	}
+	s.p.releaseLease(l)
+	return &pb.ReleaseResponse{}, nil
+}
+
+func invalidLease(id string) error {
+	return wrapNotFound("unknown or expired lease %q", id)
+}

@@ -1,0 +1,47 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/hbm"
+	"github.com/orbitkv/orbitkv/transfer"
+)
+
+// codeTable maps the peer's sentinel errors to gRPC codes; the first match
+// wins. Everything else is Internal.
+var codeTable = []struct {
+	err  error
+	code codes.Code
+}{
+	{errInvalid, codes.InvalidArgument},
+	{pagekey.ErrKeySize, codes.InvalidArgument},
+	{transfer.ErrGeometry, codes.InvalidArgument},
+	{hbm.ErrBuffer, codes.FailedPrecondition},
+	{errUnknownSession, codes.NotFound},
+	{errNotFound, codes.NotFound},
+	{errLayoutMismatch, codes.FailedPrecondition},
+	{errClosing, codes.Unavailable},
+	{context.DeadlineExceeded, codes.DeadlineExceeded},
+	{context.Canceled, codes.Canceled},
+}
+
+// errLayoutMismatch reports a request whose layout differs from its session's.
+var errLayoutMismatch = errors.New("layout mismatch")
+
+// toStatus converts an error to a gRPC status error.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, c := range codeTable {
+		if errors.Is(err, c.err) {
+			return status.Error(c.code, err.Error())
+		}
+	}
+	return status.Error(codes.Internal, err.Error())
+}

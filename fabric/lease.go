@@ -1,0 +1,108 @@
+package fabric
+
+import (
+	"time"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+// lease holds pins on the pages of a lookup until it is released, expires or
+// its session closes. Its bytes count against the query budget.
+type lease struct {
+	id      string
+	keys    []pagekey.Key
+	onSSD   []bool // which LRU each key's pin was taken in
+	bytes   uint64
+	expires time.Time
+}
+
+// lookupResult is a Lookup's answer.
+type lookupResult struct {
+	hit        int
+	dram, ssd  int
+	lease      *lease
+	budgetHits int // pages cut from the hit by the query budget
+}
+
+// lookup finds the longest stored prefix of keys and, with take, pins it
+// under a lease bounded by the query budget: a hit that does not fit the
+// budget is shortened, never over-committed.
+func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration) lookupResult {
+	res := p.cat.Lookup(keys, now())
+	out := lookupResult{hit: res.Hit}
+	defer func() { p.recordLookup(len(keys), out.hit) }()
+	if !take || res.Hit == 0 {
+		out.dram, out.ssd = res.DRAM, res.SSD
+		return out
+	}
+	l := &lease{id: newID("l-"), expires: time.Now().Add(ttl)}
+	ps := p.pages
+	ps.mu.Lock()
+	budgetLeft := p.budgetLeftLocked()
+	for i := 0; i < res.Hit; i++ {
+		if l.bytes+sess.pageBytes > budgetLeft {
+			out.budgetHits = res.Hit - i
+			break
+		}
+		e, ok := p.cat.Get(keys[i])
+		if !ok {
+			break // evicted since the lookup: the hit ends here
+		}
+		onSSD := e.DRAMSlot < 0
+		if onSSD {
+			ok = ps.mu.ssd.Pin(e.Key)
+		} else {
+			ok = ps.mu.dram.Pin(e.Key)
+		}
+		if !ok {
+			break
+		}
+		l.keys, l.onSSD = append(l.keys, e.Key), append(l.onSSD, onSSD)
+		l.bytes += sess.pageBytes
+		if e.Tier() == catalog.TierDRAM {
+			out.dram++
+		} else {
+			out.ssd++
+		}
+	}
+	p.leasedBytes += l.bytes
+	ps.mu.Unlock()
+	out.hit = len(l.keys)
+	if out.hit > 0 {
+		out.lease = l
+		p.m.leases.Inc()
+		p.m.queryBytes.Add(float64(l.bytes))
+	}
+	return out
+}
+
+// budgetLeftLocked is what the query budget still allows; pages.mu is held.
+func (p *Peer) budgetLeftLocked() uint64 {
+	if p.leasedBytes >= uint64(p.cfg.QueryBudgetBytes) {
+		return 0
+	}
+	return uint64(p.cfg.QueryBudgetBytes) - p.leasedBytes
+}
+
+// releaseLease unpins a lease's pages and returns its budget.
+func (p *Peer) releaseLease(l *lease) {
+	ps := p.pages
+	ps.mu.Lock()
+	for i, k := range l.keys {
+		if l.onSSD[i] {
+			ps.mu.ssd.Unpin(k)
+		} else {
+			ps.mu.dram.Unpin(k)
+		}
+	}
+	p.leasedBytes -= l.bytes
+	ps.mu.Unlock()
+	p.m.leases.Dec()
+	p.m.queryBytes.Sub(float64(l.bytes))
+}
+
+func (p *Peer) recordLookup(asked, hit int) {
+	p.m.lookupHit.Add(float64(hit))
+	p.m.lookupMiss.Add(float64(asked - hit))
+}

@@ -1,0 +1,193 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/tiers/dram"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// loadItem tracks one page through a load.
+type loadItem struct {
+	i      int
+	req    pageReq
+	entry  catalog.Entry
+	slot   dram.Slot
+	tier   catalog.Tier // where the bytes came from
+	pinned *pinRef      // the pin this load holds
+	owned  bool         // slot is a promotion buffer this load allocated
+}
+
+// pinRef remembers which LRU a pin was taken in, so it is released there.
+type pinRef struct{ ssd bool }
+
+// load copies pages from the tiers into the session's buffers: DRAM pages
+// directly, SSD pages through a DRAM slot (read, verified, promoted), all
+// SSD reads of the request in one batch.
+func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
+	items := s.pinForLoad(sess, reqs, res)
+	s.readFromSSD(ctx, sess, items, res)
+	for _, it := range items {
+		if res[it.i].Code != codePending {
+			continue
+		}
+		if err := s.scatter(ctx, sess, it); err != nil {
+			res[it.i] = failResult(err)
+			continue
+		}
+		res[it.i] = okResult(it.tier)
+	}
+	s.unpinLoads(items)
+}
+
+// pinForLoad resolves every page and pins it where it is.
+func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) []*loadItem {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var items []*loadItem
+	for i, r := range reqs {
+		e, ok := s.cat.Get(r.Key)
+		switch {
+		case !ok:
+			res[i] = notFound("page %s", r.Key)
+			continue
+		case e.Layout != sess.fp || e.Size != sess.pageBytes:
+			res[i] = notFound("page %s has another layout (%d bytes)", r.Key, e.Size)
+			continue
+		}
+		it := &loadItem{i: i, req: r, entry: e, tier: e.Tier()}
+		if e.DRAMSlot >= 0 {
+			s.mu.dram.Pin(r.Key)
+			s.mu.dram.Touch(r.Key)
+			it.slot, it.pinned = dram.Slot(e.DRAMSlot), &pinRef{}
+		} else {
+			s.mu.ssd.Pin(r.Key)
+			s.mu.ssd.Touch(r.Key)
+			it.pinned = &pinRef{ssd: true}
+		}
+		items = append(items, it)
+	}
+	return items
+}
+
+// readFromSSD reads the SSD-resident items into fresh DRAM slots, verifying
+// each page, and promotes the good ones. A corrupt page leaves the catalog.
+func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loadItem, res []pageResult) {
+	var reads []ssd.ReadReq
+	var pending []*loadItem
+	for _, it := range items {
+		if it.tier != catalog.TierSSD {
+			continue
+		}
+		slot, err := s.allocDRAM(ctx, it.entry.Size)
+		if err != nil {
+			res[it.i] = failResult(fmt.Errorf("dram slot for ssd read: %w", err))
+			continue
+		}
+		it.slot, it.owned = slot, true
+		reads = append(reads, ssd.ReadReq{Loc: ssdLoc(it.entry.SSD), Want: header(it.entry), Dst: s.pool.Bytes(slot)})
+		pending = append(pending, it)
+	}
+	if len(reads) == 0 {
+		return
+	}
+	s.m.inflight.Inc()
+	errs := s.ssd.Read(ctx, reads)
+	s.m.inflight.Dec()
+	for j, it := range pending {
+		if errs[j] != nil {
+			s.failRead(it, errs[j], res)
+			continue
+		}
+		s.promote(it)
+	}
+}
+
+func (s *pageStore) failRead(it *loadItem, err error, res []pageResult) {
+	var ce *page.CorruptError
+	if errors.As(err, &ce) {
+		s.dropCorrupt(it)
+		s.m.corruptPages.Inc()
+	}
+	res[it.i] = failResult(fmt.Errorf("ssd read: %w", err))
+	s.freeDRAM(it.slot)
+	it.owned = false
+}
+
+// dropCorrupt removes a page whose SSD copy failed verification.
+func (s *pageStore) dropCorrupt(it *loadItem) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.cat.Get(it.req.Key)
+	if !ok || e.Generation != it.entry.Generation {
+		return
+	}
+	if e.DRAMSlot >= 0 {
+		// A concurrent load promoted a verified copy: keep it, drop the SSD one.
+		if _, _, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool { c.OnSSD, c.SSD = false, catalog.SSDLoc{}; return true }); err != nil {
+			return
+		}
+	} else if err := s.cat.Delete(e.Key); err != nil {
+		return
+	}
+	s.mu.ssd.Remove(e.Key)
+	s.ssd.Free(ssdLoc(e.SSD))
+}
+
+// promote records a verified SSD read as the page's DRAM copy, unless
+// another load promoted it first (then ours stays private to this load).
+func (s *pageStore) promote(it *loadItem) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.cat.Get(it.req.Key)
+	if !ok || e.DRAMSlot >= 0 || e.Generation != it.entry.Generation {
+		return
+	}
+	_, ok, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool { c.DRAMSlot = int64(it.slot); return true })
+	if !ok || err != nil {
+		return
+	}
+	s.mu.dram.Touch(e.Key)
+	s.mu.dram.Pin(e.Key)
+	s.mu.ssd.Unpin(e.Key)
+	it.pinned, it.owned = &pinRef{}, false
+	s.m.promotedPages.Inc()
+}
+
+// scatter copies one page blob from its DRAM slot into the engine blocks.
+func (s *pageStore) scatter(ctx context.Context, sess *session, it *loadItem) error {
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	descs, err := sess.geom.Scatter(nil, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
+	if err != nil {
+		return err
+	}
+	if err := s.local.Copy(ctx, descs); err != nil {
+		return fmt.Errorf("scatter page: %w", err)
+	}
+	s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
+	s.m.loadedTokens.Add(float64(sess.layout.PageTokens))
+	return nil
+}
+
+// unpinLoads releases the pins and private slots of a finished load.
+func (s *pageStore) unpinLoads(items []*loadItem) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, it := range items {
+		if it.pinned != nil {
+			if it.pinned.ssd {
+				s.mu.ssd.Unpin(it.req.Key)
+			} else {
+				s.mu.dram.Unpin(it.req.Key)
+			}
+		}
+		if it.owned {
+			s.pool.Free(it.slot)
+		}
+	}
+}

@@ -1,0 +1,65 @@
+package fabric
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the peer's Prometheus series, named orbitkv_<subsystem>_<name>.
+// Gauges return to zero when the peer is idle.
+type metrics struct {
+	reg *prometheus.Registry
+
+	lookupHit, lookupMiss       prometheus.Counter
+	savedPages, loadedTokens    prometheus.Counter
+	loadedPages, evictedPages   *prometheus.CounterVec
+	demotedPages, promotedPages prometheus.Counter
+	corruptPages                prometheus.Counter
+
+	sessions, leases, queryBytes prometheus.Gauge
+	inflight, inflightOps        prometheus.Gauge
+	ssdInflight                  prometheus.GaugeFunc
+
+	tierBytes, tierPages, tierCapacity *prometheus.GaugeVec
+	catalogEntries                     prometheus.Gauge
+}
+
+func newMetrics(ssdInflight func() float64) *metrics {
+	f := func(sub, name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "orbitkv", Subsystem: sub, Name: name, Help: help}
+	}
+	counter := func(sub, name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts(f(sub, name, help)))
+	}
+	gauge := func(sub, name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts(f(sub, name, help)))
+	}
+	m := &metrics{
+		reg:           prometheus.NewRegistry(),
+		lookupHit:     counter("fabric", "lookup_hit_pages_total", "Pages found by lookups."),
+		lookupMiss:    counter("fabric", "lookup_miss_pages_total", "Pages asked for by lookups and not found."),
+		savedPages:    counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
+		loadedTokens:  counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
+		loadedPages:   prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
+		evictedPages:  prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "evicted_pages_total", "Page copies dropped from a tier.")), []string{"tier"}),
+		demotedPages:  counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
+		promotedPages: counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
+		corruptPages:  counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
+		sessions:      gauge("fabric", "sessions", "Open engine sessions."),
+		leases:        gauge("fabric", "leases", "Live leases."),
+		queryBytes:    gauge("fabric", "query_bytes", "Bytes held by live leases (query budget in use)."),
+		inflight:      gauge("transfer", "inflight_copies", "Page copies in progress."),
+		inflightOps:   gauge("transfer", "inflight_ops", "Save and load operations in progress."),
+		tierBytes:     prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "used_bytes", "Bytes of allocated slots.")), []string{"tier"}),
+		tierPages:     prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "pages", "Pages held.")), []string{"tier"}),
+		tierCapacity:  prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "capacity_bytes", "Tier capacity.")), []string{"tier"}),
+		catalogEntries: gauge("catalog", "entries", "Catalog entries."),
+	}
+	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
+	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.savedPages, m.loadedTokens, m.loadedPages,
+		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.sessions, m.leases,
+		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
+		m.tierCapacity, m.catalogEntries,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

@@ -1,0 +1,67 @@
+package fabric
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// op is an asynchronous Save or Load; results are filled by its goroutine
+// and read only after done is closed.
+type op struct {
+	id      string
+	results []pageResult
+	done    chan struct{}
+}
+
+// startOp runs fn in a goroutine owned by the session (and the peer), with a
+// deadline, and registers it for Wait.
+func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx context.Context, res []pageResult)) (*op, error) {
+	if err := sess.begin(); err != nil {
+		return nil, err
+	}
+	o := &op{id: newID("op-"), results: make([]pageResult, n), done: make(chan struct{})}
+	sess.mu.Lock()
+	sess.mu.ops[o.id] = o
+	sess.mu.Unlock()
+	p.m.inflightOps.Inc()
+	go func() {
+		defer sess.work.Done()
+		defer p.m.inflightOps.Dec()
+		defer close(o.done)
+		ctx, cancel := context.WithTimeout(sess.ctx, deadline)
+		defer cancel()
+		fn(ctx, o.results)
+		for i := range o.results {
+			if o.results[i].Code == codePending {
+				o.results[i] = failResult(fmt.Errorf("not started: %w", context.Cause(ctx)))
+			}
+		}
+		p.pages.updateGauges()
+	}()
+	return o, nil
+}
+
+// waitOp waits up to timeout for an operation. A finished operation is
+// forgotten once its results are returned.
+func (p *Peer) waitOp(ctx context.Context, sess *session, id string, timeout time.Duration) (*op, bool, error) {
+	sess.mu.Lock()
+	o, ok := sess.mu.ops[id]
+	sess.mu.Unlock()
+	if !ok {
+		return nil, false, fmt.Errorf("%w: unknown operation %q", errNotFound, id)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-o.done:
+	case <-t.C:
+		return o, false, nil
+	case <-ctx.Done():
+		return o, false, nil
+	}
+	sess.mu.Lock()
+	delete(sess.mu.ops, id)
+	sess.mu.Unlock()
+	return o, true, nil
+}

@@ -1,0 +1,241 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/tiers/dram"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// Version is the peer's version string, set by the build.
+var Version = "dev"
+
+// Peer is one host's OrbitKV peer.
+type Peer struct {
+	cfg      Config
+	log      zerolog.Logger
+	started  time.Time
+	cat      *catalog.Catalog
+	pool     *dram.Pool
+	ssd      *ssd.Store
+	pages    *pageStore
+	sessions *sessions
+	m        *metrics
+
+	// leasedBytes is the query budget in use; guarded by pages.mu.
+	leasedBytes uint64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New opens the tiers and the catalog, recovering SSD-resident pages.
+func New(cfg Config, log zerolog.Logger) (*Peer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions()}
+	if err := p.openTiers(); err != nil {
+		p.closeTiers()
+		return nil, err
+	}
+	p.pages = newPageStore(p.cat, p.pool, p.ssd, p.m)
+	kept, dropped, err := p.pages.recover()
+	if err != nil {
+		p.closeTiers()
+		return nil, fmt.Errorf("recover catalog: %w", err)
+	}
+	log.Info().Int("pages", kept).Int("dropped", dropped).Int("corrupt_records", p.cat.Stats().CorruptRecords).Msg("recovered ssd pages")
+	return p, nil
+}
+
+func (p *Peer) openTiers() error {
+	var err error
+	p.pool, err = dram.New(dram.Config{Bytes: uint64(p.cfg.DRAMBytes), SlabBytes: uint64(p.cfg.DRAMSlabBytes)})
+	if err != nil {
+		return fmt.Errorf("dram tier: %w", err)
+	}
+	if p.cfg.SSDBytes > 0 {
+		sync := ssd.SyncBatch
+		if p.cfg.SSDNoSync {
+			sync = ssd.SyncNone
+		}
+		p.ssd, err = ssd.Open(ssd.Config{Dir: filepath.Join(p.cfg.DataDir, "ssd"), CapacityBytes: uint64(p.cfg.SSDBytes),
+			FileBytes: uint64(p.cfg.SSDFileBytes), QueueDepth: p.cfg.SSDQueueDepth, Sync: sync})
+		if err != nil {
+			return fmt.Errorf("ssd tier: %w", err)
+		}
+	}
+	p.m = newMetrics(func() float64 {
+		if p.ssd == nil {
+			return 0
+		}
+		return float64(p.ssd.Stats().InFlight)
+	})
+	p.cat, err = catalog.Open(catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")})
+	if err != nil {
+		return fmt.Errorf("catalog: %w", err)
+	}
+	return nil
+}
+
+// Run serves the engine and admin APIs on the Unix socket and metrics over
+// HTTP until ctx ends, then closes the peer.
+func (p *Peer) Run(ctx context.Context) error {
+	lis, err := listenUnix(p.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxConcurrentStreams(1024))
+	pb.RegisterEngineServiceServer(srv, &engineServer{p: p})
+	pb.RegisterAdminServiceServer(srv, &adminServer{p: p})
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Add(1)
+	go func() { defer wg.Done(); errc <- srv.Serve(lis) }()
+	metricsAddr, stopMetrics, err := p.serveMetrics(&wg, errc)
+	if err != nil {
+		srv.Stop()
+		wg.Wait()
+		return err
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); p.reap(ctx) }()
+	p.log.Info().Str("socket", p.cfg.Socket).Str("metrics", metricsAddr).Str("version", Version).Msg("serving")
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	p.log.Info().Msg("shutting down")
+	stopMetrics()
+	p.closeSessions()
+	srv.Stop()
+	wg.Wait()
+	return errors.Join(err, p.Close())
+}
+
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("socket dir: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("socket path %s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s is in use by another peer", path)
+		}
+		os.Remove(path) // stale socket of a dead peer
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("restrict socket permissions: %w", err)
+	}
+	return lis, nil
+}
+
+// serveMetrics starts the /metrics endpoint; it returns the bound address.
+func (p *Peer) serveMetrics(wg *sync.WaitGroup, errc chan<- error) (string, func(), error) {
+	if p.cfg.MetricsAddr == "" {
+		return "", func() {}, nil
+	}
+	lis, err := net.Listen("tcp", p.cfg.MetricsAddr)
+	if err != nil {
+		return "", nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(p.m.reg, promhttp.HandlerOpts{}))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(ctx)
+	}
+	return lis.Addr().String(), stop, nil
+}
+
+// reap closes sessions that missed their keepalive and expired leases.
+func (p *Peer) reap(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			p.reapOnce(now)
+		}
+	}
+}
+
+func (p *Peer) reapOnce(now time.Time) {
+	for _, s := range p.sessions.list() {
+		if s.expired(now) {
+			p.log.Warn().Str("session", s.id).Str("engine", s.engineID).Msg("session missed its keepalive; closing")
+			p.closeSession(s.id)
+			continue
+		}
+		for _, l := range s.takeExpiredLeases(now) {
+			p.releaseLease(l)
+		}
+	}
+	p.pages.updateGauges()
+}
+
+// Close releases everything; it is idempotent.
+func (p *Peer) Close() error {
+	p.closeOnce.Do(func() {
+		p.closeSessions()
+		p.closeErr = p.closeTiers()
+	})
+	return p.closeErr
+}
+
+func (p *Peer) closeSessions() {
+	for _, s := range p.sessions.list() {
+		p.closeSession(s.id)
+	}
+}
+
+func (p *Peer) closeTiers() error {
+	var errs []error
+	if p.cat != nil {
+		errs = append(errs, p.cat.Close())
+	}
+	if p.ssd != nil {
+		errs = append(errs, p.ssd.Close())
+	}
+	if p.pool != nil {
+		errs = append(errs, p.pool.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,173 @@
+package fabric
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/dram"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// pageReq is one page of a Save or Load: its key and engine blocks.
+type pageReq struct {
+	Key    pagekey.Key
+	Blocks []uint32
+}
+
+// saveItem tracks one page through a save.
+type saveItem struct {
+	i     int
+	key   pagekey.Key
+	slot  dram.Slot
+	entry catalog.Entry
+	loc   ssd.Loc
+	// merged: the entry is another save's DRAM copy plus our SSD copy; the
+	// DRAM slot is not ours to free.
+	merged bool
+}
+
+// save copies pages out of the session's buffers into DRAM (and, with
+// toSSD, durably onto SSD), then records them in the catalog with one
+// commit. res receives one result per page.
+func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
+	var items []*saveItem
+	for i, r := range reqs {
+		if e, ok := s.cat.Get(r.Key); ok && (e.OnSSD || !toSSD) {
+			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
+			continue
+		}
+		it, err := s.gather(ctx, sess, r)
+		if err != nil {
+			res[i] = failResult(err)
+			continue
+		}
+		it.i = i
+		items = append(items, it)
+	}
+	if toSSD && len(items) > 0 {
+		items = s.writeThrough(ctx, items, res)
+	}
+	s.commitSaves(items, res)
+}
+
+// gather copies one page into a fresh DRAM slot and checksums it.
+func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq) (*saveItem, error) {
+	slot, err := s.allocDRAM(ctx, sess.pageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("dram slot: %w", err)
+	}
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	descs, err := sess.geom.Gather(nil, sess.bufs, r.Blocks, s.dramR, s.pool.Offset(slot))
+	var crc uint32
+	if err == nil {
+		crc, err = s.local.CopyChecksum(ctx, descs)
+	}
+	if err != nil {
+		s.freeDRAM(slot)
+		return nil, fmt.Errorf("gather page: %w", err)
+	}
+	buf := s.pool.Bytes(slot)
+	clear(buf[sess.pageBytes:]) // O_DIRECT writes the padding too
+	e := catalog.Entry{Key: r.Key, Layout: sess.fp, Size: sess.pageBytes, Checksum: crc,
+		Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: now()}
+	return &saveItem{key: r.Key, slot: slot, entry: e}, nil
+}
+
+// writeThrough makes every item durable on SSD with one batched write; items
+// that fail are dropped (slot freed, result set).
+func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []pageResult) []*saveItem {
+	if s.ssd == nil {
+		for _, it := range items {
+			res[it.i] = pageResult{Code: codeNoSpace, Msg: "ssd tier disabled"}
+			s.freeDRAM(it.slot)
+		}
+		return nil
+	}
+	var reqs []ssd.WriteReq
+	var ok []*saveItem
+	for _, it := range items {
+		loc, err := s.allocSSD(it.entry.Size)
+		if err != nil {
+			res[it.i] = failResult(fmt.Errorf("ssd slot: %w", err))
+			s.freeDRAM(it.slot)
+			continue
+		}
+		it.loc = loc
+		reqs = append(reqs, ssd.WriteReq{Loc: loc, Header: header(it.entry), Data: s.pool.Bytes(it.slot)})
+		ok = append(ok, it)
+	}
+	errs := s.ssd.Write(ctx, reqs)
+	kept := ok[:0]
+	for j, it := range ok {
+		if errs[j] != nil {
+			res[it.i] = failResult(fmt.Errorf("ssd write: %w", errs[j]))
+			s.freeSSD(it.loc)
+			s.freeDRAM(it.slot)
+			continue
+		}
+		it.entry.OnSSD, it.entry.SSD = true, catLoc(it.loc)
+		kept = append(kept, it)
+	}
+	return kept
+}
+
+// commitSaves records the saved pages in the catalog with one commit. A page
+// another save stored meanwhile keeps that copy; ours is freed.
+func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var entries []catalog.Entry
+	var fresh []*saveItem
+	for _, it := range items {
+		e, ok := s.cat.Get(it.key)
+		switch {
+		case ok && (e.OnSSD || !it.entry.OnSSD):
+			res[it.i] = okResult(e.Tier())
+			s.releaseLocked(it)
+			continue
+		case ok:
+			// Another save left it in DRAM only; ours is durable. Keep their
+			// DRAM copy (it may be pinned) and add our SSD copy.
+			s.pool.Free(it.slot)
+			e.OnSSD, e.SSD = true, it.entry.SSD
+			it.entry, it.slot, it.merged = e, dram.Slot(e.DRAMSlot), true
+		}
+		entries = append(entries, it.entry)
+		fresh = append(fresh, it)
+	}
+	if err := s.cat.Put(entries...); err != nil {
+		for _, it := range fresh {
+			res[it.i] = failResult(fmt.Errorf("catalog: %w", err))
+			s.releaseLocked(it)
+		}
+		return
+	}
+	for _, it := range fresh {
+		s.mu.dram.Touch(it.key)
+		tier := catalog.TierDRAM
+		if it.entry.OnSSD {
+			s.mu.ssd.Touch(it.key)
+			tier = catalog.TierSSD
+		}
+		res[it.i] = okResult(tier)
+	}
+	s.m.savedPages.Add(float64(len(fresh)))
+}
+
+func (s *pageStore) releaseLocked(it *saveItem) {
+	if !it.merged {
+		s.pool.Free(it.slot)
+	}
+	if it.entry.OnSSD {
+		s.ssd.Free(it.loc)
+	}
+}
+
+func (s *pageStore) freeDRAM(slot dram.Slot) {
+	s.mu.Lock()
+	s.pool.Free(slot)
+	s.mu.Unlock()
+}
