@@ -69,7 +69,9 @@ func (s *pageStore) recover() (kept, dropped int, err error) {
 }
 
 func ssdLoc(l catalog.SSDLoc) ssd.Loc { return ssd.Loc{File: l.File, Offset: l.Offset, Bytes: l.Bytes} }
-func catLoc(l ssd.Loc) catalog.SSDLoc { return catalog.SSDLoc{File: l.File, Offset: l.Offset, Bytes: l.Bytes} }
+func catLoc(l ssd.Loc) catalog.SSDLoc {
+	return catalog.SSDLoc{File: l.File, Offset: l.Offset, Bytes: l.Bytes}
+}
 
 // allocDRAM returns a free DRAM slot, evicting unpinned pages (demoting them
 // to SSD when they are not there yet) until one is free.

@@ -39,8 +39,17 @@ type Peer struct {
 	// leasedBytes is the query budget in use; guarded by pages.mu.
 	leasedBytes uint64
 
+	ready       chan struct{} // closed once Run serves
+	metricsBind string        // the bound metrics address; set before ready
+
 	closeOnce sync.Once
 	closeErr  error
+}
+
+// metricsAddr waits until the peer serves and returns its metrics address.
+func (p *Peer) metricsAddr() string {
+	<-p.ready
+	return p.metricsBind
 }
 
 // New opens the tiers and the catalog, recovering SSD-resident pages.
@@ -51,7 +60,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions()}
+	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions(), ready: make(chan struct{})}
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
 		return nil, err
@@ -118,6 +127,8 @@ func (p *Peer) Run(ctx context.Context) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); p.reap(ctx) }()
+	p.metricsBind = metricsAddr
+	close(p.ready)
 	p.log.Info().Str("socket", p.cfg.Socket).Str("metrics", metricsAddr).Str("version", Version).Msg("serving")
 	select {
 	case <-ctx.Done():

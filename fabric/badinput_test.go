@@ -1,0 +1,104 @@
+package fabric
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+func mustKey(t *testing.T, b []byte) pagekey.Key {
+	k, err := pagekey.FromBytes(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestBadInput sends malformed requests: each gets a clear code, and the
+// pages stored before are all still there afterwards.
+func TestBadInput(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(4)
+	src := refs(keys, 0, 4)
+	okOp(t)(e.Save(ctx(t), src, pb.Durability_DURABILITY_SSD))
+	before := [][]byte{}
+	for _, r := range src {
+		before = append(before, e.page(r.Blocks))
+	}
+	open := func(mut func(r *pb.OpenSessionRequest)) error {
+		r := tinyFlash.OpenRequest("m", e.shm.Path)
+		mut(r)
+		_, err := e.C.OpenSession(ctx(t), r)
+		return err
+	}
+	cases := []struct {
+		name string
+		call func() error
+		want codes.Code
+	}{
+		{"no layout", func() error { return open(func(r *pb.OpenSessionRequest) { r.Layout = nil }) }, codes.InvalidArgument},
+		{"zero layers", func() error { return open(func(r *pb.OpenSessionRequest) { r.Layout.NumLayers = 0 }) }, codes.InvalidArgument},
+		{"tp rank past size", func() error { return open(func(r *pb.OpenSessionRequest) { r.Layout.TpRank = 3 }) }, codes.InvalidArgument},
+		{"block tokens not dividing", func() error { return open(func(r *pb.OpenSessionRequest) { r.BlockTokens = 3 }) }, codes.InvalidArgument},
+		{"missing segment", func() error { return open(func(r *pb.OpenSessionRequest) { r.Segments = r.Segments[1:] }) }, codes.InvalidArgument},
+		{"duplicate segment", func() error {
+			return open(func(r *pb.OpenSessionRequest) { r.Segments[1].Plane, r.Segments[1].Layer = 0, 0 })
+		}, codes.InvalidArgument},
+		{"segment past buffer", func() error { return open(func(r *pb.OpenSessionRequest) { r.Segments[3].Offset += 1 << 20 }) }, codes.InvalidArgument},
+		{"buffer larger than file", func() error { return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].SizeBytes *= 2; r.NumBlocks *= 2 }) }, codes.FailedPrecondition},
+		{"relative path", func() error {
+			return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].Kind = &pb.Buffer_Shm{Shm: &pb.SharedMemory{Path: "kv"}} })
+		}, codes.InvalidArgument},
+		{"unknown session", func() error {
+			_, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: "s-nope", Keys: keys})
+			return err
+		}, codes.NotFound},
+		{"short key", func() error {
+			_, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: e.Session, Keys: [][]byte{make([]byte, 15)}})
+			return err
+		}, codes.InvalidArgument},
+		{"block out of range", func() error {
+			_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0, 1, 2, 64}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"wrong block count", func() error {
+			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"no pages", func() error {
+			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session})
+			return err
+		}, codes.InvalidArgument},
+		{"too many pages", func() error {
+			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: refs(randKeys(5000), 0, 0)})
+			return err
+		}, codes.InvalidArgument},
+		{"unknown op", func() error {
+			_, err := e.C.Wait(ctx(t), &pb.WaitRequest{SessionId: e.Session, OpId: "op-x"})
+			return err
+		}, codes.NotFound},
+		{"evict without tier", func() error {
+			_, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{})
+			return err
+		}, codes.InvalidArgument},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := status.Code(c.call()); got != c.want {
+				t.Fatalf("code %v, want %v", got, c.want)
+			}
+		})
+	}
+	dst := refs(keys, 40, 4)
+	okOp(t)(e.Load(ctx(t), dst))
+	for i := range dst {
+		if string(before[i]) != string(e.page(dst[i].Blocks)) {
+			t.Fatalf("page %d changed after bad input", i)
+		}
+	}
+}

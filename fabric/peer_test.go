@@ -1,0 +1,269 @@
+package fabric
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+func TestSaveLoadByteExact(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(6)
+	src := refs(keys, 0, 4)
+	st, err := e.Save(ctx(t), src, pb.Durability_DURABILITY_DRAM)
+	mustOK(t, st, err)
+
+	look, err := e.Lookup(ctx(t), append(keys, randKeys(2)...), false)
+	if err != nil || look.HitPages != 6 || look.Tiers.Dram != 6 {
+		t.Fatalf("lookup: %v %v", look, err)
+	}
+	dst := refs(keys, 32, 4)
+	st, err = e.Load(ctx(t), dst)
+	mustOK(t, st, err)
+	for i := range keys {
+		if !bytes.Equal(e.page(src[i].Blocks), e.page(dst[i].Blocks)) {
+			t.Fatalf("page %d differs after load", i)
+		}
+	}
+	if got := tp.metric("orbitkv_fabric_loaded_tokens_total"); !strings.HasSuffix(got, " 96") {
+		t.Fatalf("loaded tokens metric: %q, want 96", got)
+	}
+}
+
+func TestLoadMissingPageIsPerPage(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(3)
+	okOp(t)(e.Save(ctx(t), refs(keys[:2], 0, 4), pb.Durability_DURABILITY_DRAM))
+	st, err := e.Load(ctx(t), refs(keys, 20, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []pb.PageCode{pb.PageCode_PAGE_OK, pb.PageCode_PAGE_OK, pb.PageCode_PAGE_NOT_FOUND}
+	for i, p := range st.Pages {
+		if p.Code != want[i] {
+			t.Fatalf("page %d: %v, want %v", i, p.Code, want[i])
+		}
+	}
+}
+
+// TestEvictionDemotesAndPromotes overfills a 4 MiB DRAM pool: the oldest
+// pages move to SSD and come back byte-exact.
+func TestEvictionDemotesAndPromotes(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 512, 128 // 64 KiB pages: 64 fit in DRAM
+	e := tp.engine(f)
+	keys := randKeys(100)
+	src := refs(keys, 0, 4)
+	for i := 0; i < len(keys); i += 10 {
+		okOp(t)(e.Save(ctx(t), src[i:i+10], pb.Durability_DURABILITY_DRAM))
+	}
+	look, err := e.Lookup(ctx(t), keys, false)
+	if err != nil || look.HitPages != 100 || look.Tiers.Ssd == 0 {
+		t.Fatalf("lookup after overfill: %v %v", look, err)
+	}
+	// Load the oldest 10 (on SSD) into the top of the buffer.
+	dst := refs(keys[:10], 400, 4)
+	st, err := e.Load(ctx(t), dst)
+	mustOK(t, st, err)
+	for i := range dst {
+		if st.Pages[i].Tier != pb.Tier_TIER_SSD {
+			t.Fatalf("page %d came from %v, want SSD", i, st.Pages[i].Tier)
+		}
+		if !bytes.Equal(e.page(src[i].Blocks), e.page(dst[i].Blocks)) {
+			t.Fatalf("page %d differs after demotion and promotion", i)
+		}
+	}
+	if tp.metric("orbitkv_tiers_demoted_pages_total") == "" {
+		t.Fatal("no demotion metric")
+	}
+}
+
+func TestLeasePinsAndBudget(t *testing.T) {
+	cfg := smallConfig(t.TempDir())
+	cfg.SSDBytes = 0 // evicted pages are dropped: only pins keep them
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 512, 128
+	page := uint64(f.BlockBytes() * 2 * f.Layers * 4)
+	cfg.QueryBudgetBytes = 5 * 64 << 10
+	tp := startPeer(t, cfg)
+	e := tp.engine(f)
+	keys := randKeys(8)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	look, err := e.Lookup(ctx(t), keys, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if page != 64<<10 || look.HitPages != 5 || look.LeaseId == "" {
+		t.Fatalf("lease within a 5-page budget: hit %d lease %q (page %d)", look.HitPages, look.LeaseId, page)
+	}
+	// Fill DRAM with other pages: leased ones must survive.
+	for i := 0; i < 8; i++ {
+		_, _ = e.Save(ctx(t), refs(randKeys(10), 100, 4), pb.Durability_DURABILITY_DRAM)
+	}
+	look2, err := e.Lookup(ctx(t), keys[:5], false)
+	if err != nil || look2.HitPages != 5 {
+		t.Fatalf("leased pages evicted: %v %v", look2, err)
+	}
+	if _, err := e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: look.LeaseId}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tp.metric("orbitkv_fabric_query_bytes"); got != "orbitkv_fabric_query_bytes 0" {
+		t.Fatalf("query bytes after release: %q", got)
+	}
+	_, err = e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: look.LeaseId})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("second release: %v, want NotFound", err)
+	}
+}
+
+func TestSessionLossReleasesLeases(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	f := tinyFlash
+	req := f.OpenRequest("m", "")
+	_ = req
+	e := tp.engine(f)
+	keys := randKeys(4)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	// A second session with a short keepalive takes a lease and goes silent.
+	shortReq := f.OpenRequest("m", e.shm.Path)
+	shortReq.KeepaliveMs = 200
+	s2, err := e.C.OpenSession(ctx(t), shortReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: s2.SessionId, Keys: keys, Lease: true})
+	if err != nil || look.HitPages != 4 {
+		t.Fatalf("lookup: %v %v", look, err)
+	}
+	waitFor(t, "the silent session's lease to be released", 5*time.Second, func() bool {
+		return tp.metric("orbitkv_fabric_leases") == "orbitkv_fabric_leases 0"
+	})
+	_, err = e.C.Keepalive(ctx(t), &pb.KeepaliveRequest{SessionId: s2.SessionId})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("keepalive of a reaped session: %v, want NotFound", err)
+	}
+}
+
+// TestCorruptSSDPage flips a byte of one page on disk: loading it fails for
+// that page only, and the page leaves the catalog.
+func TestCorruptSSDPage(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(4)
+	src := refs(keys, 0, 4)
+	okOp(t)(e.Save(ctx(t), src, pb.Durability_DURABILITY_SSD))
+	if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM}); err != nil {
+		t.Fatal(err)
+	}
+	ent, ok := tp.p.cat.Get(mustKey(t, keys[2]))
+	if !ok || !ent.OnSSD || ent.DRAMSlot >= 0 {
+		t.Fatalf("page 2 should be on SSD only: %+v", ent)
+	}
+	flipByte(t, filepath.Join(tp.cfg.DataDir, "ssd"), ent.SSD.File, int64(ent.SSD.Offset)+4096+100)
+
+	dst := refs(keys, 40, 4)
+	st, err := e.Load(ctx(t), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range st.Pages {
+		want := pb.PageCode_PAGE_OK
+		if i == 2 {
+			want = pb.PageCode_PAGE_CORRUPT
+		}
+		if p.Code != want {
+			t.Fatalf("page %d: %v (%s), want %v", i, p.Code, p.Message, want)
+		}
+		if want == pb.PageCode_PAGE_OK && !bytes.Equal(e.page(src[i].Blocks), e.page(dst[i].Blocks)) {
+			t.Fatalf("page %d differs", i)
+		}
+	}
+	look, err := tp.admin.CatalogLookup(ctx(t), &pb.CatalogLookupRequest{Keys: keys})
+	if err != nil || look.HitPages != 2 {
+		t.Fatalf("after corruption the chain should end at page 2: %v %v", look, err)
+	}
+	if !strings.HasSuffix(tp.metric("orbitkv_fabric_corrupt_pages_total"), " 1") {
+		t.Fatal("corrupt page not counted")
+	}
+}
+
+func TestRestartRecoversSSDPages(t *testing.T) {
+	cfg := smallConfig(t.TempDir())
+	tp := startPeer(t, cfg)
+	e := tp.engine(tinyFlash)
+	keys := randKeys(5)
+	src := refs(keys, 0, 4)
+	okOp(t)(e.Save(ctx(t), src[:3], pb.Durability_DURABILITY_SSD))
+	okOp(t)(e.Save(ctx(t), src[3:], pb.Durability_DURABILITY_DRAM))
+	want := [][]byte{e.page(src[0].Blocks), e.page(src[1].Blocks), e.page(src[2].Blocks)}
+	tp.shutdown()
+
+	tp2 := startPeer(t, cfg)
+	e2 := tp2.engine(tinyFlash)
+	look, err := e2.Lookup(ctx(t), keys, false)
+	if err != nil || look.HitPages != 3 || look.Tiers.Ssd != 3 {
+		t.Fatalf("after restart: %v %v (want the 3 SSD pages)", look, err)
+	}
+	dst := refs(keys[:3], 30, 4)
+	okOp(t)(e2.Load(ctx(t), dst))
+	for i := range dst {
+		if !bytes.Equal(want[i], e2.page(dst[i].Blocks)) {
+			t.Fatalf("page %d differs after restart", i)
+		}
+	}
+}
+
+func TestGaugesDrainToZero(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(8)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_SSD))
+	look, err := e.Lookup(ctx(t), keys, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	okOp(t)(e.Load(ctx(t), refs(keys, 32, 4)))
+	if _, err := e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: look.LeaseId}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := tp.admin.Drain(ctx(t), &pb.DrainRequest{TimeoutMs: 5000})
+	if err != nil || !d.Idle {
+		t.Fatalf("drain: %v %v", d, err)
+	}
+	for _, g := range []string{"orbitkv_fabric_leases", "orbitkv_fabric_query_bytes", "orbitkv_transfer_inflight_copies",
+		"orbitkv_transfer_inflight_ops", "orbitkv_tiers_ssd_inflight"} {
+		if got := tp.metric(g); got != g+" 0" {
+			t.Errorf("gauge %q, want 0", got)
+		}
+	}
+}
+
+func flipByte(t *testing.T, dir string, file uint32, off int64) {
+	t.Helper()
+	matches, _ := filepath.Glob(filepath.Join(dir, "*.pages"))
+	if int(file) >= len(matches) {
+		t.Fatalf("no ssd file %d in %v", file, matches)
+	}
+	f, err := os.OpenFile(matches[file], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	f.ReadAt(b, off)
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
