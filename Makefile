@@ -31,7 +31,7 @@ test-go:
 
 test-python:
 	@if [ -d integration/python/tests ]; then \
-	  ORBITKV_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q integration/python/tests; \
+	  ORBITKV_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider integration/python/tests; \
 	else echo "test-python: no Python tests yet"; fi
 
 bench: build

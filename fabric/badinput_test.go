@@ -50,7 +50,9 @@ func TestBadInput(t *testing.T) {
 			return open(func(r *pb.OpenSessionRequest) { r.Segments[1].Plane, r.Segments[1].Layer = 0, 0 })
 		}, codes.InvalidArgument},
 		{"segment past buffer", func() error { return open(func(r *pb.OpenSessionRequest) { r.Segments[3].Offset += 1 << 20 }) }, codes.InvalidArgument},
-		{"buffer larger than file", func() error { return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].SizeBytes *= 2; r.NumBlocks *= 2 }) }, codes.FailedPrecondition},
+		{"buffer larger than file", func() error {
+			return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].SizeBytes *= 2; r.NumBlocks *= 2 })
+		}, codes.FailedPrecondition},
 		{"relative path", func() error {
 			return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].Kind = &pb.Buffer_Shm{Shm: &pb.SharedMemory{Path: "kv"}} })
 		}, codes.InvalidArgument},

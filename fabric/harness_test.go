@@ -19,13 +19,13 @@ import (
 
 // testPeer is a peer serving on a socket in a temp dir.
 type testPeer struct {
-	t      *testing.T
-	p      *Peer
-	cfg    Config
-	conn   *grpc.ClientConn
-	admin  pb.AdminServiceClient
-	stop   context.CancelFunc
-	done   chan error
+	t     *testing.T
+	p     *Peer
+	cfg   Config
+	conn  *grpc.ClientConn
+	admin pb.AdminServiceClient
+	stop  context.CancelFunc
+	done  chan error
 }
 
 func smallConfig(dir string) Config {

@@ -31,16 +31,17 @@ type pinRef struct{ ssd bool }
 func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
-	for _, it := range items {
+	parallel(len(items), func(j int) {
+		it := items[j]
 		if res[it.i].Code != codePending {
-			continue
+			return
 		}
 		if err := s.scatter(ctx, sess, it); err != nil {
 			res[it.i] = failResult(err)
-			continue
+			return
 		}
 		res[it.i] = okResult(it.tier)
-	}
+	})
 	s.unpinLoads(items)
 }
 

@@ -3,8 +3,10 @@ package fabric
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
@@ -236,3 +238,30 @@ func (s *pageStore) updateGauges() {
 }
 
 func now() int64 { return time.Now().UnixNano() }
+
+// copyWorkers is how many pages of one operation are copied at once: one
+// per CPU (a single core's memcpy does not saturate memory bandwidth).
+var copyWorkers = min(runtime.GOMAXPROCS(0), 8)
+
+// parallel runs fn(0..n-1) on up to copyWorkers goroutines and waits.
+func parallel(n int, fn func(i int)) {
+	w := min(copyWorkers, n)
+	if w <= 1 {
+		for i := 0; i < n; i++ {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < w; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+}

@@ -32,19 +32,26 @@ type saveItem struct {
 // toSSD, durably onto SSD), then records them in the catalog with one
 // commit. res receives one result per page.
 func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
-	var items []*saveItem
-	for i, r := range reqs {
+	gathered := make([]*saveItem, len(reqs))
+	parallel(len(reqs), func(i int) {
+		r := reqs[i]
 		if e, ok := s.cat.Get(r.Key); ok && (e.OnSSD || !toSSD) {
 			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
-			continue
+			return
 		}
 		it, err := s.gather(ctx, sess, r)
 		if err != nil {
 			res[i] = failResult(err)
-			continue
+			return
 		}
 		it.i = i
-		items = append(items, it)
+		gathered[i] = it
+	})
+	var items []*saveItem
+	for _, it := range gathered {
+		if it != nil {
+			items = append(items, it)
+		}
 	}
 	if toSSD && len(items) > 0 {
 		items = s.writeThrough(ctx, items, res)

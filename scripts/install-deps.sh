@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(
   fio redis-server iperf3 iproute2 protobuf-compiler
   python3-torch python3-grpcio python3-grpc-tools python3-protobuf python3-pytest python3-numpy
+  protobuf-compiler-grpc
 )
 
 missing=()

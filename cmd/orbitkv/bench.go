@@ -4,11 +4,16 @@ import (
 	"context"
 	"flag"
 	"io"
+
+	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
 func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
-		"ssd": runBenchSSD,
+		"ssd":    runBenchSSD,
+		"tiers":  runBenchTiers,
+		"lookup": runBenchLookup,
+		"gpu":    runBenchGPU,
 	})
 }
 
@@ -22,4 +27,31 @@ func runBenchSSD(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	return benchSSD(ctx, out, *dir, *pageBytes, *pages, *depth)
+}
+
+func runBenchLookup(_ context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench lookup", flag.ContinueOnError)
+	entries := fs.Int("entries", 10_000_000, "catalog entries")
+	chain := fs.Int("chain", 128, "pages per looked-up chain")
+	iters := fs.Int("iters", 100_000, "timed lookups")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return benchLookup(out, *entries, *chain, *iters)
+}
+
+func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {
+	var cfg benchGPUConfig
+	fs := flag.NewFlagSet("bench gpu", flag.ContinueOnError)
+	fs.IntVar(&cfg.Device, "device", 0, "CUDA device ordinal")
+	pool := bytesize.Size(16 << 30)
+	host := bytesize.Size(2 << 30)
+	fs.Var(&pool, "pool-bytes", "device pool standing in for the engine's KV blocks")
+	fs.Var(&host, "host-bytes", "pinned host pool standing in for the DRAM tier")
+	fs.IntVar(&cfg.Reps, "reps", 20, "timed batches per method and direction (median reported)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.PoolBytes, cfg.HostBytes = uint64(pool), uint64(host)
+	return benchGPU(ctx, out, cfg)
 }

@@ -21,6 +21,9 @@ import (
 
 // Dial connects to a peer's Unix socket.
 func Dial(socket string) (*grpc.ClientConn, error) {
+	if socket == "" {
+		return nil, errors.New("dial: empty socket path")
+	}
 	return grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
 }

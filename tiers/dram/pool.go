@@ -85,15 +85,14 @@ func New(cfg Config) (*Pool, error) {
 	}
 	n := cfg.Bytes / cfg.SlabBytes
 	size := n * cfg.SlabBytes
-	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
-	if !cfg.NoPrefault {
-		flags |= unix.MAP_POPULATE
-	}
-	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, flags)
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, fmt.Errorf("map dram pool of %d bytes: %w", size, err)
 	}
-	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // best effort: fewer TLB misses
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // best effort, before the first touch: fewer TLB misses
+	if !cfg.NoPrefault {
+		prefault(mem)
+	}
 	p := &Pool{mem: mem, slabBytes: cfg.SlabBytes}
 	p.mu.slabs = make([]slab, n)
 	p.mu.classes = make(map[uint64][]int)
@@ -102,6 +101,16 @@ func New(cfg Config) (*Pool, error) {
 	}
 	p.mu.stats.CapacityBytes = size
 	return p, nil
+}
+
+// prefault touches every page so no save pays for first touch.
+func prefault(mem []byte) {
+	if unix.Madvise(mem, unix.MADV_POPULATE_WRITE) == nil {
+		return
+	}
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 0
+	}
 }
 
 // Region returns the whole pool's memory, for transport registration.

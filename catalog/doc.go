@@ -1,0 +1,50 @@
+// Package catalog is the peer's index of the pages it holds: one Entry per
+// page key, a longest-prefix Lookup over a chain of keys, and Pebble
+// persistence for the pages that live on SSD so that they are found again
+// after a restart (DESIGN.md §3, §6 "catalog" and "recovery").
+//
+// # Invariants
+//
+//   - An entry names SSD bytes (OnSSD, SSD) only after the SSD tier has made
+//     those bytes durable. The catalog cannot check this; it is the caller's
+//     order: write and sync the page, then Put the entry. Conversely, remove
+//     the SSD location from the catalog (Put without OnSSD, Update or Delete)
+//     before the SSD space is reused.
+//   - Put, Update and Delete commit one Pebble batch (synced unless
+//     Options.NoSync) before the in-memory index changes. If the commit fails,
+//     memory is unchanged and the error is returned. Writers are serialized,
+//     so the persisted state and the in-memory state change in the same order.
+//   - Only entries with OnSSD are persisted. DRAM is lost with the process, so
+//     Open recovers every persisted entry with DRAMSlot = -1: after a restart
+//     the catalog holds exactly the SSD-resident pages.
+//   - A persisted record carries a version byte and a CRC-32C over its key and
+//     value. A record that fails to decode is skipped at Open and counted in
+//     Stats().CorruptRecords; it never becomes an entry and never crashes the
+//     peer.
+//   - LastAccess and Hits are touched by Lookup in memory only; the persisted
+//     copies are those of the last Put/Update.
+//   - Pebble types never leave this package.
+//
+// # Index
+//
+// The in-memory index is 256 shards, each an open-addressing table (linear
+// probing, backward-shift deletion) of 88-byte cells: the 16-byte key with
+// its record inline, no pointers, so the garbage collector never scans it
+// and a probe that finds a key has its record in the same cache lines.
+// Keys are placed by a per-process seeded hash (keys come from clients and
+// must not be able to pile into one probe sequence). Layout fingerprints
+// are interned into a small table and a record stores a 4-byte id. Tables
+// grow by half at 80% load, so the index costs about 110-130 bytes per
+// entry (10 M entries ≈ 1.1 GiB). Each shard has its own RWMutex.
+//
+// Lookup probes a chain in chunks of 32 keys: it hashes the chunk, read-locks
+// its shards in increasing order (the only place several shard locks are
+// held; writers hold one at a time, so no deadlock), loads every key's home
+// cell so the cache misses overlap, then walks the chain and stops at the
+// first absent page.
+//
+// # Change feed
+//
+// Options.OnChange, when set, is called after every committed change, in
+// commit order. It is the hook for gossiping catalog changes to other peers.
+package catalog

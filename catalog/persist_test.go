@@ -1,0 +1,174 @@
+package catalog
+
+import (
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+func snapshot(c *Catalog) map[pagekey.Key]Entry {
+	m := map[pagekey.Key]Entry{}
+	c.Range(func(e Entry) bool { m[e.Key] = e; return true })
+	return m
+}
+
+// asRecovered is what Open must return for a persisted entry.
+func asRecovered(e Entry) Entry {
+	e.DRAMSlot = -1
+	return e
+}
+
+func TestRecoverOnlySSDEntries(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[pagekey.Key]Entry{}
+	var batch []Entry
+	for i := range 300 {
+		switch i % 3 {
+		case 0: // DRAM only: not persisted
+			batch = append(batch, dramEntry(i))
+		case 1: // SSD only
+			batch = append(batch, ssdEntry(i))
+			want[key(i)] = ssdEntry(i)
+		case 2: // DRAM and SSD: persisted, recovered without its slot
+			e := ssdEntry(i)
+			e.DRAMSlot = int64(i)
+			batch = append(batch, e)
+			want[key(i)] = asRecovered(e)
+		}
+	}
+	if err := c.Put(batch...); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c = mustOpen(t, Options{Dir: dir})
+	got := snapshot(c)
+	if len(got) != len(want) {
+		t.Fatalf("recovered %d entries, want %d", len(got), len(want))
+	}
+	for k, e := range want {
+		if got[k] != e {
+			t.Fatalf("recovered %s = %+v, want %+v", k, got[k], e)
+		}
+	}
+	if s := c.Stats(); s.Recovered != len(want) || s.CorruptRecords != 0 {
+		t.Fatalf("Stats = %+v", s)
+	}
+}
+
+func TestUpdateDeletePersist(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		if err := c.Put(ssdEntry(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"update moves the page", func() error {
+			_, _, err := c.Update(key(0), func(e *Entry) bool { e.SSD.Offset = 1 << 40; e.Generation = 77; return true })
+			return err
+		}},
+		{"update drops SSD", func() error {
+			_, _, err := c.Update(key(1), func(e *Entry) bool { e.OnSSD, e.DRAMSlot = false, 3; return true })
+			return err
+		}},
+		{"update deletes", func() error {
+			_, _, err := c.Update(key(2), func(*Entry) bool { return false })
+			return err
+		}},
+		{"delete", func() error { return c.Delete(key(3)) }},
+		{"put DRAM only over SSD", func() error { return c.Put(dramEntry(4)) }},
+	}
+	for _, s := range steps {
+		if err := s.run(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c = mustOpen(t, Options{Dir: dir})
+	moved := ssdEntry(0)
+	moved.SSD.Offset, moved.Generation = 1<<40, 77
+	want := map[pagekey.Key]Entry{key(0): moved, key(5): ssdEntry(5)}
+	got := snapshot(c)
+	if len(got) != len(want) || got[key(0)] != want[key(0)] || got[key(5)] != want[key(5)] {
+		t.Fatalf("recovered %+v, want %+v", got, want)
+	}
+}
+
+func TestCorruptRecordSkipped(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if err := c.Put(ssdEntry(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Damage records behind the catalog's back: a flipped bit, a truncated
+	// value, an unknown version, a value moved under another key, and a key
+	// of the wrong length.
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quietLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk := func(i int) []byte { return appendRecordKey(nil, key(i)) }
+	val := func(i int) []byte { return appendRecord(nil, ssdEntry(i)) }
+	flipped := val(0)
+	flipped[20] ^= 1
+	unknown := val(2)
+	unknown[0] = 9
+	writes := []struct{ k, v []byte }{
+		{rk(0), flipped},
+		{rk(1), val(1)[:40]},
+		{rk(2), unknown},
+		{rk(3), val(4)},
+		{append(rk(5), 0), val(5)},
+	}
+	for _, w := range writes {
+		if err := db.Set(w.k, w.v, pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c = mustOpen(t, Options{Dir: dir})
+	s := c.Stats()
+	if s.CorruptRecords != len(writes) || s.Recovered != 6 || c.Len() != 6 {
+		t.Fatalf("Stats = %+v, want 5 corrupt and 6 recovered", s)
+	}
+	for i := range 4 {
+		if _, ok := c.Get(key(i)); ok {
+			t.Fatalf("corrupt record %d recovered", i)
+		}
+	}
+	for i := 4; i < 10; i++ {
+		if e, ok := c.Get(key(i)); !ok || e != ssdEntry(i) {
+			t.Fatalf("record %d = %+v, %v", i, e, ok)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package catalog
+
+import (
+	"fmt"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+// change is one upsert or deletion of a commit.
+type change struct {
+	e       Entry
+	deleted bool
+}
+
+// Put inserts or replaces entries (keyed by Entry.Key) in one Pebble batch
+// committed with sync: entries with OnSSD are persisted; entries without
+// OnSSD have any persisted record deleted. The in-memory index changes only
+// after the commit succeeded. When a key appears more than once, the last
+// entry wins. A Put that persists nothing (DRAM-only pages never persisted)
+// commits nothing.
+func (c *Catalog) Put(entries ...Entry) error {
+	changes := make([]change, 0, len(entries))
+	for i := range entries {
+		if entries[i].DRAMSlot < -1 {
+			return fmt.Errorf("%w: page %s: DRAM slot %d", ErrInvalidEntry, entries[i].Key, entries[i].DRAMSlot)
+		}
+		changes = append(changes, change{e: entries[i]})
+	}
+	c.writer.Lock()
+	defer c.writer.Unlock()
+	return c.commitLocked(changes)
+}
+
+// Update applies fn to a copy of k's entry and commits the result like Put;
+// fn returning false deletes the entry instead. The read, fn and the commit
+// are atomic with respect to other writers. Update returns the entry as fn
+// left it and false if k is absent (fn is then not called). fn must not
+// change Key and must not call the catalog's writers.
+//
+// Lookup keeps touching LastAccess and Hits while fn runs; touches between
+// the read and the commit are overwritten by the values fn returns.
+func (c *Catalog) Update(k pagekey.Key, fn func(e *Entry) (keep bool)) (Entry, bool, error) {
+	c.writer.Lock()
+	defer c.writer.Unlock()
+	e, ok := c.Get(k)
+	if !ok {
+		return Entry{}, false, nil
+	}
+	keep := fn(&e)
+	e.Key = k
+	if keep && e.DRAMSlot < -1 {
+		return e, true, fmt.Errorf("%w: page %s: DRAM slot %d", ErrInvalidEntry, k, e.DRAMSlot)
+	}
+	return e, true, c.commitLocked([]change{{e: e, deleted: !keep}})
+}
+
+// Delete removes keys, deleting their persisted records in one synced Pebble
+// batch first. Absent keys are ignored.
+func (c *Catalog) Delete(keys ...pagekey.Key) error {
+	c.writer.Lock()
+	defer c.writer.Unlock()
+	changes := make([]change, 0, len(keys))
+	for _, k := range keys {
+		if e, ok := c.Get(k); ok {
+			changes = append(changes, change{e: e, deleted: true})
+		}
+	}
+	return c.commitLocked(changes)
+}
+
+// commitLocked persists changes, then applies them to memory, then reports
+// them to OnChange. The caller holds c.writer, so no other writer changes an
+// entry between the persisted state read here and the apply.
+func (c *Catalog) commitLocked(changes []change) error {
+	if c.writer.closed {
+		return ErrClosed
+	}
+	changes = lastWins(changes)
+	if c.store != nil {
+		if err := c.persistLocked(changes); err != nil {
+			return err
+		}
+	}
+	for _, ch := range changes {
+		c.apply(ch)
+	}
+	if c.onChange != nil {
+		for _, ch := range changes {
+			c.onChange(ch.e, ch.deleted)
+		}
+	}
+	return nil
+}
+
+func (c *Catalog) persistLocked(changes []change) error {
+	b := c.store.newBatch()
+	defer b.close()
+	for _, ch := range changes {
+		var err error
+		switch {
+		case !ch.deleted && ch.e.OnSSD:
+			err = b.set(ch.e)
+		case c.persisted(ch.e.Key):
+			err = b.delete(ch.e.Key)
+		}
+		if err != nil {
+			return fmt.Errorf("catalog batch page %s: %w", ch.e.Key, err)
+		}
+	}
+	committed, err := c.store.commit(b)
+	if err != nil {
+		return fmt.Errorf("commit %d catalog changes: %w", len(changes), err)
+	}
+	if committed {
+		c.commits.Add(1)
+	}
+	return nil
+}
+
+// persisted reports whether k has a persisted record, i.e. its current
+// entry is on SSD.
+func (c *Catalog) persisted(k pagekey.Key) bool {
+	e, ok := c.Get(k)
+	return ok && e.OnSSD
+}
+
+func (c *Catalog) apply(ch change) {
+	h := c.hash.hash(ch.e.Key)
+	s := &c.shards[shardOf(h)]
+	if ch.deleted {
+		s.mu.Lock()
+		removed := s.deleteLocked(c.hash, h, ch.e.Key)
+		s.mu.Unlock()
+		if removed {
+			c.count.Add(-1)
+		}
+		return
+	}
+	r := toRecord(ch.e, &c.layouts)
+	s.mu.Lock()
+	added := s.setLocked(c.hash, h, ch.e.Key, r)
+	s.mu.Unlock()
+	if added {
+		c.count.Add(1)
+	}
+}
+
+// lastWins drops every change whose key is changed again later in the list,
+// keeping the order of the rest.
+func lastWins(changes []change) []change {
+	if len(changes) < 2 {
+		return changes
+	}
+	last := make(map[pagekey.Key]int, len(changes))
+	for i, ch := range changes {
+		last[ch.e.Key] = i
+	}
+	if len(last) == len(changes) {
+		return changes
+	}
+	out := changes[:0]
+	for i, ch := range changes {
+		if last[ch.e.Key] == i {
+			out = append(out, ch)
+		}
+	}
+	return out
+}

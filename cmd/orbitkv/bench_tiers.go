@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/orbitkv/orbitkv/fabric"
+	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/bytesize"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+// tiersBench is the config of `bench tiers`.
+type tiersBench struct {
+	dir         string
+	shmDir      string
+	flash       engineclient.Flash
+	pages       int
+	batch       int
+	ssdPages    int
+	ssdDepth    int
+	redisServer string
+	skipSSD     bool
+}
+
+func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
+	b := tiersBench{flash: engineclient.Flash{Layers: 36, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2}}
+	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
+	fs.StringVar(&b.dir, "dir", "data/bench", "scratch directory on the SSD (not tmpfs)")
+	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
+	fs.IntVar(&b.flash.Layers, "layers", b.flash.Layers, "layers of the page geometry (default: Qwen3-8B)")
+	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
+	fs.IntVar(&b.flash.HeadDim, "head-dim", b.flash.HeadDim, "head dimension")
+	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer and Redis")
+	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
+	fs.IntVar(&b.ssdPages, "ssd-pages", 256, "pages for the SSD-versus-fio comparison")
+	fs.IntVar(&b.ssdDepth, "ssd-depth", 32, "SSD queue depth (fio iodepth)")
+	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis baseline; empty skips it")
+	fs.BoolVar(&b.skipSSD, "skip-ssd", false, "skip the SSD-versus-fio comparison")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b.flash.NumBlocks = 2 * b.pages * (b.flash.PageTokens / b.flash.BlockTokens)
+	return b.run(ctx, out)
+}
+
+func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
+	pageBytes := uint64(b.flash.Size()) / uint64(b.flash.NumBlocks) * uint64(b.flash.PageTokens/b.flash.BlockTokens)
+	fmt.Fprintf(out, "orbitkv bench tiers: %d pages of %s (%d layers x K,V, %d tokens), %d pages per request\n\n",
+		b.pages, bytesize.Size(pageBytes), b.flash.Layers, b.flash.PageTokens, b.batch)
+	memcpy := memcpyGBps(int(pageBytes) * b.pages)
+	peerSave, peerLoad, err := b.peerRoundTrip(ctx)
+	if err != nil {
+		return fmt.Errorf("peer: %w", err)
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DRAM tier\tOrbitKV GB/s\tbaseline\tbaseline GB/s\tratio\ttarget")
+	fmt.Fprintf(tw, "save (engine -> DRAM)\t%.2f\tsingle-thread memcpy\t%.2f\t%.2f\t>= 0.70\n", peerSave, memcpy, peerSave/memcpy)
+	fmt.Fprintf(tw, "load (DRAM -> engine)\t%.2f\tsingle-thread memcpy\t%.2f\t%.2f\t>= 0.70\n", peerLoad, memcpy, peerLoad/memcpy)
+	if b.redisServer != "" {
+		rput, rget, err := b.redisRoundTrip(ctx, pageBytes)
+		if err != nil {
+			return fmt.Errorf("redis baseline: %w", err)
+		}
+		fmt.Fprintf(tw, "save vs Redis SET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerSave, rput, peerSave/rput)
+		fmt.Fprintf(tw, "load vs Redis GET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerLoad, rget, peerLoad/rget)
+	}
+	tw.Flush()
+	if b.skipSSD {
+		return nil
+	}
+	fmt.Fprintf(out, "\nSSD tier (same file, block size = slot size, depth %d):\n", b.ssdDepth)
+	return benchSSD(ctx, out, filepath.Join(b.dir, "ssd"), pageBytes, b.ssdPages, b.ssdDepth)
+}
+
+// memcpyGBps is the best of three single-thread copies of n bytes between
+// pre-faulted buffers.
+func memcpyGBps(n int) float64 {
+	src, dst := make([]byte, n), make([]byte, n)
+	rand.Read(src)
+	copy(dst, src) // fault both in
+	best := time.Duration(1 << 62)
+	for i := 0; i < 3; i++ {
+		t0 := time.Now()
+		copy(dst, src)
+		best = min(best, time.Since(t0))
+	}
+	return float64(n) / best.Seconds() / 1e9
+}
+
+// benchEngine is an in-process peer plus an engine session over its socket.
+type benchEngine struct {
+	e    *engineclient.Engine
+	shm  *engineclient.Shm
+	stop func()
+}
+
+func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
+	cfg := fabric.DefaultConfig()
+	cfg.DataDir, cfg.MetricsAddr, cfg.SSDBytes = filepath.Join(b.dir, "peer"), "", 0
+	pageBytes := uint64(b.flash.Size()) / uint64(b.flash.NumBlocks) * uint64(b.flash.PageTokens/b.flash.BlockTokens)
+	cfg.DRAMSlabBytes = bytesize.Size(max(64<<20, 4*((pageBytes+4095)&^4095)))
+	cfg.DRAMBytes = bytesize.Size(uint64(cfg.DRAMSlabBytes) * (uint64(b.pages)*pageBytes/uint64(cfg.DRAMSlabBytes) + 2))
+	os.RemoveAll(cfg.DataDir)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	peer, err := fabric.New(cfg, zerolog.Nop())
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- peer.Run(pctx) }()
+	stop := func() { cancel(); <-done }
+	shm, err := engineclient.CreateShm(filepath.Join(b.shmDir, "orbitkv-bench-"+strconv.Itoa(os.Getpid())), b.flash.Size())
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	rand.Read(shm.Mem)
+	conn, err := engineclient.Dial(cfg.Socket)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+	defer ocancel()
+	e, err := engineclient.Open(octx, conn, b.flash.OpenRequest("bench", shm.Path))
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &benchEngine{e: e, shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
+}
+
+// peerRoundTrip saves b.pages pages through the peer and loads them back
+// into other blocks, returning GB/s of each direction.
+func (b *tiersBench) peerRoundTrip(ctx context.Context) (save, load float64, err error) {
+	be, err := b.startPeer(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer be.stop()
+	per := b.flash.PageTokens / b.flash.BlockTokens
+	keys := make([][]byte, b.pages)
+	for i := range keys {
+		keys[i] = make([]byte, 16)
+		rand.Read(keys[i])
+	}
+	refs := func(first int) []*pb.PageRef {
+		out := make([]*pb.PageRef, b.pages)
+		for i := range out {
+			out[i] = &pb.PageRef{Key: keys[i]}
+			for j := 0; j < per; j++ {
+				out[i].Blocks = append(out[i].Blocks, uint32(first+i*per+j))
+			}
+		}
+		return out
+	}
+	total := float64(be.e.PageBytes) * float64(b.pages)
+	dSave, err := b.timeBatches(ctx, refs(0), func(r []*pb.PageRef) (*pb.OpStatus, error) {
+		return be.e.Save(ctx, r, pb.Durability_DURABILITY_DRAM)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	dLoad, err := b.timeBatches(ctx, refs(b.pages*per), func(r []*pb.PageRef) (*pb.OpStatus, error) {
+		return be.e.Load(ctx, r)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return total / dSave.Seconds() / 1e9, total / dLoad.Seconds() / 1e9, nil
+}
+
+func (b *tiersBench) timeBatches(ctx context.Context, refs []*pb.PageRef, call func([]*pb.PageRef) (*pb.OpStatus, error)) (time.Duration, error) {
+	t0 := time.Now()
+	for i := 0; i < len(refs); i += b.batch {
+		st, err := call(refs[i:min(i+b.batch, len(refs))])
+		if err != nil {
+			return 0, err
+		}
+		if err := engineclient.AllOK(st); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(t0), nil
+}
+
+// redisRoundTrip stores the same pages in a local redis-server the way a
+// Redis-backed cache does (gather the page's blocks into one value, SET;
+// GET, scatter back) and returns GB/s of each direction.
+func (b *tiersBench) redisRoundTrip(ctx context.Context, pageBytes uint64) (put, get float64, err error) {
+	addr, stop, err := startRedis(ctx, b.redisServer)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stop()
+	rc, err := dialRedis(addr, 5*time.Second)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rc.Close()
+	shm := make([]byte, b.flash.Size())
+	rand.Read(shm)
+	blob := make([]byte, pageBytes)
+	per := b.flash.PageTokens / b.flash.BlockTokens
+	t0 := time.Now()
+	for i := 0; i < b.pages; i++ {
+		gatherFlash(b.flash, shm, blob, i*per, per, false)
+		if err := rc.set([]byte("page:"+strconv.Itoa(i)), blob); err != nil {
+			return 0, 0, err
+		}
+	}
+	dPut := time.Since(t0)
+	t0 = time.Now()
+	for i := 0; i < b.pages; i++ {
+		if err := rc.get([]byte("page:"+strconv.Itoa(i)), blob); err != nil {
+			return 0, 0, err
+		}
+		gatherFlash(b.flash, shm, blob, (b.pages+i)*per, per, true)
+	}
+	dGet := time.Since(t0)
+	total := float64(pageBytes) * float64(b.pages)
+	return total / dPut.Seconds() / 1e9, total / dGet.Seconds() / 1e9, nil
+}
+
+// gatherFlash copies a page's blocks between the engine buffer and a blob
+// (scatter when back is true), segment-major like the peer.
+func gatherFlash(f engineclient.Flash, buf, blob []byte, first, per int, back bool) {
+	off, bb := 0, f.BlockBytes()
+	for l := 0; l < f.Layers; l++ {
+		for p := 0; p < 2; p++ {
+			at := f.BlockOffset(l, p, first)
+			if back {
+				copy(buf[at:at+per*bb], blob[off:off+per*bb])
+			} else {
+				copy(blob[off:off+per*bb], buf[at:at+per*bb])
+			}
+			off += per * bb
+		}
+	}
+}
+
+// startRedis runs a throwaway redis-server on a free loopback port with
+// persistence off and waits until it answers PING.
+func startRedis(ctx context.Context, bin string) (string, func(), error) {
+	if _, err := exec.LookPath(bin); err != nil {
+		return "", nil, fmt.Errorf("%s not found (make deps installs it): %w", bin, err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.CommandContext(ctx, bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--maxmemory", "0", "--protected-mode", "yes")
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rc, err := dialRedis(addr, time.Second)
+		if err == nil {
+			err = rc.ping()
+			rc.Close()
+			if err == nil {
+				return addr, stop, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, errors.Join(errors.New("redis-server did not answer within 10s"), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,138 @@
+package cuda
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestCheckSegments(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		segs []Segment
+		ok   bool
+	}{
+		{"fits", []Segment{{HostOff: 0, Dev: 0x1000, Len: 100}, {HostOff: 900, Dev: 0x2000, Len: 124}}, true},
+		{"ends at region end", []Segment{{HostOff: 1000, Dev: 1, Len: 24}}, true},
+		{"empty", []Segment{{HostOff: 0, Dev: 0x1000, Len: 0}}, false},
+		{"nil device", []Segment{{HostOff: 0, Dev: 0, Len: 8}}, false},
+		{"past end", []Segment{{HostOff: 1000, Dev: 1, Len: 25}}, false},
+		{"offset past end", []Segment{{HostOff: 2000, Dev: 1, Len: 1}}, false},
+		{"overflowing length", []Segment{{HostOff: 8, Dev: 1, Len: ^uint64(0)}}, false},
+		{"device wraps", []Segment{{HostOff: 0, Dev: DevicePtr(^uint64(0) - 4), Len: 8}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkSegments(tc.segs, 1024)
+			if (err == nil) != tc.ok {
+				t.Fatalf("checkSegments = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, ErrBadSegment) {
+				t.Fatalf("error %v does not wrap ErrBadSegment", err)
+			}
+		})
+	}
+}
+
+func TestCoalesce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []Segment
+		want []Segment
+	}{
+		{"empty", nil, nil},
+		{"adjacent both sides", []Segment{{0, 100, 10}, {10, 110, 10}, {20, 120, 5}}, []Segment{{0, 100, 25}}},
+		{"host adjacent only", []Segment{{0, 100, 10}, {10, 500, 10}}, []Segment{{0, 100, 10}, {10, 500, 10}}},
+		{"device adjacent only", []Segment{{0, 100, 10}, {50, 110, 10}}, []Segment{{0, 100, 10}, {50, 110, 10}}},
+		{"out of order is kept", []Segment{{10, 110, 10}, {0, 100, 10}}, []Segment{{10, 110, 10}, {0, 100, 10}}},
+		{"two runs", []Segment{{0, 0x100, 8}, {8, 0x108, 8}, {64, 0x400, 8}, {72, 0x408, 8}}, []Segment{{0, 0x100, 16}, {64, 0x400, 16}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := coalesce(nil, tc.in)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("coalesce = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLower(t *testing.T) {
+	segs := []Segment{{HostOff: 16, Dev: 0x9000, Len: 32}}
+	if got, want := lower(nil, HostToDevice, 0x1000, segs), []cSeg{{Src: 0x1010, Dst: 0x9000, Len: 32}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("restore: %v, want %v", got, want)
+	}
+	if got, want := lower(nil, DeviceToHost, 0x1000, segs), []cSeg{{Src: 0x9000, Dst: 0x1010, Len: 32}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("save: %v, want %v", got, want)
+	}
+}
+
+func TestKernelFits(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		segs   []cSeg
+		chunk  uint64
+		chunks uint32
+		ok     bool
+	}{
+		{"one chunk", []cSeg{{0x1000, 0x2000, 4096}}, 65536, 1, true},
+		{"128 KiB in 64 KiB chunks", []cSeg{{0x1000, 0x2000, 131072}, {0, 16, 16}}, 65536, 2, true},
+		{"partial last chunk", []cSeg{{0, 0, 65536 + 16}}, 65536, 2, true},
+		{"unaligned src", []cSeg{{8, 0x2000, 4096}}, 65536, 0, false},
+		{"unaligned len", []cSeg{{0, 0, 4100}}, 65536, 0, false},
+		{"too many chunks", []cSeg{{0, 0, 65536 * 16 * 65536}}, 16, 0, false},
+		{"empty batch", nil, 65536, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chunks, ok := kernelFits(tc.segs, tc.chunk)
+			if ok != tc.ok || chunks != tc.chunks {
+				t.Fatalf("kernelFits = %d, %v; want %d, %v", chunks, ok, tc.chunks, tc.ok)
+			}
+		})
+	}
+}
+
+func TestSplitEven(t *testing.T) {
+	for _, tc := range []struct {
+		n, k int
+		want [][2]int
+	}{
+		{10, 3, [][2]int{{0, 4}, {4, 7}, {7, 10}}},
+		{2, 4, [][2]int{{0, 1}, {1, 2}}},
+		{5, 1, [][2]int{{0, 5}}},
+		{0, 4, [][2]int{}},
+	} {
+		if got := splitEven(tc.n, tc.k); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("splitEven(%d, %d) = %v, want %v", tc.n, tc.k, got, tc.want)
+		}
+	}
+}
+
+func TestCopierConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  CopierConfig
+		ok   bool
+	}{
+		{"defaults", CopierConfig{}, true},
+		{"streams", CopierConfig{Method: MethodStreams, Streams: 8}, true},
+		{"too many streams", CopierConfig{Streams: 65}, false},
+		{"bad method", CopierConfig{Method: 9}, false},
+		{"odd threads", CopierConfig{KernelThreads: 100}, false},
+		{"chunk not a multiple", CopierConfig{KernelThreads: 256, KernelChunk: 1000}, false},
+	} {
+		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+func TestParseMethod(t *testing.T) {
+	for m := MethodAuto; m <= MethodKernel; m++ {
+		got, err := ParseMethod(m.String())
+		if err != nil || got != m {
+			t.Errorf("ParseMethod(%q) = %v, %v", m.String(), got, err)
+		}
+	}
+	if _, err := ParseMethod("dma"); err == nil {
+		t.Error("ParseMethod(dma) succeeded")
+	}
+}

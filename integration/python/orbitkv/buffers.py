@@ -1,0 +1,236 @@
+"""Describe an engine's KV tensors as peer Buffers and Segments.
+
+CPU engines keep their KV pool in a shared file mapping (the reference engine
+uses ``torch.from_file('/dev/shm/…', shared=True, …)``). The backing file and
+offset of any view of it are recovered from the tensor's data pointer through
+/proc/self/maps, so no registry of allocations is needed.
+
+Every layout reduces to a list, per layer, of two "plane" tensors (K, V)
+whose first dimension is the engine block and whose remaining dimensions are
+one dense block; block b of a plane occupies
+[offset + b*block_stride, + block_bytes) of its buffer (the Segment).
+
+CUDA tensors need CUDA IPC handles (``CudaIpcBuffer``); that path lands in a
+later issue and raises NotImplementedError now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from orbitkv.errors import BufferError_, NotFileBacked
+
+DTYPE_NAMES = {
+    "torch.float32": "fp32",
+    "torch.float16": "fp16",
+    "torch.bfloat16": "bf16",
+    "torch.float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e5m2": "fp8_e5m2",
+    "torch.uint8": "u8",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShmBuffer:
+    """A shared-memory file the peer maps."""
+
+    path: str
+    size_bytes: int
+
+    def to_proto(self) -> Any:
+        from orbitkv._proto import engine_pb2
+
+        return engine_pb2.Buffer(shm=engine_pb2.SharedMemory(path=self.path), size_bytes=self.size_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaIpcBuffer:
+    """A GPU allocation named by its CUDA IPC handle (filled in by a later
+    issue; the proto already carries it)."""
+
+    handle: bytes
+    device: int
+    offset: int
+    size_bytes: int
+
+    def to_proto(self) -> Any:
+        from orbitkv._proto import engine_pb2
+
+        ipc = engine_pb2.CudaIpc(handle=self.handle, device=self.device, offset=self.offset)
+        return engine_pb2.Buffer(cuda=ipc, size_bytes=self.size_bytes)
+
+
+Buffer = Union[ShmBuffer, CudaIpcBuffer]
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    layer: int
+    plane: int  # 0 = K, 1 = V
+    buffer: int
+    offset: int
+    block_stride: int
+    block_bytes: int
+
+    def to_proto(self) -> Any:
+        from orbitkv._proto import engine_pb2
+
+        return engine_pb2.Segment(**dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class KVDescription:
+    """Everything OpenSession needs to know about the engine's KV memory."""
+
+    buffers: tuple[Buffer, ...]
+    segments: tuple[Segment, ...]
+    num_blocks: int
+    dtype: str  # OrbitKV dtype name ("bf16", …)
+    inner_order: str  # e.g. "nhd" / "hnd": block dims, outermost first
+
+    @property
+    def page_bytes_per_block(self) -> int:
+        return sum(s.block_bytes for s in self.segments)
+
+
+# --- /proc/self/maps -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mapping:
+    start: int
+    end: int
+    shared: bool
+    offset: int
+    path: str
+
+
+def _read_maps(pid: str = "self") -> list[_Mapping]:
+    out: list[_Mapping] = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(maxsplit=5)
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            out.append(_Mapping(lo, hi, parts[1][3] == "s", int(parts[2], 16), parts[5]))
+    return out
+
+
+def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = None) -> tuple[str, int]:
+    """Returns (file path, file offset) of the shared file mapping holding
+    [addr, addr+length). Raises NotFileBacked when there is none."""
+    for m in maps if maps is not None else _read_maps():
+        if m.start <= addr < m.end:
+            if addr + length > m.end:
+                raise NotFileBacked(f"range {addr:#x}+{length} crosses the end of mapping {m.path}")
+            if m.path.endswith(" (deleted)"):
+                raise NotFileBacked(f"{m.path}: backing file was unlinked; the peer cannot open it")
+            if not m.shared:
+                raise NotFileBacked(f"{m.path} is mapped private; map it shared (torch.from_file(shared=True))")
+            return m.path, m.offset + (addr - m.start)
+    raise NotFileBacked(f"address {addr:#x} is not in a file mapping (anonymous or pinned memory)")
+
+
+# --- planes ----------------------------------------------------------------
+
+
+def _dense_block(t: Any) -> tuple[int, str]:
+    """Bytes of one block of plane ``t`` (dim 0 = block) and the order of its
+    inner dims; raises unless the inner dims are dense."""
+    dims = [(t.stride(i), t.size(i), i) for i in range(1, t.dim()) if t.size(i) > 1]
+    dims.sort()
+    expected = 1
+    for stride, size, _ in dims:
+        if stride != expected:
+            raise BufferError_(f"KV block is not dense (shape {tuple(t.shape)}, strides {t.stride()})")
+        expected *= size
+    order = "".join(str(i) for _, _, i in sorted(dims, reverse=True))
+    return expected * t.element_size(), order
+
+
+def _check_cpu(t: Any) -> None:
+    if t.device.type == "cuda":
+        raise NotImplementedError(
+            "CUDA KV tensors are registered by CUDA IPC handle (CudaIpcBuffer); "
+            "that path is implemented in a later issue"
+        )
+    if t.device.type != "cpu":
+        raise BufferError_(f"unsupported KV device {t.device}")
+
+
+def describe_planes(planes: Sequence[Sequence[Any]]) -> KVDescription:
+    """Describes ``planes[layer][plane]`` tensors (dim 0 = engine block)."""
+    if not planes or any(len(p) != 2 for p in planes):
+        raise BufferError_("need two planes (K, V) for every layer")
+    maps = _read_maps()
+    paths: dict[str, int] = {}
+    buffers: list[Buffer] = []
+    segments: list[Segment] = []
+    first = planes[0][0]
+    num_blocks, dtype, order = first.size(0), first.dtype, ""
+    for layer, pair in enumerate(planes):
+        for plane, t in enumerate(pair):
+            _check_cpu(t)
+            if t.size(0) != num_blocks or t.dtype != dtype:
+                raise BufferError_(f"layer {layer} plane {plane}: blocks/dtype differ from layer 0")
+            block_bytes, order = _dense_block(t)
+            stride = t.stride(0) * t.element_size()
+            if num_blocks > 1 and stride < block_bytes:
+                raise BufferError_(f"layer {layer} plane {plane}: blocks overlap")
+            extent = (num_blocks - 1) * stride + block_bytes
+            path, off = resolve_file_range(t.data_ptr(), extent, maps)
+            if path not in paths:
+                paths[path] = len(buffers)
+                buffers.append(ShmBuffer(path, os.path.getsize(path)))
+            segments.append(Segment(layer, plane, paths[path], off, stride, block_bytes))
+    name = DTYPE_NAMES.get(str(dtype), str(dtype).replace("torch.", ""))
+    return KVDescription(tuple(buffers), tuple(segments), num_blocks, name, order)
+
+
+# --- engine layouts ----------------------------------------------------------
+
+
+def vllm_planes(kv_caches: Union[Mapping[str, Any], Sequence[Any]], layout: str = "auto") -> list[list[Any]]:
+    """Per-layer (K, V) planes of vLLM per-layer KV tensors, in layer order.
+
+    ``flash``: (2, num_blocks, block_size, kv_heads, head_dim) (FlashAttention);
+    ``flashinfer``: (num_blocks, 2, block_size, kv_heads, head_dim).
+    ``auto`` picks by which of the first two dims is 2 (ambiguous only when
+    num_blocks == 2; pass the layout explicitly then).
+    """
+    tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
+    out = []
+    for t in tensors:
+        kind = layout if layout != "auto" else vllm_layout_of(t)
+        if kind == "flash":
+            out.append([t[0], t[1]])
+        elif kind == "flashinfer":
+            out.append([t[:, 0], t[:, 1]])
+        else:
+            raise BufferError_(f"unknown vLLM KV layout {kind!r}")
+    return out
+
+
+def vllm_layout_of(t: Any) -> str:
+    if t.dim() != 5:
+        raise BufferError_(f"vLLM KV tensor must be 5-D (MLA is not supported), got shape {tuple(t.shape)}")
+    if t.size(0) == 2 and t.size(1) != 2:
+        return "flash"
+    if t.size(1) == 2 and t.size(0) != 2:
+        return "flashinfer"
+    raise BufferError_(f"ambiguous vLLM KV shape {tuple(t.shape)}: pass layout='flash' or 'flashinfer'")
+
+
+def sglang_planes(k_buffers: Sequence[Any], v_buffers: Sequence[Any], page_size: int) -> list[list[Any]]:
+    """Per-layer planes of SGLang's token-indexed K and V buffers
+    ((tokens, heads, dim) per layer), viewed as pages of ``page_size`` tokens."""
+    if len(k_buffers) != len(v_buffers):
+        raise BufferError_("K and V buffer lists differ in length")
+    out = []
+    for k, v in zip(k_buffers, v_buffers):
+        pages = k.size(0) // page_size
+        out.append([x[: pages * page_size].unflatten(0, (pages, page_size)) for x in (k, v)])
+    return out

@@ -1,0 +1,177 @@
+"""Paged attention over vLLM-FlashAttention-layout KV tensors, in plain torch.
+
+Two backends read K/V through block tables:
+
+* ``exact`` — for CPU fp32. A query's result depends only on its own q, its position and the
+  K/V values of its context, never on which other tokens share the step: keys are consumed in
+  fixed chunks of ``chunk`` absolute positions with an online softmax, every reduction runs
+  over a fixed length (head_dim or ``chunk``), and chunks past a query's position are exact
+  no-ops (scale 1, add 0). So a prefill whose first blocks were restored from a cache, a
+  chunked prefill and a batched decode give bit-identical logits to one full prefill, as long
+  as the platform's matmul computes each output row independently of the row count (checked
+  by the tests).
+* ``sdpa`` — for CUDA: gathers each request's context and calls
+  ``torch.nn.functional.scaled_dot_product_attention`` with a bottom-right causal mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass
+class SeqSpan:
+    """One request's part of a step: queries q[start:end], context of `context_len` tokens."""
+
+    start: int
+    end: int
+    context_len: int
+    block_table: torch.Tensor  # int64 block ids covering context_len tokens
+
+
+@dataclasses.dataclass
+class BatchMeta:
+    """Attention metadata of a step (what save_kv_layer receives as attn_metadata)."""
+
+    slot_mapping: torch.Tensor   # [T] int64: block_id * block_size + offset of each new token
+    positions: torch.Tensor      # [T] int64
+    seqs: List[SeqSpan]
+    block_size: int
+    logits_indices: torch.Tensor  # [R'] rows whose logits are sampled
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    """Store new tokens' K and V ([T, kv_heads, head_dim]) into their slots of one layer."""
+    planes = kv.shape[1] * kv.shape[2]
+    kv[0].view(planes, *kv.shape[3:]).index_copy_(0, slots, k.to(kv.dtype))
+    kv[1].view(planes, *kv.shape[3:]).index_copy_(0, slots, v.to(kv.dtype))
+
+
+def _gather(plane: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """[n_blocks*block_size, kv_heads, head_dim] copy of the given blocks of one plane."""
+    return plane.index_select(0, block_ids).flatten(0, 1)
+
+
+def attend_exact(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, chunk: int) -> torch.Tensor:
+    """q [T, Hq, D] → [T, Hq, D] (fp32 math), batch-invariant; see the module doc."""
+    T, hq, d = q.shape
+    hkv = kv.shape[3]
+    g = hq // hkv
+    bpc = chunk // meta.block_size
+    scale = 1.0 / math.sqrt(d)
+    out = torch.empty((T, hq, d), dtype=torch.float32, device=q.device)
+    offs = torch.arange(chunk, device=q.device)
+    for s in meta.seqs:
+        t = s.end - s.start
+        pos = meta.positions[s.start:s.end]
+        qh = q[s.start:s.end].float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * scale
+        m = torch.full((hkv, g * t), float("-inf"), device=q.device)
+        lsum = torch.zeros((hkv, g * t), device=q.device)
+        acc = torch.zeros((hkv, g * t, d), device=q.device)
+        for c in range((s.context_len + chunk - 1) // chunk):
+            ids = s.block_table[c * bpc:(c + 1) * bpc]
+            k = _chunk_plane(kv[0], ids, chunk, s.context_len - c * chunk)
+            v = _chunk_plane(kv[1], ids, chunk, s.context_len - c * chunk)
+            sc = torch.matmul(qh, k.permute(1, 2, 0))                 # [hkv, g*t, chunk]
+            visible = (c * chunk + offs)[None, :] <= pos[:, None]      # [t, chunk]
+            sc = sc.masked_fill(~visible.repeat(g, 1), float("-inf"))
+            m_new = torch.maximum(m, sc.amax(-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(sc - m_new[..., None])
+            lsum = lsum * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
+            m = m_new
+        o = acc / lsum[..., None]
+        out[s.start:s.end] = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+    return out
+
+
+def _chunk_plane(plane: torch.Tensor, ids: torch.Tensor, chunk: int, valid: int) -> torch.Tensor:
+    """One chunk of keys (or values) as fp32 [chunk, Hkv, D]; slots past `valid` are zero."""
+    x = _gather(plane, ids).float()
+    if x.shape[0] < chunk:
+        x = torch.cat([x, x.new_zeros((chunk - x.shape[0],) + tuple(x.shape[1:]))])
+    if valid < chunk:
+        x[valid:] = 0.0
+    return x
+
+
+def attend_sdpa(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta) -> torch.Tensor:
+    """q [T, Hq, D] → [T, Hq, D] in q's dtype, one fused attention call per request."""
+    out = torch.empty_like(q)
+    hq, hkv = q.shape[1], kv.shape[3]
+    with _fused_backends():
+        for s in meta.seqs:
+            t, L = s.end - s.start, s.context_len
+            k = _gather(kv[0], s.block_table)[:L].transpose(0, 1)[None]   # [1, Hkv, L, D]
+            v = _gather(kv[1], s.block_table)[:L].transpose(0, 1)[None]
+            qq = q[s.start:s.end].transpose(0, 1)[None]                    # [1, Hq, t, D]
+            o = _sdpa(qq, k.to(q.dtype), v.to(q.dtype), t, L, hq // hkv)
+            out[s.start:s.end] = o[0].transpose(0, 1)
+    return out
+
+
+def _fused_backends():
+    """Flash / memory-efficient kernels (math as the fallback), never cuDNN: cuDNN builds a
+    graph per new shape, about 1 ms of CPU per call, and every decode step is a new shape."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    except (ImportError, TypeError, AttributeError):
+        return contextlib.nullcontext()
+
+
+_GQA_KWARG = {}  # {"gqa": bool}: does the installed torch take enable_gqa (>= 2.5)
+
+
+def _sdpa(q, k, v, t: int, L: int, groups: int) -> torch.Tensor:
+    fn = getattr(F, "scaled_dot_product_attention", None)
+    masked = 1 < t < L  # queries at the end of a longer context: a bottom-right causal mask
+    if fn is None:  # torch < 2.0: the same math, unfused
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        sc = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        sc = sc.masked_fill(~_bottom_right_causal(t, L, q.device), float("-inf"))
+        return torch.matmul(sc.softmax(-1), v.float()).to(q.dtype)
+    kw = {}
+    if groups > 1:
+        if "gqa" not in _GQA_KWARG:
+            _GQA_KWARG["gqa"] = _takes_enable_gqa(fn)
+        if _GQA_KWARG["gqa"] and not masked:  # flash takes GQA; the masked kernel wants MHA
+            kw["enable_gqa"] = True
+        else:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if masked:
+        return fn(q, k, v, attn_mask=_bottom_right_causal(t, L, q.device))
+    return fn(q, k, v, is_causal=(t == L and t > 1), **kw)
+
+
+def _takes_enable_gqa(fn) -> bool:
+    x = torch.zeros((1, 2, 1, 8))
+    try:
+        fn(x, x[:, :1], x[:, :1], enable_gqa=True)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+def _bottom_right_causal(t: int, L: int, device) -> torch.Tensor:
+    """[t, L] bool: query i (absolute position L - t + i) sees keys 0..L - t + i."""
+    qpos = torch.arange(L - t, L, device=device)[:, None]
+    return torch.arange(L, device=device)[None, :] <= qpos
+
+
+def attend(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, backend: str, chunk: int) -> torch.Tensor:
+    if backend == "exact":
+        return attend_exact(q, kv, meta, chunk).to(q.dtype)
+    return attend_sdpa(q, kv, meta)
+

@@ -1,0 +1,113 @@
+"""The engine: KV pool + model + scheduler + model runner, stepped synchronously.
+
+`Engine.step()` is one scheduler step (schedule → forward → update). It is not thread safe;
+`loop.EngineLoop` owns an Engine on one thread and serves many callers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .config import EngineConfig
+from .kvpool import KVPool
+from .model import Qwen3Model
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+from .worker import ModelRunner
+
+ConnectorSpec = Union[None, Tuple[Any, Any], Callable[[EngineConfig, KVPool], Tuple[Any, Any]]]
+
+_ids = itertools.count()
+
+
+class Engine:
+    """connector: None, a (scheduler half, worker half) pair, or a factory(cfg, pool) → pair."""
+
+    def __init__(self, cfg: EngineConfig, connector: ConnectorSpec = None):
+        cfg.validate()
+        self.cfg = cfg
+        self._closed = False
+        self.last_step_tokens = 0
+        self.pool = KVPool(cfg)
+        try:
+            self.model = Qwen3Model(cfg.model, cfg.device, cfg.seed)
+            halves = connector(cfg, self.pool) if callable(connector) else connector
+            self.connector_scheduler, self.connector_worker = halves or (None, None)
+            self.scheduler = Scheduler(cfg, self.connector_scheduler)
+            self.runner = ModelRunner(cfg, self.model, self.pool, self.connector_worker)
+        except BaseException:
+            self.pool.close()
+            raise
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: Sequence[int], max_tokens: int,
+                    request_id: Optional[str] = None,
+                    kv_transfer_params: Optional[Dict[str, Any]] = None) -> Request:
+        vocab = self.cfg.model.vocab
+        bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"token ids must be ints in [0, {vocab}); got {bad[:3]}")
+        rid = request_id or f"req-{next(_ids)}"
+        req = Request(rid, list(prompt_token_ids), max_tokens, self.cfg.block_size, kv_transfer_params)
+        self.scheduler.add_request(req)
+        return req
+
+    def abort(self, request_id: str) -> Optional[Request]:
+        return self.scheduler.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> List[Request]:
+        """One scheduler step; returns requests that got a token or finished."""
+        so = self.scheduler.schedule()
+        self.last_step_tokens = so.total_num_scheduled_tokens
+        sampled, kvo = self.runner.execute(so)
+        return self.scheduler.update_from_output(so, sampled, kvo)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
+                 timeout_s: float = 120.0, idle_s: float = 0.001) -> List[List[int]]:
+        """Submit all prompts at once and step until they are done and every transfer has
+        drained (tests and benchmarks). Steps that schedule nothing are paced by idle_s."""
+        reqs = [self.add_request(p, max_tokens) for p in prompts]
+        deadline = time.monotonic() + timeout_s
+        while self.has_work():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"generate: not done after {timeout_s:g} s: {reqs}")
+            self.step()
+            if self.last_step_tokens == 0:
+                time.sleep(idle_s)
+        return [r.output_token_ids for r in reqs]
+
+    # -- introspection --------------------------------------------------------------------
+    def stats(self) -> Dict[str, float]:
+        s = self.scheduler
+        out = dict(vars(s.stats))
+        out.update(
+            requests_running=len(s.running),
+            requests_waiting=sum(1 for r in s.waiting if r.status != RequestStatus.WAITING_FOR_REMOTE_KVS),
+            requests_waiting_for_remote_kvs=sum(1 for r in s.waiting
+                                                if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS),
+            requests_held=len(s.holds),
+            kv_blocks_total=s.pool.num_blocks, kv_blocks_free=s.pool.num_free(),
+            kv_blocks_cached=len(s.pool.cached), kv_usage=s.pool.usage(),
+            prefix_cache_evictions=s.pool.evictions)
+        return out
+
+    def close(self) -> None:
+        """Idempotent: shut the connector halves down, then release the KV pool."""
+        if self._closed:
+            return
+        self._closed = True
+        for half in (getattr(self, "connector_worker", None), getattr(self, "connector_scheduler", None)):
+            if half is not None and hasattr(half, "shutdown"):
+                half.shutdown()
+        self.pool.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,133 @@
+"""A Qwen3-architecture decoder in plain torch, with deterministic random weights.
+
+Per layer: RMSNorm → fused q/k/v projection → per-head RMSNorm on q and k → RoPE (NeoX halves,
+base `rope_theta`) → paged GQA attention → o projection → residual; RMSNorm → SwiGLU MLP →
+residual. Final RMSNorm and an lm head (tied to the embedding or not). Weights are drawn from
+N(0, 1/fan_in) (embedding N(0, 1)) with a generator seeded by `seed`, so activations keep unit
+scale through the depth and greedy outputs depend on the context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .attention import BatchMeta, attend, write_kv
+from .config import ModelConfig
+
+
+class LayerHooks:
+    """Called around each layer's attention (the KV connector's worker-side seam)."""
+
+    def before_attention(self, layer: int) -> None:  # wait_for_layer_load
+        pass
+
+    def after_attention(self, layer: int, kv: torch.Tensor, meta: BatchMeta) -> None:  # save_kv_layer
+        pass
+
+
+@dataclasses.dataclass
+class LayerWeights:
+    in_norm: torch.Tensor
+    wqkv: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    wo: torch.Tensor
+    post_norm: torch.Tensor
+    wgu: torch.Tensor
+    wdown: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Qwen3Model:
+    """Weights plus a forward over a flat batch of new tokens of several requests."""
+
+    def __init__(self, cfg: ModelConfig, device: str = "cpu", seed: int = 0):
+        cfg.validate()
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = cfg.torch_dtype
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        h, d = cfg.hidden, cfg.head_dim
+        q, kv = cfg.num_q_heads * d, cfg.num_kv_heads * d
+
+        def rand(*shape, fan_in: Optional[int] = None):
+            w = torch.randn(shape, generator=gen, device=self.device, dtype=self._init_dtype())
+            if fan_in:
+                w.mul_(fan_in ** -0.5)
+            return w.to(self.dtype)
+
+        def ones(n):
+            return torch.ones(n, device=self.device, dtype=self.dtype)
+
+        with torch.no_grad():
+            self.embed = rand(cfg.vocab, h)
+            self.layers: List[LayerWeights] = [
+                LayerWeights(
+                    in_norm=ones(h), wqkv=rand(q + 2 * kv, h, fan_in=h), q_norm=ones(d), k_norm=ones(d),
+                    wo=rand(h, q, fan_in=q), post_norm=ones(h),
+                    wgu=rand(2 * cfg.intermediate, h, fan_in=h),
+                    wdown=rand(h, cfg.intermediate, fan_in=cfg.intermediate))
+                for _ in range(cfg.num_layers)]
+            self.final_norm = ones(h)
+            self.lm_head = self.embed if cfg.tie_embeddings else rand(cfg.vocab, h, fan_in=h)
+            self.cos, self.sin = self._rope_tables()
+
+    def _init_dtype(self):
+        # fp32 draws on CPU (a bf16 CPU randn is slow); native dtype on CUDA (no fp32 copy of 8B).
+        return torch.float32 if self.device.type == "cpu" else self.dtype
+
+    def _rope_tables(self):
+        d = self.cfg.head_dim
+        inv = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=self.device) / d))
+        ang = torch.arange(self.cfg.max_positions, dtype=torch.float32, device=self.device)[:, None] * inv[None, :]
+        return ang.cos(), ang.sin()
+
+    def rope_tables(self, positions: torch.Tensor):
+        """(cos, sin) rows of `positions`, shaped to broadcast over [T, H, D/2]."""
+        return (self.cos.index_select(0, positions)[:, None, :],
+                self.sin.index_select(0, positions)[:, None, :])
+
+    @staticmethod
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D]; NeoX-style rotation of the two halves, in fp32."""
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, meta: BatchMeta, kv_layers: List[torch.Tensor],
+                attn_backend: str = "exact", attn_chunk: int = 256,
+                hooks: Optional[LayerHooks] = None) -> torch.Tensor:
+        """tokens [T] → fp32 logits [len(meta.logits_indices), vocab]; writes K/V into kv_layers."""
+        c = self.cfg
+        hooks = hooks or LayerHooks()
+        T, d = tokens.shape[0], c.head_dim
+        q_sz, kv_sz = c.num_q_heads * d, c.num_kv_heads * d
+        h = self.embed.index_select(0, tokens)
+        cos, sin = self.rope_tables(meta.positions)
+        for i, w in enumerate(self.layers):
+            x = rms_norm(h, w.in_norm, c.rms_eps)
+            q, k, v = F.linear(x, w.wqkv).split([q_sz, kv_sz, kv_sz], dim=-1)
+            q = self.rope(rms_norm(q.reshape(T, c.num_q_heads, d), w.q_norm, c.rms_eps), cos, sin)
+            k = self.rope(rms_norm(k.reshape(T, c.num_kv_heads, d), w.k_norm, c.rms_eps), cos, sin)
+            v = v.reshape(T, c.num_kv_heads, d)
+            hooks.before_attention(i)
+            write_kv(kv_layers[i], k, v, meta.slot_mapping)
+            a = attend(q, kv_layers[i], meta, attn_backend, attn_chunk)
+            hooks.after_attention(i, kv_layers[i], meta)
+            h = h + F.linear(a.reshape(T, q_sz), w.wo)
+            gate, up = F.linear(rms_norm(h, w.post_norm, c.rms_eps), w.wgu).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w.wdown)
+        last = rms_norm(h.index_select(0, meta.logits_indices), self.final_norm, c.rms_eps)
+        return F.linear(last, self.lm_head).float()
+

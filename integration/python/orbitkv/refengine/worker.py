@@ -1,0 +1,111 @@
+"""The model runner: one step's forward, driving the worker half of a KV connector.
+
+Per step, in vLLM's order (research/engine-apis.md §1.3 step 4): handle_preemptions (when
+requests were preempted) → bind_connector_metadata → start_load_kv → per layer
+wait_for_layer_load / write K,V / attention / save_kv_layer → wait_for_save →
+get_transfer_results (or get_finished) → get_block_ids_with_load_errors →
+clear_connector_metadata. A step with no tokens still runs the connector calls.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Dict, Optional, Set, Tuple
+
+import torch
+
+from .attention import BatchMeta, SeqSpan
+from .config import EngineConfig
+from .connector import KVConnectorOutput
+from .kvpool import KVPool, layer_name
+from .model import LayerHooks, Qwen3Model
+from .scheduler import SchedulerOutput, cdiv
+
+
+class _ConnectorHooks(LayerHooks):
+    def __init__(self, connector: Any):
+        self.connector = connector
+
+    def before_attention(self, layer: int) -> None:
+        self.connector.wait_for_layer_load(layer_name(layer))
+
+    def after_attention(self, layer: int, kv: torch.Tensor, meta: BatchMeta) -> None:
+        self.connector.save_kv_layer(layer_name(layer), kv, meta)
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, model: Qwen3Model, pool: KVPool, connector: Any = None):
+        self.cfg = cfg
+        self.model = model
+        self.pool = pool
+        self.connector = connector
+        self.backend = cfg.resolved_attn_backend
+        self.device = torch.device(cfg.device)
+        self.hooks = _ConnectorHooks(connector) if connector is not None else LayerHooks()
+        if connector is not None:
+            connector.register_kv_caches(pool.kv_caches())
+
+    def execute(self, so: SchedulerOutput) -> Tuple[Dict[str, int], Optional[KVConnectorOutput]]:
+        """Run one step; returns (request id → sampled token, connector output)."""
+        batch = self._build(so) if so.seqs else None
+        conn = self.connector
+        if conn is None:
+            return (self._forward(*batch) if batch else {}), None
+        if so.preempted_req_ids and hasattr(conn, "handle_preemptions"):
+            conn.handle_preemptions(so.kv_connector_metadata)
+        conn.bind_connector_metadata(so.kv_connector_metadata)
+        try:
+            conn.start_load_kv(self._forward_context(batch[1] if batch else None))
+            sampled = self._forward(*batch) if batch else {}
+            conn.wait_for_save()
+            sending, recving, failed = self._transfer_results(so.finished_req_ids)
+            invalid = set(conn.get_block_ids_with_load_errors() or ())
+        finally:
+            conn.clear_connector_metadata()
+        return sampled, KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                          failed_recving=failed, invalid_block_ids=invalid)
+
+    def _transfer_results(self, finished: Set[str]):
+        conn = self.connector
+        if hasattr(conn, "get_transfer_results"):
+            r = conn.get_transfer_results(set(finished))
+            return (getattr(r, "finished_sending", None), getattr(r, "finished_recving", None),
+                    getattr(r, "failed_recving", None))
+        if hasattr(conn, "get_finished"):
+            sending, recving = conn.get_finished(set(finished))
+            return sending, recving, None
+        return None, None, None
+
+    def _forward_context(self, meta: Optional[BatchMeta]):
+        layers = {name: types.SimpleNamespace(kv_cache=[t], layer_name=name)
+                  for name, t in self.pool.kv_caches().items()}
+        return types.SimpleNamespace(no_compile_layers=layers, attn_metadata=meta, virtual_engine=0)
+
+    def _build(self, so: SchedulerOutput):
+        B = self.cfg.block_size
+        tokens, positions, slots, spans, logits_rows, sample_ids = [], [], [], [], [], []
+        off = 0
+        for s in so.seqs:
+            req, start, n = s.request, s.start, s.num_tokens
+            table = torch.tensor(s.block_ids[:cdiv(start + n, B)], dtype=torch.int64)
+            pos = torch.arange(start, start + n, dtype=torch.int64)
+            tokens.append(torch.tensor(req.all_token_ids[start:start + n], dtype=torch.int64))
+            positions.append(pos)
+            slots.append(table[pos // B] * B + pos % B)
+            spans.append(SeqSpan(off, off + n, start + n, table.to(self.device)))
+            if s.samples:
+                logits_rows.append(off + n - 1)
+                sample_ids.append(req.request_id)
+            off += n
+        dev = self.device
+        meta = BatchMeta(slot_mapping=torch.cat(slots).to(dev), positions=torch.cat(positions).to(dev),
+                         seqs=spans, block_size=B,
+                         logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(dev))
+        return torch.cat(tokens).to(dev), meta, sample_ids
+
+    def _forward(self, tokens: torch.Tensor, meta: BatchMeta, sample_ids) -> Dict[str, int]:
+        logits = self.model.forward(tokens, meta, self.pool.layers, self.backend,
+                                    self.cfg.attn_chunk_tokens, self.hooks)
+        if not sample_ids:
+            return {}
+        return dict(zip(sample_ids, logits.argmax(-1).tolist()))

@@ -1,0 +1,74 @@
+"""SGLang's HiCache storage base types when SGLang is importable; minimal
+compatible stand-ins otherwise."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, List, Optional
+
+try:  # pragma: no cover - exercised only where SGLang is installed
+    from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
+        HiCacheStorage,
+        HiCacheStorageConfig,
+        HiCacheStorageExtraInfo,
+    )
+
+    HAVE_SGLANG = True
+except Exception:
+    HAVE_SGLANG = False
+
+    @dataclasses.dataclass
+    class HiCacheStorageConfig:  # type: ignore[no-redef]
+        tp_rank: int = 0
+        tp_size: int = 1
+        pp_rank: int = 0
+        pp_size: int = 1
+        is_mla_model: bool = False
+        is_page_first_layout: bool = False
+        model_name: Optional[str] = None
+        extra_config: Optional[dict] = None
+
+    @dataclasses.dataclass
+    class HiCacheStorageExtraInfo:  # type: ignore[no-redef]
+        prefix_keys: Optional[List[str]] = None
+        extra_info: Optional[dict] = None
+
+    class HiCacheStorage(abc.ABC):  # type: ignore[no-redef]
+        """The parts of SGLang's HiCacheStorage a backend implements."""
+
+        def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+            self.mem_pool_host = mem_pool_host
+
+        @abc.abstractmethod
+        def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any: ...
+
+        @abc.abstractmethod
+        def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> Any: ...
+
+        @abc.abstractmethod
+        def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool: ...
+
+        @abc.abstractmethod
+        def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool: ...
+
+        @abc.abstractmethod
+        def exists(self, key: str) -> bool: ...
+
+        def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+            for i, k in enumerate(keys):
+                if not self.exists(k):
+                    return i
+            return len(keys)
+
+        def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+            raise NotImplementedError
+
+        def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+            raise NotImplementedError
+
+        def clear(self) -> None:
+            return None
+
+        def get_stats(self) -> Any:
+            return None

@@ -1,0 +1,244 @@
+"""OrbitKV as an SGLang HiCache L3 storage backend.
+
+Register with::
+
+  --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
+  '{"backend_name":"orbitkv","module_path":"orbitkv.sglang",
+    "class_name":"OrbitKVHiCacheStorage","interface_v1":1,
+    "socket":"/path/orbitkv.sock"}'
+
+Memory path. With ``interface_v1`` set, if the host pool's kv_buffer is a shared file mapping with a
+layout whose per-layer page is one dense block (layer_first,
+page_first_direct), the pool itself is registered and the peer copies pages
+straight in and out of host slots (zero copy). Otherwise — SGLang's default
+pinned anonymous pool, or page_first — pages go through a shared-memory
+staging buffer: ONE EXTRA HOST COPY per page (host pool <-> staging) on
+every get and set. Extra config ``staging_pages`` (default 256) bounds it.
+
+Keys. HiCache hands a backend only its page hashes (chained SHA-256 over
+token ids, no namespace), never the tokens, so the OrbitKV key of a page is
+SHA-256("orbitkv.sglang.v1" ‖ layout fingerprint ‖ hash bytes)[:16]: still
+prefix-chained (through SGLang's hash) and isolated by layout (model,
+dtype, rank, page size). These keys never equal the vLLM connector's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from typing import Any, List, Optional, Sequence
+
+from orbitkv import buffers, errors, keys
+from orbitkv.client import Client, OpResult, PageRef, Session
+from orbitkv.sglang import hostpool
+from orbitkv.sglang._compat import HiCacheStorage, HiCacheStorageConfig
+from orbitkv.sglang.staging import Staging
+
+log = logging.getLogger(__name__)
+
+_DOMAIN = b"orbitkv.sglang.v1"
+
+
+def _hash_bytes(k: str) -> bytes:
+    try:
+        return bytes.fromhex(k)
+    except ValueError:
+        return k.encode("utf-8")
+
+
+class OrbitKVHiCacheStorage(HiCacheStorage):
+    """HiCache L3 backend on the host's OrbitKV peer. Thread-safe: the
+    controller's prefetch, prefetch-I/O and backup threads call it at once."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+        self.config = storage_config
+        self.extra = dict(getattr(storage_config, "extra_config", None) or {})
+        self.extra.update(kwargs or {})
+        if getattr(storage_config, "is_mla_model", False):
+            raise NotImplementedError("OrbitKV pages need K and V planes; MLA latent caches are not supported yet")
+        self.socket = str(self.extra.get("socket", ""))
+        if not self.socket:
+            raise ValueError("orbitkv HiCache backend: extra config 'socket' is required")
+        self.timeout_s = float(self.extra.get("timeout_s", 5.0))
+        self.deadline_ms = int(self.extra.get("op_deadline_ms", 30000))
+        self.client: Optional[Client] = None
+        self.session: Optional[Session] = None
+        self.staging: Optional[Staging] = None
+        self._fp = b""
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # --- setup --------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        self.mem_pool_host = mem_pool_host
+        self.geo = g = hostpool.geometry(mem_pool_host)
+        self.layout = keys.Layout(
+            model=str(getattr(self.config, "model_name", None) or self.extra.get("model", "")),
+            revision=str(self.extra.get("revision", "")),
+            dtype=buffers.DTYPE_NAMES.get(str(g.dtype), str(g.dtype)),
+            num_layers=g.layers,
+            kv_heads=g.heads,
+            head_dim=g.head_dim,
+            tp_rank=int(getattr(self.config, "tp_rank", 0)),
+            tp_size=int(getattr(self.config, "tp_size", 1)),
+            page_tokens=g.page_size,
+            byte_layout=hostpool.BYTE_LAYOUT,
+        )
+        self._fp = self.layout.fingerprint()
+        desc = self._describe_direct()
+        if desc is None:
+            self.staging = Staging(g, int(self.extra.get("staging_pages", 256)))
+            desc = buffers.describe_planes(self.staging.planes())
+            log.info("orbitkv: host pool is not shared-file memory; staging %d pages (one extra copy)", self.staging.slots)
+        self.client = Client(self.socket, timeout=self.timeout_s)
+        self.session = self.client.open_session(
+            self.layout, block_tokens=g.page_size, num_blocks=desc.num_blocks,
+            buffers=desc.buffers, segments=desc.segments,
+            engine_id=f"sglang-tp{self.layout.tp_rank}",
+        )
+
+    def _describe_direct(self) -> Optional[buffers.KVDescription]:
+        if not self.extra.get("interface_v1") or str(self.extra.get("force_staging", "")).lower() in ("1", "true"):
+            return None  # the legacy get/set interface copies through staging anyway
+        planes = hostpool.direct_planes(self.mem_pool_host, self.geo)
+        if planes is None:
+            return None
+        try:
+            return buffers.describe_planes(planes)
+        except errors.NotFileBacked:
+            return None
+
+    @property
+    def zero_copy(self) -> bool:
+        return self.staging is None
+
+    def key(self, k: str) -> bytes:
+        return hashlib.sha256(_DOMAIN + self._fp + _hash_bytes(k)).digest()[: keys.KEY_SIZE]
+
+    def _sess(self) -> Session:
+        if self.session is None:
+            raise errors.FailedPrecondition("register_mem_pool_host was not called")
+        return self.session
+
+    # --- existence ------------------------------------------------------------
+
+    def batch_exists(self, keys_: List[str], extra_info: Any = None) -> int:
+        if not keys_:
+            return 0
+        try:
+            return self._sess().lookup([self.key(k) for k in keys_]).hit_pages
+        except errors.OrbitKVError as e:
+            log.warning("orbitkv batch_exists: %s", e)
+            return 0
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # --- zero-copy (v1) interface ------------------------------------------------
+
+    def _pages(self, host_indices: Any, n: int) -> list[int]:
+        ps = self.geo.page_size
+        idx = [int(i) for i in host_indices[: n * ps : ps].tolist()]
+        if len(idx) != n or any(i % ps for i in idx):
+            raise ValueError("host_indices must hold page-aligned slots, page_size per key")
+        return [i // ps for i in idx]
+
+    def batch_get_v1(self, keys_: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        pages = self._pages(host_indices, len(keys_))
+        if self.staging is None:
+            return self._run(keys_, pages, load=True)
+        out: List[bool] = []
+        for lo in range(0, len(keys_), self.staging.slots):
+            ks, ps = keys_[lo : lo + self.staging.slots], pages[lo : lo + self.staging.slots]
+            with self.staging.acquire(len(ks)) as slots:
+                ok = self._run(ks, slots, load=True)
+                for good, slot, page in zip(ok, slots, ps):
+                    if good:
+                        self.staging.to_host(self.mem_pool_host, slot, page)
+            out += ok
+        return out
+
+    def batch_set_v1(self, keys_: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        pages = self._pages(host_indices, len(keys_))
+        have = self.batch_exists(keys_)  # pages already stored are not copied again
+        todo_k, todo_p = keys_[have:], pages[have:]
+        if self.staging is None:
+            return [True] * have + self._run(todo_k, todo_p, load=False)
+        out: List[bool] = [True] * have
+        for lo in range(0, len(todo_k), self.staging.slots):
+            ks, ps = todo_k[lo : lo + self.staging.slots], todo_p[lo : lo + self.staging.slots]
+            with self.staging.acquire(len(ks)) as slots:
+                for slot, page in zip(slots, ps):
+                    self.staging.from_host(self.mem_pool_host, slot, page)
+                out += self._run(ks, slots, load=False)
+        return out
+
+    def _run(self, keys_: Sequence[str], blocks: Sequence[int], load: bool) -> List[bool]:
+        """Loads or saves pages into/from blocks and waits; per-page success."""
+        if not keys_:
+            return []
+        refs = [PageRef(self.key(k), (b,)) for k, b in zip(keys_, blocks)]
+        s = self._sess()
+        try:
+            op = s.load(refs, deadline_ms=self.deadline_ms) if load else s.save(refs, deadline_ms=self.deadline_ms)
+            res: OpResult = op.wait(self.deadline_ms / 1000.0 + 2.0)
+        except errors.OrbitKVError as e:
+            log.warning("orbitkv %s of %d pages failed: %s", "load" if load else "save", len(refs), e)
+            return [False] * len(refs)
+        return [res.done and p.ok for p in res.pages] if res.pages else [False] * len(refs)
+
+    # --- legacy interface (copies through staging) -------------------------------
+
+    def _legacy_staging(self) -> Staging:
+        with self._lock:
+            if self.staging is None:  # zero-copy pools still need a slot for legacy calls
+                raise errors.FailedPrecondition("legacy get/set need staging; use interface_v1 with a shared pool")
+            return self.staging
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        st = self._legacy_staging()
+        with st.acquire(1) as slots:
+            if not self._run([key], slots, load=True)[0]:
+                return None
+            flat = hostpool.canonical_to_flat(st.slot_view(slots[0]), self.geo)
+        if target_location is not None:
+            target_location.view(-1).copy_(flat.view(target_location.dtype) if flat.dtype != target_location.dtype else flat)
+            return target_location
+        return flat
+
+    def batch_get(self, keys_: List[str], target_locations: Any = None, target_sizes: Any = None) -> List[Any]:
+        locs = target_locations or [None] * len(keys_)
+        out = []
+        for k, loc in zip(keys_, locs):
+            v = self.get(k, loc)
+            out.append(v)
+            if v is None:
+                break
+        return out + [None] * (len(keys_) - len(out))
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        if value is None:
+            return False
+        st = self._legacy_staging()
+        with st.acquire(1) as slots:
+            st.slot_view(slots[0]).copy_(hostpool.flat_to_canonical(value.reshape(-1), self.geo))
+            return self._run([key], slots, load=False)[0]
+
+    def batch_set(self, keys_: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
+        return all(self.set(k, v) for k, v in zip(keys_, values or []))
+
+    # --- admin -------------------------------------------------------------------
+
+    def clear(self) -> None:
+        log.warning("orbitkv: clear() ignored; the fabric is shared with other engines (use `orbitkv` admin Evict)")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.client is not None:
+            self.client.close()
+        if self.staging is not None:
+            self.staging.close()

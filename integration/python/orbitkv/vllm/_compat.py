@@ -1,0 +1,82 @@
+"""vLLM's connector base types when vLLM is importable; minimal compatible
+stand-ins otherwise (the reference engine and the tests use those)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Optional
+
+try:  # pragma: no cover - exercised only where vLLM is installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+        KVConnectorRole,
+    )
+
+    HAVE_VLLM = True
+except Exception:  # vLLM absent (or too different to import)
+    HAVE_VLLM = False
+
+    class KVConnectorRole(enum.IntEnum):  # type: ignore[no-redef]
+        SCHEDULER = 0
+        WORKER = 1
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        """Opaque scheduler -> worker metadata (must be picklable)."""
+
+    class KVConnectorBase_V1:  # type: ignore[no-redef]
+        """The parts of vLLM's KVConnectorBase_V1 a connector relies on."""
+
+        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+            self._vllm_config = vllm_config
+            self._role = role
+            self._kv_cache_config = kv_cache_config
+            self._connector_metadata: Optional[KVConnectorMetadata] = None
+
+        @property
+        def role(self) -> Any:
+            return self._role
+
+        def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+            self._connector_metadata = connector_metadata
+
+        def clear_connector_metadata(self) -> None:
+            self._connector_metadata = None
+
+        def has_connector_metadata(self) -> bool:
+            return self._connector_metadata is not None
+
+        def _get_connector_metadata(self) -> KVConnectorMetadata:
+            assert self._connector_metadata is not None
+            return self._connector_metadata
+
+
+try:  # pragma: no cover
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults  # type: ignore
+except Exception:
+
+    @dataclasses.dataclass
+    class KVConnectorTransferResults:  # type: ignore[no-redef]
+        finished_sending: Optional[set] = None
+        finished_recving: Optional[set] = None
+        failed_recving: Optional[set] = None
+
+
+def is_scheduler(role: Any) -> bool:
+    name = getattr(role, "name", None)
+    if name is not None:
+        return name == "SCHEDULER"
+    return int(role) == 0
+
+
+def block_ids_of(blocks: Any) -> list[int]:
+    """Block ids of a KVCacheBlocks (first KV-cache group), a tuple of
+    per-group lists, or a plain list."""
+    if blocks is None:
+        return []
+    if hasattr(blocks, "get_block_ids"):
+        blocks = blocks.get_block_ids()
+    if isinstance(blocks, (tuple, list)) and blocks and isinstance(blocks[0], (tuple, list)):
+        blocks = blocks[0]
+    return [int(b) for b in blocks]

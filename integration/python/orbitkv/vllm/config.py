@@ -1,0 +1,136 @@
+"""Connector configuration: ``kv_connector_extra_config`` plus what can be
+derived from vLLM's config.
+
+Extra-config keys (all optional except ``socket``):
+  socket            peer Unix socket path
+  page_tokens       tokens per OrbitKV page (default 64; a multiple of the block size)
+  block_tokens      engine block size (default: vLLM cache_config.block_size)
+  timeout_s         deadline of every control call (default 5)
+  lease_ms          lookup lease time (0 = the peer's default)
+  load_deadline_ms, save_deadline_ms   per-operation deadlines (default 30000)
+  async_load        load between steps (True, default) or inside the step
+  gate              restore admission gate on (default True; off only for experiments)
+  durability        "dram" (default) or "ssd"
+  lookup_refresh_s  how long a cached miss is trusted before asking again (default 0.5)
+  kv_layout         "auto" | "flash" | "flashinfer" (worker tensor layout)
+  layout            dict overriding Layout fields: model, revision, dtype,
+                    num_layers, kv_heads, head_dim, tp_size, byte_layout
+  model, revision, dtype, byte_layout   the same, as top-level keys
+  tp_rank           worker rank when vLLM's parallel state is unavailable
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from orbitkv.keys import Layout
+
+_TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorConfig:
+    socket: str
+    layout: Layout  # tp_rank 0; workers substitute their rank
+    block_tokens: int
+    timeout_s: float = 5.0
+    lease_ms: int = 0
+    load_deadline_ms: int = 30000
+    save_deadline_ms: int = 30000
+    async_load: bool = True
+    gate: bool = True
+    durability: str = "dram"
+    lookup_refresh_s: float = 0.5
+    kv_layout: str = "auto"
+    tp_rank: Optional[int] = None
+    engine_id: str = "vllm"
+
+    @property
+    def blocks_per_page(self) -> int:
+        return self.layout.page_tokens // self.block_tokens
+
+    def validate(self) -> None:
+        if not self.socket:
+            raise ValueError("orbitkv connector: kv_connector_extra_config.socket is required")
+        if self.block_tokens <= 0 or self.layout.page_tokens % self.block_tokens:
+            raise ValueError(
+                f"orbitkv connector: page_tokens {self.layout.page_tokens} must be a multiple of the block size {self.block_tokens}"
+            )
+        if self.durability not in ("dram", "ssd"):
+            raise ValueError(f"orbitkv connector: durability must be dram or ssd, got {self.durability!r}")
+
+
+def _dtype_name(d: Any) -> str:
+    s = str(d).replace("torch.", "")
+    return _TORCH_DTYPES.get(s, s)
+
+
+def _from_vllm(vllm_config: Any) -> dict[str, Any]:
+    """Layout fields and block size vLLM's config implies (best effort)."""
+    out: dict[str, Any] = {}
+    mc = getattr(vllm_config, "model_config", None)
+    pc = getattr(vllm_config, "parallel_config", None)
+    cc = getattr(vllm_config, "cache_config", None)
+    if mc is None:
+        return out
+    out["model"] = str(getattr(mc, "model", ""))
+    out["revision"] = str(getattr(mc, "revision", None) or "")
+    cache_dtype = getattr(cc, "cache_dtype", "auto") if cc is not None else "auto"
+    if cache_dtype in (None, "auto"):
+        out["dtype"] = _dtype_name(mc.dtype)
+    elif cache_dtype in ("fp8", "fp8_e4m3"):
+        out["dtype"] = "fp8_e4m3"
+    else:
+        out["dtype"] = str(cache_dtype)
+    try:
+        out["num_layers"] = mc.get_num_layers(pc)
+        out["kv_heads"] = mc.get_num_kv_heads(pc)
+        out["head_dim"] = mc.get_head_size()
+    except Exception:
+        pass
+    if pc is not None:
+        out["tp_size"] = int(getattr(pc, "tensor_parallel_size", 1))
+    if cc is not None and getattr(cc, "block_size", None):
+        out["block_tokens"] = int(cc.block_size)
+    return out
+
+
+def extra_config_of(vllm_config: Any) -> dict[str, Any]:
+    if isinstance(vllm_config, Mapping):
+        return dict(vllm_config)
+    kvt = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(kvt, "kv_connector_extra_config", None) if kvt is not None else None
+    return dict(extra or {})
+
+
+def load_config(vllm_config: Any) -> ConnectorConfig:
+    """Builds the config from a VllmConfig (or any object with
+    ``kv_transfer_config.kv_connector_extra_config``, or the extra-config
+    dict itself)."""
+    extra = extra_config_of(vllm_config)
+    derived = {} if isinstance(vllm_config, Mapping) else _from_vllm(vllm_config)
+    lay = dict(model="", revision="", dtype="bf16", num_layers=0, kv_heads=0, head_dim=0, tp_size=1, byte_layout="vllm-flash")
+    lay.update({k: v for k, v in derived.items() if k in lay})
+    lay.update({k: extra[k] for k in ("model", "revision", "dtype", "byte_layout") if k in extra})
+    lay.update(extra.get("layout", {}))
+    page_tokens = int(extra.get("page_tokens", lay.pop("page_tokens", 64)))
+    layout = Layout(tp_rank=0, page_tokens=page_tokens, **{k: lay[k] for k in lay if k != "tp_rank"})
+    cfg = ConnectorConfig(
+        socket=str(extra.get("socket", "")),
+        layout=layout,
+        block_tokens=int(extra.get("block_tokens", derived.get("block_tokens", 16))),
+        timeout_s=float(extra.get("timeout_s", 5.0)),
+        lease_ms=int(extra.get("lease_ms", 0)),
+        load_deadline_ms=int(extra.get("load_deadline_ms", 30000)),
+        save_deadline_ms=int(extra.get("save_deadline_ms", 30000)),
+        async_load=bool(extra.get("async_load", True)),
+        gate=bool(extra.get("gate", True)),
+        durability=str(extra.get("durability", "dram")),
+        lookup_refresh_s=float(extra.get("lookup_refresh_s", 0.5)),
+        kv_layout=str(extra.get("kv_layout", "auto")),
+        tp_rank=int(extra["tp_rank"]) if "tp_rank" in extra else None,
+        engine_id=str(extra.get("engine_id", "vllm")),
+    )
+    cfg.validate()
+    return cfg

@@ -1,0 +1,166 @@
+"""OrbitKVConnector: vLLM's V1 KV connector API, split into the scheduler
+half (orbitkv.vllm.scheduler) and the worker half (orbitkv.vllm.worker).
+
+Load it with::
+
+  --kv-transfer-config '{"kv_connector":"OrbitKVConnector",
+    "kv_connector_module_path":"orbitkv.vllm","kv_role":"kv_both",
+    "kv_connector_extra_config":{"socket":"/path/orbitkv.sock"}}'
+
+Hybrid (multi-group) KV caches are not supported: run vLLM with
+``--disable-hybrid-kv-cache-manager``. Without vLLM installed, the same
+class runs on minimal stand-in base types (the reference engine uses it so).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from orbitkv.client import Client, ControlSession
+from orbitkv.vllm._compat import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorTransferResults,
+    is_scheduler,
+)
+from orbitkv.vllm.config import ConnectorConfig, load_config
+from orbitkv.vllm.metadata import OrbitKVMetadata
+from orbitkv.vllm.scheduler import LookupBackend, SchedulerHalf
+from orbitkv.vllm.worker import WorkerHalf
+
+log = logging.getLogger(__name__)
+
+
+def _tp_rank(cfg: ConnectorConfig) -> int:
+    if cfg.tp_rank is not None:
+        return cfg.tp_rank
+    try:  # pragma: no cover - needs vLLM's distributed state
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:
+        return 0
+
+
+class OrbitKVConnector(KVConnectorBase_V1):
+    """vLLM V1 KV connector backed by the host's OrbitKV peer."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        role: Any,
+        kv_cache_config: Any = None,
+        *,
+        lookup_backend: Optional[LookupBackend] = None,
+    ) -> None:
+        try:
+            super().__init__(vllm_config, role, kv_cache_config)
+        except TypeError:  # older vLLM: two-argument base constructor
+            super().__init__(vllm_config, role)  # type: ignore[call-arg]
+        self.cfg = load_config(vllm_config)
+        self._sched: Optional[SchedulerHalf] = None
+        self._worker: Optional[WorkerHalf] = None
+        self._control: Optional[ControlSession] = None
+        self._client: Optional[Client] = None
+        if is_scheduler(role):
+            if lookup_backend is None:
+                self._client = Client(self.cfg.socket, timeout=self.cfg.timeout_s)
+                self._control = ControlSession(self._client, self.cfg.layout, self.cfg.block_tokens, f"{self.cfg.engine_id}-scheduler")
+                lookup_backend = self._control
+            self._sched = SchedulerHalf(self.cfg, lookup_backend)
+        else:
+            self._worker = WorkerHalf(self.cfg, _tp_rank(self.cfg))
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
+        return "NHD"  # the page byte layout ("vllm-flash") assumes token-major blocks
+
+    # --- scheduler side ----------------------------------------------------------
+
+    @property
+    def scheduler(self) -> SchedulerHalf:
+        assert self._sched is not None, "scheduler-side method called on a worker connector"
+        return self._sched
+
+    @property
+    def worker(self) -> WorkerHalf:
+        assert self._worker is not None, "worker-side method called on a scheduler connector"
+        return self._worker
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return self.scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self.scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request: Any, block_ids: Any = None) -> tuple[bool, Optional[dict]]:
+        return self.scheduler.request_finished(request, block_ids)
+
+    def take_events(self) -> Iterable[Any]:
+        return ()
+
+    # --- worker side -------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
+        self.worker.register_kv_caches(kv_caches)
+
+    def register_kv_planes(self, planes: Sequence[Sequence[Any]]) -> None:
+        """Non-vLLM engines: per-layer (K, V) tensors with the block as dim 0."""
+        self.worker.register_planes(planes)
+
+    def _meta(self) -> OrbitKVMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, OrbitKVMetadata), type(meta)
+        return meta
+
+    def handle_preemptions(self, arg: Any = None) -> None:
+        ids = getattr(arg, "preempted", arg) or ()
+        self.worker.handle_preemptions(list(ids))
+
+    def start_load_kv(self, forward_context: Any = None, **kwargs: Any) -> None:
+        meta = self._meta()
+        if meta.preempted:
+            self.worker.handle_preemptions(meta.preempted)
+        self.worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # whole-request loads finish before the request computes
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any = None, **kwargs: Any) -> None:
+        return None  # saves start in wait_for_save, after every layer is written
+
+    def wait_for_save(self) -> None:
+        self.worker.wait_for_save(self._meta())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        sending, recving, _ = self.worker.get_results(list(finished_req_ids))
+        return sending or None, recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        sending, recving, failed = self.worker.get_results(list(finished_req_ids))
+        try:
+            return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
+        except TypeError:  # a vLLM whose results type has no failed_recving
+            return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.get_block_ids_with_load_errors()
+
+    def shutdown(self) -> None:
+        if self._sched is not None:
+            self._sched.shutdown()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._worker is not None:
+            self._worker.shutdown()

@@ -1,0 +1,43 @@
+"""What the scheduler half tells the workers each step (picklable)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from orbitkv.vllm._compat import KVConnectorMetadata
+
+
+@dataclasses.dataclass
+class PageSpan:
+    """Pages of one request: keys per TP rank (each rank has its own layout
+    fingerprint) and, per page, the engine block ids in sequence order."""
+
+    req_id: str
+    first_page: int
+    keys: dict[int, list[bytes]]
+    blocks: list[tuple[int, ...]]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+@dataclasses.dataclass
+class LoadSpec(PageSpan):
+    leases: dict[int, str] = dataclasses.field(default_factory=dict)
+    sync: bool = False  # True: finish inside this step (load_async was False)
+
+
+@dataclasses.dataclass
+class SaveSpec(PageSpan):
+    pass
+
+
+@dataclasses.dataclass
+class OrbitKVMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = dataclasses.field(default_factory=list)
+    saves: list[SaveSpec] = dataclasses.field(default_factory=list)
+    preempted: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def has_sync_loads(self) -> bool:
+        return any(l.sync for l in self.loads)

@@ -1,0 +1,268 @@
+"""The connector's scheduler half (runs in vLLM's EngineCore process).
+
+It computes page keys from prompt token ids, asks the peer how many leading
+pages it holds (taking a lease), decides external hits aligned to page
+boundaries, drives the restore admission gate (orbitkv.gate), and plans the
+loads and saves each step's metadata carries to the workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from orbitkv import errors, keys
+from orbitkv.client import LookupResult
+from orbitkv.gate import Admission, RestoreGate
+from orbitkv.vllm._compat import block_ids_of
+from orbitkv.vllm.config import ConnectorConfig
+from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, SaveSpec
+
+log = logging.getLogger(__name__)
+
+
+class LookupBackend(Protocol):
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult: ...
+
+    def release(self, lease_id: str) -> None: ...
+
+
+@dataclasses.dataclass
+class _Lookup:
+    hit_pages: int  # min over ranks
+    leases: dict[int, str]
+    at: float
+    expires_ms: int  # earliest lease expiry (unix ms), 0 = none
+
+
+@dataclasses.dataclass
+class _Req:
+    req_id: str
+    tokens: list[int]
+    keys: dict[int, list[bytes]] = dataclasses.field(default_factory=dict)
+    lookup: Optional[_Lookup] = None
+    first_page: int = 0  # first page the external hit covers
+    block_ids: list[int] = dataclasses.field(default_factory=list)
+    saved_pages: int = 0  # pages [0, saved_pages) are in the peer or being saved
+    loading: bool = False  # an async load is in flight (until finished_recving)
+    sync_load: bool = False  # a sync load was planned for the next step
+    finished: bool = False
+
+
+class SchedulerHalf:
+    """Scheduler-side state. ``backend`` does lookups/releases (a control
+    session in production, a fake in tests); ``clock`` returns seconds."""
+
+    def __init__(self, cfg: ConnectorConfig, backend: LookupBackend, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.clock = clock
+        self.gate = RestoreGate(enabled=cfg.gate)
+        self._fps = {r: cfg.layout.with_rank(r).fingerprint() for r in range(max(1, cfg.layout.tp_size))}
+        self._reqs: dict[str, _Req] = {}
+        self._loads: list[LoadSpec] = []
+        self._after_step: list[_Lookup] = []  # leases of sync loads, released after the step ran
+
+    # --- keys and lookups ----------------------------------------------------
+
+    def _req(self, request: Any) -> _Req:
+        rid = str(request.request_id)
+        st = self._reqs.get(rid)
+        if st is None:
+            st = _Req(rid, [int(t) for t in request.prompt_token_ids])
+            self._reqs[rid] = st
+        return st
+
+    def _keys(self, st: _Req, rank: int) -> list[bytes]:
+        ks = st.keys.setdefault(rank, [])
+        return keys.extend_chain(self._fps[rank], self.cfg.layout.page_tokens, st.tokens, ks)
+
+    def _release(self, lk: Optional[_Lookup]) -> None:
+        for lease in (lk.leases.values() if lk else ()):
+            try:
+                self.backend.release(lease)
+            except errors.OrbitKVError as e:
+                log.debug("release lease %s: %s", lease, e)
+
+    def _fresh(self, lk: _Lookup) -> bool:
+        if lk.hit_pages == 0:
+            return self.clock() - lk.at < self.cfg.lookup_refresh_s
+        return lk.expires_ms == 0 or lk.expires_ms - time.time() * 1000 > 1000
+
+    def _lookup(self, st: _Req, max_pages: int) -> _Lookup:
+        if st.lookup is not None and self._fresh(st.lookup):
+            return st.lookup
+        self._release(st.lookup)
+        st.lookup = None
+        hit, leases, expires = max_pages, {}, 0
+        for rank in self._fps:
+            ks = self._keys(st, rank)[:max_pages]
+            res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms)
+            if res.lease_id:
+                leases[rank] = res.lease_id
+                if res.lease_expires_unix_ms:
+                    expires = res.lease_expires_unix_ms if not expires else min(expires, res.lease_expires_unix_ms)
+            hit = min(hit, res.hit_pages)
+        st.lookup = _Lookup(hit, leases, self.clock(), expires)
+        return st.lookup
+
+    # --- vLLM scheduler API --------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        st = self._req(request)
+        pt = self.cfg.layout.page_tokens
+        n = len(st.tokens)
+        # Keep at least one prompt token to compute: never cover the whole prompt.
+        max_pages = (n - 1) // pt
+        deferred = self.gate.query(st.req_id) == Admission.DEFER
+        try:
+            lk = self._lookup(st, max_pages) if max_pages > 0 else None
+        except errors.OrbitKVError as e:
+            log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
+            lk = None
+        if deferred:
+            return None, False  # another restore holds admission: ask again next step
+        st.saved_pages = lk.hit_pages if lk else 0
+        if lk is None or num_computed_tokens % pt:
+            return 0, False
+        first = num_computed_tokens // pt
+        if lk.hit_pages <= first:
+            return 0, False
+        st.first_page = first
+        return (lk.hit_pages - first) * pt, self.cfg.async_load
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        st = self._req(request)
+        st.block_ids = block_ids_of(blocks)
+        if num_external_tokens <= 0:
+            if not st.loading:
+                self._release(st.lookup)
+                if st.lookup:
+                    st.lookup.leases = {}
+            return
+        pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
+        npages = num_external_tokens // pt
+        first = st.first_page
+        pages = range(first, first + npages)
+        blocks_per = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
+        if any(len(b) != bpp for b in blocks_per):
+            raise RuntimeError(f"orbitkv: request {st.req_id} has {len(st.block_ids)} blocks, too few for pages {pages}")
+        ks = {r: self._keys(st, r)[first : first + npages] for r in self._fps}
+        leases = dict(st.lookup.leases) if st.lookup else {}
+        self._loads.append(LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load))
+        st.loading = self.cfg.async_load
+        st.sync_load = not self.cfg.async_load
+        self.gate.allocated(st.req_id, num_external_tokens, self.clock())
+
+    def build_connector_meta(self, scheduler_output: Any) -> OrbitKVMetadata:
+        meta = OrbitKVMetadata(loads=self._loads)
+        self._loads = []
+        sched = dict(getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
+        for nr in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
+            st = self._reqs.get(str(nr.req_id)) or self._adopt(nr)
+            st.block_ids = block_ids_of(nr.block_ids)
+            self._scheduled(st, int(nr.num_computed_tokens) + int(sched.get(nr.req_id, 0)), sched.get(nr.req_id, 0), meta)
+        self._cached(scheduler_output, sched, meta)
+        meta.preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
+        for rid in meta.preempted:
+            self._preempted(rid)
+        return meta
+
+    def _adopt(self, nr: Any) -> _Req:
+        st = _Req(str(nr.req_id), [int(t) for t in nr.prompt_token_ids])
+        self._reqs[st.req_id] = st
+        return st
+
+    def _cached(self, so: Any, sched: dict, meta: OrbitKVMetadata) -> None:
+        cr = getattr(so, "scheduled_cached_reqs", None)
+        if cr is None:
+            return
+        if isinstance(cr, list):  # older vLLM: one object per request
+            for c in cr:
+                st = self._reqs.get(str(c.req_id))
+                if st is None:
+                    continue
+                if getattr(c, "resumed_from_preemption", False):
+                    st.block_ids = block_ids_of(c.new_block_ids)
+                else:
+                    st.block_ids.extend(block_ids_of(c.new_block_ids))
+                n = sched.get(c.req_id, 0)
+                self._scheduled(st, int(c.num_computed_tokens) + int(n), n, meta)
+            return
+        resumed_ids = set(getattr(cr, "resumed_req_ids", ()) or ())
+        resumed_flags = list(getattr(cr, "resumed_from_preemption", []) or [])
+        for i, rid in enumerate(cr.req_ids):
+            st = self._reqs.get(str(rid))
+            if st is None:
+                continue
+            new = cr.new_block_ids[i] if i < len(cr.new_block_ids) else None
+            resumed = rid in resumed_ids or (i < len(resumed_flags) and resumed_flags[i])
+            if resumed:
+                st.block_ids = block_ids_of(new)
+            elif new is not None:
+                st.block_ids.extend(block_ids_of(new))
+            done = int(cr.num_computed_tokens[i]) + int(sched.get(rid, 0))
+            self._scheduled(st, done, sched.get(rid, 0), meta)
+
+    def _scheduled(self, st: _Req, computed_after: int, num_tokens: int, meta: OrbitKVMetadata) -> None:
+        if num_tokens <= 0:
+            return
+        if st.sync_load and st.lookup is not None:
+            st.sync_load = False
+            self._after_step.append(st.lookup)  # the load runs in this step
+            st.lookup = None
+        self.gate.computed(st.req_id)
+        pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
+        upto = min(computed_after, len(st.tokens)) // pt
+        upto = min(upto, len(st.block_ids) // bpp)
+        if upto <= st.saved_pages:
+            return
+        pages = range(st.saved_pages, upto)
+        ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
+        blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
+        meta.saves.append(SaveSpec(st.req_id, pages.start, ks, blocks))
+        st.saved_pages = upto
+        self.gate.save_started(st.req_id)
+
+    def _preempted(self, rid: str) -> None:
+        st = self._reqs.get(rid)
+        if st is not None:
+            st.block_ids = []
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        for lk in self._after_step:
+            self._release(lk)
+        self._after_step = []
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            rid = str(rid)
+            self.gate.load_finished(rid)
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.loading = False
+                self._release(st.lookup)
+                st.lookup = None
+                if st.finished:
+                    self._reqs.pop(rid, None)
+        for rid in getattr(connector_output, "finished_sending", None) or ():
+            self.gate.saves_done(str(rid))
+
+    def request_finished(self, request: Any, block_ids: Any = None) -> tuple[bool, Optional[dict]]:
+        rid = str(request.request_id)
+        delay = self.gate.finished(rid)
+        st = self._reqs.get(rid)
+        if st is not None:
+            st.finished = True
+            if not st.loading:  # a load in flight keeps its lease until it ends
+                self._release(st.lookup)
+                self._reqs.pop(rid, None)
+        return delay, None
+
+    def shutdown(self) -> None:
+        for st in self._reqs.values():
+            self._release(st.lookup)
+        for lk in self._after_step:
+            self._release(lk)
+        self._reqs.clear()
+        self._after_step = []

@@ -1,0 +1,108 @@
+import types
+
+import pytest
+import torch
+
+from orbitkv import buffers, errors
+from tests.shm import flash_layers, pool_bytes, shm_pool
+
+
+def _read(path, off, n):
+    with open(path, "rb") as f:
+        f.seek(off)
+        return f.read(n)
+
+
+def _check_segments(path, desc, planes):
+    for seg in desc.segments:
+        t = planes[seg.layer][seg.plane]
+        for b in (0, desc.num_blocks - 1):
+            want = t[b].contiguous().flatten().view(torch.uint8).numpy().tobytes()
+            assert _read(path, seg.offset + b * seg.block_stride, seg.block_bytes) == want
+
+
+def test_flash_layout_resolves_file_and_offsets():
+    L, NB, BS, H, D = 3, 5, 4, 2, 8
+    with shm_pool(pool_bytes(L, NB, BS, H, D) + 4096) as (path, pool):
+        pool.copy_(torch.randint(0, 255, pool.shape, dtype=torch.uint8))
+        kv = flash_layers(pool[4096:], L, NB, BS, H, D)  # a view at a file offset
+        planes = buffers.vllm_planes(kv)
+        desc = buffers.describe_planes(planes)
+        assert [b.path for b in desc.buffers] == [path]
+        assert desc.num_blocks == NB and desc.dtype == "fp32" and len(desc.segments) == 2 * L
+        assert desc.segments[0].offset == 4096
+        assert desc.segments[0].block_bytes == BS * H * D * 4
+        _check_segments(path, desc, planes)
+
+
+def test_flashinfer_layout():
+    L, NB, BS, H, D = 2, 3, 4, 2, 8
+    with shm_pool(pool_bytes(L, NB, BS, H, D)) as (path, pool):
+        pool.copy_(torch.randint(0, 255, pool.shape, dtype=torch.uint8))
+        t = pool.view(torch.float32).view(L, NB, 2, BS, H, D)
+        kv = {f"l{i}": t[i] for i in range(L)}
+        assert buffers.vllm_layout_of(t[0]) == "flashinfer"
+        planes = buffers.vllm_planes(kv)
+        desc = buffers.describe_planes(planes)
+        assert desc.segments[1].offset - desc.segments[0].offset == BS * H * D * 4
+        assert desc.segments[0].block_stride == 2 * BS * H * D * 4
+        _check_segments(path, desc, planes)
+
+
+def test_sglang_token_buffers():
+    L, tokens, H, D, page = 2, 32, 2, 4, 8
+    with shm_pool(2 * L * tokens * H * D * 2) as (path, pool):
+        pool.copy_(torch.randint(0, 255, pool.shape, dtype=torch.uint8))
+        t = pool.view(torch.bfloat16).view(2, L, tokens, H, D)
+        planes = buffers.sglang_planes(list(t[0]), list(t[1]), page)
+        desc = buffers.describe_planes(planes)
+        assert desc.num_blocks == tokens // page and desc.dtype == "bf16"
+        assert desc.segments[0].block_bytes == page * H * D * 2
+        _check_segments(path, desc, planes)
+
+
+def test_hnd_order_is_reported():
+    with shm_pool(2 * 4 * 4 * 2 * 8 * 4) as (path, pool):
+        t = pool.view(torch.float32).view(2, 4, 2, 4, 8).permute(0, 1, 3, 2, 4)  # heads before tokens
+        desc = buffers.describe_planes([[t[0], t[1]]])
+        nhd = buffers.describe_planes([[x.permute(0, 2, 1, 3) for x in (t[0], t[1])]])
+        assert desc.inner_order != nhd.inner_order
+
+
+def test_anonymous_memory_is_not_file_backed():
+    t = torch.zeros(4, 2, 2, 8)
+    with pytest.raises(errors.NotFileBacked):
+        buffers.describe_planes([[t, t]])
+
+
+def test_private_mapping_rejected():
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(dir="/dev/shm")
+    os.ftruncate(fd, 1024)
+    os.close(fd)
+    try:
+        t = torch.from_file(path, shared=False, size=1024, dtype=torch.uint8)
+        with pytest.raises(errors.NotFileBacked, match="private"):
+            buffers.resolve_file_range(t.data_ptr(), 1024)
+    finally:
+        os.unlink(path)
+
+
+def test_non_dense_block_rejected():
+    with shm_pool(4096) as (_, pool):
+        t = pool.view(torch.float32).view(4, 16, 16)[:, :, :8]
+        with pytest.raises(errors.BufferError_, match="dense"):
+            buffers.describe_planes([[t, t]])
+
+
+def test_cuda_path_is_marked_not_implemented():
+    fake = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
+    with pytest.raises(NotImplementedError, match="CUDA IPC"):
+        buffers._check_cpu(fake)
+
+
+def test_ambiguous_vllm_shape():
+    with pytest.raises(errors.BufferError_, match="ambiguous"):
+        buffers.vllm_layout_of(torch.zeros(2, 2, 4, 1, 1))

@@ -1,0 +1,145 @@
+"""The restore admission gate: the pure state machine, and the five focused
+cases of the seed (ready hit, miss, short prompt, compute completion,
+cancellation with retained save holds) through the connector's scheduler half."""
+
+import pytest
+
+from orbitkv.gate import Admission, HoldState, RestoreGate
+from orbitkv.keys import Layout
+from orbitkv.vllm.config import ConnectorConfig
+from orbitkv.vllm.scheduler import SchedulerHalf
+from tests.vllm_fakes import DictLookup, KVConnectorOutput, NewRequestData, Request, SchedulerOutput
+
+PT, BS = 64, 16
+LAYOUT = Layout("m", "r", "bf16", 2, 2, 8, 0, 1, PT, "vllm-flash")
+
+
+def _sched(gate=True):
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS, gate=gate)
+    be = DictLookup()
+    return SchedulerHalf(cfg, be, clock=lambda: 0.0), be
+
+
+def _req(rid, n, base=0):
+    return Request(rid, [base + i for i in range(n)])
+
+
+def _run_step(s, req, computed, scheduled, blocks):
+    so = SchedulerOutput(
+        scheduled_new_reqs=[NewRequestData(req.request_id, req.prompt_token_ids, (blocks,), computed)],
+        num_scheduled_tokens={req.request_id: scheduled},
+    )
+    return s.build_connector_meta(so)
+
+
+def test_pure_gate_lifecycle():
+    g = RestoreGate()
+    assert g.query("a") is Admission.PROCEED
+    g.allocated("a", 128, now=1.0)
+    assert g.query("b") is Admission.DEFER and g.query("a") is Admission.PROCEED
+    g.load_finished("a")
+    assert g.hold_state("a") is HoldState.LOADED and g.query("b") is Admission.DEFER
+    g.allocated("a", 0, now=2.0)  # vLLM's second call after the async load
+    assert g.query("b") is Admission.DEFER
+    assert g.held_for(3.0) == 2.0
+    g.computed("a")
+    assert g.query("b") is Admission.PROCEED and g.holder() is None
+
+
+def test_ready_hit_holds_gate_until_first_compute_not_copy_completion():
+    s, be = _sched()
+    a = _req("a", 4 * PT + 5)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    n, is_async = s.get_num_new_matched_tokens(a, 0)
+    assert (n, is_async) == (4 * PT, True)
+    blocks = list(range(17))
+    s.update_state_after_alloc(a, (blocks,), n)
+    meta = s.build_connector_meta(SchedulerOutput())
+    assert len(meta.loads) == 1 and meta.loads[0].blocks[0] == (0, 1, 2, 3)
+    b = _req("b", 2 * PT, base=10_000)
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    s.update_connector_output(KVConnectorOutput(finished_recving={"a"}))
+    assert s.gate.hold_state("a") is HoldState.LOADED
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False), "copy completion alone must not release"
+    s.update_state_after_alloc(a, (blocks,), 0)
+    _run_step(s, a, 4 * PT, 5, blocks)
+    assert s.gate.holder() is None
+    assert s.get_num_new_matched_tokens(b, 0) == (0, False)
+    assert not be.leases, "the load's lease is released once the load ended"
+
+
+def test_miss_does_not_take_gate():
+    s, be = _sched()
+    a = _req("a", 3 * PT)
+    assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+    s.update_state_after_alloc(a, ([0, 1],), 0)
+    assert s.gate.holder() is None
+    assert s.get_num_new_matched_tokens(_req("b", 3 * PT, 500), 0) == (0, False)
+
+
+def test_short_prompt_never_hits():
+    s, be = _sched()
+    a = _req("a", PT)  # exactly one page: the last token must be computed
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+    assert s.get_num_new_matched_tokens(_req("b", PT - 1), 0) == (0, False)
+    assert be.calls == 0
+    c = _req("c", 2 * PT)  # two whole pages: only the first may be restored
+    be.store_prefix(LAYOUT, c.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(c, 0) == (PT, True)
+
+
+def test_compute_completion_plans_saves_and_releases():
+    s, be = _sched()
+    a = _req("a", 3 * PT + 1)
+    assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+    blocks = list(range(13))
+    s.update_state_after_alloc(a, (blocks,), 0)
+    meta = _run_step(s, a, 0, 3 * PT + 1, blocks)
+    assert [sp.first_page for sp in meta.saves] == [0] and len(meta.saves[0].blocks) == 3
+    assert s.gate.has_save_holds("a")
+    delay, _ = s.request_finished(a, blocks)
+    assert delay is True
+    s.update_connector_output(KVConnectorOutput(finished_sending={"a"}))
+    assert not s.gate.has_save_holds("a")
+
+
+def test_cancellation_releases_admission_but_keeps_save_holds():
+    s, be = _sched()
+    a = _req("a", 4 * PT + 1)
+    be.store_prefix(LAYOUT, a.prompt_token_ids[: 2 * PT])  # two pages cached
+    n, _ = s.get_num_new_matched_tokens(a, 0)
+    assert n == 2 * PT
+    blocks = list(range(17))
+    s.update_state_after_alloc(a, (blocks,), n)
+    s.gate.save_started("a")  # e.g. a save planned in an earlier life of the request
+    b = _req("b", 2 * PT, 9000)
+    assert s.get_num_new_matched_tokens(b, 0)[0] is None
+    delay, _ = s.request_finished(a, blocks)  # cancelled before computing
+    assert delay is True, "save holds keep the blocks"
+    assert s.gate.holder() is None
+    assert s.get_num_new_matched_tokens(b, 0) == (0, False)
+    assert be.leases, "the lease of the in-flight load is kept until the load ends"
+    s.update_connector_output(KVConnectorOutput(finished_recving={"a"}))
+    assert not be.leases
+    s.update_connector_output(KVConnectorOutput(finished_sending={"a"}))
+    assert not s.gate.has_save_holds("a")
+
+
+def test_local_hit_not_page_aligned_gets_no_external_hit():
+    s, be = _sched()
+    a = _req("a", 4 * PT + 1)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, BS) == (0, False)
+    assert s.get_num_new_matched_tokens(a, PT) == (3 * PT, True)
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_gate_off_never_defers(gate):
+    s, be = _sched(gate=gate)
+    a = _req("a", 2 * PT + 1)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    n, _ = s.get_num_new_matched_tokens(a, 0)
+    s.update_state_after_alloc(a, (list(range(9)),), n)
+    got = s.get_num_new_matched_tokens(_req("b", PT + 1, 777), 0)
+    assert (got[0] is None) == gate

@@ -1,0 +1,75 @@
+"""Minimal stand-ins for the vLLM objects the connector reads."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from orbitkv import keys
+from orbitkv.client import LookupResult
+
+
+@dataclasses.dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+
+
+@dataclasses.dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+
+@dataclasses.dataclass
+class CachedRequestData:
+    req_ids: list[str] = dataclasses.field(default_factory=list)
+    new_block_ids: list[Optional[tuple[list[int], ...]]] = dataclasses.field(default_factory=list)
+    num_computed_tokens: list[int] = dataclasses.field(default_factory=list)
+    resumed_req_ids: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = dataclasses.field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = dataclasses.field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    preempted_req_ids: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class KVConnectorOutput:
+    finished_sending: Optional[set[str]] = None
+    finished_recving: Optional[set[str]] = None
+
+
+class DictLookup:
+    """Lookup backend over a set of stored keys, counting leases."""
+
+    def __init__(self) -> None:
+        self.stored: set[bytes] = set()
+        self.leases: set[str] = set()
+        self.calls = 0
+        self._n = 0
+
+    def lookup(self, ks, *, lease=False, lease_ms=0) -> LookupResult:
+        self.calls += 1
+        hit = 0
+        for k in ks:
+            if k not in self.stored:
+                break
+            hit += 1
+        lid = ""
+        if lease and hit:
+            self._n += 1
+            lid = f"lease-{self._n}"
+            self.leases.add(lid)
+        return LookupResult(hit, dram=hit, lease_id=lid)
+
+    def release(self, lease_id: str) -> None:
+        self.leases.discard(lease_id)
+
+    def store_prefix(self, layout: keys.Layout, tokens: list[int]) -> None:
+        self.stored.update(keys.chain(layout.fingerprint(), layout.page_tokens, tokens))

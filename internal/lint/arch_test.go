@@ -1,0 +1,135 @@
+package lint
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/orbitkv/orbitkv"
+
+// pkg is the part of `go list -json` these checks read.
+type pkg struct {
+	ImportPath string
+	Doc        string
+	Imports    []string
+	CgoFiles   []string
+	GoFiles    []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", module+"/...")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+// layer of a project package: imports may only point to lower layers
+// (DESIGN.md §4: cmd → fabric → {catalog, tiers, transfer} → {rdma, cuda,
+// proto, internal}).
+func layer(rel string) int {
+	top, _, _ := strings.Cut(rel, "/")
+	switch top {
+	case "integration":
+		return 5
+	case "cmd":
+		return 4
+	case "fabric":
+		return 3
+	case "catalog", "tiers", "transfer":
+		return 2
+	case "rdma", "cuda", "proto", "internal":
+		return 1
+	}
+	return -1
+}
+
+func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
+
+func top(rel string) string { t, _, _ := strings.Cut(rel, "/"); return t }
+
+// allowedSideways are imports within one layer that DESIGN.md permits.
+var allowedSideways = map[[2]string]bool{
+	{"transfer", "tiers"}: true, // transfer may import tiers
+	{"cuda", "internal"}:  true,
+	{"rdma", "internal"}:  true,
+}
+
+func TestImportLayers(t *testing.T) {
+	for _, p := range listPackages(t) {
+		from := rel(p.ImportPath)
+		lf := layer(from)
+		if lf < 0 {
+			t.Errorf("%s: package outside the layout of DESIGN.md §4", from)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			to := rel(imp)
+			lt := layer(to)
+			switch {
+			case top(from) == top(to):
+				// subpackages of one folder may use each other
+			case lt < lf:
+			case lt == lf && allowedSideways[[2]string{top(from), top(to)}]:
+			default:
+				t.Errorf("%s imports %s: arrows must point down (DESIGN.md §4)", from, to)
+			}
+		}
+	}
+}
+
+func TestProtoStopsAtTheRPCEdge(t *testing.T) {
+	for _, p := range listPackages(t) {
+		from := rel(p.ImportPath)
+		switch top(from) {
+		case "catalog", "tiers", "transfer":
+			for _, imp := range p.Imports {
+				if strings.HasPrefix(imp, module+"/proto") || strings.Contains(imp, "cockroachdb/pebble") && top(from) != "catalog" ||
+					strings.Contains(imp, "hashicorp/memberlist") {
+					t.Errorf("%s imports %s: generated and third-party store types stay at their edge", from, imp)
+				}
+			}
+		}
+	}
+}
+
+func TestCgoOnlyInRdmaAndCuda(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if len(p.CgoFiles) == 0 {
+			continue
+		}
+		if dir := top(rel(p.ImportPath)); dir != "rdma" && dir != "cuda" {
+			t.Errorf("%s uses cgo (%v): import \"C\" belongs in rdma/ and cuda/ only", rel(p.ImportPath), p.CgoFiles)
+		}
+	}
+}
+
+func TestEveryPackageHasADocComment(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if strings.TrimSpace(p.Doc) == "" {
+			t.Errorf("%s has no package doc comment", rel(p.ImportPath))
+		}
+	}
+}
