@@ -104,3 +104,29 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestLookupOnlySession(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(3)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	lay := tinyFlash.Layout("m")
+	lay.Dtype = "fp32"
+	s, err := e.C.OpenSession(ctx(t), &pb.OpenSessionRequest{EngineId: "scheduler", Layout: lay, BlockTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: s.SessionId, Keys: keys, Lease: true})
+	if err != nil || look.HitPages != 3 || look.LeaseId == "" {
+		t.Fatalf("lookup-only session lookup: %v %v", look, err)
+	}
+	_, err = e.C.Load(ctx(t), &pb.LoadRequest{SessionId: s.SessionId, Pages: refs(keys, 0, 4)})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("load on a lookup-only session: %v, want FailedPrecondition", err)
+	}
+	lay.Dtype = "weird"
+	_, err = e.C.OpenSession(ctx(t), &pb.OpenSessionRequest{EngineId: "scheduler", Layout: lay, BlockTokens: 4})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("unknown dtype: %v, want InvalidArgument", err)
+	}
+}

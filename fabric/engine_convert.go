@@ -21,6 +21,10 @@ const (
 	maxPageTokens = 1 << 16
 )
 
+// dtypeBytes is the element size of the dtypes a layout may name.
+var dtypeBytes = map[string]uint64{"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
+	"fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
 }
@@ -61,6 +65,17 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 	}
 	if r.BlockTokens == 0 || layout.PageTokens%r.BlockTokens != 0 {
 		return spec, invalid("block_tokens %d must divide page_tokens %d", r.BlockTokens, layout.PageTokens)
+	}
+	if len(r.Buffers) == 0 && len(r.Segments) == 0 && r.NumBlocks == 0 {
+		// A lookup-only session (a scheduler process): no buffers to map;
+		// the page size, for the query budget, follows from the layout.
+		elem, ok := dtypeBytes[layout.DType]
+		if !ok {
+			return spec, invalid("lookup-only session: unknown dtype %q (known: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2)", layout.DType)
+		}
+		spec.pageBytes = uint64(layout.NumLayers) * 2 * uint64(layout.PageTokens) * uint64(layout.KVHeads) * uint64(layout.HeadDim) * elem
+		spec.keepalive = durationMs(r.KeepaliveMs, defKeepalive)
+		return spec, nil
 	}
 	if len(r.Buffers) == 0 || len(r.Buffers) > maxBuffers {
 		return spec, invalid("%d buffers, want 1..%d", len(r.Buffers), maxBuffers)
@@ -133,6 +148,9 @@ func keysFromPB(in [][]byte, limit int) ([]pagekey.Key, error) {
 
 // pagesFromPB converts and validates a Save/Load page list.
 func pagesFromPB(in []*pb.PageRef, sess *session, limit int) ([]pageReq, error) {
+	if len(sess.bufs) == 0 {
+		return nil, fmt.Errorf("%w: session %s registered no kv buffers (lookup-only)", errLayoutMismatch, sess.id)
+	}
 	if len(in) == 0 || len(in) > limit {
 		return nil, invalid("%d pages, want 1..%d", len(in), limit)
 	}

@@ -164,6 +164,9 @@ func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 	s := &session{id: newID("s-"), engineID: spec.engineID, layout: spec.layout, fp: spec.layout.Fingerprint(),
 		geom: spec.geom, keepalive: spec.keepalive}
 	s.pageBytes = s.geom.PageBytes()
+	if len(spec.shm) == 0 {
+		s.pageBytes = spec.pageBytes
+	}
 	if s.pageBytes > uint64(p.cfg.DRAMSlabBytes) {
 		return nil, fmt.Errorf("%w: page of %d bytes exceeds the dram slab (%v); raise --dram-slab-bytes", errInvalid, s.pageBytes, p.cfg.DRAMSlabBytes)
 	}
@@ -224,6 +227,7 @@ type sessionSpec struct {
 	geom      transfer.Geometry
 	shm       []shmSpec
 	keepalive time.Duration
+	pageBytes uint64 // lookup-only sessions: page size from the layout
 }
 
 type shmSpec struct {

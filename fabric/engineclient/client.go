@@ -78,7 +78,7 @@ func (f Flash) BlockOffset(layer, plane, b int) int {
 
 // Layout returns the page layout for a model name.
 func (f Flash) Layout(model string) *pb.Layout {
-	return &pb.Layout{Model: model, Revision: "test", Dtype: fmt.Sprintf("e%d", f.ElemBytes), NumLayers: uint32(f.Layers),
+	return &pb.Layout{Model: model, Revision: "test", Dtype: map[int]string{1: "fp8_e4m3", 2: "bf16", 4: "fp32"}[f.ElemBytes], NumLayers: uint32(f.Layers),
 		KvHeads: uint32(f.KVHeads), HeadDim: uint32(f.HeadDim), TpSize: 1, PageTokens: uint32(f.PageTokens), ByteLayout: "vllm-flash"}
 }
 

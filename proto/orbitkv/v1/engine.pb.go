@@ -596,6 +596,9 @@ func (x *Segment) GetBlockBytes() uint64 {
 	return 0
 }
 
+// OpenSessionRequest registers an engine worker. A lookup-only session (an
+// engine's scheduler process) sends no buffers, no segments and num_blocks 0:
+// it may Lookup and Release but not Save or Load.
 type OpenSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	EngineId      string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"` // free-form name for logs and metrics
@@ -1236,7 +1239,7 @@ func (x *SaveRequest) GetDeadlineMs() uint32 {
 type LoadRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	LeaseId       string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // optional: the lease from Lookup
+	LeaseId       string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // optional: a lease from Lookup, by any session of this peer
 	Pages         []*PageRef             `protobuf:"bytes,3,rep,name=pages,proto3" json:"pages,omitempty"`
 	DeadlineMs    uint32                 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"` // 0 = the peer's default
 	unknownFields protoimpl.UnknownFields
