@@ -154,20 +154,16 @@ func (s *pageStore) evictOne(tier catalog.Tier, k pagekey.Key) (bool, error) {
 	switch {
 	case tier == catalog.TierDRAM && e.DRAMSlot >= 0 && !s.mu.dram.Pinned(k):
 		if !e.OnSSD && s.ssd != nil {
+			s.mu.dram.Pin(k)
 			s.mu.Unlock()
-			err := s.demote(context.Background(), e)
+			s.demoteBatch(context.Background(), []catalog.Entry{e})
 			s.mu.Lock()
-			if err != nil {
-				return false, err
-			}
-			if e, ok = s.cat.Get(k); !ok || s.mu.dram.Pinned(k) {
-				return false, nil
-			}
+			e, ok = s.cat.Get(k)
+			return ok && e.DRAMSlot < 0, nil
 		}
-		s.dropDRAMLocked(e)
-		return true, nil
+		return s.dropDRAMLocked(e), nil
 	case tier == catalog.TierSSD && e.OnSSD && !s.mu.ssd.Pinned(k):
-		return true, s.dropSSDLocked(k)
+		return true, s.dropSSDLocked([]pagekey.Key{k})
 	}
 	return false, nil
 }

@@ -79,10 +79,10 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 
 // budgetLeftLocked is what the query budget still allows; pages.mu is held.
 func (p *Peer) budgetLeftLocked() uint64 {
-	if p.leasedBytes >= uint64(p.cfg.QueryBudgetBytes) {
+	if p.leasedBytes >= p.budget {
 		return 0
 	}
-	return uint64(p.cfg.QueryBudgetBytes) - p.leasedBytes
+	return p.budget - p.leasedBytes
 }
 
 // releaseLease unpins a lease's pages and returns its budget.

@@ -28,7 +28,17 @@ type pinRef struct{ ssd bool }
 // load copies pages from the tiers into the session's buffers: DRAM pages
 // directly, SSD pages through a DRAM slot (read, verified, promoted), all
 // SSD reads of the request in one batch.
+// It works in chunks (see saveChunk) so a request larger than the DRAM pool
+// still goes through.
 func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
+	chunk := s.saveChunk(sess.pageBytes)
+	for lo := 0; lo < len(reqs); lo += chunk {
+		hi := min(lo+chunk, len(reqs))
+		s.loadChunk(ctx, sess, reqs[lo:hi], res[lo:hi])
+	}
+}
+
+func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
 	parallel(len(items), func(j int) {

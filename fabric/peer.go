@@ -36,6 +36,9 @@ type Peer struct {
 	sessions *sessions
 	m        *metrics
 
+	// budget is the effective query budget: the configured one, capped at
+	// half the DRAM pool so leases can never pin every slot and stall saves.
+	budget uint64
 	// leasedBytes is the query budget in use; guarded by pages.mu.
 	leasedBytes uint64
 
@@ -66,6 +69,10 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.pages = newPageStore(p.cat, p.pool, p.ssd, p.m)
+	p.budget = min(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes/2)
+	if p.budget < uint64(cfg.QueryBudgetBytes) {
+		log.Warn().Uint64("query_budget_bytes", p.budget).Msg("query budget capped at half the dram pool")
+	}
 	kept, dropped, err := p.pages.recover()
 	if err != nil {
 		p.closeTiers()

@@ -267,3 +267,37 @@ func flipByte(t *testing.T, dir string, file uint32, off int64) {
 		t.Fatal(err)
 	}
 }
+
+// TestSSDFullDropsOldest overfills both tiers: the oldest pages leave, the
+// newest stay loadable, and no save fails.
+func TestSSDFullDropsOldest(t *testing.T) {
+	cfg := smallConfig(t.TempDir())
+	cfg.SSDBytes, cfg.SSDFileBytes = 64<<20, 64<<20
+	tp := startPeer(t, cfg)
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 400, 2048 // 1 MiB pages: 4 fit in DRAM, ~60 on SSD
+	e := tp.engine(f)
+	keys := randKeys(100)
+	src := refs(keys, 0, 4)
+	for i := 0; i < len(keys); i += 10 {
+		okOp(t)(e.Save(ctx(t), src[i:i+10], pb.Durability_DURABILITY_DRAM))
+	}
+	first, err := e.Lookup(ctx(t), keys[:1], false)
+	if err != nil || first.HitPages != 0 {
+		t.Fatalf("the oldest page should have been dropped: %v %v", first, err)
+	}
+	last, err := e.Lookup(ctx(t), keys[90:], false)
+	if err != nil || last.HitPages != 10 {
+		t.Fatalf("the newest pages should be held: %v %v", last, err)
+	}
+	dst := refs(keys[95:], 0, 4)
+	okOp(t)(e.Load(ctx(t), dst))
+	for i := range dst {
+		if !bytes.Equal(e.page(src[95+i].Blocks), e.page(dst[i].Blocks)) {
+			t.Fatalf("page %d differs", 95+i)
+		}
+	}
+	if tp.metric(`orbitkv_tiers_evicted_pages_total{tier="ssd"}`) == "" {
+		t.Fatal("no ssd eviction counted")
+	}
+}

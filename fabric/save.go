@@ -29,9 +29,26 @@ type saveItem struct {
 }
 
 // save copies pages out of the session's buffers into DRAM (and, with
-// toSSD, durably onto SSD), then records them in the catalog with one
-// commit. res receives one result per page.
+// toSSD, durably onto SSD) and records them in the catalog. It works in
+// chunks: each chunk is committed (and so becomes evictable) before the next
+// is gathered, so a request larger than the DRAM pool still goes through.
+// res receives one result per page.
 func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
+	chunk := s.saveChunk(sess.pageBytes)
+	for lo := 0; lo < len(reqs); lo += chunk {
+		hi := min(lo+chunk, len(reqs))
+		s.saveChunkOf(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi])
+	}
+}
+
+// saveChunk is how many pages one save commits at a time: a quarter of the
+// DRAM pool's slots, between 1 and 16.
+func (s *pageStore) saveChunk(pageBytes uint64) int {
+	slots := s.pool.Stats().CapacityBytes / dram.SlotBytes(pageBytes)
+	return int(max(1, min(16, slots/4)))
+}
+
+func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
 	gathered := make([]*saveItem, len(reqs))
 	parallel(len(reqs), func(i int) {
 		r := reqs[i]

@@ -74,6 +74,14 @@ func (l *LRU) Pinned(k pagekey.Key) bool {
 	return ok && n.pins > 0
 }
 
+// Pins returns k's pin count.
+func (l *LRU) Pins(k pagekey.Key) int {
+	if n, ok := l.nodes[k]; ok {
+		return n.pins
+	}
+	return 0
+}
+
 // Victim returns the least recently used unpinned page, or false when every
 // tracked page is pinned. It does not remove the page.
 func (l *LRU) Victim() (pagekey.Key, bool) {

@@ -1,0 +1,217 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/dram"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// evictBatch is how many pages one eviction round demotes together: one
+// batched SSD write and one catalog commit (one fdatasync, one fsync) for
+// the lot instead of one each.
+const evictBatch = 16
+
+// allocDRAM returns a free DRAM slot. When the pool is full it evicts the
+// least recently used unpinned pages: copies already on SSD (or with no SSD
+// tier) are dropped at once; the others are demoted in batches first.
+func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		s.mu.Lock()
+		slot, err := s.pool.Alloc(size)
+		if !errors.Is(err, dram.ErrFull) {
+			s.mu.Unlock()
+			return slot, err
+		}
+		dropped, demote := s.pickVictimsLocked()
+		s.mu.Unlock()
+		if len(demote) > 0 {
+			s.demoteBatch(ctx, demote)
+		} else if !dropped {
+			return 0, errNoSpace
+		}
+	}
+}
+
+// pickVictimsLocked drops the oldest unpinned DRAM copy that needs no I/O,
+// or else pins and returns up to evictBatch pages to demote.
+func (s *pageStore) pickVictimsLocked() (dropped bool, demote []catalog.Entry) {
+	for len(demote) < evictBatch {
+		victim, ok := s.mu.dram.Victim()
+		if !ok {
+			break
+		}
+		e, ok := s.cat.Get(victim)
+		if !ok {
+			s.mu.dram.Remove(victim) // no catalog entry: a stale LRU key
+			continue
+		}
+		if e.OnSSD || s.ssd == nil {
+			dropped = s.dropDRAMLocked(e)
+			break
+		}
+		s.mu.dram.Pin(victim)
+		demote = append(demote, e)
+	}
+	if dropped {
+		for _, e := range demote {
+			s.mu.dram.Unpin(e.Key)
+		}
+		demote = nil
+	}
+	return dropped, demote
+}
+
+// dropDRAMLocked removes a page's DRAM copy; a page held nowhere else leaves
+// the catalog first, then its slot is freed. It reports whether it did.
+func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
+	if e.DRAMSlot < 0 {
+		return false
+	}
+	var err error
+	if e.OnSSD {
+		_, _, err = s.cat.Update(e.Key, func(c *catalog.Entry) bool { c.DRAMSlot = -1; return true })
+	} else {
+		err = s.cat.Delete(e.Key)
+	}
+	if err != nil {
+		return false // the catalog still names the slot: keep it
+	}
+	s.mu.dram.Remove(e.Key)
+	s.pool.Free(dram.Slot(e.DRAMSlot))
+	s.m.evictedPages.WithLabelValues("dram").Inc()
+	return true
+}
+
+// demoteBatch writes pinned DRAM pages to SSD with one batched write, records
+// them there with one catalog commit, then drops their DRAM copies unless
+// someone else pinned them meanwhile. It unpins every page it was given.
+func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) {
+	var reqs []ssd.WriteReq
+	var written []catalog.Entry
+	for _, e := range pages {
+		loc, err := s.allocSSD(e.Size)
+		if err != nil {
+			continue
+		}
+		e.OnSSD, e.SSD = true, catLoc(loc)
+		reqs = append(reqs, ssd.WriteReq{Loc: loc, Header: header(e), Data: s.pool.Bytes(dram.Slot(e.DRAMSlot))})
+		written = append(written, e)
+	}
+	errs := s.ssd.Write(ctx, reqs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var commit []catalog.Entry
+	var free []dram.Slot
+	for i, w := range written {
+		cur, ok := s.cat.Get(w.Key)
+		if errs[i] != nil || !ok || cur.OnSSD || cur.DRAMSlot != w.DRAMSlot {
+			s.ssd.Free(ssdLoc(w.SSD)) // failed, or the page changed meanwhile
+			continue
+		}
+		cur.OnSSD, cur.SSD = true, w.SSD
+		if s.mu.dram.Pins(w.Key) == 1 { // only our pin: the DRAM copy can go
+			free = append(free, dram.Slot(cur.DRAMSlot))
+			cur.DRAMSlot = -1
+		}
+		commit = append(commit, cur)
+	}
+	for _, e := range pages {
+		s.mu.dram.Unpin(e.Key)
+	}
+	if err := s.cat.Put(commit...); err != nil {
+		for _, c := range commit {
+			s.ssd.Free(ssdLoc(c.SSD))
+		}
+		return
+	}
+	for _, c := range commit {
+		s.mu.ssd.Touch(c.Key)
+		if c.DRAMSlot < 0 {
+			s.mu.dram.Remove(c.Key)
+			s.m.evictedPages.WithLabelValues("dram").Inc()
+		}
+	}
+	for _, sl := range free {
+		s.pool.Free(sl)
+	}
+	s.m.demotedPages.Add(float64(len(commit)))
+}
+
+// allocSSD returns a free SSD slot, dropping the least recently used
+// unpinned SSD copies, a batch at a time, until one is free.
+func (s *pageStore) allocSSD(size uint64) (ssd.Loc, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		loc, err := s.ssd.Alloc(size)
+		if !errors.Is(err, ssd.ErrFull) {
+			return loc, err
+		}
+		var victims []pagekey.Key
+		for len(victims) < evictBatch {
+			v, ok := s.mu.ssd.Victim()
+			if !ok {
+				break
+			}
+			s.mu.ssd.Pin(v) // so Victim moves on; dropSSDLocked removes it
+			victims = append(victims, v)
+		}
+		if len(victims) == 0 {
+			return ssd.Loc{}, errNoSpace
+		}
+		if err := s.dropSSDLocked(victims); err != nil {
+			for _, v := range victims {
+				s.mu.ssd.Unpin(v)
+			}
+			return ssd.Loc{}, err
+		}
+	}
+}
+
+// dropSSDLocked removes pages' SSD copies: the catalog forgets them first
+// (one commit), then the slots are freed.
+func (s *pageStore) dropSSDLocked(keys []pagekey.Key) error {
+	var keep []catalog.Entry
+	var del []pagekey.Key
+	var locs []ssd.Loc
+	for _, k := range keys {
+		e, ok := s.cat.Get(k)
+		if !ok || !e.OnSSD {
+			continue
+		}
+		locs = append(locs, ssdLoc(e.SSD))
+		if e.DRAMSlot >= 0 {
+			e.OnSSD, e.SSD = false, catalog.SSDLoc{}
+			keep = append(keep, e)
+		} else {
+			del = append(del, k)
+		}
+	}
+	if err := s.cat.Put(keep...); err != nil {
+		return err
+	}
+	if err := s.cat.Delete(del...); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		s.mu.ssd.Remove(k)
+	}
+	for _, l := range locs {
+		s.ssd.Free(l)
+	}
+	s.m.evictedPages.WithLabelValues("ssd").Add(float64(len(locs)))
+	return nil
+}
+
+func (s *pageStore) freeSSD(loc ssd.Loc) {
+	s.mu.Lock()
+	s.ssd.Free(loc)
+	s.mu.Unlock()
+}
