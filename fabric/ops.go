@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -12,7 +13,12 @@ type op struct {
 	id      string
 	results []pageResult
 	done    chan struct{}
+	doneAt  atomic.Int64 // unix nanoseconds, set before done is closed
 }
+
+// opRetention is how long a finished operation waits for its Wait before
+// the peer forgets it.
+const opRetention = 5 * time.Minute
 
 // startOp runs fn in a goroutine owned by the session (and the peer), with a
 // deadline, and registers it for Wait.
@@ -29,6 +35,7 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx
 		defer sess.work.Done()
 		defer p.m.inflightOps.Dec()
 		defer close(o.done)
+		defer func() { o.doneAt.Store(time.Now().UnixNano()) }()
 		ctx, cancel := context.WithTimeout(sess.ctx, deadline)
 		defer cancel()
 		fn(ctx, o.results)
@@ -64,4 +71,16 @@ func (p *Peer) waitOp(ctx context.Context, sess *session, id string, timeout tim
 	delete(sess.mu.ops, id)
 	sess.mu.Unlock()
 	return o, true, nil
+}
+
+// forgetStaleOps drops finished operations nobody waited for within
+// opRetention, so an engine that never calls Wait cannot grow the peer.
+func (s *session) forgetStaleOps(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, o := range s.mu.ops {
+		if t := o.doneAt.Load(); t != 0 && now.Sub(time.Unix(0, t)) > opRetention {
+			delete(s.mu.ops, id)
+		}
+	}
 }
