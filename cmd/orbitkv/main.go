@@ -30,6 +30,7 @@ func commands() []command {
 		{"status", "report a running peer's health and tiers", runStatus},
 		{"catalog", "catalog lookup KEY...: look up a chain of page keys", runCatalog},
 		{"bench", "bench tiers|lookup|ssd: benchmarks with their baselines", runBench},
+		{"sim", "sim --trace PATH: replay a request trace against the tiers in virtual time", runSim},
 		{"version", "print the version", func(context.Context, []string, io.Writer) error { fmt.Println(version()); return nil }},
 	}
 }

@@ -10,36 +10,36 @@ import (
 
 // Config is one simulated cluster. Capacities are per host.
 type Config struct {
-	Hosts   int    // engine hosts, one peer each
-	Sharing bool   // lookups extend the local hit with other hosts' pages
-	Router  Router // which host serves a request
+	Hosts   int    `json:"hosts"`   // engine hosts, one peer each
+	Sharing bool   `json:"sharing"` // lookups extend the local hit with other hosts' pages
+	Router  Router `json:"router"`  // which host serves a request
 
-	Model      Model // KV geometry: page bytes and the layout fingerprint
-	PageTokens int   // tokens per page
+	Model      Model `json:"model"`       // KV geometry: page bytes and the layout fingerprint
+	PageTokens int   `json:"page_tokens"` // tokens per page
 
-	HBMTokens int64  // engine prefix cache per host, tokens (0: none)
-	DRAMBytes uint64 // peer DRAM tier per host, bytes (0: no offload at all)
-	SSDBytes  uint64 // peer SSD tier per host, bytes (0: no SSD tier)
+	HBMTokens int64  `json:"hbm_tokens"` // engine prefix cache per host, tokens (0: none)
+	DRAMBytes uint64 `json:"dram_bytes"` // peer DRAM tier per host, bytes (0: no offload at all)
+	SSDBytes  uint64 `json:"ssd_bytes"`  // peer SSD tier per host, bytes (0: no SSD tier)
 
-	Cost CostModel
+	Cost CostModel `json:"cost"`
 }
 
 // CostModel turns pages and tokens into virtual time.
 type CostModel struct {
-	PrefillUsPerToken float64 // prefill compute per missed token, µs
-	DRAMGBps          float64 // DRAM → HBM, GB/s (1e9 bytes/s)
-	SSDGBps           float64 // SSD → HBM (through a DRAM buffer), GB/s
-	NetGBps           float64 // remote peer → local HBM, GB/s
+	PrefillUsPerToken float64 `json:"prefill_us_per_token"` // prefill compute per missed token, µs
+	DRAMGBps          float64 `json:"dram_gbps"`            // DRAM → HBM, GB/s (1e9 bytes/s)
+	SSDGBps           float64 `json:"ssd_gbps"`             // SSD → HBM (through a DRAM buffer), GB/s
+	NetGBps           float64 `json:"net_gbps"`             // remote peer → local HBM, GB/s
 }
 
 // Model is the KV geometry of one model at one TP rank.
 type Model struct {
-	Name      string
-	Layers    int
-	KVHeads   int // per rank
-	HeadDim   int
-	DTypeSize int // bytes per element
-	DType     string
+	Name      string `json:"name"`
+	Layers    int    `json:"layers"`
+	KVHeads   int    `json:"kv_heads"` // per rank
+	HeadDim   int    `json:"head_dim"`
+	DTypeSize int    `json:"dtype_size"` // bytes per element
+	DType     string `json:"dtype"`
 }
 
 // Models are the geometries --model accepts (TP 1).

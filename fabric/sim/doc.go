@@ -16,10 +16,11 @@
 //   - Per host: an engine prefix cache in HBM (a tiers.LRU of pages, capacity
 //     HBMTokens, tail of a request evicted first like vLLM's free order), and
 //     the peer's DRAM and SSD tiers with byte capacities. The tier code mirrors
-//     fabric's pageStore: a save or SSD-hit promotion needs a DRAM slot; a full
-//     DRAM evicts its LRU unpinned page, writing it to SSD first unless the SSD
-//     already holds it (demotion); a full SSD drops its LRU unpinned copy. A
-//     page promoted from SSD keeps its SSD copy. The catalog is the record of
+//     fabric's pageStore (fabric/evict.go): a save or SSD-hit promotion needs a
+//     DRAM slot; a full DRAM drops its oldest unpinned copy that needs no I/O
+//     (already on SSD), or else demotes up to 16 of its oldest pages to SSD
+//     together; a full SSD drops its LRU unpinned copies 16 at a time. A page
+//     promoted from SSD keeps its SSD copy. The catalog is the record of
 //     which tier holds what, updated with Put/Update/Delete as the peer does.
 //   - A request on a host: the longest prefix in HBM, extended by the local
 //     catalog (DRAM, SSD) and, with sharing, by other hosts' catalogs (remote),
