@@ -4,6 +4,13 @@ Every call carries a gRPC deadline; errors become orbitkv.errors exceptions.
 A Session owns a keepalive thread that stops when the session closes.
 Save and Load return Op handles: the copy runs in the peer; ``Op.wait``
 polls its per-page results until done or until the caller's timeout.
+
+A peer that restarts forgets its sessions. A Session notices (its keepalive,
+or a call, gets NotFound and a Keepalive probe confirms the session is
+unknown) and opens itself again with the same request: buffers are
+registered anew, while leases and operations of the old session are gone
+(their calls fail, and the engine recomputes). While the peer is down, calls
+fail fast with PeerUnavailable; nothing waits past its deadline.
 """
 
 from __future__ import annotations
@@ -13,19 +20,26 @@ import enum
 import logging
 import threading
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import grpc
 
 from orbitkv import errors
 from orbitkv._proto import engine_pb2, engine_pb2_grpc
-from orbitkv.buffers import Buffer, Segment, ShmBuffer
+from orbitkv.buffers import Buffer, Segment
 from orbitkv.keys import Layout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
 _MAX_WAIT_SLICE_MS = 1000
+# A Unix socket either accepts at once or not at all: retry a lost peer every
+# 100 ms to 1 s instead of gRPC's default backoff (up to 120 s).
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 class PageCode(enum.IntEnum):
@@ -112,7 +126,7 @@ class Client:
     def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = 5.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._channel = grpc.insecure_channel("unix:" + socket_path)
+        self._channel = grpc.insecure_channel("unix:" + socket_path, options=_CHANNEL_OPTIONS)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
@@ -141,6 +155,9 @@ class Client:
         engine_id: str = "python",
         keepalive_ms: int = 0,
     ) -> "Session":
+        """Registers an engine worker's KV buffers. With no buffers, no
+        segments and ``num_blocks`` 0 the session is lookup-only: it may
+        Lookup and Release, and the peer refuses its Save and Load."""
         req = engine_pb2.OpenSessionRequest(
             engine_id=engine_id,
             layout=layout.to_proto(),
@@ -150,14 +167,24 @@ class Client:
             segments=[s.to_proto() for s in segments],
             keepalive_ms=keepalive_ms,
         )
+        s = Session(self, layout, req, self._open(layout, req))
+        with self._lock:
+            self._sessions.append(s)
+        return s
+
+    def open_lookup_session(self, layout: Layout, *, block_tokens: int, engine_id: str = "scheduler") -> "Session":
+        """A lookup-only session (an engine's scheduler process): the peer
+        derives the page size, for the query budget, from the layout."""
+        return self.open_session(
+            layout, block_tokens=block_tokens, num_blocks=0, buffers=(), segments=(), engine_id=engine_id
+        )
+
+    def _open(self, layout: Layout, req: engine_pb2.OpenSessionRequest) -> "SessionInfo":
         resp = self.call("open session", "OpenSession", req)
         info = SessionInfo(resp.session_id, bytes(resp.layout_fingerprint), resp.page_bytes, resp.keepalive_ms)
         if info.fingerprint and info.fingerprint != layout.fingerprint():
             log.warning("peer fingerprint %s differs from local %s", info.fingerprint.hex(), layout.fingerprint().hex())
-        s = Session(self, layout, info)
-        with self._lock:
-            self._sessions.append(s)
-        return s
+        return info
 
     def close(self) -> None:
         """Closes every session, then the channel. Idempotent."""
@@ -178,15 +205,22 @@ class Client:
 
 
 class Session:
-    """An open engine session: layout, buffers and leases live with it."""
+    """An open engine session: layout, buffers and leases live with it.
 
-    def __init__(self, client: Client, layout: Layout, info: SessionInfo) -> None:
+    ``id`` changes when the session is reopened after the peer forgot it
+    (``generation`` counts reopenings); ``lost`` is set while the session is
+    known to be gone and could not be reopened yet."""
+
+    def __init__(self, client: Client, layout: Layout, req: engine_pb2.OpenSessionRequest, info: SessionInfo) -> None:
         self.client = client
         self.layout = layout
         self.info = info
         self.id = info.session_id
-        self._stop = threading.Event()
+        self.generation = 0
         self.lost: Optional[errors.OrbitKVError] = None
+        self._req = req
+        self._reopen_lock = threading.Lock()
+        self._stop = threading.Event()
         granted_ms = info.keepalive_ms or 10000
         interval = max(granted_ms, 300) / 3000.0  # three keepalives per granted interval
         self._keepalive = threading.Thread(
@@ -194,46 +228,93 @@ class Session:
         )
         self._keepalive.start()
 
-    # keepalive -------------------------------------------------------------
+    # keepalive and reopening ------------------------------------------------
 
     def _keepalive_loop(self, interval: float) -> None:
+        failing = False
         while not self._stop.wait(interval):
+            sid = self.id
             try:
-                self.client.call("keepalive", "Keepalive", engine_pb2.KeepaliveRequest(session_id=self.id))
+                self.client.call("keepalive", "Keepalive", engine_pb2.KeepaliveRequest(session_id=sid))
+                failing = False
             except errors.NotFound as e:
-                self.lost = errors.SessionLost(f"session {self.id} expired: {e}", e.code)
-                log.error("orbitkv session lost: %s", e)
-                return
+                try:
+                    self._reopen(sid, f"keepalive: {e}")
+                except errors.OrbitKVError as e2:
+                    log.warning("orbitkv: %s (will retry)", e2)
             except errors.OrbitKVError as e:
-                log.warning("orbitkv keepalive failed (will retry): %s", e)
+                (log.debug if failing else log.warning)("orbitkv keepalive failed (will retry): %s", e)
+                failing = True
+
+    def _reopen(self, sid: str, why: str) -> None:
+        """Opens the session again unless another thread already replaced
+        ``sid``; raises SessionLost (and sets ``lost``) if the peer refuses."""
+        with self._reopen_lock:
+            if self._stop.is_set():
+                raise errors.SessionLost(f"session {sid} is closed")
+            if self.id != sid:
+                return
+            try:
+                info = self.client._open(self.layout, self._req)
+            except errors.OrbitKVError as e:
+                self.lost = errors.SessionLost(f"session {sid} lost ({why}); reopen failed: {e}", e.code)
+                raise self.lost from None
+            self.info, self.id, self.lost = info, info.session_id, None
+            self.generation += 1
+        log.warning("orbitkv session %s lost (%s); reopened as %s", sid, why, info.session_id)
+
+    def _gone(self, sid: str) -> bool:
+        """Whether the peer no longer knows session ``sid`` (a Keepalive probe)."""
+        try:
+            self.client.call("keepalive", "Keepalive", engine_pb2.KeepaliveRequest(session_id=sid))
+            return False
+        except errors.NotFound:
+            return True
+        except errors.OrbitKVError:
+            return False
 
     def _check(self) -> None:
         if self._stop.is_set():
             raise errors.SessionLost(f"session {self.id} is closed")
         if self.lost is not None:
-            raise self.lost
+            self._reopen(self.id, str(self.lost))
+
+    def _call(self, action: str, method: str, make_req: Callable[[str], Any]) -> tuple[Any, str]:
+        """One RPC on behalf of this session: (response, session id used). A
+        NotFound for which a probe shows the session itself is unknown (the
+        peer restarted) reopens the session and retries once."""
+        self._check()
+        sid = self.id
+        try:
+            return self.client.call(action, method, make_req(sid)), sid
+        except errors.NotFound:
+            if not self._gone(sid):
+                raise
+        self._reopen(sid, f"{action}: session unknown to the peer")
+        sid = self.id
+        return self.client.call(action, method, make_req(sid)), sid
 
     # calls -----------------------------------------------------------------
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult:
-        self._check()
-        req = engine_pb2.LookupRequest(session_id=self.id, keys=list(keys), lease=lease, lease_ms=lease_ms)
-        r = self.client.call("lookup", "Lookup", req)
+        keys = list(keys)
+        r, _ = self._call("lookup", "Lookup", lambda sid: engine_pb2.LookupRequest(
+            session_id=sid, keys=keys, lease=lease, lease_ms=lease_ms))
         return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms)
 
     def save(self, pages: Iterable[PageRef], *, durability: Durability = Durability.DRAM, deadline_ms: int = 0) -> "Op":
-        self._check()
         refs = [p.to_proto() for p in pages]
-        req = engine_pb2.SaveRequest(session_id=self.id, pages=refs, durability=int(durability), deadline_ms=deadline_ms)
-        h = self.client.call("save", "Save", req)
-        return Op(self, h.op_id, "save", len(refs))
+        h, sid = self._call("save", "Save", lambda sid: engine_pb2.SaveRequest(
+            session_id=sid, pages=refs, durability=int(durability), deadline_ms=deadline_ms))
+        return Op(self, sid, h.op_id, "save", len(refs))
 
     def load(self, pages: Iterable[PageRef], *, lease_id: str = "", deadline_ms: int = 0) -> "Op":
-        self._check()
+        """Loads pages into this session's blocks. ``lease_id`` may come from
+        any session of the peer (the scheduler's lookup-only one)."""
         refs = [p.to_proto() for p in pages]
-        req = engine_pb2.LoadRequest(session_id=self.id, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms)
-        h = self.client.call("load", "Load", req)
-        return Op(self, h.op_id, "load", len(refs))
+        h, sid = self._call("load", "Load", lambda sid: engine_pb2.LoadRequest(
+            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms))
+        return Op(self, sid, h.op_id, "load", len(refs))
 
     def release(self, lease_id: str) -> None:
         if not lease_id:
@@ -245,7 +326,8 @@ class Session:
         """Stops the keepalive and closes the session at the peer. Idempotent."""
         if self._stop.is_set():
             return
-        self._stop.set()
+        with self._reopen_lock:
+            self._stop.set()
         if self._keepalive is not threading.current_thread():
             self._keepalive.join()
         try:
@@ -257,14 +339,15 @@ class Session:
 class Op:
     """A save or load running in the peer."""
 
-    def __init__(self, session: Session, op_id: str, kind: str, num_pages: int) -> None:
+    def __init__(self, session: Session, session_id: str, op_id: str, kind: str, num_pages: int) -> None:
         self.session = session
+        self.session_id = session_id  # the session generation that started it
         self.op_id = op_id
         self.kind = kind
         self.num_pages = num_pages
 
     def _wait_once(self, timeout_ms: int) -> OpResult:
-        req = engine_pb2.WaitRequest(session_id=self.session.id, op_id=self.op_id, timeout_ms=timeout_ms)
+        req = engine_pb2.WaitRequest(session_id=self.session_id, op_id=self.op_id, timeout_ms=timeout_ms)
         rpc_timeout = self.session.client.timeout + timeout_ms / 1000.0
         st = self.session.client.call(f"wait {self.kind}", "Wait", req, timeout=rpc_timeout)
         pages = tuple(PageResult(PageCode(p.code), Tier(p.tier), p.message) for p in st.pages)
@@ -289,36 +372,11 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "u
 
 
 class ControlSession:
-    """A session used only for lookups and lease releases (the vLLM
-    scheduler process has no KV buffers). The peer is first asked for a
-    session without buffers; if it insists on buffers, a one-block dummy
-    shared-memory buffer is registered instead (removed on close)."""
+    """A lookup-only session (the vLLM scheduler process has no KV
+    buffers): lookups and lease releases, which a worker's Load may use."""
 
     def __init__(self, client: Client, layout: Layout, block_tokens: int, engine_id: str = "scheduler") -> None:
-        self._dummy: Optional[str] = None
-        try:
-            self.session = client.open_session(
-                layout, block_tokens=block_tokens, num_blocks=0, buffers=[], segments=[], engine_id=engine_id
-            )
-        except errors.InvalidRequest as e:
-            log.info("peer wants buffers for a control session (%s); registering a dummy block", e)
-            self.session = self._open_with_dummy(client, layout, block_tokens, engine_id)
-
-    def _open_with_dummy(self, client: Client, layout: Layout, block_tokens: int, engine_id: str) -> Session:
-        import os
-        import tempfile
-
-        block_bytes = block_tokens * layout.kv_heads * layout.head_dim * DTYPE_BYTES.get(layout.dtype, 2)
-        n = 2 * layout.num_layers
-        fd, path = tempfile.mkstemp(prefix="orbitkv-ctl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        os.ftruncate(fd, n * block_bytes)
-        os.close(fd)
-        self._dummy = path
-        segs = [Segment(i // 2, i % 2, 0, i * block_bytes, block_bytes, block_bytes) for i in range(n)]
-        return client.open_session(
-            layout, block_tokens=block_tokens, num_blocks=1,
-            buffers=[ShmBuffer(path, n * block_bytes)], segments=segs, engine_id=engine_id,
-        )
+        self.session = client.open_lookup_session(layout, block_tokens=block_tokens, engine_id=engine_id)
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult:
         return self.session.lookup(keys, lease=lease, lease_ms=lease_ms)
@@ -328,11 +386,3 @@ class ControlSession:
 
     def close(self) -> None:
         self.session.close()
-        if self._dummy:
-            import os
-
-            try:
-                os.unlink(self._dummy)
-            except FileNotFoundError:
-                pass
-            self._dummy = None

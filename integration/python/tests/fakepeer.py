@@ -2,8 +2,12 @@
 
 It maps the engine's shared-memory buffers and gathers/scatters page blobs
 exactly as the Segment contract says, so the adapters' data path is checked
-end to end without the Go binary. Fault injection: ``corrupt`` (keys whose
-loads report PAGE_CORRUPT), ``require_buffers`` (refuse control sessions).
+end to end without the Go binary. Like the real peer it accepts lookup-only
+sessions (no buffers, no segments, num_blocks 0; page size from the layout's
+dtype) and refuses their Save and Load with FAILED_PRECONDITION. Fault
+injection: ``corrupt`` (keys whose loads report PAGE_CORRUPT), ``delay_s``,
+``restart()`` (forget sessions, leases and operations, as a restarted peer
+does; the store stands for the SSD tier and survives).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import grpc
 
 from orbitkv._proto import engine_pb2 as pb
 from orbitkv._proto import engine_pb2_grpc as pbg
+
+# element sizes the real peer knows for a lookup-only session's dtype
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
+               "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
 
 
 class _Sess:
@@ -46,9 +54,8 @@ class _Op:
 
 
 class FakePeer(pbg.EngineServiceServicer):
-    def __init__(self, socket_path: str, *, require_buffers: bool = False, delay_s: float = 0.0):
+    def __init__(self, socket_path: str, *, delay_s: float = 0.0):
         self.socket = socket_path
-        self.require_buffers = require_buffers
         self.delay_s = delay_s
         self.store: dict[bytes, bytes] = {}
         self.corrupt: set[bytes] = set()
@@ -69,6 +76,15 @@ class FakePeer(pbg.EngineServiceServicer):
         for s in self.sessions.values():
             s.close()
 
+    def restart(self):
+        """Forgets every session, lease and operation (a peer restart)."""
+        with self.lock:
+            sessions, self.sessions = self.sessions, {}
+            self.leases.clear()
+            self.ops.clear()
+        for s in sessions.values():
+            s.close()
+
     def _count(self, name):
         with self.lock:
             self.calls[name] = self.calls.get(name, 0) + 1
@@ -86,10 +102,10 @@ class FakePeer(pbg.EngineServiceServicer):
         lay = req.layout
         if req.block_tokens == 0 or lay.page_tokens % req.block_tokens:
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "block_tokens must divide page_tokens")
-        control = req.num_blocks == 0 and not req.buffers and not req.segments
-        if control and self.require_buffers:
-            ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "buffers required")
-        if not control and len(req.segments) != 2 * lay.num_layers:
+        lookup_only = req.num_blocks == 0 and not req.buffers and not req.segments
+        if lookup_only and lay.dtype not in DTYPE_BYTES:
+            ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lookup-only session: unknown dtype {lay.dtype!r}")
+        if not lookup_only and len(req.segments) != 2 * lay.num_layers:
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "need num_layers*2 segments")
         for s in req.segments:
             size = req.buffers[s.buffer].size_bytes
@@ -99,6 +115,8 @@ class FakePeer(pbg.EngineServiceServicer):
         sess = _Sess(req)
         self.sessions[sid] = sess
         page_bytes = sum(s.block_bytes for s in req.segments) * sess.bpp
+        if lookup_only:
+            page_bytes = lay.num_layers * 2 * lay.page_tokens * lay.kv_heads * lay.head_dim * DTYPE_BYTES[lay.dtype]
         from orbitkv import keys
 
         fp = keys.Layout(**{f: getattr(lay, f) for f in keys.Layout.__dataclass_fields__}).fingerprint()
@@ -147,6 +165,8 @@ class FakePeer(pbg.EngineServiceServicer):
         return pb.ReleaseResponse()
 
     def _check_pages(self, s: _Sess, pages, ctx):
+        if not s.req.buffers:
+            ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "session registered no kv buffers (lookup-only)")
         for p in pages:
             if len(p.key) != 16 or len(p.blocks) != s.bpp:
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad page ref")

@@ -1,13 +1,14 @@
 """Client and data path against a peer: the in-process fake always, the real
 Go peer when ORBITKV_BIN names it."""
 
+import glob
 import time
 
 import pytest
 import torch
 
 from orbitkv import buffers, errors, keys
-from orbitkv.client import Client, ControlSession, PageCode, PageRef
+from orbitkv.client import Client, ControlSession, Durability, PageCode, PageRef
 from tests.fakepeer import FakePeer
 from tests.shm import flash_layers, pool_bytes, shm_pool
 
@@ -101,23 +102,65 @@ def test_close_stops_keepalive_and_is_idempotent(engine):
         sess.lookup([b"\x00" * 16])
 
 
-def test_control_session_for_lookups(peer):
+def test_control_session_is_lookup_only(peer):
     with Client(peer.socket) as c:
         ctl = ControlSession(c, _layout(), BS)
+        assert ctl.session.info.page_bytes == 2 * L * PT * H * D * 4  # from the layout: no buffers
         assert ctl.lookup([b"\x02" * 16]).hit_pages == 0
+        with pytest.raises(errors.FailedPrecondition):
+            ctl.session.save([PageRef(b"\x02" * 16, (0, 1))])
+        with pytest.raises(errors.FailedPrecondition):
+            ctl.session.load([PageRef(b"\x02" * 16, (0, 1))])
         ctl.close()
+    assert not glob.glob("/dev/shm/orbitkv-ctl-*")  # no dummy buffer file any more
 
 
-def test_control_session_falls_back_to_dummy_buffer(tmpdir_short):
-    fp = FakePeer(tmpdir_short + "/f.sock", require_buffers=True)
+def test_lookup_only_session_needs_a_known_dtype(peer):
+    with Client(peer.socket) as c:
+        with pytest.raises(errors.InvalidRequest, match="dtype"):
+            c.open_lookup_session(keys.Layout("m", "r", "int3", L, H, D, 0, 1, PT, "vllm-flash"), block_tokens=BS)
+
+
+def test_sessions_reopen_after_the_peer_restarts(engine):
+    peer, client, sess, kv = engine
+    ctl = ControlSession(client, _layout(), BS)
+    fp = sess.layout.fingerprint()
+    ks = keys.chain(fp, PT, list(range(300, 300 + 2 * PT)))
+    assert sess.save([PageRef(k, (2 * i, 2 * i + 1)) for i, k in enumerate(ks)], durability=Durability.SSD).wait(20).ok
+    op = sess.load([PageRef(ks[0], (8, 9))])
+    old_ids = (sess.id, ctl.session.id)
+    peer.restart()
+    # The next call notices, opens the session again and retries: the pages
+    # saved to SSD are found and loaded into the same registered buffers.
+    lk = ctl.lookup(ks, lease=True)
+    assert lk.hit_pages == 2 and lk.lease_id
+    res = sess.load([PageRef(k, (10 + 2 * i, 11 + 2 * i)) for i, k in enumerate(ks)], lease_id=lk.lease_id).wait(10)
+    assert res.ok, res
+    assert _block_bytes(kv, 0) == _block_bytes(kv, 10) and _block_bytes(kv, 3) == _block_bytes(kv, 13)
+    assert (sess.id, ctl.session.id) != old_ids and sess.generation == ctl.session.generation == 1
+    with pytest.raises(errors.NotFound):  # an operation of the forgotten session
+        op.wait(1)
+    ctl.release(lk.lease_id)
+    ctl.close()
+
+
+def test_lost_peer_fails_fast_and_the_keepalive_reopens(tmpdir_short):
+    fp = FakePeer(tmpdir_short + "/f.sock")
+    c = Client(fp.socket, timeout=2)
     try:
-        with Client(fp.socket) as c:
-            ctl = ControlSession(c, _layout(), BS)
-            assert ctl._dummy is not None
-            assert ctl.lookup([b"\x02" * 16]).hit_pages == 0
-            ctl.close()
-            assert ctl._dummy is None
+        s = c.open_lookup_session(_layout(), block_tokens=BS)
+        fp.restart()
+        deadline = time.monotonic() + 10
+        while s.generation == 0 and time.monotonic() < deadline:  # keepalive every ~0.33 s
+            time.sleep(0.05)
+        assert s.generation == 1 and s.id in fp.sessions
+        fp.stop()
+        t0 = time.monotonic()
+        with pytest.raises((errors.PeerUnavailable, errors.PeerTimeout)):
+            s.lookup([b"\x04" * 16])
+        assert time.monotonic() - t0 < 3
     finally:
+        c.close()
         fp.stop()
 
 

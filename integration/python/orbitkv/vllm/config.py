@@ -10,7 +10,13 @@ Extra-config keys (all optional except ``socket``):
   load_deadline_ms, save_deadline_ms   per-operation deadlines (default 30000)
   async_load        load between steps (True, default) or inside the step
   gate              restore admission gate on (default True; off only for experiments)
-  durability        "dram" (default) or "ssd"
+  durability        "dram" (default): a save is acknowledged once the page is in
+                    the peer's DRAM pool (it reaches SSD only when demoted, and a
+                    peer restart loses it until then); "ssd": acknowledged once
+                    it is also durable on the peer's SSD tier (write-through), so
+                    it survives a peer restart or kill -9. Needs the peer's SSD
+                    tier (--ssd-bytes > 0); without it every save fails (no_space)
+                    and requests simply recompute.
   lookup_refresh_s  how long a cached miss is trusted before asking again (default 0.5)
   kv_layout         "auto" | "flash" | "flashinfer" (worker tensor layout)
   layout            dict overriding Layout fields: model, revision, dtype,
