@@ -60,3 +60,17 @@ func (m *IPCMapping) Close() error {
 	m.Ptr = 0
 	return err
 }
+
+// AddressRange returns the base and size of the allocation (or IPC mapping)
+// that contains p (cuMemGetAddressRange): what bounds an imported buffer.
+func (d *Device) AddressRange(p DevicePtr) (DevicePtr, uint64, error) {
+	if err := d.live(); err != nil {
+		return 0, 0, err
+	}
+	var base C.CUdeviceptr
+	var size C.size_t
+	if r := C.okv_mem_address_range(d.ctx, &base, &size, C.CUdeviceptr(p)); r != 0 {
+		return 0, 0, cudaErr("cuMemGetAddressRange", r)
+	}
+	return DevicePtr(base), uint64(size), nil
+}

@@ -59,6 +59,7 @@ OKV_FN(CUresult, cuMemcpyPeerAsync, (CUdeviceptr, CUcontext, CUdeviceptr, CUcont
 OKV_FN(CUresult, cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))
 OKV_FN(CUresult, cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))
 OKV_FN(CUresult, cuIpcCloseMemHandle, (CUdeviceptr))
+OKV_FN(CUresult, cuMemGetAddressRange, (CUdeviceptr *, size_t *, CUdeviceptr))
 OKV_FN(CUresult, cuModuleLoadDataEx, (CUmodule *, const void *, unsigned int, int *, void **))
 OKV_FN(CUresult, cuModuleUnload, (CUmodule))
 OKV_FN(CUresult, cuModuleGetFunction, (CUfunction *, CUmodule, const char *))
@@ -157,6 +158,7 @@ int okv_load(const char *path, char *err, size_t errlen) {
 	REQ(cuIpcGetMemHandle, "cuIpcGetMemHandle", NULL);
 	REQ(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle");
 	REQ(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", NULL);
+	REQ(cuMemGetAddressRange, "cuMemGetAddressRange_v2", NULL);
 	REQ(cuModuleLoadDataEx, "cuModuleLoadDataEx", NULL);
 	REQ(cuModuleUnload, "cuModuleUnload", NULL);
 	REQ(cuModuleGetFunction, "cuModuleGetFunction", NULL);
@@ -247,6 +249,7 @@ CUresult okv_ipc_get(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p) { SETCTX(c
 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (1), as the runtime's cudaIpcOpenMemHandle.
 CUresult okv_ipc_open(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h) { SETCTX(ctx); return p_cuIpcOpenMemHandle(p, *h, 1); }
 CUresult okv_ipc_close(CUcontext ctx, CUdeviceptr p) { SETCTX(ctx); return p_cuIpcCloseMemHandle(p); }
+CUresult okv_mem_address_range(CUcontext ctx, CUdeviceptr *base, size_t *size, CUdeviceptr p) { SETCTX(ctx); return p_cuMemGetAddressRange(base, size, p); }
 
 CUresult okv_module_load(CUcontext ctx, CUmodule *m, const char *image, char *log, size_t loglen) {
 	SETCTX(ctx);

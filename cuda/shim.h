@@ -94,6 +94,8 @@ CUresult okv_memcpy_peer_async(CUcontext ctx, CUdeviceptr dst, CUcontext dst_ctx
 CUresult okv_ipc_get(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p);
 CUresult okv_ipc_open(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h);
 CUresult okv_ipc_close(CUcontext ctx, CUdeviceptr p);
+// The base and size of the allocation (or IPC mapping) that contains p.
+CUresult okv_mem_address_range(CUcontext ctx, CUdeviceptr *base, size_t *size, CUdeviceptr p);
 CUresult okv_module_load(CUcontext ctx, CUmodule *m, const char *image, char *log, size_t loglen);
 CUresult okv_module_unload(CUcontext ctx, CUmodule m);
 CUresult okv_module_function(CUcontext ctx, CUfunction *f, CUmodule m, const char *name);

@@ -46,7 +46,10 @@ func (*Device) CanAccessPeer(*Device) (bool, error)      { return false, ErrNotS
 func (*Device) EnablePeerAccess(*Device) error           { return ErrNotSupported }
 func (*Device) ExportIPC(DevicePtr) (IPCHandle, error)   { return IPCHandle{}, ErrNotSupported }
 func (*Device) OpenIPC(IPCHandle) (*IPCMapping, error)   { return nil, ErrNotSupported }
-func (*Device) NewCopier(CopierConfig) (*Copier, error)  { return nil, ErrNotSupported }
+func (*Device) AddressRange(DevicePtr) (DevicePtr, uint64, error) {
+	return 0, 0, ErrNotSupported
+}
+func (*Device) NewCopier(CopierConfig) (*Copier, error) { return nil, ErrNotSupported }
 
 // Stream is a CUDA stream; unavailable in this build.
 type Stream struct{}

@@ -30,6 +30,13 @@ type Config struct {
 
 	MaxKeys  int // most keys in one Lookup
 	MaxPages int // most pages in one Save or Load
+
+	// CUDA is "auto" (pin the DRAM pool and serve CUDA sessions when a GPU
+	// is present, else run without), "off", or "require" (fail to start
+	// without a GPU).
+	CUDA        string
+	CUDACopiers int    // device copies in flight at once, per GPU (operations beyond wait)
+	CUDAMethod  string // copy method: auto, kernel, batch, streams, per-segment
 }
 
 // DefaultConfig returns the embedded default `make run` uses.
@@ -48,6 +55,9 @@ func DefaultConfig() Config {
 		OpDeadline:       30 * time.Second,
 		MaxKeys:          1 << 16,
 		MaxPages:         4096,
+		CUDA:             "auto",
+		CUDACopiers:      4,
+		CUDAMethod:       "auto",
 	}
 }
 
@@ -68,6 +78,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.OpDeadline, "op-deadline", c.OpDeadline, "default deadline of a save or load")
 	fs.IntVar(&c.MaxKeys, "max-keys", c.MaxKeys, "most keys in one lookup")
 	fs.IntVar(&c.MaxPages, "max-pages", c.MaxPages, "most pages in one save or load")
+	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
+	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")
+	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, batch, streams, per-segment")
 }
 
 // Validate checks the config and fills derived defaults.
@@ -89,6 +102,19 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %v", name, d))
 		}
+	}
+	switch c.CUDA {
+	case "":
+		c.CUDA = "auto"
+	case "auto", "off", "require":
+	default:
+		errs = append(errs, fmt.Errorf("cuda must be auto, off or require, got %q", c.CUDA))
+	}
+	if c.CUDACopiers == 0 {
+		c.CUDACopiers = 4
+	}
+	if c.CUDACopiers < 0 || c.CUDACopiers > 64 {
+		errs = append(errs, fmt.Errorf("cuda-copiers %d, want 1..64", c.CUDACopiers))
 	}
 	if c.MaxKeys <= 0 || c.MaxPages <= 0 {
 		errs = append(errs, errors.New("max-keys and max-pages must be positive"))

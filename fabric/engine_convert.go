@@ -8,6 +8,7 @@ import (
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/tiers/hbm"
 	"github.com/orbitkv/orbitkv/transfer"
 )
 
@@ -82,15 +83,26 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 	}
 	sizes := make([]uint64, len(r.Buffers))
 	for i, b := range r.Buffers {
+		sizes[i] = b.SizeBytes
+		if c := b.GetCuda(); c != nil {
+			cs, err := cudaFromPB(i, c, b.SizeBytes)
+			if err != nil {
+				return spec, err
+			}
+			spec.cuda = append(spec.cuda, cs)
+			continue
+		}
 		shm := b.GetShm()
 		if shm == nil {
-			return spec, invalid("buffer %d: only shared-memory buffers are supported by this peer (CUDA IPC needs a GPU build)", i)
+			return spec, invalid("buffer %d: neither shared memory nor CUDA IPC", i)
 		}
 		if !filepath.IsAbs(shm.Path) {
 			return spec, invalid("buffer %d: path %q is not absolute", i, shm.Path)
 		}
-		sizes[i] = b.SizeBytes
 		spec.shm = append(spec.shm, shmSpec{path: shm.Path, size: b.SizeBytes})
+	}
+	if len(spec.cuda) > 0 && len(spec.shm) > 0 {
+		return spec, invalid("%d CUDA and %d shared-memory buffers: a session's buffers are all of one kind", len(spec.cuda), len(spec.shm))
 	}
 	spec.geom, err = geometryFromPB(r, layout, sizes)
 	if err != nil {
@@ -101,6 +113,22 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 		spec.keepalive = time.Duration(r.KeepaliveMs) * time.Millisecond
 	}
 	return spec, nil
+}
+
+// cudaFromPB validates a CUDA IPC buffer: a 64-byte handle (PyTorch's
+// 66-byte form, with its version and kind bytes, is refused with a hint), a
+// device ordinal and a non-empty range. Whether the handle opens, the device
+// exists and the range fits the allocation is checked when it is imported.
+func cudaFromPB(i int, c *pb.CudaIpc, size uint64) (cudaSpec, error) {
+	switch {
+	case len(c.Handle) != hbm.IPCHandleBytes:
+		return cudaSpec{}, invalid("buffer %d: CUDA IPC handle of %d bytes, want %d (strip PyTorch's version and kind bytes)", i, len(c.Handle), hbm.IPCHandleBytes)
+	case c.Device < 0:
+		return cudaSpec{}, invalid("buffer %d: CUDA device %d", i, c.Device)
+	case size == 0 || c.Offset+size < c.Offset:
+		return cudaSpec{}, invalid("buffer %d: CUDA buffer of %d bytes at offset %d", i, size, c.Offset)
+	}
+	return cudaSpec{handle: append([]byte(nil), c.Handle...), device: int(c.Device), offset: c.Offset, size: size}, nil
 }
 
 // geometryFromPB checks that the segments are exactly one per (layer, plane)

@@ -31,10 +31,8 @@ func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, erro
 		}
 		dropped, demote := s.pickVictimsLocked()
 		s.mu.Unlock()
-		if len(demote) > 0 {
-			s.demoteBatch(ctx, demote)
-		} else if !dropped {
-			return 0, errNoSpace
+		if !dropped && (len(demote) == 0 || s.demoteBatch(ctx, demote) == 0) {
+			return 0, errNoSpace // nothing could move: every candidate is pinned
 		}
 	}
 }
@@ -91,8 +89,9 @@ func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
 
 // demoteBatch writes pinned DRAM pages to SSD with one batched write, records
 // them there with one catalog commit, then drops their DRAM copies unless
-// someone else pinned them meanwhile. It unpins every page it was given.
-func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) {
+// someone else pinned them meanwhile. It unpins every page it was given and
+// returns how many pages it moved.
+func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
 	var reqs []ssd.WriteReq
 	var written []catalog.Entry
 	for _, e := range pages {
@@ -129,7 +128,7 @@ func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) {
 		for _, c := range commit {
 			s.ssd.Free(ssdLoc(c.SSD))
 		}
-		return
+		return 0
 	}
 	for _, c := range commit {
 		s.mu.ssd.Touch(c.Key)
@@ -142,6 +141,7 @@ func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) {
 		s.pool.Free(sl)
 	}
 	s.m.demotedPages.Add(float64(len(commit)))
+	return len(commit)
 }
 
 // allocSSD returns a free SSD slot, dropping the least recently used

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
@@ -32,15 +33,24 @@ type pinRef struct{ ssd bool }
 // still goes through.
 func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
 	chunk := s.saveChunk(sess.pageBytes)
+	if sess.gpu != nil {
+		chunk = s.gpuChunk(sess.pageBytes)
+	}
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
 		s.loadChunk(ctx, sess, reqs[lo:hi], res[lo:hi])
 	}
+	s.touchTailFirst(reqs)
 }
 
 func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
+	if sess.gpu != nil {
+		s.scatterGPU(ctx, sess, items, res) // one batched device copy (gpu.go)
+		s.unpinLoads(items)
+		return
+	}
 	parallel(len(items), func(j int) {
 		it := items[j]
 		if res[it.i].Code != codePending {
@@ -59,8 +69,9 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) []*loadItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var items []*loadItem
-	for i, r := range reqs {
+	items := make([]*loadItem, 0, len(reqs))
+	for i := len(reqs) - 1; i >= 0; i-- { // tail first: see commitSaves
+		r := reqs[i]
 		e, ok := s.cat.Get(r.Key)
 		switch {
 		case !ok:
@@ -82,6 +93,7 @@ func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) 
 		}
 		items = append(items, it)
 	}
+	slices.Reverse(items)
 	return items
 }
 

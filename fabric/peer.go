@@ -35,6 +35,7 @@ type Peer struct {
 	pages    *pageStore
 	sessions *sessions
 	m        *metrics
+	gpu      *gpuState // nil without a usable GPU (see gpu.go)
 
 	// budget is the effective query budget: the configured one, capped at
 	// half the DRAM pool so leases can never pin every slot and stall saves.
@@ -69,6 +70,12 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.pages = newPageStore(p.cat, p.pool, p.ssd, p.m)
+	gpu, err := openGPU(p.cfg, p.pages.dramR, log)
+	if err != nil {
+		p.closeTiers()
+		return nil, err
+	}
+	p.gpu = gpu
 	p.budget = min(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes/2)
 	if p.budget < uint64(cfg.QueryBudgetBytes) {
 		log.Warn().Uint64("query_budget_bytes", p.budget).Msg("query budget capped at half the dram pool")
@@ -225,6 +232,7 @@ func (p *Peer) reapOnce(now time.Time) {
 		for _, l := range s.takeExpiredLeases(now) {
 			p.releaseLease(l)
 		}
+		s.forgetStaleOps(now)
 	}
 	p.pages.updateGauges()
 }
@@ -252,6 +260,7 @@ func (p *Peer) closeTiers() error {
 	if p.ssd != nil {
 		errs = append(errs, p.ssd.Close())
 	}
+	errs = append(errs, p.gpu.close()) // unpin before the pool is unmapped
 	if p.pool != nil {
 		errs = append(errs, p.pool.Close())
 	}

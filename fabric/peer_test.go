@@ -301,3 +301,20 @@ func TestSSDFullDropsOldest(t *testing.T) {
 		t.Fatal("no ssd eviction counted")
 	}
 }
+
+// TestEvictionTrimsPrefixesFromTheTail saves one long prefix into a DRAM-only
+// peer that holds 64 of its 80 pages: what survives is a usable head.
+func TestEvictionTrimsPrefixesFromTheTail(t *testing.T) {
+	cfg := smallConfig(t.TempDir())
+	cfg.SSDBytes = 0
+	tp := startPeer(t, cfg)
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 512, 128 // 64 KiB pages: 64 fit in DRAM
+	e := tp.engine(f)
+	keys := randKeys(80)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	look, err := e.Lookup(ctx(t), keys, false)
+	if err != nil || look.HitPages < 48 {
+		t.Fatalf("the head of the prefix should survive: hit %v, %v", look.GetHitPages(), err)
+	}
+}

@@ -35,9 +35,36 @@ type saveItem struct {
 // res receives one result per page.
 func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
 	chunk := s.saveChunk(sess.pageBytes)
+	if sess.gpu != nil {
+		chunk = s.gpuChunk(sess.pageBytes)
+	}
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
-		s.saveChunkOf(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi])
+		if sess.gpu != nil {
+			s.saveGPU(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi]) // one batched device copy (gpu.go)
+		} else {
+			s.saveChunkOf(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi])
+		}
+		// Everything saved so far, tail first: a later chunk that must evict
+		// takes other prefixes' pages, then this one's tail, never its head.
+		s.touchTailFirst(reqs[:hi])
+	}
+}
+
+// touchTailFirst marks a request's pages used, last page first, so within a
+// prefix the tail is the least recently used: eviction trims prefixes from
+// the end and never strands a stored tail behind an evicted head.
+func (s *pageStore) touchTailFirst(reqs []pageReq) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := len(reqs) - 1; i >= 0; i-- {
+		k := reqs[i].Key
+		if s.mu.dram.Contains(k) {
+			s.mu.dram.Touch(k)
+		}
+		if s.mu.ssd.Contains(k) {
+			s.mu.ssd.Touch(k)
+		}
 	}
 }
 
@@ -169,7 +196,11 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 		}
 		return
 	}
-	for _, it := range fresh {
+	// Touch tail first: within one prefix the last page becomes the oldest,
+	// so eviction trims prefixes from the end and never strands a tail
+	// behind an evicted head.
+	for j := len(fresh) - 1; j >= 0; j-- {
+		it := fresh[j]
 		s.mu.dram.Touch(it.key)
 		tier := catalog.TierDRAM
 		if it.entry.OnSSD {

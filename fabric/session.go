@@ -32,6 +32,8 @@ type session struct {
 	geom      transfer.Geometry
 	bufs      []*transfer.Region
 	mapped    []*hbm.Shared
+	gpuBufs   []*hbm.GPUBuffer // CUDA sessions: the imported IPC buffers
+	gpu       *transfer.CUDA   // CUDA sessions: the device's transport
 	keepalive time.Duration
 
 	ctx    context.Context // cancelled when the session closes
@@ -164,11 +166,16 @@ func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 	s := &session{id: newID("s-"), engineID: spec.engineID, layout: spec.layout, fp: spec.layout.Fingerprint(),
 		geom: spec.geom, keepalive: spec.keepalive}
 	s.pageBytes = s.geom.PageBytes()
-	if len(spec.shm) == 0 {
+	if len(spec.shm) == 0 && len(spec.cuda) == 0 {
 		s.pageBytes = spec.pageBytes
 	}
 	if s.pageBytes > uint64(p.cfg.DRAMSlabBytes) {
 		return nil, fmt.Errorf("%w: page of %d bytes exceeds the dram slab (%v); raise --dram-slab-bytes", errInvalid, s.pageBytes, p.cfg.DRAMSlabBytes)
+	}
+	if len(spec.cuda) > 0 {
+		if err := p.importCUDA(s, spec.cuda); err != nil {
+			return nil, err
+		}
 	}
 	for _, b := range spec.shm {
 		m, err := hbm.MapShared(b.path, b.size)
@@ -218,6 +225,10 @@ func (s *session) unmap() {
 		_ = m.Close()
 	}
 	s.mapped = nil
+	for _, b := range s.gpuBufs {
+		_ = b.Close()
+	}
+	s.gpuBufs = nil
 }
 
 // sessionSpec is a validated OpenSession request.
@@ -226,6 +237,7 @@ type sessionSpec struct {
 	layout    pagekey.Layout
 	geom      transfer.Geometry
 	shm       []shmSpec
+	cuda      []cudaSpec
 	keepalive time.Duration
 	pageBytes uint64 // lookup-only sessions: page size from the layout
 }

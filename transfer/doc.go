@@ -11,6 +11,9 @@
 //   - Adjacent descriptors that are contiguous on both sides are merged, so
 //     engines whose blocks are contiguous move in few large copies.
 //
-// Transports: Local (host memory, memmove) lives here; CUDA (H2D/D2H/peer),
-// TCP and RDMA verbs plug in behind the same Transport interface.
+// Transports: Local (host memory, memmove) and CUDA (pinned DRAM pool ⇄ one
+// GPU through a small pool of cuda.Copiers; every descriptor of an operation
+// in one copier batch; CopyGroups lets a save checksum one group of pages
+// while the next copies) live here; TCP and RDMA verbs plug in behind the
+// same Transport interface.
 package transfer

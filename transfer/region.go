@@ -19,7 +19,10 @@ type Region struct {
 	Kind   MemKind
 	Host   []byte // Host regions
 	Device uint64 // Device regions: base device pointer
-	Size   uint64
+	// Ordinal is the CUDA device of a Device region (as the peer numbers
+	// devices); a transport serves the regions of its own device only.
+	Ordinal int
+	Size    uint64
 }
 
 // HostRegion wraps host memory.

@@ -13,7 +13,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		"ssd":    runBenchSSD,
 		"tiers":  runBenchTiers,
 		"lookup": runBenchLookup,
-		"gpu":    runBenchGPU,
+		"gpu":    runBenchGPU, "serving": runBenchServing, "report": runBenchReport,
 	})
 }
 
@@ -49,6 +49,7 @@ func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {
 	fs.Var(&pool, "pool-bytes", "device pool standing in for the engine's KV blocks")
 	fs.Var(&host, "host-bytes", "pinned host pool standing in for the DRAM tier")
 	fs.IntVar(&cfg.Reps, "reps", 20, "timed batches per method and direction (median reported)")
+	registerGPUBenchFlags(fs, &cfg) // --pages, --skip-methods, the through-the-peer rows (bench_gpu_peer.go)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -39,6 +40,9 @@ type benchGPUConfig struct {
 	Streams   []int  // stream counts tried for the multi-stream method (default 2, 4, 8)
 	Sets      int    // random page placements rotated through (default 8)
 	Seed      uint64 // placement and data seed
+
+	SkipTables bool             // skip the copy-method tables
+	Peer       *peerBenchConfig // the through-the-peer rows (bench_gpu_peer.go); nil skips them
 }
 
 func (c *benchGPUConfig) setDefaults() {
@@ -84,6 +88,9 @@ type gpuBench struct {
 // pinned copy of the same bytes, and prints one table per batch size.
 func benchGPU(ctx context.Context, w io.Writer, cfg benchGPUConfig) error {
 	cfg.setDefaults()
+	if cfg.Peer != nil && cfg.Peer.child != "" {
+		return peerGPUEngineChild(cfg.Peer.child, cfg.Device, os.Stdin, w)
+	}
 	b, err := newGPUBench(cfg)
 	if err != nil {
 		return err
@@ -96,9 +103,15 @@ func benchGPU(ctx context.Context, w io.Writer, cfg benchGPUConfig) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if cfg.SkipTables {
+			break
+		}
 		if err := b.table(ctx, w, pages); err != nil {
 			return err
 		}
+	}
+	if cfg.Peer != nil && cfg.Peer.Enabled {
+		return b.peerTables(ctx, w, *cfg.Peer)
 	}
 	return nil
 }

@@ -10,8 +10,15 @@ whose first dimension is the engine block and whose remaining dimensions are
 one dense block; block b of a plane occupies
 [offset + b*block_stride, + block_bytes) of its buffer (the Segment).
 
-CUDA tensors need CUDA IPC handles (``CudaIpcBuffer``); that path lands in a
-later issue and raises NotImplementedError now.
+CUDA tensors are described by CUDA IPC handle (``CudaIpcBuffer``): the
+handle of the cudaMalloc block behind the tensor's storage
+(``untyped_storage()._share_cuda_()``, the same call torch.multiprocessing
+uses), the storage's byte offset inside that block and its size; a
+segment's offset is the tensor's data pointer minus the storage's. The peer
+opens each handle once (cuIpcOpenMemHandle) and copies pages in and out of
+the blocks directly. The engine must keep the tensors alive while its session
+is open, and must make the KV writes of a step visible (synchronize its
+stream) before it asks the peer to save those blocks.
 """
 
 from __future__ import annotations
@@ -47,8 +54,8 @@ class ShmBuffer:
 
 @dataclasses.dataclass(frozen=True)
 class CudaIpcBuffer:
-    """A GPU allocation named by its CUDA IPC handle (filled in by a later
-    issue; the proto already carries it)."""
+    """A GPU buffer: ``size_bytes`` at ``offset`` inside the cudaMalloc block
+    whose 64-byte CUDA IPC handle is ``handle``, on CUDA device ``device``."""
 
     handle: bytes
     device: int
@@ -152,21 +159,71 @@ def _dense_block(t: Any) -> tuple[int, str]:
 
 
 def _check_cpu(t: Any) -> None:
-    if t.device.type == "cuda":
-        raise NotImplementedError(
-            "CUDA KV tensors are registered by CUDA IPC handle (CudaIpcBuffer); "
-            "that path is implemented in a later issue"
-        )
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise BufferError_(f"unsupported KV device {t.device}")
+
+
+# --- CUDA IPC ----------------------------------------------------------------
+
+IPC_HANDLE_BYTES = 64
+
+
+def ipc_handle_bytes(raw: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t of a torch storage handle. torch >= 2.5
+    prefixes it with a format-version byte and a kind byte: ``c`` for a
+    cudaMalloc block, ``e`` for an expandable segment (a file-descriptor
+    handle CUDA IPC cannot open)."""
+    raw = bytes(raw)
+    if len(raw) == IPC_HANDLE_BYTES + 2:
+        if raw[1:2] != b"c":
+            raise BufferError_(
+                f"CUDA KV storage is an expandable segment (handle kind {raw[1:2]!r}); the peer opens "
+                "cudaMalloc blocks only: start the engine with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+            )
+        raw = raw[2:]
+    if len(raw) != IPC_HANDLE_BYTES:
+        raise BufferError_(f"unexpected CUDA IPC handle of {len(raw)} bytes")
+    return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class _CudaStorage:
+    handle: bytes  # 64 bytes
+    device: int
+    offset: int  # storage's bytes from the start of the cudaMalloc block
+    size: int  # storage bytes
+    base: int  # storage data pointer in this process
+
+
+def cuda_storage(t: Any) -> _CudaStorage:
+    """The IPC description of the storage behind CUDA tensor ``t``."""
+    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._untyped()
+    # (device, handle, storage bytes, offset in block, ref counter handle, ref
+    # counter offset, event handle, event sync required)
+    share = st._share_cuda_()
+    return _CudaStorage(ipc_handle_bytes(share[1]), int(share[0]), int(share[3]), int(share[2]), int(st.data_ptr()))
+
+
+def _cuda_segment(t: Any, extent: int, storages: dict, buffers: list) -> tuple[int, int]:
+    """(buffer index, offset of t's first byte in it) for CUDA plane t."""
+    cs = cuda_storage(t)
+    off = int(t.data_ptr()) - cs.base
+    if off < 0 or off + extent > cs.size:
+        raise BufferError_(f"CUDA plane [{off}, +{extent}) lies outside its storage of {cs.size} bytes")
+    key = (cs.device, cs.handle, cs.offset)
+    if key not in storages:
+        storages[key] = len(buffers)
+        buffers.append(CudaIpcBuffer(cs.handle, cs.device, cs.offset, cs.size))
+    return storages[key], off
 
 
 def describe_planes(planes: Sequence[Sequence[Any]]) -> KVDescription:
     """Describes ``planes[layer][plane]`` tensors (dim 0 = engine block)."""
     if not planes or any(len(p) != 2 for p in planes):
         raise BufferError_("need two planes (K, V) for every layer")
-    maps = _read_maps()
-    paths: dict[str, int] = {}
+    on_cuda = planes[0][0].device.type == "cuda"
+    maps = None if on_cuda else _read_maps()
+    paths: dict[Any, int] = {}
     buffers: list[Buffer] = []
     segments: list[Segment] = []
     first = planes[0][0]
@@ -174,6 +231,8 @@ def describe_planes(planes: Sequence[Sequence[Any]]) -> KVDescription:
     for layer, pair in enumerate(planes):
         for plane, t in enumerate(pair):
             _check_cpu(t)
+            if (t.device.type == "cuda") != on_cuda:
+                raise BufferError_(f"layer {layer} plane {plane}: KV planes mix CPU and CUDA tensors")
             if t.size(0) != num_blocks or t.dtype != dtype:
                 raise BufferError_(f"layer {layer} plane {plane}: blocks/dtype differ from layer 0")
             block_bytes, order = _dense_block(t)
@@ -181,11 +240,17 @@ def describe_planes(planes: Sequence[Sequence[Any]]) -> KVDescription:
             if num_blocks > 1 and stride < block_bytes:
                 raise BufferError_(f"layer {layer} plane {plane}: blocks overlap")
             extent = (num_blocks - 1) * stride + block_bytes
+            if on_cuda:
+                buf, off = _cuda_segment(t, extent, paths, buffers)
+                segments.append(Segment(layer, plane, buf, off, stride, block_bytes))
+                continue
             path, off = resolve_file_range(t.data_ptr(), extent, maps)
             if path not in paths:
                 paths[path] = len(buffers)
                 buffers.append(ShmBuffer(path, os.path.getsize(path)))
             segments.append(Segment(layer, plane, paths[path], off, stride, block_bytes))
+    if on_cuda and len({b.device for b in buffers}) > 1:
+        raise BufferError_(f"KV planes span CUDA devices {sorted({b.device for b in buffers})}: one session per device")
     name = DTYPE_NAMES.get(str(dtype), str(dtype).replace("torch.", ""))
     return KVDescription(tuple(buffers), tuple(segments), num_blocks, name, order)
 

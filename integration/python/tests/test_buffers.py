@@ -97,9 +97,9 @@ def test_non_dense_block_rejected():
             buffers.describe_planes([[t, t]])
 
 
-def test_cuda_path_is_marked_not_implemented():
-    fake = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
-    with pytest.raises(NotImplementedError, match="CUDA IPC"):
+def test_unknown_device_rejected():
+    fake = types.SimpleNamespace(device=types.SimpleNamespace(type="xpu"))
+    with pytest.raises(errors.BufferError_, match="unsupported KV device"):
         buffers._check_cpu(fake)
 
 

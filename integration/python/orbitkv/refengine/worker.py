@@ -57,6 +57,10 @@ class ModelRunner:
         try:
             conn.start_load_kv(self._forward_context(batch[1] if batch else None))
             sampled = self._forward(*batch) if batch else {}
+            if batch and self.device.type == "cuda":
+                # The peer copies saved blocks with its own stream in its own
+                # process: the step's KV writes must have landed first.
+                torch.cuda.current_stream(self.device).synchronize()
             conn.wait_for_save()
             sending, recving, failed = self._transfer_results(so.finished_req_ids)
             invalid = set(conn.get_block_ids_with_load_errors() or ())

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+)
+
+const benchServingUsage = `usage: orbitkv bench serving --endpoint URL --output DIR [flags]
+
+Drives an OpenAI-compatible /v1/completions endpoint with streaming and writes
+a run directory (manifest.json, requests.jsonl, metrics.json, drain.json,
+summary.json) for 'orbitkv bench report'. Workloads:
+
+  sustained  N prepared prefixes, each sent once serially first (its output is
+             the reference); then a closed loop of --concurrency clients for
+             --duration, each request reusing a prefix with probability
+             --reuse or sending a new random prompt; then a drain.
+  trace      replay a Mooncake FAST'25 JSONL trace (--trace PATH) at its
+             arrival times x --time-scale; block tokens from hash ids.
+  probes     one prompt length (--probe-tokens): cold, resident (sent twice),
+             evicted (after --filler-tokens of other prompts), restart
+             (after --restart-cmd; skipped with a note if unset).
+
+Example (reference engine on CPU, one process pair of docs/benchmarks.md):
+  orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 512 \
+    --prefix-tokens 512,1024,2048 --duration 20s \
+    --peer-metrics http://127.0.0.1:9464/metrics \
+    --label config=orbitkv --label pair=1 --label order=AB --output runs/orbitkv-1
+
+flags:
+`
+
+func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
+	cfg := serving.DefaultConfig()
+	fs := flag.NewFlagSet("bench serving", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), benchServingUsage); fs.PrintDefaults() }
+	labels := labelFlag{}
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	registerServingFlags(fs, &cfg, labels)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench serving: unexpected argument %q (flags only)", fs.Arg(0))
+	}
+	m := serving.Manifest{Command: append([]string{"orbitkv", "bench", "serving"}, args...),
+		Version: version(), Labels: labels}
+	m.GitRevision, m.GitDirty = gitRevision(ctx)
+	opt := serving.Options{}
+	if !*quiet {
+		opt.Progress, opt.ProgressTTY = os.Stderr, isTerminal(os.Stderr)
+	}
+	sum, err := serving.Run(ctx, cfg, m, opt)
+	if sum.Status != "" {
+		printServingSummary(out, cfg, sum)
+	}
+	return err
+}
+
+func registerServingFlags(fs *flag.FlagSet, c *serving.Config, labels labelFlag) {
+	fs.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "base URL of the OpenAI-compatible server")
+	fs.StringVar(&c.Model, "model", c.Model, "model name sent in each request (empty: left out)")
+	fs.StringVar(&c.Workload, "workload", c.Workload, "sustained | trace | probes")
+	fs.StringVar(&c.Output, "output", c.Output, "run directory to create (required; must not hold a run)")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of prompts and the request sequence")
+	fs.IntVar(&c.Vocab, "vocab", c.Vocab, "token ids are drawn from [0, vocab) (reference engine tiny: 512)")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "requests in flight at most (closed loop)")
+	fs.Var((*durationFlag)(&c.Duration), "duration", "admission window; all admitted requests then complete")
+	fs.IntVar(&c.MaxRequests, "max-requests", c.MaxRequests, "stop admitting after this many requests (0: no limit)")
+	fs.IntVar(&c.OutputTokens, "output-tokens", c.OutputTokens, "output tokens per request (trace: cap on output_length, 0 = trace's own)")
+	fs.Var((*durationFlag)(&c.RequestTimeout), "request-timeout", "deadline of one request")
+	fs.BoolVar(&c.IgnoreEOS, "ignore-eos", c.IgnoreEOS, "send ignore_eos so every request generates --output-tokens")
+	fs.IntVar(&c.Prefixes, "prefixes", c.Prefixes, "sustained: prepared prefixes")
+	fs.Var((*intsFlag)(&c.PrefixTokens), "prefix-tokens", "sustained: comma-separated prefix lengths, cycled (CPU: 128,256,512)")
+	fs.Float64Var(&c.Reuse, "reuse", c.Reuse, "sustained: probability that a request reuses a prepared prefix")
+	fs.StringVar(&c.TracePath, "trace", c.TracePath, "trace: Mooncake-format JSONL file")
+	fs.Float64Var(&c.TimeScale, "time-scale", c.TimeScale, "trace: multiplies arrival offsets (0.1 = 10x faster)")
+	fs.IntVar(&c.MaxInput, "max-input", c.MaxInput, "trace: truncate prompts to this many tokens (0: no limit)")
+	fs.IntVar(&c.ProbeTokens, "probe-tokens", c.ProbeTokens, "probes: prompt length")
+	fs.IntVar(&c.ProbeReps, "probe-reps", c.ProbeReps, "probes: fresh prompts, each measured in every phase")
+	fs.IntVar(&c.FillerTokens, "filler-tokens", c.FillerTokens, "probes: tokens of other prompts sent to evict the probe (> engine KV pool)")
+	fs.StringVar(&c.RestartCmd, "restart-cmd", c.RestartCmd, "probes: shell command that restarts the engine (empty: restart probe skipped)")
+	fs.Var((*durationFlag)(&c.RestartTimeout), "restart-timeout", "probes: deadline of --restart-cmd plus readiness")
+	fs.StringVar(&c.PeerMetrics, "peer-metrics", c.PeerMetrics, "OrbitKV peer /metrics URL: window deltas, gauge peaks, drain check")
+	fs.StringVar(&c.EngineMetrics, "engine-metrics", c.EngineMetrics, "engine /metrics URL (optional): window deltas")
+	fs.Var((*durationFlag)(&c.DrainTimeout), "drain-timeout", "post-run wait for the peer's gauges to reach 0")
+	fs.Var((*durationFlag)(&c.SampleEvery), "sample-every", "peer gauge sampling period during the window")
+	fs.BoolVar(&c.RequireMatch, "require-match", c.RequireMatch, "fail the run when a reused prompt's output differs from its reference")
+	fs.Var(labels, "label", "KEY=VALUE recorded in the manifest (repeatable); bench report uses config=, pair=, order=")
+}
+
+func printServingSummary(out io.Writer, c serving.Config, s serving.Summary) {
+	fmt.Fprintf(out, "bench serving %s → %s: %s\n", c.Workload, c.Output, s.Status)
+	fmt.Fprintf(out, "  requests   %d completed, %d failed, %d reused, %d output mismatches\n", s.Completed, s.Failed, s.Reused, s.Mismatches)
+	fmt.Fprintf(out, "  window     %.2f s (admission %.2f s)   throughput %.2f req/s, %.0f output tok/s\n", s.WindowS, s.AdmissionS, s.ThroughputRPS, s.OutputTokPS)
+	fmt.Fprintf(out, "  TTFT ms    p50 %.1f  p90 %.1f  p99 %.1f\n", s.TTFTMS.P50, s.TTFTMS.P90, s.TTFTMS.P99)
+	fmt.Fprintf(out, "  ITL ms     p50 %.2f  p90 %.2f  p99 %.2f\n", s.ITLMS.P50, s.ITLMS.P90, s.ITLMS.P99)
+	fmt.Fprintf(out, "  latency ms p50 %.1f  p90 %.1f  p99 %.1f\n", s.LatencyMS.P50, s.LatencyMS.P90, s.LatencyMS.P99)
+	for _, ph := range []string{serving.PhaseCold, serving.PhaseResident, serving.PhaseEvicted, serving.PhaseRestart} {
+		if st, ok := s.Phases[ph]; ok {
+			fmt.Fprintf(out, "  probe %-9s TTFT ms p50 %.1f (n=%d)\n", ph, st.P50, st.N)
+		}
+	}
+	if s.Drained != nil {
+		fmt.Fprintf(out, "  peer gauges drained: %v\n", *s.Drained)
+	}
+	for _, r := range s.Reasons {
+		fmt.Fprintf(out, "  FAILED: %s\n", r)
+	}
+	for _, n := range s.Notes {
+		fmt.Fprintf(out, "  note: %s\n", n)
+	}
+}
+
+// gitRevision is HEAD of the repository the binary was built in (bin/orbitkv
+// in a checkout), else of the working directory's, else "unknown".
+func gitRevision(ctx context.Context) (rev string, dirty bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	dirs := []string{"."}
+	if exe, err := os.Executable(); err == nil {
+		dirs = append([]string{filepath.Dir(exe)}, dirs...)
+	}
+	for _, d := range dirs {
+		b, err := exec.CommandContext(ctx, "git", "-C", d, "rev-parse", "HEAD").Output()
+		if err != nil {
+			continue
+		}
+		st, err := exec.CommandContext(ctx, "git", "-C", d, "status", "--porcelain", "--untracked-files=no").Output()
+		return strings.TrimSpace(string(b)), err == nil && len(strings.TrimSpace(string(st))) > 0
+	}
+	return "unknown", false
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// labelFlag collects repeated KEY=VALUE flags.
+type labelFlag map[string]string
+
+func (l labelFlag) String() string { return fmt.Sprint(map[string]string(l)) }
+
+func (l labelFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("label %q: want KEY=VALUE", s)
+	}
+	l[k] = v
+	return nil
+}
+
+// intsFlag is a comma-separated list of integers.
+type intsFlag []int
+
+func (f *intsFlag) String() string {
+	s := make([]string, len(*f))
+	for i, v := range *f {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (f *intsFlag) Set(s string) error {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil {
+			return fmt.Errorf("%q: want comma-separated integers", s)
+		}
+		out = append(out, v)
+	}
+	*f = out
+	return nil
+}
+
+// durationFlag is a serving.Duration flag.
+type durationFlag serving.Duration
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+
+func (d *durationFlag) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	*d = durationFlag(v)
+	return err
+}

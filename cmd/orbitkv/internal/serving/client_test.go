@@ -1,0 +1,90 @@
+package serving
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestClientMeasuresStream(t *testing.T) {
+	f := &fakeEngine{firstDelay: 30 * time.Millisecond, tokenDelay: 5 * time.Millisecond}
+	c := &Client{Endpoint: startFake(t, f) + "/v1", HTTP: http.DefaultClient}
+	res := c.Complete(context.Background(), []int{1, 2, 3, 4}, 5)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res.TTFT < 30*time.Millisecond {
+		t.Errorf("TTFT %v ended before the first non-empty text (≥ 30ms)", res.TTFT)
+	}
+	if res.Chunks != 5 || len(res.ITL) != 4 {
+		t.Errorf("chunks %d, ITL samples %d; want 5 and 4", res.Chunks, len(res.ITL))
+	}
+	for _, d := range res.ITL {
+		if d < 4*time.Millisecond {
+			t.Errorf("ITL %v shorter than the server's 5ms token gap", d)
+		}
+	}
+	if res.Latency < res.TTFT || res.PromptTokens != 4 || res.CompletionTokens != 5 || res.CachedTokens != 2 {
+		t.Errorf("latency %v ttft %v usage %d/%d/%d", res.Latency, res.TTFT, res.PromptTokens, res.CompletionTokens, res.CachedTokens)
+	}
+	if strings.Count(res.Text, "<") != 5 {
+		t.Errorf("text %q", res.Text)
+	}
+}
+
+func TestClientErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+		timeout time.Duration
+		want    string
+	}{
+		{"http status", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "overloaded", 503) }, time.Second, "HTTP 503"},
+		{"no done", func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n")
+		}, time.Second, "without [DONE]"},
+		{"error event", func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, "data: {\"error\":{\"message\":\"boom\"}}\n\ndata: [DONE]\n\n")
+		}, time.Second, "boom"},
+		{"bad json", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "data: {oops\n\n") }, time.Second, "bad SSE event"},
+		{"deadline", func(w http.ResponseWriter, r *http.Request) {
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}, 100 * time.Millisecond, "deadline"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(tc.handler)
+			defer srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+			defer cancel()
+			c := &Client{Endpoint: srv.URL, HTTP: srv.Client()}
+			res := c.Complete(ctx, []int{1}, 1)
+			if res.Err == nil || !strings.Contains(res.Err.Error(), tc.want) {
+				t.Fatalf("err %v; want it to mention %q", res.Err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseMetrics(t *testing.T) {
+	in := "# HELP x_total a\n# TYPE x_total counter\nx_total 3\n# TYPE g gauge\ng{tier=\"dram\",k=\"a b\"} 2.5e+00\nuntyped 7 1700000000\n"
+	s, err := ParseMetrics(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Values["x_total"] != 3 || s.Values[`g{tier="dram",k="a b"}`] != 2.5 || s.Values["untyped"] != 7 || s.Types["g"] != "gauge" {
+		t.Fatalf("parsed %+v", s)
+	}
+	if _, err := ParseMetrics(strings.NewReader("x_total notanumber\n")); err == nil {
+		t.Fatal("a bad value parsed")
+	}
+	w := Window{Before: s, After: Sample{Values: map[string]float64{"x_total": 10, "g{tier=\"dram\",k=\"a b\"}": 1}, Types: s.Types}}
+	w.Deltas()
+	if w.Delta["x_total"] != 7 || len(w.Delta) != 1 {
+		t.Fatalf("deltas %v: want only the counter, +7", w.Delta)
+	}
+}

@@ -1,0 +1,140 @@
+package serving
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testConfig(t *testing.T, endpoint string) Config {
+	c := DefaultConfig()
+	c.Endpoint, c.Output, c.Vocab = endpoint, filepath.Join(t.TempDir(), "run"), 512
+	c.Prefixes, c.PrefixTokens, c.Concurrency = 3, []int{16, 32}, 4
+	c.Duration, c.OutputTokens = Duration(300*time.Millisecond), 4
+	c.RequestTimeout, c.DrainTimeout = Duration(5*time.Second), Duration(2*time.Second)
+	c.SampleEvery = Duration(50 * time.Millisecond)
+	return c
+}
+
+func readRowsFile(t *testing.T, dir string) []Row {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, RequestsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []Row
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r Row
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func TestRunSustainedMatchesReferences(t *testing.T) {
+	f := &fakeEngine{firstDelay: 2 * time.Millisecond, tokenDelay: time.Millisecond}
+	// Calls 1-3 are the prepare phase; corrupt the 8th call's output.
+	f.corrupt = func(call int64) bool { return call == 8 }
+	peer := httptest.NewServer(&fakePeer{busyScrapes: 2})
+	defer peer.Close()
+	cfg := testConfig(t, startFake(t, f))
+	cfg.PeerMetrics = peer.URL + "/metrics"
+	cfg.Concurrency = 1 // call n is request index n-4
+	sum, err := Run(context.Background(), cfg, Manifest{Labels: map[string]string{"config": "x"}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := readRowsFile(t, cfg.Output)
+	if sum.Rows != len(rows) || sum.Completed != len(rows) || sum.Failed != 0 || sum.Submitted != len(rows) {
+		t.Fatalf("summary %+v vs %d rows", sum, len(rows))
+	}
+	var corrupted *Row
+	for i := range rows {
+		if rows[i].Index == 4 { // the 8th call is request index 4
+			corrupted = &rows[i]
+		}
+	}
+	switch {
+	case corrupted == nil:
+		t.Fatal("no request index 4")
+	case corrupted.Reuse && (sum.Mismatches != 1 || sum.MismatchList[0].Index != 4):
+		t.Errorf("reused request 4 was corrupted; summary lists %d mismatches %+v", sum.Mismatches, sum.MismatchList)
+	case !corrupted.Reuse && sum.Mismatches != 0:
+		t.Errorf("request 4 is new (no reference) yet %d mismatches", sum.Mismatches)
+	}
+	for _, r := range rows {
+		if r.Reuse && r.Index != 4 && (r.MatchReference == nil || !*r.MatchReference) {
+			t.Errorf("request %d reused prefix %d but did not match", r.Index, r.PrefixID)
+		}
+		if r.TTFTMS < 2 || r.LatencyMS < r.TTFTMS || len(r.ITLMS) != 3 {
+			t.Errorf("request %d timings ttft %.2f latency %.2f itl %v", r.Index, r.TTFTMS, r.LatencyMS, r.ITLMS)
+		}
+	}
+	if sum.Drained == nil || !*sum.Drained || sum.WindowS < 0.3 || sum.ThroughputRPS <= 0 {
+		t.Errorf("drained %v window %.3f throughput %.1f", sum.Drained, sum.WindowS, sum.ThroughputRPS)
+	}
+	var m map[string]*Window
+	b, _ := os.ReadFile(filepath.Join(cfg.Output, MetricsFile))
+	if err := json.Unmarshal(b, &m); err != nil || m["peer"].Delta["orbitkv_fabric_lookup_hit_pages_total"] <= 0 {
+		t.Errorf("metrics.json peer deltas missing: %v %s", err, b)
+	}
+	if _, err := Run(context.Background(), cfg, Manifest{}, Options{}); err == nil || !strings.Contains(err.Error(), "already holds a run") {
+		t.Errorf("a second run into the same directory: %v", err)
+	}
+}
+
+func TestRunFailsWhenGaugesDoNotDrain(t *testing.T) {
+	peer := httptest.NewServer(&fakePeer{busyScrapes: -1})
+	defer peer.Close()
+	cfg := testConfig(t, startFake(t, &fakeEngine{}))
+	cfg.PeerMetrics, cfg.DrainTimeout = peer.URL+"/metrics", Duration(300*time.Millisecond)
+	sum, err := Run(context.Background(), cfg, Manifest{}, Options{})
+	if err == nil || sum.Status != "failed" || !strings.Contains(err.Error(), "did not drain") {
+		t.Fatalf("status %s err %v", sum.Status, err)
+	}
+	var d Drain
+	b, _ := os.ReadFile(filepath.Join(cfg.Output, DrainFile))
+	if json.Unmarshal(b, &d) != nil || !d.Checked || d.OK || d.Gauges["orbitkv_fabric_leases"] != 1 {
+		t.Errorf("drain.json %s", b)
+	}
+}
+
+func TestRunRecordsFailedRequests(t *testing.T) {
+	f := &fakeEngine{}
+	url := startFake(t, f)
+	cfg := testConfig(t, url)
+	cfg.Workload, cfg.TracePath, cfg.TimeScale = WorkloadTrace, filepath.Join(t.TempDir(), "t.jsonl"), 0.01
+	// Every request outlives its deadline.
+	if err := os.WriteFile(cfg.TracePath, []byte(traceLines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.firstDelay = 200 * time.Millisecond
+	cfg.RequestTimeout = Duration(50 * time.Millisecond)
+	sum, err := Run(context.Background(), cfg, Manifest{}, Options{})
+	if err == nil || sum.Failed != 3 || !strings.Contains(sum.FirstErrors[0], "deadline") {
+		t.Fatalf("err %v summary %+v", err, sum)
+	}
+}
+
+func TestProbesPhases(t *testing.T) {
+	cfg := testConfig(t, startFake(t, &fakeEngine{}))
+	cfg.Workload, cfg.ProbeTokens, cfg.ProbeReps, cfg.FillerTokens = WorkloadProbes, 40, 2, 100
+	sum, err := Run(context.Background(), cfg, Manifest{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Per rep: cold, resident, 3 fillers (40+40+20), evicted.
+	if sum.Rows != 12 || sum.Phases[PhaseEvicted].N != 2 || sum.Phases[PhaseFiller].N != 6 || sum.Mismatches != 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if len(sum.Notes) != 1 || !strings.Contains(sum.Notes[0], "restart probe skipped") {
+		t.Errorf("notes %v", sum.Notes)
+	}
+}

@@ -1,0 +1,135 @@
+"""python3 -m orbitkv.refengine.ttft --orbitkv-socket S [--preset qwen3-8b --device cuda]
+
+Time to first token of a long prompt whose prefix is restored from an OrbitKV peer's DRAM,
+beside the same prompts' recompute TTFT, in one engine with the OrbitKV connector (vLLM's
+call sequence; on CUDA the KV pool is registered with the peer by CUDA IPC handle).
+
+Sequence: one warm-up prompt; then `--prompts` distinct prompts computed from scratch (the
+connector misses, the engine computes and saves their pages to the peer): recompute TTFT;
+saves drained; then the same prompts again, in the same order. The engine's own prefix cache
+holds about two prompts (`--kv-tokens`), so by then each prompt has left HBM and its prefix
+comes back from the peer: restore TTFT. Last, one prompt twice in a row: the second hits the
+engine's own prefix cache (the floor: no copy at all). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from .config import engine_config
+from .connector import load_connector
+from .engine import Engine
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+
+
+def _ttft(e: Engine, prompt, device: str) -> dict:
+    _sync(device)
+    t0 = time.perf_counter()
+    req = e.add_request(prompt, 1)
+    steps = 0
+    while not req.output_token_ids:
+        if req.error:
+            raise RuntimeError(f"request failed: {req.error}")
+        e.step()
+        steps += 1
+    dt = time.perf_counter() - t0
+    return {"ttft_s": dt, "token": req.output_token_ids[0], "steps": steps,
+            "local_hit_tokens": req.num_cached_tokens, "restored_tokens": req.restored_tokens}
+
+
+def _profiled(e: Engine, prompt, device: str):
+    """_ttft under torch.profiler: the top operators by CUDA and by CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        r = _ttft(e, prompt, device)
+    ka = prof.key_averages()
+    return r, {"by_cuda": ka.table(sort_by="cuda_time_total", row_limit=12),
+               "by_cpu": ka.table(sort_by="cpu_time_total", row_limit=12)}
+
+
+def _drain(e: Engine, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while e.has_work():
+        if time.monotonic() > deadline:
+            raise TimeoutError("engine did not drain (saves still running?)")
+        e.step()
+        if e.last_step_tokens == 0:
+            time.sleep(0.001)
+
+
+def run(a: argparse.Namespace) -> dict:
+    cfg = engine_config(a.preset, kv_tokens=a.kv_tokens, block_size=a.block_size, page_tokens=a.page_tokens,
+                        device=a.device, max_batched_tokens=a.max_batched_tokens)
+    extra = {"socket": a.orbitkv_socket, "durability": "dram", "lookup_refresh_s": 0.0,
+             "async_load": not a.sync_load}
+    rng = random.Random(a.seed)
+    tok = lambda n: [rng.randrange(cfg.model.vocab) for _ in range(n)]  # noqa: E731
+    out = {"preset": a.preset, "device": a.device, "prompt_tokens": a.prompt_tokens, "block_size": cfg.block_size,
+           "page_tokens": cfg.page_tokens, "kv_tokens": cfg.kv_tokens, "max_batched_tokens": cfg.max_batched_tokens,
+           "attn_backend": cfg.resolved_attn_backend, "async_load": extra["async_load"],
+           "kv_bytes_per_token": cfg.model.kv_bytes_per_token()}
+    t0 = time.perf_counter()
+    with Engine(cfg, connector=lambda c, pool: load_connector("orbitkv", c, pool, extra)) as e:
+        out["startup_s"] = round(time.perf_counter() - t0, 2)
+        _ttft(e, tok(a.prompt_tokens), a.device)  # warm-up: allocator, kernels, first save
+        _drain(e)
+        prompts = [tok(a.prompt_tokens) for _ in range(a.prompts)]
+        cold = []
+        for p in prompts:
+            cold.append(_ttft(e, p, a.device))
+            _drain(e)
+        warm = []
+        for p in prompts:
+            warm.append(_ttft(e, p, a.device))
+            _drain(e)
+        floor_prompt = tok(a.prompt_tokens)
+        _ttft(e, floor_prompt, a.device)
+        _drain(e)
+        if a.profile and a.device.startswith("cuda"):
+            floor, out["local_hit_profile"] = _profiled(e, floor_prompt, a.device)
+        else:
+            floor = _ttft(e, floor_prompt, a.device)
+        _drain(e)
+        out["engine_stats"] = {k: v for k, v in e.stats().items() if isinstance(v, (int, float))}
+    rec = [c["ttft_s"] for c in cold]
+    res = [w["ttft_s"] for w in warm]
+    out["recompute"] = cold
+    out["restore"] = warm
+    out["local_prefix_hit"] = floor
+    out["recompute_ttft_median_s"] = round(statistics.median(rec), 4)
+    out["restore_ttft_median_s"] = round(statistics.median(res), 4)
+    out["restore_over_recompute"] = round(statistics.median(res) / statistics.median(rec), 4)
+    out["local_hit_over_recompute"] = round(floor["ttft_s"] / statistics.median(rec), 4)
+    out["restored_bytes_median"] = statistics.median(w["restored_tokens"] for w in warm) * out["kv_bytes_per_token"]
+    out["first_tokens_match"] = [c["token"] == w["token"] for c, w in zip(cold, warm)]
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m orbitkv.refengine.ttft")
+    p.add_argument("--orbitkv-socket", required=True)
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prompt-tokens", type=int, default=8192)
+    p.add_argument("--prompts", type=int, default=4, help="distinct prompts (samples of each TTFT)")
+    p.add_argument("--kv-tokens", type=int, default=17408, help="engine KV pool: about two prompts")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--page-tokens", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--sync-load", action="store_true", help="load inside the step instead of between steps")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="profile the local-hit step (CUDA)")
+    print(json.dumps(run(p.parse_args(argv))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

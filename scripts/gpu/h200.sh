@@ -1,0 +1,129 @@
+#!/bin/bash
+# GPU runs for docs/benchmarks.md ("GPU"), one device call per part:
+#   scripts/gpu/h200.sh check      GPU tests (Go peer + cuda, Python), bench gpu, TTFT probe, proto check
+#   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
+#   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
+# Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
+# Every step has its own timeout; logs land in $OUT (at most 8 files come back).
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+O=${OUT:-/tmp/orbitkv-gpu-out}
+mkdir -p "$O"
+ROOT=$(pwd)
+S=$O/summary.txt
+say() { echo "== $(date +%T) $*" | tee -a "$S"; }
+PEER_PID=""
+ENGINE_PID=""
+stop_all() {
+	[ -n "$ENGINE_PID" ] && kill "$ENGINE_PID" 2>/dev/null && wait "$ENGINE_PID" 2>/dev/null
+	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null && wait "$PEER_PID" 2>/dev/null
+	ENGINE_PID="" PEER_PID=""
+}
+trap stop_all EXIT
+
+start_peer() { # DIR LOG ARGS...
+	local dir=$1 log=$2
+	shift 2
+	rm -rf "$dir"
+	out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 "$@" >>"$log" 2>&1 &
+	PEER_PID=$!
+	for _ in $(seq 600); do
+		[ -S "$dir/orbitkv.sock" ] && return 0
+		kill -0 $PEER_PID 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+check() {
+	nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
+	python3 -c "import sys; sys.path.insert(0,'integration/python'); from orbitkv._proto import engine_pb2, engine_pb2_grpc, admin_pb2; print('proto ok')" >"$O/proto.txt" 2>&1
+	python3 -c "import google.protobuf, grpc, torch; print('protobuf', google.protobuf.__version__, 'grpcio', grpc.__version__, 'torch', torch.__version__)" >>"$O/proto.txt" 2>&1
+	say "proto import: $(head -1 "$O/proto.txt") ($(tail -1 "$O/proto.txt"))"
+
+	T=$O/tests.txt
+	(cd fabric && ORBITKV_REQUIRE=cuda timeout 150 ../out/fabric.test -test.run 'GPU|CUDA' -test.v -test.count=1) >"$T" 2>&1
+	say "fabric GPU tests rc=$?"
+	grep -E "^\s*(--- |FAIL|PASS|ok)|gpu_test.go" "$T" | head -30 | tee -a "$S"
+	(cd cuda && ORBITKV_REQUIRE=cuda timeout 150 ../out/cuda.test -test.v -test.count=1) >>"$T" 2>&1
+	say "cuda tests rc=$?"
+	(cd integration/python && ORBITKV_REQUIRE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/test_buffers_cuda.py tests/test_buffers.py) >>"$T" 2>&1
+	say "python buffer tests rc=$? ($(tail -1 "$T"))"
+
+	timeout 260 out/orbitkv bench gpu --reps 8 >"$O/bench_gpu.txt" 2>&1
+	say "bench gpu rc=$?"
+	grep -E "^(gpu|best|SUMMARY|CRC|through)" "$O/bench_gpu.txt" | tee -a "$S"
+
+	start_peer /tmp/okv-ttft "$O/logs.txt" --dram-bytes 8GiB --ssd-bytes 0 || say "peer failed to start"
+	(cd integration/python && timeout 300 python3 -m orbitkv.refengine.ttft --orbitkv-socket /tmp/okv-ttft/orbitkv.sock \
+		--preset qwen3-8b --device cuda --prompt-tokens 8192 --prompts 4) >"$O/ttft.json" 2>>"$O/logs.txt"
+	say "ttft probe rc=$?"
+	python3 -c "
+import json; d=json.load(open('$O/ttft.json'))
+print('recompute', [round(x['ttft_s'],4) for x in d['recompute']], 'restore', [round(x['ttft_s'],4) for x in d['restore']],
+      'restored_tokens', [x['restored_tokens'] for x in d['restore']], 'local_hit', [x['local_hit_tokens'] for x in d['restore']])
+print('median recompute', d['recompute_ttft_median_s'], 'restore', d['restore_ttft_median_s'], 'ratio', d['restore_over_recompute'],
+      'local-hit floor', round(d['local_prefix_hit']['ttft_s'],4), 'first tokens match', d['first_tokens_match'])" 2>&1 | tee -a "$S"
+	curl -s 127.0.0.1:9464/metrics | grep -E "^orbitkv_(fabric_(saved|loaded)|transfer_inflight)" >>"$S"
+	stop_all
+}
+
+sustained_one() { # CONFIG
+	local cfg=$1 conn=()
+	case $cfg in
+	dram) start_peer /tmp/okv-$cfg "$O/logs.txt" --dram-bytes 16GiB --ssd-bytes 0 || return 1 ;;
+	ssd) start_peer /tmp/okv-$cfg "$O/logs.txt" --dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB || return 1 ;;
+	esac
+	[ "$cfg" != native ] && conn=(--connector orbitkv --orbitkv-socket /tmp/okv-$cfg/orbitkv.sock)
+	(cd integration/python && exec python3 -m orbitkv.refengine --preset qwen3-8b --device cuda --kv-tokens 16384 \
+		--block-size 16 --page-tokens 64 --port 8000 "${conn[@]}") >>"$O/logs.txt" 2>&1 &
+	ENGINE_PID=$!
+	for _ in $(seq 900); do
+		curl -s -o /dev/null 127.0.0.1:8000/metrics && break
+		kill -0 $ENGINE_PID 2>/dev/null || { say "$cfg: engine died"; stop_all; return 1; }
+		sleep 0.2
+	done
+	local pm=()
+	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
+	timeout ${RUN_TIMEOUT:-200} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 151936 \
+		--prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --duration ${DURATION:-60s} \
+		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --output "$O/runs/$cfg" >>"$O/logs.txt" 2>&1
+	say "sustained $cfg rc=$?"
+	[ -f "$O/runs/$cfg/summary.json" ] && cat "$O/runs/$cfg/summary.json" | head -c 1500 | tee -a "$S" && echo | tee -a "$S"
+	stop_all
+}
+
+sustained() {
+	mkdir -p "$O/runs"
+	for c in ${CONFIGS:-native dram ssd}; do sustained_one "$c"; done
+	out/orbitkv bench report "$O/runs"/* >"$O/report.txt" 2>&1 || true
+	tail -40 "$O/report.txt" | tee -a "$S"
+	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
+}
+
+peer() { # the through-the-peer rows again, copier pool vs one copier, TTFT with 8K-token steps
+	timeout 200 out/orbitkv bench gpu --skip-methods --reps 8 >"$O/bench_gpu_peer.txt" 2>&1
+	say "bench gpu (peer rows) rc=$?"
+	grep -E "^(gpu|SUMMARY|CRC|through)" "$O/bench_gpu_peer.txt" | tee -a "$S"
+	timeout 100 out/orbitkv bench gpu --skip-methods --reps 8 --pages 128 --block-tokens 16,64 --cuda-copiers 1 >"$O/bench_gpu_peer_c1.txt" 2>&1
+	say "bench gpu (peer rows, --cuda-copiers 1) rc=$?"
+	grep -E "^(SUMMARY|  *OrbitKV)" "$O/bench_gpu_peer_c1.txt" | tee -a "$S"
+	start_peer /tmp/okv-ttft "$O/logs.txt" --dram-bytes 8GiB --ssd-bytes 0 || say "peer failed to start"
+	(cd integration/python && timeout 200 python3 -m orbitkv.refengine.ttft --orbitkv-socket /tmp/okv-ttft/orbitkv.sock \
+		--preset qwen3-8b --device cuda --prompt-tokens 8192 --prompts 4 --max-batched-tokens 8192 --profile) >"$O/ttft_mbt8192.json" 2>>"$O/logs.txt"
+	say "ttft probe (8192-token steps) rc=$?"
+	python3 -c "
+import json; d=json.load(open('$O/ttft_mbt8192.json'))
+print('recompute', [round(x['ttft_s'],4) for x in d['recompute']], 'restore', [round(x['ttft_s'],4) for x in d['restore']])
+print('median recompute', d['recompute_ttft_median_s'], 'restore', d['restore_ttft_median_s'], 'ratio', d['restore_over_recompute'],
+      'local-hit floor', round(d['local_prefix_hit']['ttft_s'],4))
+print(d.get('local_hit_profile', {}).get('by_cuda', ''))" 2>&1 | tee -a "$S"
+	stop_all
+}
+
+case ${1:-check} in
+check) check ;;
+peer) peer ;;
+sustained) sustained ;;
+*) echo "usage: $0 check|sustained|peer" >&2; exit 2 ;;
+esac
