@@ -30,11 +30,11 @@ func (p *Peer) idle() (bool, string) {
 		ssdInflight = p.ssd.Stats().InFlight
 	}
 	p.pages.mu.Lock()
-	leased := p.leasedBytes
+	leased, unsealed := p.leasedBytes, len(p.pages.mu.unsealed)
 	p.pages.mu.Unlock()
-	idle := leases == 0 && leased == 0 && ssdInflight == 0 && p.runningOps() == 0
-	return idle, fmt.Sprintf("leases=%d leased_bytes=%d unwaited_ops=%d running_ops=%d ssd_inflight=%d",
-		leases, leased, ops, p.runningOps(), ssdInflight)
+	idle := leases == 0 && leased == 0 && ssdInflight == 0 && p.runningOps() == 0 && unsealed == 0
+	return idle, fmt.Sprintf("leases=%d leased_bytes=%d unwaited_ops=%d running_ops=%d ssd_inflight=%d unsealed_pages=%d",
+		leases, leased, ops, p.runningOps(), ssdInflight, unsealed)
 }
 
 func (p *Peer) runningOps() int {

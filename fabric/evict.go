@@ -92,6 +92,7 @@ func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
 // someone else pinned them meanwhile. It unpins every page it was given and
 // returns how many pages it moved.
 func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
+	pages = s.sealForWrite(pages)
 	var reqs []ssd.WriteReq
 	var written []catalog.Entry
 	for _, e := range pages {

@@ -258,7 +258,9 @@ func (s *pageStore) gatherGPU(ctx context.Context, sess *session, reqs []pageReq
 		parallel(len(members[g]), func(j int) {
 			it := members[g][j]
 			buf := s.pool.Bytes(it.slot)
-			crcs[it.i] = crc32.Checksum(buf[:sess.pageBytes], castagnoli)
+			if toSSD { // else sealed later, off the engine's path (seal.go)
+				crcs[it.i] = crc32.Checksum(buf[:sess.pageBytes], castagnoli)
+			}
 			clear(buf[sess.pageBytes:]) // O_DIRECT writes the padding too
 			copied[it.i] = true
 		})
@@ -272,12 +274,11 @@ func (s *pageStore) gatherGPU(ctx context.Context, sess *session, reqs []pageReq
 		}
 		it.entry = catalog.Entry{Key: it.key, Layout: sess.fp, Size: sess.pageBytes, Checksum: crcs[it.i],
 			Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
+		it.unsealed = !toSSD
 		out = append(out, it)
 	}
 	return out
 }
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // scatterGPU copies every pending page of a load from its DRAM slot into the
 // engine's GPU blocks with one batched device copy.

@@ -185,6 +185,8 @@ func (s *pageStore) promote(it *loadItem) {
 func (s *pageStore) scatter(ctx context.Context, sess *session, it *loadItem) error {
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
+	s.copying.Add(1)
+	defer s.copying.Add(-1)
 	descs, err := sess.geom.Scatter(nil, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ type metrics struct {
 	loadedPages, evictedPages   *prometheus.CounterVec
 	demotedPages, promotedPages prometheus.Counter
 	corruptPages                prometheus.Counter
+	unsealedPages               prometheus.Gauge
 
 	sessions, leases, queryBytes prometheus.Gauge
 	inflight, inflightOps        prometheus.Gauge
@@ -45,6 +46,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		demotedPages:   counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
 		promotedPages:  counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
 		corruptPages:   counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
+		unsealedPages:  gauge("tiers", "unsealed_pages", "DRAM pages whose checksum is still being computed."),
 		sessions:       gauge("fabric", "sessions", "Open engine sessions."),
 		leases:         gauge("fabric", "leases", "Live leases."),
 		queryBytes:     gauge("fabric", "query_bytes", "Bytes held by live leases (query budget in use)."),
@@ -57,7 +59,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 	}
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.savedPages, m.loadedTokens, m.loadedPages,
-		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.sessions, m.leases,
+		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.unsealedPages, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -30,16 +30,23 @@ type pageStore struct {
 	local transfer.Local
 	dramR *transfer.Region
 	m     *metrics
-	mu    struct {
+	// sealWake nudges the sealer (seal.go) when pages await their checksum.
+	sealWake chan struct{}
+	// copying counts page copies in flight; the sealer waits for a gap.
+	copying atomic.Int64
+	mu      struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU
 		gen       uint64
+		unsealed  map[pagekey.Key]struct{} // DRAM pages whose checksum is pending
 	}
 }
 
 func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metrics) *pageStore {
 	s := &pageStore{cat: cat, pool: pool, ssd: st, m: m, dramR: transfer.HostRegion("dram", pool.Region())}
 	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
+	s.mu.unsealed = make(map[pagekey.Key]struct{})
+	s.sealWake = make(chan struct{}, 1)
 	return s
 }
 

@@ -141,6 +141,8 @@ func (p *Peer) Run(ctx context.Context) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); p.reap(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); p.pages.runSealer(ctx) }()
 	p.metricsBind = metricsAddr
 	close(p.ready)
 	p.log.Info().Str("socket", p.cfg.Socket).Str("metrics", metricsAddr).Str("version", Version).Msg("serving")

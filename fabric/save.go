@@ -26,6 +26,8 @@ type saveItem struct {
 	// merged: the entry is another save's DRAM copy plus our SSD copy; the
 	// DRAM slot is not ours to free.
 	merged bool
+	// unsealed: the checksum is not computed yet (seal.go).
+	unsealed bool
 }
 
 // save copies pages out of the session's buffers into DRAM (and, with
@@ -83,7 +85,7 @@ func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageR
 			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
 			return
 		}
-		it, err := s.gather(ctx, sess, r)
+		it, err := s.gather(ctx, sess, r, toSSD)
 		if err != nil {
 			res[i] = failResult(err)
 			return
@@ -103,18 +105,25 @@ func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageR
 	s.commitSaves(items, res)
 }
 
-// gather copies one page into a fresh DRAM slot and checksums it.
-func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq) (*saveItem, error) {
+// gather copies one page into a fresh DRAM slot; with sum (a save that must
+// reach SSD) it checksums the page while copying, else the page is sealed
+// later, off the engine's path (seal.go).
+func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq, sum bool) (*saveItem, error) {
 	slot, err := s.allocDRAM(ctx, sess.pageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("dram slot: %w", err)
 	}
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
+	s.copying.Add(1)
+	defer s.copying.Add(-1)
 	descs, err := sess.geom.Gather(nil, sess.bufs, r.Blocks, s.dramR, s.pool.Offset(slot))
 	var crc uint32
-	if err == nil {
+	switch {
+	case err == nil && sum:
 		crc, err = s.local.CopyChecksum(ctx, descs)
+	case err == nil:
+		err = s.local.Copy(ctx, descs)
 	}
 	if err != nil {
 		s.freeDRAM(slot)
@@ -124,7 +133,7 @@ func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq) (*save
 	clear(buf[sess.pageBytes:]) // O_DIRECT writes the padding too
 	e := catalog.Entry{Key: r.Key, Layout: sess.fp, Size: sess.pageBytes, Checksum: crc,
 		Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: now()}
-	return &saveItem{key: r.Key, slot: slot, entry: e}, nil
+	return &saveItem{key: r.Key, slot: slot, entry: e, unsealed: !sum}, nil
 }
 
 // writeThrough makes every item durable on SSD with one batched write; items
@@ -183,7 +192,8 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 			// Another save left it in DRAM only; ours is durable. Keep their
 			// DRAM copy (it may be pinned) and add our SSD copy.
 			s.pool.Free(it.slot)
-			e.OnSSD, e.SSD = true, it.entry.SSD
+			e.OnSSD, e.SSD, e.Checksum = true, it.entry.SSD, it.entry.Checksum // same key, same bytes
+			delete(s.mu.unsealed, e.Key)
 			it.entry, it.slot, it.merged = e, dram.Slot(e.DRAMSlot), true
 		}
 		entries = append(entries, it.entry)
@@ -209,6 +219,13 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 		}
 		res[it.i] = okResult(tier)
 	}
+	var unsealed []pagekey.Key
+	for _, it := range fresh {
+		if it.unsealed {
+			unsealed = append(unsealed, it.key)
+		}
+	}
+	s.markUnsealedLocked(unsealed)
 	s.m.savedPages.Add(float64(len(fresh)))
 }
 

@@ -7,8 +7,11 @@ import (
 )
 
 // chunk is the unit of Local's copies: small enough that a checksum over the
-// bytes just written reads them from cache, large enough to amortize calls.
+// bytes just copied reads them from cache, large enough to amortize calls.
 const chunk = 256 << 10
+
+// ntMin is the smallest copy that uses non-temporal stores (copyLarge).
+const ntMin = 64 << 10
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -25,8 +28,8 @@ func (l Local) Copy(ctx context.Context, batch []Desc) error {
 	return err
 }
 
-// CopyChecksum copies batch and returns the CRC-32C of the destination bytes
-// in batch order, computed chunk by chunk while they are still in cache.
+// CopyChecksum copies batch and returns the CRC-32C of the copied bytes in
+// batch order, computed chunk by chunk while they are still in cache.
 // For a Gather batch that is the page blob's checksum.
 func (l Local) CopyChecksum(ctx context.Context, batch []Desc) (uint32, error) {
 	return l.copy(ctx, batch, true)
@@ -48,9 +51,9 @@ func (Local) copy(ctx context.Context, batch []Desc, sum bool) (uint32, error) {
 				return 0, fmt.Errorf("copy stopped at descriptor %d: %w", i, err)
 			}
 			n := min(len(src), chunk)
-			copy(dst[:n], src[:n])
-			if sum {
-				crc = crc32.Update(crc, castagnoli, dst[:n])
+			copyLarge(dst[:n], src[:n])
+			if sum { // the source: just read, so in cache; streaming stores bypass it for dst
+				crc = crc32.Update(crc, castagnoli, src[:n])
 			}
 			src, dst = src[n:], dst[n:]
 		}

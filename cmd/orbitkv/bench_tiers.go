@@ -30,6 +30,7 @@ type tiersBench struct {
 	flash       engineclient.Flash
 	pages       int
 	batch       int
+	rounds      int
 	ssdPages    int
 	ssdDepth    int
 	redisServer string
@@ -45,6 +46,7 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
 	fs.IntVar(&b.flash.HeadDim, "head-dim", b.flash.HeadDim, "head dimension")
 	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer and Redis")
+	fs.IntVar(&b.rounds, "rounds", 5, "rounds of the DRAM comparison (medians reported)")
 	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
 	fs.IntVar(&b.ssdPages, "ssd-pages", 256, "pages for the SSD-versus-fio comparison")
 	fs.IntVar(&b.ssdDepth, "ssd-depth", 32, "SSD queue depth (fio iodepth)")
@@ -61,11 +63,12 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 	pageBytes := uint64(b.flash.Size()) / uint64(b.flash.NumBlocks) * uint64(b.flash.PageTokens/b.flash.BlockTokens)
 	fmt.Fprintf(out, "orbitkv bench tiers: %d pages of %s (%d layers x K,V, %d tokens), %d pages per request\n\n",
 		b.pages, bytesize.Size(pageBytes), b.flash.Layers, b.flash.PageTokens, b.batch)
-	memcpy := memcpyGBps(int(pageBytes) * b.pages)
-	peerSave, peerLoad, err := b.peerRoundTrip(ctx)
+	rounds, err := b.dramRounds(ctx)
 	if err != nil {
 		return fmt.Errorf("peer: %w", err)
 	}
+	peerSave, peerLoad, memcpy := medianOf(rounds, func(r dramRound) float64 { return r.save }),
+		medianOf(rounds, func(r dramRound) float64 { return r.load }), medianOf(rounds, func(r dramRound) float64 { return r.memcpy })
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DRAM tier\tOrbitKV GB/s\tbaseline\tbaseline GB/s\tratio\ttarget")
 	fmt.Fprintf(tw, "save (engine -> DRAM)\t%.2f\tsingle-thread memcpy\t%.2f\t%.2f\t>= 0.70\n", peerSave, memcpy, peerSave/memcpy)
@@ -79,6 +82,11 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(tw, "load vs Redis GET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerLoad, rget, peerLoad/rget)
 	}
 	tw.Flush()
+	fmt.Fprintf(out, "(medians of %d rounds; save/load/memcpy GB/s per round:", len(rounds))
+	for _, r := range rounds {
+		fmt.Fprintf(out, " %.1f/%.1f/%.1f", r.save, r.load, r.memcpy)
+	}
+	fmt.Fprintln(out, ")")
 	if b.skipSSD {
 		return nil
 	}
@@ -103,7 +111,8 @@ func memcpyGBps(n int) float64 {
 
 // benchEngine is an in-process peer plus an engine session over its socket.
 type benchEngine struct {
-	e    *engineclient.Engine
+	e     *engineclient.Engine
+	admin pb.AdminServiceClient
 	shm  *engineclient.Shm
 	stop func()
 }
@@ -144,17 +153,42 @@ func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
 		stop()
 		return nil, err
 	}
-	return &benchEngine{e: e, shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
+	return &benchEngine{e: e, admin: pb.NewAdminServiceClient(conn), shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
 }
 
-// peerRoundTrip saves b.pages pages through the peer and loads them back
-// into other blocks, returning GB/s of each direction.
-func (b *tiersBench) peerRoundTrip(ctx context.Context) (save, load float64, err error) {
+// dramRound is one round of the DRAM comparison, GB/s.
+type dramRound struct{ save, load, memcpy float64 }
+
+// dramRounds runs b.rounds rounds of save, load and memcpy in one peer and
+// returns them; the table reports medians.
+func (b *tiersBench) dramRounds(ctx context.Context) ([]dramRound, error) {
 	be, err := b.startPeer(ctx)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer be.stop()
+	var out []dramRound
+	for r := 0; r < b.rounds; r++ {
+		save, load, err := b.peerRoundTrip(ctx, be)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, dramRound{save: save, load: load, memcpy: memcpyGBps(int(be.e.PageBytes) * b.pages)})
+		// Between rounds, outside the timing: let the sealer finish and
+		// empty the pool so every round saves into free slots.
+		if _, err := be.admin.Drain(ctx, &pb.DrainRequest{TimeoutMs: 30000}); err != nil {
+			return nil, err
+		}
+		if _, err := be.admin.Evict(ctx, &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// peerRoundTrip saves b.pages fresh pages through the peer and loads them
+// back into other blocks, returning GB/s of each direction.
+func (b *tiersBench) peerRoundTrip(ctx context.Context, be *benchEngine) (save, load float64, err error) {
 	per := b.flash.PageTokens / b.flash.BlockTokens
 	keys := make([][]byte, b.pages)
 	for i := range keys {
@@ -291,4 +325,12 @@ func startRedis(ctx context.Context, bin string) (string, func(), error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func medianOf(rs []dramRound, f func(dramRound) float64) float64 {
+	xs := make([]float64, len(rs))
+	for i, r := range rs {
+		xs[i] = f(r)
+	}
+	return median(xs)
 }

@@ -1,0 +1,160 @@
+package fabric
+
+import (
+	"context"
+	"hash/crc32"
+	"time"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/dram"
+)
+
+// Sealing: a save acknowledged into DRAM only does not wait for the page's
+// CRC-32C; the page is "unsealed" until a background sealer computes it
+// from the page's DRAM slot (which never changes while the page lives
+// there). Whatever takes a page out of DRAM — demotion, SSD write-through,
+// a later network send — seals it first, inline if the sealer has not got
+// to it yet. So every page that leaves the peer's DRAM carries its checksum,
+// and the checksum, which costs as much CPU as the copy, stays off the
+// engine's critical path. Saves acknowledged as durable on SSD are
+// checksummed before they are written, as before.
+
+// sealBatch is how many pages the sealer takes per round.
+const sealBatch = 64
+
+// sealBacklog is how many unsealed pages the sealer lets wait while copies
+// are running; beyond it, it seals even then. Below it, sealing waits for a
+// gap between copies, so it does not take a core from the copies engines
+// wait on.
+const sealBacklog = 4096
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// markUnsealedLocked records pages whose checksum is pending.
+func (s *pageStore) markUnsealedLocked(keys []pagekey.Key) {
+	for _, k := range keys {
+		s.mu.unsealed[k] = struct{}{}
+	}
+	s.m.unsealedPages.Set(float64(len(s.mu.unsealed)))
+	select {
+	case s.sealWake <- struct{}{}:
+	default:
+	}
+}
+
+// runSealer seals pages until ctx ends. The peer's Run owns it.
+func (s *pageStore) runSealer(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.sealWake:
+		}
+		for ctx.Err() == nil {
+			if !s.waitForCopyGap(ctx) {
+				return
+			}
+			if s.sealSome(ctx) == 0 {
+				break
+			}
+		}
+	}
+}
+
+// waitForCopyGap returns once no page copy is running or the backlog is
+// too long to wait; false when ctx ended.
+func (s *pageStore) waitForCopyGap(ctx context.Context) bool {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for s.copying.Load() > 0 {
+		s.mu.Lock()
+		backlog := len(s.mu.unsealed)
+		s.mu.Unlock()
+		if backlog >= sealBacklog {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}
+
+// sealSome seals up to sealBatch unsealed pages and returns how many it took.
+func (s *pageStore) sealSome(ctx context.Context) int {
+	s.mu.Lock()
+	var batch []catalog.Entry
+	for k := range s.mu.unsealed {
+		if len(batch) == sealBatch {
+			break
+		}
+		e, ok := s.cat.Get(k)
+		if !ok || e.DRAMSlot < 0 || !s.mu.dram.Pin(k) {
+			delete(s.mu.unsealed, k) // gone, or sealed by whoever moved it
+			continue
+		}
+		batch = append(batch, e)
+	}
+	s.mu.Unlock()
+	// One goroutine: sealing is background work and must leave the other
+	// cores to the copies engines wait on.
+	sums := make([]uint32, len(batch))
+	for i, e := range batch {
+		sums[i] = crc32.Checksum(s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size], castagnoli)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, e := range batch {
+		s.mu.dram.Unpin(e.Key)
+		s.recordSealLocked(e, sums[i])
+	}
+	s.m.unsealedPages.Set(float64(len(s.mu.unsealed)))
+	return len(batch)
+}
+
+// recordSealLocked stores a page's checksum if the page is still the one that
+// was summed.
+func (s *pageStore) recordSealLocked(e catalog.Entry, sum uint32) {
+	if _, pending := s.mu.unsealed[e.Key]; !pending {
+		return
+	}
+	_, _, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool {
+		if c.Generation == e.Generation && c.DRAMSlot == e.DRAMSlot {
+			c.Checksum = sum
+		}
+		return true
+	})
+	if err == nil {
+		delete(s.mu.unsealed, e.Key)
+	}
+}
+
+// sealForWrite returns entries with their checksums, computing the pending
+// ones inline from their DRAM slots. The pages must be pinned in DRAM.
+func (s *pageStore) sealForWrite(entries []catalog.Entry) []catalog.Entry {
+	s.mu.Lock()
+	var todo []int
+	for i, e := range entries {
+		if _, pending := s.mu.unsealed[e.Key]; pending {
+			todo = append(todo, i)
+		}
+	}
+	s.mu.Unlock()
+	if len(todo) == 0 {
+		return entries
+	}
+	parallel(len(todo), func(j int) {
+		e := &entries[todo[j]]
+		e.Checksum = crc32.Checksum(s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size], castagnoli)
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, i := range todo {
+		s.recordSealLocked(entries[i], entries[i].Checksum)
+	}
+	s.m.unsealedPages.Set(float64(len(s.mu.unsealed)))
+	return entries
+}

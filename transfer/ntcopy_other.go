@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package transfer
+
+func copyLarge(dst, src []byte) { copy(dst, src) }
