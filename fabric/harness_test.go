@@ -46,6 +46,13 @@ func startPeer(t *testing.T, cfg Config) *testPeer {
 	ctx, cancel := context.WithCancel(context.Background())
 	tp := &testPeer{t: t, p: p, cfg: p.cfg, stop: cancel, done: make(chan error, 1)}
 	go func() { tp.done <- p.Run(ctx) }()
+	select { // serving before the first call, so tests need no WaitForReady
+	case <-p.ready:
+	case err := <-tp.done:
+		t.Fatalf("peer stopped before serving: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("peer not serving within 20s")
+	}
 	tp.conn, err = engineclient.Dial(p.cfg.Socket)
 	if err != nil {
 		t.Fatal(err)

@@ -92,13 +92,16 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 			break
 		}
 		e, ok := s.cat.Get(k)
-		if !ok || e.DRAMSlot < 0 || !s.mu.dram.Pin(k) {
+		if !ok || e.DRAMSlot < 0 {
 			delete(s.mu.unsealed, k) // gone, or sealed by whoever moved it
 			continue
 		}
 		batch = append(batch, e)
 	}
 	s.mu.Unlock()
+	// No pins: eviction must never wait for the sealer. A slot freed (and
+	// reused) meanwhile is still mapped memory, and recordSealLocked keeps
+	// a sum only if the entry still names the same slot and generation.
 	// One goroutine: sealing is background work and must leave the other
 	// cores to the copies engines wait on.
 	sums := make([]uint32, len(batch))
@@ -108,7 +111,6 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, e := range batch {
-		s.mu.dram.Unpin(e.Key)
 		s.recordSealLocked(e, sums[i])
 	}
 	s.m.unsealedPages.Set(float64(len(s.mu.unsealed)))
