@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/orbitkv/orbitkv/transfer"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/transfer"
 )
 
 // FuzzOpenSession feeds arbitrary OpenSession requests to the validator: it
@@ -65,5 +65,3 @@ func mustSpec(f *testing.F) sessionSpec {
 	}
 	return spec
 }
-
-

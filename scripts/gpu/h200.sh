@@ -3,6 +3,8 @@
 #   scripts/gpu/h200.sh check      GPU tests (Go peer + cuda, Python), bench gpu, TTFT probe, proto check
 #   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
 #   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
+#   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
+#                                  integration/python from another commit) the same probes on it first-hand
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
@@ -121,9 +123,45 @@ print(d.get('local_hit_profile', {}).get('by_cuda', ''))" 2>&1 | tee -a "$S"
 	stop_all
 }
 
+ttft_probe() { # LABEL PYDIR TIMEOUT EXTRA...
+	local label=$1 dir=$2 to=$3
+	shift 3
+	start_peer /tmp/okv-ttft "$O/logs.txt" --dram-bytes 8GiB --ssd-bytes 0 || { say "$label: peer failed to start"; return 1; }
+	(cd "$dir" && timeout "$to" python3 -m orbitkv.refengine.ttft --orbitkv-socket /tmp/okv-ttft/orbitkv.sock \
+		--preset qwen3-8b --device cuda --prompt-tokens 8192 --prompts 4 "$@") >"$O/ttft_$label.json" 2>>"$O/logs.txt"
+	say "ttft $label rc=$?"
+	stop_all
+	python3 -c "
+import json; d=json.load(open('$O/ttft_$label.json'))
+print('$label recompute', [round(x['ttft_s'],4) for x in d['recompute']], 'restore', [round(x['ttft_s'],4) for x in d['restore']],
+      'restored', [x['restored_tokens'] for x in d['restore']])
+print('$label median recompute', d['recompute_ttft_median_s'], 'restore', d['restore_ttft_median_s'], 'ratio', d['restore_over_recompute'],
+      'local-hit floor', round(d['local_prefix_hit']['ttft_s'],4), '=', d['local_hit_over_recompute'], 'first tokens match', d['first_tokens_match'])" 2>&1 | tee -a "$S"
+}
+
+refengine() { # the reference engine's GPU path: tests, TTFT (restore vs recompute vs local hit), decode
+	nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
+	(cd integration/python && ORBITKV_REQUIRE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider -rs \
+		tests/test_refengine_cuda.py) >"$O/tests.txt" 2>&1
+	say "refengine cuda tests rc=$? ($(tail -1 "$O/tests.txt"))"
+	ttft_probe after integration/python ${TTFT_TIMEOUT:-100}
+	[ -n "${BASE:-}" ] && ttft_probe before "$BASE" ${TTFT_TIMEOUT:-100}
+	for b in ${DECODE_BATCHES:-8}; do
+		for label in after before; do
+			local dir=integration/python
+			[ $label = before ] && { [ -n "${BASE:-}" ] || continue; dir=$BASE; }
+			(cd "$dir" && timeout 60 python3 -m orbitkv.refengine.bench --preset qwen3-8b --device cuda \
+				--prompt-tokens 8192 --repeat 2 --batch "$b" --decode-tokens 32) >/tmp/okv-bench.json 2>>"$O/logs.txt"
+			say "bench $label batch $b rc=$?: $(cat /tmp/okv-bench.json)"
+			cat /tmp/okv-bench.json >>"$O/bench.jsonl"
+		done
+	done
+}
+
 case ${1:-check} in
 check) check ;;
 peer) peer ;;
+refengine) refengine ;;
 sustained) sustained ;;
-*) echo "usage: $0 check|sustained|peer" >&2; exit 2 ;;
+*) echo "usage: $0 check|sustained|peer|refengine" >&2; exit 2 ;;
 esac

@@ -10,8 +10,16 @@ Two backends read K/V through block tables:
   chunked prefill and a batched decode give bit-identical logits to one full prefill, as long
   as the platform's matmul computes each output row independently of the row count (checked
   by the tests).
-* ``sdpa`` — for CUDA: gathers each request's context and calls
-  ``torch.nn.functional.scaled_dot_product_attention`` with a bottom-right causal mask.
+* ``sdpa`` — for CUDA. With a step's `VarlenPlan` (built once per step by the model runner),
+  one ``index_select`` per layer gathers the context K/V of every request of the step
+  (K and V planes together) and ONE variable-length flash-attention call
+  (``torch.ops.aten._flash_attention_forward``: GQA-native, causal aligned bottom-right per
+  request, so a few new queries over a long cached context need no mask and no K/V repeat)
+  covers the whole batch. That private op is feature-detected and checked against the math
+  reference once per (device, dtype, heads) before first use; where it is missing (torch 1.x,
+  CPU, fp32) or disagrees, each request's context goes through
+  ``torch.nn.functional.scaled_dot_product_attention`` (or the same math unfused) instead.
+  ``ORBITKV_REFENGINE_VARLEN=0`` forces that per-request path.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import List
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,10 +54,40 @@ class BatchMeta:
     seqs: List[SeqSpan]
     block_size: int
     logits_indices: torch.Tensor  # [R'] rows whose logits are sampled
+    plan: Optional["VarlenPlan"] = None  # sdpa backend: the step's gather/varlen metadata
 
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
+
+
+@dataclasses.dataclass
+class VarlenPlan:
+    """A step's context layout for the sdpa backend, computed once per step (not per layer):
+    the requests' contexts packed one after another, in step order."""
+
+    ctx_slots: torch.Tensor  # [sum(context_len)] int64: pool slot of each context token
+    cu_q: torch.Tensor       # [S+1] int32: query offsets (FlashAttention's cu_seqlens_q)
+    cu_k: torch.Tensor       # [S+1] int32: context offsets into ctx_slots
+    k_starts: List[int]      # cu_k on the host, for the per-request fallback
+    max_q: int
+    max_k: int
+
+
+def plan_from_meta(meta: BatchMeta) -> VarlenPlan:
+    """The plan from a BatchMeta's spans (the model runner builds it cheaper, see worker)."""
+    B = meta.block_size
+    dev = meta.slot_mapping.device
+    slots, k_starts, q_starts = [], [0], [0]
+    for s in meta.seqs:
+        table = s.block_table.to(dev)
+        slots.append((table[:, None] * B + torch.arange(B, device=dev)[None, :]).flatten()[:s.context_len])
+        k_starts.append(k_starts[-1] + s.context_len)
+        q_starts.append(s.end)
+    cu = torch.tensor(q_starts + k_starts, dtype=torch.int32).to(dev)
+    n = len(q_starts)
+    return VarlenPlan(torch.cat(slots), cu[:n], cu[n:], k_starts,
+                      max(s.end - s.start for s in meta.seqs), max(s.context_len for s in meta.seqs))
 
 
 def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -173,5 +213,106 @@ def _bottom_right_causal(t: int, L: int, device) -> torch.Tensor:
 def attend(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, backend: str, chunk: int) -> torch.Tensor:
     if backend == "exact":
         return attend_exact(q, kv, meta, chunk).to(q.dtype)
+    if meta.plan is not None:
+        return attend_planned(q, kv, meta)
     return attend_sdpa(q, kv, meta)
+
+
+def attend_planned(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta) -> torch.Tensor:
+    """q [T, Hq, D] → [T, Hq, D] in q's dtype: one gather of the step's contexts (K and V
+    together), then one varlen flash call for the whole batch (or one SDPA per request)."""
+    plan = meta.plan
+    hkv, d = kv.shape[3], kv.shape[4]
+    ctx = kv.reshape(2, -1, hkv, d).index_select(1, plan.ctx_slots)  # [2, sum(L), Hkv, D]
+    if ctx.dtype != q.dtype:
+        ctx = ctx.to(q.dtype)
+    if varlen_flash_usable(q, hkv):
+        return _flash_varlen(q, ctx[0], ctx[1], plan)
+    out = torch.empty_like(q)
+    hq = q.shape[1]
+    with _fused_backends():
+        for s, k0 in zip(meta.seqs, plan.k_starts):
+            t, L = s.end - s.start, s.context_len
+            k = ctx[0, k0:k0 + L].transpose(0, 1)[None]   # [1, Hkv, L, D]
+            v = ctx[1, k0:k0 + L].transpose(0, 1)[None]
+            qq = q[s.start:s.end].transpose(0, 1)[None]    # [1, Hq, t, D]
+            out[s.start:s.end] = _sdpa(qq, k, v, t, L, hq // hkv)[0].transpose(0, 1)
+    return out
+
+
+_VARLEN_CONTIGUOUS_Q = [False]  # set when the op wants a contiguous q (checked in _check_varlen)
+
+
+def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: VarlenPlan) -> torch.Tensor:
+    # (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+    #  return_debug_mask) -> (output, logsumexp, ...); softmax scale defaults to 1/sqrt(D).
+    if _VARLEN_CONTIGUOUS_Q[0]:
+        q = q.contiguous()
+    return torch.ops.aten._flash_attention_forward(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k,
+                                                   0.0, True, False)[0]
+
+
+_VARLEN_OK: Dict[Tuple, bool] = {}
+
+
+def varlen_flash_usable(q: torch.Tensor, hkv: int) -> bool:
+    """Whether the varlen flash op exists here and matches the math reference (checked once
+    per device, dtype and head geometry, on a small problem with the step's layout)."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if os.environ.get("ORBITKV_REFENGINE_VARLEN", "1") == "0":
+        return False
+    key = (str(q.device), q.dtype, q.shape[1], hkv, q.shape[2])
+    ok = _VARLEN_OK.get(key)
+    if ok is None:
+        ok = _VARLEN_OK[key] = _check_varlen(q.device, q.dtype, q.shape[1], hkv, q.shape[2])
+    return ok
+
+
+def _check_varlen(device, dtype, hq: int, hkv: int, d: int) -> bool:
+    fn = getattr(getattr(torch.ops, "aten", None), "_flash_attention_forward", None)
+    if fn is None:
+        return False
+    g = torch.Generator(device=device)
+    g.manual_seed(0)
+    specs = [(5, 70), (1, 33), (16, 16), (1, 1)]  # (new queries, context): partial, decode, full
+    T, Lsum = sum(t for t, _ in specs), sum(L for _, L in specs)
+    # q as the fast forward makes it: a head slice of a wider [T, Hq + Hkv, D] tensor
+    q = torch.randn((T, hq + hkv, d), generator=g, device=device, dtype=dtype)[:, :hq]
+    kv = torch.randn((2, Lsum, hkv, d), generator=g, device=device, dtype=dtype)
+    qs, ks = [0], [0]
+    for t, L in specs:
+        qs.append(qs[-1] + t)
+        ks.append(ks[-1] + L)
+    cu = torch.tensor(qs + ks, dtype=torch.int32, device=device)
+    plan = VarlenPlan(torch.arange(Lsum, device=device), cu[:len(qs)], cu[len(qs):], ks,
+                      max(t for t, _ in specs), max(L for _, L in specs))
+    for contiguous in (False, True):
+        _VARLEN_CONTIGUOUS_Q[0] = contiguous
+        try:
+            err = _varlen_error(q, kv, plan, specs, qs, ks, device, hq, hkv, d)
+        except Exception as e:  # missing kernel, other signature, unsupported geometry
+            err, why = float("inf"), f"{type(e).__name__}: {e}"
+        else:
+            why = f"max |err| {err:.3g} against the math reference"
+        if err < 0.05:
+            print(f"refengine: sdpa attention through varlen flash (Hq {hq}, Hkv {hkv}, D {d}, {dtype}, "
+                  f"contiguous q {contiguous}; {why})", file=sys.stderr)
+            return True
+    print(f"refengine: varlen flash attention unusable ({why}); using per-request SDPA", file=sys.stderr)
+    return False
+
+
+def _varlen_error(q, kv, plan, specs, qs, ks, device, hq, hkv, d) -> float:
+    got = _flash_varlen(q, kv[0], kv[1], plan).float()
+    err = 0.0
+    for i, (t, L) in enumerate(specs):
+        qq = q[qs[i]:qs[i + 1]].float().transpose(0, 1)
+        k = kv[0, ks[i]:ks[i + 1]].float().transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        v = kv[1, ks[i]:ks[i + 1]].float().transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        sc = torch.matmul(qq, k.transpose(-1, -2)) / math.sqrt(d)
+        sc = sc.masked_fill(~_bottom_right_causal(t, L, device), float("-inf"))
+        want = torch.matmul(sc.softmax(-1), v).transpose(0, 1)
+        err = max(err, (got[qs[i]:qs[i + 1]] - want).abs().max().item())
+    return err
 

@@ -5,6 +5,13 @@ base `rope_theta`) → paged GQA attention → o projection → residual; RMSNor
 residual. Final RMSNorm and an lm head (tied to the embedding or not). Weights are drawn from
 N(0, 1/fan_in) (embedding N(0, 1)) with a generator seeded by `seed`, so activations keep unit
 scale through the depth and greedy outputs depend on the context.
+
+Two forwards compute the same function. `exact` attention runs the plain per-layer loop below
+(the CPU reference, bit-identical across step shapes). `sdpa` runs `_forward_fast`: per layer
+fewer, larger ops (fused RMSNorm where torch has one, q and k normed and rotated together, RoPE
+as one roll + multiply-add, residual adds fused into the projections' GEMMs) and attention
+through the step's `VarlenPlan` (one context gather and one varlen flash call per layer for
+the whole batch; see attention.py).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from .attention import BatchMeta, attend, write_kv
+from .attention import BatchMeta, attend, attend_planned, plan_from_meta, write_kv
 from .config import ModelConfig
 
 
@@ -45,6 +52,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+_F_RMS_NORM = getattr(F, "rms_norm", None)  # torch >= 2.4: one call (a fused kernel in newer torch)
+
+
+def rms_norm_fast(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm as one torch call where available (same math: fp32 statistics, result in x's
+    dtype, times weight); the plain ops otherwise."""
+    if _F_RMS_NORM is not None and weight.shape == x.shape[-1:]:
+        return _F_RMS_NORM(x, (x.shape[-1],), weight, eps)
+    return rms_norm(x, weight, eps)
+
+
+def rope_fast(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """The same NeoX rotation as Qwen3Model.rope, in 3 ops: x*cos2 + roll(x, D/2)*sin2 with
+    cos2 = [cos, cos] and sin2 = [-sin, sin] (fp32, broadcast over heads)."""
+    xf = x.float()
+    return torch.addcmul(xf * cos2, xf.roll(x.shape[-1] // 2, -1), sin2).to(x.dtype)
 
 
 class Qwen3Model:
@@ -109,8 +134,10 @@ class Qwen3Model:
                 attn_backend: str = "exact", attn_chunk: int = 256,
                 hooks: Optional[LayerHooks] = None) -> torch.Tensor:
         """tokens [T] → fp32 logits [len(meta.logits_indices), vocab]; writes K/V into kv_layers."""
-        c = self.cfg
         hooks = hooks or LayerHooks()
+        if attn_backend != "exact":
+            return self._forward_fast(tokens, meta, kv_layers, hooks)
+        c = self.cfg
         T, d = tokens.shape[0], c.head_dim
         q_sz, kv_sz = c.num_q_heads * d, c.num_kv_heads * d
         h = self.embed.index_select(0, tokens)
@@ -131,3 +158,49 @@ class Qwen3Model:
         last = rms_norm(h.index_select(0, meta.logits_indices), self.final_norm, c.rms_eps)
         return F.linear(last, self.lm_head).float()
 
+
+    def _fast_tables(self):
+        """cos2/sin2 RoPE tables and, per layer, whether q_norm == k_norm (then q and k are
+        normed in one call); built on first use."""
+        ft = getattr(self, "_fast", None)
+        if ft is None:
+            cos2 = torch.cat([self.cos, self.cos], -1)
+            sin2 = torch.cat([-self.sin, self.sin], -1)
+            same = [bool(torch.equal(w.q_norm, w.k_norm)) for w in self.layers]
+            ft = self._fast = (cos2, sin2, same)
+        return ft
+
+    def _forward_fast(self, tokens: torch.Tensor, meta: BatchMeta, kv_layers: List[torch.Tensor],
+                      hooks: LayerHooks) -> torch.Tensor:
+        c = self.cfg
+        if meta.plan is None:
+            meta.plan = plan_from_meta(meta)
+        T, d, hq, hkv = tokens.shape[0], c.head_dim, c.num_q_heads, c.num_kv_heads
+        qk_sz = (hq + hkv) * d
+        eps = c.rms_eps
+        cos2, sin2, same = self._fast_tables()
+        cos2 = cos2.index_select(0, meta.positions)[:, None, :]
+        sin2 = sin2.index_select(0, meta.positions)[:, None, :]
+        slots = meta.slot_mapping
+        h = self.embed.index_select(0, tokens)
+        for i, w in enumerate(self.layers):
+            qkv = F.linear(rms_norm_fast(h, w.in_norm, eps), w.wqkv)
+            v = qkv[:, qk_sz:].view(T, hkv, d)
+            if same[i]:
+                qk = rope_fast(rms_norm_fast(qkv[:, :qk_sz].view(T, hq + hkv, d), w.q_norm, eps), cos2, sin2)
+                q, k = qk[:, :hq], qk[:, hq:]
+            else:
+                q = rope_fast(rms_norm_fast(qkv[:, :hq * d].view(T, hq, d), w.q_norm, eps), cos2, sin2)
+                k = rope_fast(rms_norm_fast(qkv[:, hq * d:qk_sz].view(T, hkv, d), w.k_norm, eps), cos2, sin2)
+            kv = kv_layers[i]
+            hooks.before_attention(i)
+            flat = kv.view(2, -1, hkv, d)
+            flat[0].index_copy_(0, slots, k.to(kv.dtype))
+            flat[1].index_copy_(0, slots, v.to(kv.dtype))
+            a = attend_planned(q, kv, meta)
+            hooks.after_attention(i, kv, meta)
+            h = torch.addmm(h, a.reshape(T, hq * d), w.wo.t())
+            gate, up = F.linear(rms_norm_fast(h, w.post_norm, eps), w.wgu).chunk(2, dim=-1)
+            h = torch.addmm(h, F.silu(gate).mul_(up), w.wdown.t())
+        last = rms_norm_fast(h.index_select(0, meta.logits_indices), self.final_norm, eps)
+        return F.linear(last, self.lm_head).float()

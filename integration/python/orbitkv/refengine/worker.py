@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 import torch
 
-from .attention import BatchMeta, SeqSpan
+from .attention import BatchMeta, SeqSpan, VarlenPlan
 from .config import EngineConfig
 from .connector import KVConnectorOutput
 from .kvpool import KVPool, layer_name
@@ -86,8 +86,13 @@ class ModelRunner:
         return types.SimpleNamespace(no_compile_layers=layers, attn_metadata=meta, virtual_engine=0)
 
     def _build(self, so: SchedulerOutput):
+        """The step's tensors, assembled on the host and moved to the device in one copy (an
+        int64 buffer sliced into views); for the sdpa backend also the step's VarlenPlan."""
         B = self.cfg.block_size
-        tokens, positions, slots, spans, logits_rows, sample_ids = [], [], [], [], [], []
+        tokens, positions, slots, tables, logits_rows, sample_ids = [], [], [], [], [], []
+        ctx, q_starts, k_starts, spans = [], [0], [0], []
+        planned = self.backend != "exact"
+        arange_b = torch.arange(B, dtype=torch.int64)
         off = 0
         for s in so.seqs:
             req, start, n = s.request, s.start, s.num_tokens
@@ -96,16 +101,31 @@ class ModelRunner:
             tokens.append(torch.tensor(req.all_token_ids[start:start + n], dtype=torch.int64))
             positions.append(pos)
             slots.append(table[pos // B] * B + pos % B)
-            spans.append(SeqSpan(off, off + n, start + n, table.to(self.device)))
+            tables.append(table)
+            spans.append((off, off + n, start + n))
+            if planned:
+                ctx.append((table[:, None] * B + arange_b[None, :]).flatten()[:start + n])
+                q_starts.append(off + n)
+                k_starts.append(k_starts[-1] + start + n)
             if s.samples:
                 logits_rows.append(off + n - 1)
                 sample_ids.append(req.request_id)
             off += n
-        dev = self.device
-        meta = BatchMeta(slot_mapping=torch.cat(slots).to(dev), positions=torch.cat(positions).to(dev),
-                         seqs=spans, block_size=B,
-                         logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(dev))
-        return torch.cat(tokens).to(dev), meta, sample_ids
+        parts = [torch.cat(tokens), torch.cat(positions), torch.cat(slots),
+                 torch.tensor(logits_rows, dtype=torch.int64)] + tables
+        if planned:
+            parts += [torch.cat(ctx), torch.tensor(q_starts + k_starts, dtype=torch.int64)]
+        flat = torch.cat(parts).to(self.device)
+        views = list(flat.split([p.shape[0] for p in parts]))
+        tok, pos_d, slot_d, logit_d = views[:4]
+        seqs = [SeqSpan(a, b, L, t) for (a, b, L), t in zip(spans, views[4:4 + len(tables)])]
+        meta = BatchMeta(slot_mapping=slot_d, positions=pos_d, seqs=seqs, block_size=B, logits_indices=logit_d)
+        if planned:
+            cu = views[-1].to(torch.int32)
+            S = len(so.seqs)
+            meta.plan = VarlenPlan(views[-2], cu[:S + 1], cu[S + 1:], k_starts,
+                                   max(b - a for a, b, _ in spans), max(L for _, _, L in spans))
+        return tok, meta, sample_ids
 
     def _forward(self, tokens: torch.Tensor, meta: BatchMeta, sample_ids) -> Dict[str, int]:
         logits = self.model.forward(tokens, meta, self.pool.layers, self.backend,
