@@ -74,35 +74,29 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 }
 
 func (s *engineServer) Save(_ context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
-	sess, err := s.session(r.SessionId)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	pages, err := pagesFromPB(r.Pages, sess, s.p.cfg.MaxPages)
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	toSSD := r.Durability == pb.Durability_DURABILITY_SSD
-	o, err := s.p.startOp(sess, len(pages), durationMs(r.DeadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
 		s.p.pages.save(ctx, sess, pages, toSSD, res)
 	})
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &pb.OpHandle{OpId: o.id}, nil
 }
 
 func (s *engineServer) Load(_ context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
-	sess, err := s.session(r.SessionId)
+	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, s.p.pages.load)
+}
+
+// pageOp validates a Save or Load and starts it as an operation.
+func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32,
+	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
+	sess, err := s.session(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	pages, err := pagesFromPB(r.Pages, sess, s.p.cfg.MaxPages)
+	pages, err := pagesFromPB(refs, sess, s.p.cfg.MaxPages)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	o, err := s.p.startOp(sess, len(pages), durationMs(r.DeadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
-		s.p.pages.load(ctx, sess, pages, res)
+	o, err := s.p.startOp(sess, len(pages), durationMs(deadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+		run(ctx, sess, pages, res)
 	})
 	if err != nil {
 		return nil, toStatus(err)
