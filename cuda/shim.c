@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 static void *lib;
 
@@ -221,6 +222,24 @@ CUresult okv_event_destroy(CUcontext ctx, CUevent e) { SETCTX(ctx); return p_cuE
 CUresult okv_event_record(CUcontext ctx, CUevent e, CUstream s) { SETCTX(ctx); return p_cuEventRecord(e, s); }
 CUresult okv_event_query(CUcontext ctx, CUevent e) { SETCTX(ctx); return p_cuEventQuery(e); }
 CUresult okv_event_sync(CUcontext ctx, CUevent e) { SETCTX(ctx); return p_cuEventSynchronize(e); }
+// okv_event_poll queries e until it completes or budget_us have passed,
+// sleeping sleep_ns between queries in nanosleep (which blocks only this
+// thread, with the kernel's timer precision: tens of microseconds, where a
+// Go timer this short rounds up to the runtime's millisecond poll). Returns
+// CUDA_ERROR_NOT_READY when the budget ran out first.
+CUresult okv_event_poll(CUcontext ctx, CUevent e, unsigned int budget_us, unsigned int sleep_ns) {
+	SETCTX(ctx);
+	struct timespec t0, t, nap = {0, (long)sleep_ns};
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		CUresult r = p_cuEventQuery(e);
+		if (r != OKV_CUDA_ERROR_NOT_READY) return r;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		long long us = (long long)(t.tv_sec - t0.tv_sec) * 1000000LL + (t.tv_nsec - t0.tv_nsec) / 1000;
+		if (us >= (long long)budget_us) return r;
+		nanosleep(&nap, NULL);
+	}
+}
 CUresult okv_event_elapsed(CUcontext ctx, float *ms, CUevent a, CUevent b) { SETCTX(ctx); return p_cuEventElapsedTime(ms, a, b); }
 CUresult okv_mem_alloc(CUcontext ctx, CUdeviceptr *p, size_t n) { SETCTX(ctx); return p_cuMemAlloc(p, n); }
 CUresult okv_mem_free(CUcontext ctx, CUdeviceptr p) { SETCTX(ctx); return p_cuMemFree(p); }

@@ -77,6 +77,7 @@ CUresult okv_event_destroy(CUcontext ctx, CUevent e);
 CUresult okv_event_record(CUcontext ctx, CUevent e, CUstream s);
 CUresult okv_event_query(CUcontext ctx, CUevent e);
 CUresult okv_event_sync(CUcontext ctx, CUevent e);
+CUresult okv_event_poll(CUcontext ctx, CUevent e, unsigned int budget_us, unsigned int sleep_ns);
 CUresult okv_event_elapsed(CUcontext ctx, float *ms, CUevent start, CUevent end);
 CUresult okv_mem_alloc(CUcontext ctx, CUdeviceptr *p, size_t n);
 CUresult okv_mem_free(CUcontext ctx, CUdeviceptr p);

@@ -179,6 +179,14 @@ func (p *Peer) importCUDA(s *session, specs []cudaSpec) error {
 	return nil
 }
 
+// deviceCopier is what a CUDA session's saves and loads need of the
+// device's transport: *transfer.CUDA, or a fake where the CPU side is
+// measured without a GPU.
+type deviceCopier interface {
+	Copy(ctx context.Context, batch []transfer.Desc) error
+	CopyGroups(ctx context.Context, groups [][]transfer.Desc, done func(g int)) error
+}
+
 // cudaSpec is a validated CUDA IPC buffer of an OpenSession request.
 type cudaSpec struct {
 	handle []byte
@@ -187,8 +195,9 @@ type cudaSpec struct {
 	size   uint64
 }
 
-// saveGroupBytes is how many page bytes a save copies before checksumming
-// them while the next group copies (the D2H and the CRC overlap).
+// saveGroupBytes is how many page bytes a save that must reach SSD copies
+// before checksumming them while the next group copies (the D2H and the CRC
+// overlap). A save into DRAM only is one group: its pages are sealed later.
 const saveGroupBytes = 64 << 20
 
 // gpuChunk is how many pages one device batch of a CUDA session's save or
@@ -198,6 +207,56 @@ func (s *pageStore) gpuChunk(pageBytes uint64) int {
 	slots := s.pool.Stats().CapacityBytes / dram.SlotBytes(pageBytes)
 	return int(max(1, slots/4))
 }
+
+// descBufs recycles the descriptor lists of device batches: an 8K-token
+// operation plans 9,216 descriptors (36,864 with 16-token blocks), and
+// growing a fresh list each time cost more CPU than planning it (GC,
+// write barriers), all of it before the copy starts.
+var descBufs sync.Pool
+
+func getDescs(n int) *[]transfer.Desc {
+	if p, ok := descBufs.Get().(*[]transfer.Desc); ok && cap(*p) >= n {
+		return p
+	}
+	d := make([]transfer.Desc, 0, n)
+	return &d
+}
+
+func putDescs(p *[]transfer.Desc) {
+	clear((*p)[:cap(*p)]) // drop the region pointers
+	*p = (*p)[:0]
+	descBufs.Put(p)
+}
+
+// appendPlan appends one page's descriptors, planned by plan onto the list
+// it is given, to *buf. fresh starts a run that does not merge into the
+// descriptor before it (a group boundary). On error *buf is unchanged.
+func appendPlan(buf *[]transfer.Desc, fresh bool, plan func([]transfer.Desc) ([]transfer.Desc, error)) error {
+	n := len(*buf)
+	at := (*buf)[n:]
+	var last transfer.Desc
+	if !fresh && n > 0 {
+		at, last = *buf, (*buf)[n-1] // plan may extend the last descriptor
+	}
+	d, err := plan(at)
+	switch {
+	case err != nil:
+		if !fresh && n > 0 {
+			(*buf)[n-1] = last
+		}
+		return err
+	case !fresh:
+		*buf = d
+	case len(d) > 0 && n+len(d) <= cap(*buf) && &(*buf)[:n+1][n] == &d[0]:
+		*buf = (*buf)[:n+len(d)] // planned in place
+	default:
+		*buf = append((*buf)[:n], d...)
+	}
+	return nil
+}
+
+// descsPerPage is how many descriptors a page plans at most.
+func descsPerPage(sess *session) int { return len(sess.geom.Segments) * sess.geom.BlocksPerPage }
 
 // saveGPU is save for a CUDA session: gather on the device, then the same
 // write-through and catalog commit as every save.
@@ -209,11 +268,71 @@ func (s *pageStore) saveGPU(ctx context.Context, sess *session, reqs []pageReq, 
 	s.commitSaves(items, res)
 }
 
-// gatherGPU copies every page of a save out of the GPU into fresh DRAM slots
-// with one batched device copy, and checksums each page on the host from its
-// pinned slot once its group has landed (overlapping the next group's copy).
+// gatherGPU copies every page of a save out of the GPU into fresh DRAM
+// slots. A save into DRAM is one device batch and leaves the checksum to the
+// sealer (seal.go). A save that must reach SSD copies in groups and
+// checksums each group's pages on the host from their pinned slots while
+// the next group copies.
 func (s *pageStore) gatherGPU(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) []*saveItem {
-	var items []*saveItem
+	items := s.allocSaves(ctx, sess, reqs, toSSD, res)
+	if len(items) == 0 {
+		return nil
+	}
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	per := len(items)
+	if toSSD {
+		per = max(1, int(saveGroupBytes/sess.pageBytes))
+	}
+	buf := getDescs(len(items) * descsPerPage(sess))
+	defer putDescs(buf)
+	var starts []int // where each group's descriptors begin in *buf
+	var members [][]*saveItem
+	var planned []*saveItem
+	for _, it := range items {
+		fresh := len(members) == 0 || len(members[len(members)-1]) == per
+		n := len(*buf)
+		err := appendPlan(buf, fresh, func(dst []transfer.Desc) ([]transfer.Desc, error) {
+			return sess.geom.Gather(dst, sess.bufs, reqs[it.i].Blocks, s.dramR, s.pool.Offset(it.slot))
+		})
+		if err != nil {
+			res[it.i] = failResult(fmt.Errorf("gather page: %w", err))
+			s.freeDRAM(it.slot)
+			continue
+		}
+		if fresh {
+			starts, members = append(starts, n), append(members, nil)
+		}
+		members[len(members)-1] = append(members[len(members)-1], it)
+		planned = append(planned, it)
+	}
+	groups := make([][]transfer.Desc, len(starts))
+	for g, lo := range starts {
+		hi := len(*buf)
+		if g+1 < len(starts) {
+			hi = starts[g+1]
+		}
+		groups[g] = (*buf)[lo:hi]
+	}
+	copied, err := s.copySaves(ctx, sess, toSSD, groups, members, len(reqs))
+	var out []*saveItem
+	for _, it := range planned {
+		if !copied[it.i] {
+			res[it.i] = failResult(fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
+			s.freeDRAM(it.slot)
+			continue
+		}
+		it.entry = catalog.Entry{Key: it.key, Layout: sess.fp, Size: sess.pageBytes, Checksum: it.entry.Checksum,
+			Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
+		it.unsealed = !toSSD
+		out = append(out, it)
+	}
+	return out
+}
+
+// allocSaves takes a fresh DRAM slot for every page not stored already.
+func (s *pageStore) allocSaves(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) []*saveItem {
+	items := make([]*saveItem, 0, len(reqs))
 	for i, r := range reqs {
 		if e, ok := s.cat.Get(r.Key); ok && (e.OnSSD || !toSSD) {
 			res[i] = okResult(e.Tier())
@@ -226,90 +345,78 @@ func (s *pageStore) gatherGPU(ctx context.Context, sess *session, reqs []pageReq
 		}
 		items = append(items, &saveItem{i: i, key: r.Key, slot: slot})
 	}
-	if len(items) == 0 {
-		return nil
-	}
-	s.m.inflight.Inc()
-	defer s.m.inflight.Dec()
-	per := max(1, int(saveGroupBytes/sess.pageBytes))
-	var groups [][]transfer.Desc
-	var members [][]*saveItem
-	var planned []*saveItem
-	for _, it := range items {
-		descs, err := sess.geom.Gather(nil, sess.bufs, reqs[it.i].Blocks, s.dramR, s.pool.Offset(it.slot))
-		if err != nil {
-			res[it.i] = failResult(fmt.Errorf("gather page: %w", err))
-			s.freeDRAM(it.slot)
-			continue
-		}
-		if len(members) == 0 || len(members[len(members)-1]) == per {
-			groups, members = append(groups, nil), append(members, nil)
-		}
-		g := len(groups) - 1
-		groups[g] = append(groups[g], descs...)
-		members[g] = append(members[g], it)
-		planned = append(planned, it)
-	}
-	// Each group's pages are checksummed from their pinned slots once the
-	// group has landed, while the next group copies.
-	crcs := make([]uint32, len(reqs))
-	copied := make([]bool, len(reqs))
-	err := sess.gpu.CopyGroups(ctx, groups, func(g int) {
-		parallel(len(members[g]), func(j int) {
-			it := members[g][j]
-			buf := s.pool.Bytes(it.slot)
-			if toSSD { // else sealed later, off the engine's path (seal.go)
-				crcs[it.i] = crc32.Checksum(buf[:sess.pageBytes], castagnoli)
+	return items
+}
+
+// copySaves runs a save's device copy and reports which pages landed, with
+// their checksums in entry.Checksum when toSSD. Slot padding (O_DIRECT
+// writes it too) is cleared while the device copies.
+func (s *pageStore) copySaves(ctx context.Context, sess *session, toSSD bool, groups [][]transfer.Desc, members [][]*saveItem, n int) ([]bool, error) {
+	var pad sync.WaitGroup
+	if dram.SlotBytes(sess.pageBytes) > sess.pageBytes {
+		pad.Go(func() {
+			for _, m := range members {
+				for _, it := range m {
+					clear(s.pool.Bytes(it.slot)[sess.pageBytes:])
+				}
 			}
-			clear(buf[sess.pageBytes:]) // O_DIRECT writes the padding too
-			copied[it.i] = true
 		})
-	})
-	var out []*saveItem
-	for _, it := range planned {
-		if !copied[it.i] {
-			res[it.i] = failResult(fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
-			s.freeDRAM(it.slot)
-			continue
-		}
-		it.entry = catalog.Entry{Key: it.key, Layout: sess.fp, Size: sess.pageBytes, Checksum: crcs[it.i],
-			Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
-		it.unsealed = !toSSD
-		out = append(out, it)
 	}
-	return out
+	copied := make([]bool, n)                             // by request index
+	err := sess.gpu.CopyGroups(ctx, groups, func(g int) { // on this goroutine
+		if toSSD { // else sealed later, off the engine's path (seal.go)
+			parallel(len(members[g]), func(j int) {
+				it := members[g][j]
+				it.entry.Checksum = crc32.Checksum(s.pool.Bytes(it.slot)[:sess.pageBytes], castagnoli)
+			})
+		}
+		for _, it := range members[g] {
+			copied[it.i] = true
+		}
+	})
+	pad.Wait()
+	return copied, err
 }
 
 // scatterGPU copies every pending page of a load from its DRAM slot into the
 // engine's GPU blocks with one batched device copy.
 func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*loadItem, res []pageResult) {
-	var descs []transfer.Desc
-	var moving []*loadItem
+	buf := getDescs(len(items) * descsPerPage(sess))
+	defer putDescs(buf)
+	moving := make([]*loadItem, 0, len(items))
 	for _, it := range items {
 		if res[it.i].Code != codePending {
 			continue
 		}
-		d, err := sess.geom.Scatter(descs, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
+		err := appendPlan(buf, false, func(dst []transfer.Desc) ([]transfer.Desc, error) {
+			return sess.geom.Scatter(dst, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
+		})
 		if err != nil {
 			res[it.i] = failResult(err)
 			continue
 		}
-		descs = d
 		moving = append(moving, it)
 	}
 	if len(moving) == 0 {
 		return
 	}
 	s.m.inflight.Inc()
-	err := sess.gpu.Copy(ctx, descs)
+	err := sess.gpu.Copy(ctx, *buf)
 	s.m.inflight.Dec()
-	for _, it := range moving {
-		if err != nil {
+	if err != nil {
+		for _, it := range moving {
 			res[it.i] = failResult(fmt.Errorf("scatter page over cuda: %w", err))
-			continue
 		}
-		s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
-		s.m.loadedTokens.Add(float64(sess.layout.PageTokens))
+		return
+	}
+	loaded := s.m.loadedPages.WithLabelValues(catalog.TierDRAM.String())
+	for _, it := range moving {
+		if it.tier == catalog.TierDRAM {
+			loaded.Inc()
+		} else {
+			s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
+		}
 		res[it.i] = okResult(it.tier)
 	}
+	s.m.loadedTokens.Add(float64(len(moving)) * float64(sess.layout.PageTokens))
 }

@@ -33,7 +33,7 @@ type session struct {
 	bufs      []*transfer.Region
 	mapped    []*hbm.Shared
 	gpuBufs   []*hbm.GPUBuffer // CUDA sessions: the imported IPC buffers
-	gpu       *transfer.CUDA   // CUDA sessions: the device's transport
+	gpu       deviceCopier     // CUDA sessions: the device's transport (gpu.go)
 	keepalive time.Duration
 
 	ctx    context.Context // cancelled when the session closes

@@ -60,7 +60,7 @@ type CUDA struct {
 	dev     *cuda.Device
 	host    *cuda.HostRegion
 	hostR   *Region
-	copiers chan *cuda.Copier
+	copiers chan *copierSlot
 	all     []*cuda.Copier
 	maxSegs int
 	method  cuda.Method
@@ -80,17 +80,24 @@ func NewCUDA(d *cuda.Device, host *cuda.HostRegion, hostR *Region, cfg CUDAConfi
 	if hostR == nil || hostR.Kind != Host || hostR.Size != host.Len() {
 		return nil, fmt.Errorf("cuda transport: host region does not match the registered memory")
 	}
-	c := &CUDA{dev: d, host: host, hostR: hostR, copiers: make(chan *cuda.Copier, cfg.Copiers), maxSegs: cfg.Copier.MaxSegments}
+	c := &CUDA{dev: d, host: host, hostR: hostR, copiers: make(chan *copierSlot, cfg.Copiers), maxSegs: cfg.Copier.MaxSegments}
 	for range cfg.Copiers {
 		cp, err := d.NewCopier(cfg.Copier)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("cuda transport: %w", err), c.Close())
 		}
 		c.all = append(c.all, cp)
-		c.copiers <- cp
+		c.copiers <- &copierSlot{cp: cp}
 		c.method = cp.Method()
 	}
 	return c, nil
+}
+
+// copierSlot is a copier and the segment list its batches are lowered into
+// (reused: an 8K-token restore is 9,216 segments).
+type copierSlot struct {
+	cp   *cuda.Copier
+	segs []cuda.Segment
 }
 
 // Name implements Transport.
@@ -110,16 +117,17 @@ func (c *CUDA) Copy(ctx context.Context, batch []Desc) error {
 // device moves the next ones. done may be nil. On error, groups whose done
 // was not called are not known to be complete.
 func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)) error {
-	cp, err := c.acquire(ctx)
+	slot, err := c.acquire(ctx)
 	if err != nil {
 		return err
 	}
+	cp := slot.cp
 	start := time.Now()
 	defer func() { c.copyNanos.Add(int64(time.Since(start))) }()
 	ok := true
 	defer func() {
 		if ok {
-			c.copiers <- cp
+			c.copiers <- slot
 		}
 	}()
 	type flight struct {
@@ -154,10 +162,11 @@ func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)
 		ready = ready[:0]
 	}
 	for g, batch := range groups {
-		dir, segs, err := c.lower(batch)
+		dir, segs, err := c.lower(slot.segs[:0], batch)
 		if err != nil {
 			return err
 		}
+		slot.segs = segs // Start has copied them by the time they are reused
 		if len(segs) == 0 {
 			ready = append(ready, g)
 		}
@@ -199,7 +208,7 @@ func (c *CUDA) wait(ctx context.Context, p *cuda.Pending) error {
 	return err
 }
 
-func (c *CUDA) acquire(ctx context.Context) (*cuda.Copier, error) {
+func (c *CUDA) acquire(ctx context.Context) (*copierSlot, error) {
 	if c.closed.Load() {
 		return nil, fmt.Errorf("cuda transport: %w", cuda.ErrClosed)
 	}
@@ -219,12 +228,23 @@ func (c *CUDA) acquire(ctx context.Context) (*cuda.Copier, error) {
 	}
 }
 
-// lower turns descriptors into copier segments; every descriptor of a batch
-// must move the same way between the transport's host region and its device.
-func (c *CUDA) lower(batch []Desc) (cuda.Direction, []cuda.Segment, error) {
-	segs := make([]cuda.Segment, 0, len(batch))
+// lower turns descriptors into copier segments, appended to dst.
+func (c *CUDA) lower(dst []cuda.Segment, batch []Desc) (cuda.Direction, []cuda.Segment, error) {
+	dir, segs, n, err := lowerCUDA(dst, batch, c.hostR, c.dev.Ordinal())
+	if err == nil {
+		c.bytes.Add(n)
+	}
+	return dir, segs, err
+}
+
+// lowerCUDA turns descriptors into copier segments appended to dst and
+// counts their bytes; every descriptor of a batch must move the same way
+// between host region hostR and device memory of GPU ordinal.
+func lowerCUDA(dst []cuda.Segment, batch []Desc, hostR *Region, ordinal int) (cuda.Direction, []cuda.Segment, uint64, error) {
 	var dir cuda.Direction
-	for i, d := range batch {
+	var bytes uint64
+	for i := range batch {
+		d := &batch[i]
 		var h, dv *Region
 		var hOff, dOff uint64
 		var di cuda.Direction
@@ -234,26 +254,26 @@ func (c *CUDA) lower(batch []Desc) (cuda.Direction, []cuda.Segment, error) {
 		case d.Src.Kind == Device && d.Dst.Kind == Host:
 			h, hOff, dv, dOff, di = d.Dst, d.DstOff, d.Src, d.SrcOff, cuda.DeviceToHost
 		default:
-			return 0, nil, fmt.Errorf("descriptor %d (%s -> %s): %w", i, d.Src.Name, d.Dst.Name, ErrUnsupported)
+			return 0, dst, bytes, fmt.Errorf("descriptor %d (%s -> %s): %w", i, d.Src.Name, d.Dst.Name, ErrUnsupported)
 		}
-		if h != c.hostR || dv.Ordinal != c.dev.Ordinal() {
-			return 0, nil, fmt.Errorf("descriptor %d (%s -> %s): not this transport's host region or device %d: %w",
-				i, d.Src.Name, d.Dst.Name, c.dev.Ordinal(), ErrUnsupported)
+		if h != hostR || dv.Ordinal != ordinal {
+			return 0, dst, bytes, fmt.Errorf("descriptor %d (%s -> %s): not this transport's host region or device %d: %w",
+				i, d.Src.Name, d.Dst.Name, ordinal, ErrUnsupported)
 		}
 		if i > 0 && di != dir {
-			return 0, nil, fmt.Errorf("descriptor %d: batch mixes directions: %w", i, ErrUnsupported)
+			return 0, dst, bytes, fmt.Errorf("descriptor %d: batch mixes directions: %w", i, ErrUnsupported)
 		}
 		dir = di
 		if err := d.check(); err != nil {
-			return 0, nil, err
+			return 0, dst, bytes, err
 		}
 		if d.Len == 0 {
 			continue
 		}
-		segs = append(segs, cuda.Segment{HostOff: hOff, Dev: cuda.DevicePtr(dv.Device + dOff), Len: d.Len})
-		c.bytes.Add(d.Len)
+		dst = append(dst, cuda.Segment{HostOff: hOff, Dev: cuda.DevicePtr(dv.Device + dOff), Len: d.Len})
+		bytes += d.Len
 	}
-	return dir, segs, nil
+	return dir, dst, bytes, nil
 }
 
 // CUDAStats counts a transport's work since it was created.

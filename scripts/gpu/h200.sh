@@ -3,6 +3,7 @@
 #   scripts/gpu/h200.sh check      GPU tests (Go peer + cuda, Python), bench gpu, TTFT probe, proto check
 #   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
 #   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
+#   scripts/gpu/h200.sh peer128    8K-token peer rows only (64- and 16-token blocks), then the Go GPU tests
 #   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
 #                                  integration/python from another commit) the same probes on it first-hand
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
@@ -123,6 +124,19 @@ print(d.get('local_hit_profile', {}).get('by_cuda', ''))" 2>&1 | tee -a "$S"
 	stop_all
 }
 
+peer128() { # the 8K-token peer rows (the §6 restore/save target), then correctness on the GPU
+	nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
+	timeout ${BENCH_TIMEOUT:-130} out/orbitkv bench gpu --skip-methods --reps 8 --pages 128 --block-tokens 64,16 >"$O/bench_gpu_peer.txt" 2>&1
+	say "bench gpu (peer rows, 128 pages) rc=$?"
+	grep -E "^(gpu|SUMMARY|CRC|through)" "$O/bench_gpu_peer.txt" | tee -a "$S"
+	T=$O/tests.txt
+	(cd fabric && ORBITKV_REQUIRE=cuda timeout 60 ../out/fabric.test -test.run 'GPU|CUDA' -test.v -test.count=1) >"$T" 2>&1
+	say "fabric GPU tests rc=$?"
+	grep -E "^\s*(--- |FAIL|PASS|ok)" "$T" | head -20 | tee -a "$S"
+	(cd cuda && ORBITKV_REQUIRE=cuda timeout 40 ../out/cuda.test -test.count=1) >>"$T" 2>&1
+	say "cuda tests rc=$? ($(tail -1 "$T"))"
+}
+
 ttft_probe() { # LABEL PYDIR TIMEOUT EXTRA...
 	local label=$1 dir=$2 to=$3
 	shift 3
@@ -161,7 +175,8 @@ refengine() { # the reference engine's GPU path: tests, TTFT (restore vs recompu
 case ${1:-check} in
 check) check ;;
 peer) peer ;;
+peer128) peer128 ;;
 refengine) refengine ;;
 sustained) sustained ;;
-*) echo "usage: $0 check|sustained|peer|refengine" >&2; exit 2 ;;
+*) echo "usage: $0 check|sustained|peer|peer128|refengine" >&2; exit 2 ;;
 esac

@@ -1,0 +1,188 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/transfer"
+)
+
+// nullDevice stands in for a GPU transport: it takes the descriptors and
+// moves nothing, so a benchmark times only the peer's CPU side of a CUDA
+// session's save or load (RPCs, catalog, pins, planning, bookkeeping).
+type nullDevice struct{ bytes uint64 }
+
+func (d *nullDevice) Copy(ctx context.Context, batch []transfer.Desc) error {
+	return d.CopyGroups(ctx, [][]transfer.Desc{batch}, nil)
+}
+
+func (d *nullDevice) CopyGroups(_ context.Context, groups [][]transfer.Desc, done func(g int)) error {
+	for g, batch := range groups {
+		for _, x := range batch {
+			d.bytes += x.Len
+		}
+		if done != nil {
+			done(g)
+		}
+	}
+	return nil
+}
+
+// benchGPUGeometry has Qwen3-8B's descriptor count per page (36 layers × K,V
+// × blocks) with small planes, so the benchmark needs little memory: what
+// it measures is per-descriptor and per-page work, not bytes.
+func benchGPUGeometry(blockTokens, numBlocks int) engineclient.Flash {
+	return engineclient.Flash{Layers: 36, NumBlocks: numBlocks, BlockTokens: blockTokens, PageTokens: 64, KVHeads: 1, HeadDim: 16, ElemBytes: 2}
+}
+
+// BenchmarkGPUPathCPU times one Save (DRAM) and one Load of 128 pages (an
+// 8K-token prefix) through the engine API of a CUDA session whose device
+// transport moves nothing: the peer's CPU cost per operation, which on the
+// GPU adds to the copy's time.
+func BenchmarkGPUPathCPU(b *testing.B) {
+	for _, bt := range []int{64, 16} {
+		b.Run(map[int]string{64: "blocks64", 16: "blocks16"}[bt], func(b *testing.B) { benchGPUPath(b, bt, 128) })
+	}
+}
+
+func benchGPUPath(b *testing.B, blockTokens, pages int) {
+	perPage := 64 / blockTokens
+	f := benchGPUGeometry(blockTokens, 4*pages*perPage)
+	dir := b.TempDir()
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.MetricsAddr, cfg.CUDA = dir, "", "off"
+	cfg.DRAMBytes, cfg.DRAMSlabBytes, cfg.SSDBytes = 512<<20, 8<<20, 0
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(cfg, zerolog.New(io.Discard))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(rctx) }()
+	defer func() { stop(); <-done }()
+	<-p.ready
+	conn, err := engineclient.Dial(p.cfg.Socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	shm, err := engineclient.CreateShm(filepath.Join(dir, "kv"), f.Size())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer shm.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	e, err := engineclient.Open(ctx, conn, f.OpenRequest("m", shm.Path))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess, err := p.sessions.get(e.Session)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess.gpu = &nullDevice{} // the CUDA path, minus the device
+	rng := rand.New(rand.NewPCG(1, 2))
+	scattered := func(keys [][]byte) []*pb.PageRef { // random distinct blocks, as bench gpu draws them
+		perm := rng.Perm(f.NumBlocks)
+		out := make([]*pb.PageRef, len(keys))
+		for i, k := range keys {
+			out[i] = &pb.PageRef{Key: k}
+			for j := range perPage {
+				out[i].Blocks = append(out[i].Blocks, uint32(perm[i*perPage+j]))
+			}
+		}
+		return out
+	}
+	keys := randKeys(pages)
+	if st, err := e.Save(ctx, scattered(keys), pb.Durability_DURABILITY_DRAM); err != nil || engineclient.AllOK(st) != nil {
+		b.Fatalf("first save: %v %v", err, engineclient.AllOK(st))
+	}
+	ops := []struct {
+		name string
+		run  func() (*pb.OpStatus, error)
+	}{
+		{"save", func() (*pb.OpStatus, error) {
+			keys = randKeys(pages) // fresh pages: a save of stored pages copies nothing
+			return e.Save(ctx, scattered(keys), pb.Durability_DURABILITY_DRAM)
+		}},
+		{"load", func() (*pb.OpStatus, error) { return e.Load(ctx, scattered(keys)) }},
+	}
+	for _, op := range ops {
+		b.Run(op.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				st, err := op.run()
+				if err == nil {
+					err = engineclient.AllOK(st)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestAppendPlan checks how pages' descriptors accumulate in a recycled
+// list: runs merge only within a run, and a failed plan leaves the list as
+// it was, including the descriptor it had extended.
+func TestAppendPlan(t *testing.T) {
+	host := transfer.HostRegion("h", make([]byte, 1<<16))
+	dev := &transfer.Region{Name: "d", Kind: transfer.Device, Size: 1 << 16}
+	plan := func(off uint64, fail bool) func([]transfer.Desc) ([]transfer.Desc, error) {
+		return func(dst []transfer.Desc) ([]transfer.Desc, error) {
+			if n := len(dst); n > 0 && dst[n-1].SrcOff+dst[n-1].Len == off {
+				dst[n-1].Len += 64 // merges, as Geometry.plan does
+			} else {
+				dst = append(dst, transfer.Desc{Src: host, SrcOff: off, Dst: dev, Len: 64})
+			}
+			if fail {
+				return dst, errors.New("boom")
+			}
+			return dst, nil
+		}
+	}
+	buf := getDescs(8)
+	defer putDescs(buf)
+	steps := []struct {
+		name  string
+		off   uint64
+		fresh bool
+		fail  bool
+		want  []uint64 // lengths
+	}{
+		{"first", 0, true, false, []uint64{64}},
+		{"merges", 64, false, false, []uint64{128}},
+		{"fresh run does not merge", 128, true, false, []uint64{128, 64}},
+		{"failed plan restores the extended descriptor", 192, false, true, []uint64{128, 64}},
+		{"failed fresh plan", 512, true, true, []uint64{128, 64}},
+		{"separate", 1024, false, false, []uint64{128, 64, 64}},
+	}
+	for _, st := range steps {
+		err := appendPlan(buf, st.fresh, plan(st.off, st.fail))
+		if (err != nil) != st.fail {
+			t.Fatalf("%s: err %v", st.name, err)
+		}
+		var got []uint64
+		for _, d := range *buf {
+			got = append(got, d.Len)
+		}
+		if !slices.Equal(got, st.want) {
+			t.Fatalf("%s: lengths %v, want %v", st.name, got, st.want)
+		}
+	}
+}
