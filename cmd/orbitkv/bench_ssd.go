@@ -173,9 +173,15 @@ type benchBuffers struct {
 func newBenchBuffers(pageBytes uint64, depth int) (*benchBuffers, error) {
 	n := page.AlignUp(pageBytes)
 	count := (1 + benchStreams) * depth
-	mem, err := unix.Mmap(-1, 0, int(n)*count, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE|unix.MAP_POPULATE)
+	// Buffers like the DRAM pool's (tiers/dram): huge pages advised before
+	// the memory is faulted in, so each I/O pins few pages.
+	mem, err := unix.Mmap(-1, 0, int(n)*count, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, fmt.Errorf("map %d bench buffers: %w", count, err)
+	}
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
+		clear(mem)
 	}
 	b := &benchBuffers{mem: mem, length: pageBytes}
 	seed := uint64(time.Now().UnixNano())
