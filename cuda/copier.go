@@ -240,42 +240,52 @@ func (c *Copier) enqueueLocked(dir Direction, h *HostRegion) error {
 	switch m {
 	case MethodKernel:
 		err = c.launchLocked(chunks)
-	case MethodBatch:
-		err = c.batchLocked()
-	case MethodPerSegment:
-		err = c.eachLocked(dir, c.streams[:1])
 	default:
-		err = c.eachLocked(dir, c.streams)
+		err = c.engineLocked(m, dir, 0, len(c.mu.segs))
 	}
 	if err != nil {
 		return err
 	}
-	return c.joinLocked()
+	return c.joinLocked(c.done)
 }
 
-func (c *Copier) eachLocked(dir Direction, streams []*Stream) error {
+// engineLocked enqueues segs[lo:hi) on the copy engines (method m).
+func (c *Copier) engineLocked(m Method, dir Direction, lo, hi int) error {
+	switch m {
+	case MethodBatch:
+		return c.batchLocked(lo, hi)
+	case MethodPerSegment:
+		return c.eachLocked(dir, c.streams[:1], lo, hi)
+	default:
+		return c.eachLocked(dir, c.streams, lo, hi)
+	}
+}
+
+func (c *Copier) eachLocked(dir Direction, streams []*Stream, lo, hi int) error {
 	ss := make([]C.CUstream, len(streams))
 	for i, s := range streams {
 		ss[i] = s.s
 	}
 	var failed C.size_t
-	segs := c.mu.segs
+	segs := c.mu.segs[lo:hi]
 	r := C.okv_copy_each(c.d.ctx, C.int(dir), (*C.okv_seg)(unsafe.Pointer(&segs[0])), C.size_t(len(segs)),
 		&ss[0], C.int(len(ss)), &failed)
 	runtime.KeepAlive(segs)
 	runtime.KeepAlive(ss)
 	if r != 0 {
-		return cudaErr(fmt.Sprintf("cuMemcpy%sAsync segment %d of %d", dirName(dir), failed, len(segs)), r)
+		return cudaErr(fmt.Sprintf("cuMemcpy%sAsync segment %d of %d", dirName(dir), lo+int(failed), len(c.mu.segs)), r)
 	}
 	return nil
 }
 
-func (c *Copier) batchLocked() error {
+// batchLocked enqueues segs[lo:hi) as cuMemcpyBatchAsync calls split over
+// the streams; each segment uses its own slots of the scratch arrays.
+func (c *Copier) batchLocked(lo, hi int) error {
 	segs := c.mu.segs
 	n := uint64(c.cfg.MaxSegments)
 	words := unsafe.Slice((*C.CUdeviceptr)(c.scratch), 3*n)
-	for k, rg := range splitEven(len(segs), len(c.streams)) {
-		i, j := rg[0], rg[1]
+	for k, rg := range splitEven(hi-lo, len(c.streams)) {
+		i, j := lo+rg[0], lo+rg[1]
 		var failed C.size_t
 		r := C.okv_copy_batch(c.d.ctx, (*C.okv_seg)(unsafe.Pointer(&segs[i])), C.size_t(j-i), c.streams[k].s,
 			C.uint(c.cfg.BatchFlags), &words[i], &words[n+uint64(i)], (*C.size_t)(unsafe.Pointer(&words[2*n+uint64(i)])), &failed)
@@ -295,8 +305,8 @@ func (c *Copier) launchLocked(chunks uint32) error {
 	return cudaErr(fmt.Sprintf("launch %s over %d segments", copyKernelName, len(segs)), r)
 }
 
-// joinLocked makes streams[0] wait for the others and records done on it.
-func (c *Copier) joinLocked() error {
+// joinLocked makes streams[0] wait for the others and records target on it.
+func (c *Copier) joinLocked(target *Event) error {
 	for i, e := range c.joins {
 		if err := e.Record(c.streams[i+1]); err != nil {
 			return err
@@ -305,7 +315,7 @@ func (c *Copier) joinLocked() error {
 			return err
 		}
 	}
-	return c.done.Record(c.streams[0])
+	return target.Record(c.streams[0])
 }
 
 // drain blocks until every stream is idle.

@@ -58,6 +58,8 @@ OKV_FN(CUresult, cuMemcpyHtoDAsync, (CUdeviceptr, const void *, size_t, CUstream
 OKV_FN(CUresult, cuMemcpyDtoHAsync, (void *, CUdeviceptr, size_t, CUstream))
 OKV_FN(CUresult, cuMemcpyPeerAsync, (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream))
 OKV_FN(CUresult, cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))
+OKV_FN(CUresult, cuIpcGetEventHandle, (CUipcEventHandle *, CUevent))
+OKV_FN(CUresult, cuIpcOpenEventHandle, (CUevent *, CUipcEventHandle))
 OKV_FN(CUresult, cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))
 OKV_FN(CUresult, cuIpcCloseMemHandle, (CUdeviceptr))
 OKV_FN(CUresult, cuMemGetAddressRange, (CUdeviceptr *, size_t *, CUdeviceptr))
@@ -157,6 +159,8 @@ int okv_load(const char *path, char *err, size_t errlen) {
 	REQ(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", NULL);
 	REQ(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", NULL);
 	REQ(cuIpcGetMemHandle, "cuIpcGetMemHandle", NULL);
+	REQ(cuIpcGetEventHandle, "cuIpcGetEventHandle", NULL);
+	REQ(cuIpcOpenEventHandle, "cuIpcOpenEventHandle", NULL);
 	REQ(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle");
 	REQ(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", NULL);
 	REQ(cuMemGetAddressRange, "cuMemGetAddressRange_v2", NULL);
@@ -264,6 +268,10 @@ CUresult okv_memcpy_peer_async(CUcontext ctx, CUdeviceptr dst, CUcontext dst_ctx
 	return p_cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, n, s);
 }
 
+// CU_EVENT_DISABLE_TIMING (2) | CU_EVENT_INTERPROCESS (4): required together.
+CUresult okv_event_create_ipc(CUcontext ctx, CUevent *e) { SETCTX(ctx); return p_cuEventCreate(e, 2 | 4); }
+CUresult okv_ipc_event_get(CUcontext ctx, CUipcEventHandle *h, CUevent e) { SETCTX(ctx); return p_cuIpcGetEventHandle(h, e); }
+CUresult okv_ipc_event_open(CUcontext ctx, CUevent *e, const CUipcEventHandle *h) { SETCTX(ctx); return p_cuIpcOpenEventHandle(e, *h); }
 CUresult okv_ipc_get(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p) { SETCTX(ctx); return p_cuIpcGetMemHandle(h, p); }
 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (1), as the runtime's cudaIpcOpenMemHandle.
 CUresult okv_ipc_open(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h) { SETCTX(ctx); return p_cuIpcOpenMemHandle(p, *h, 1); }
@@ -322,6 +330,12 @@ CUresult okv_launch_copy(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs,
 	SETCTX(ctx);
 	CUresult r = p_cuMemcpyHtoDAsync(dev_segs, staging, n * sizeof(okv_seg), s);
 	if (r != 0) return r;
+	return okv_launch_only(ctx, f, dev_segs, n, chunk, chunks, threads, s);
+}
+
+CUresult okv_launch_only(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs, size_t n,
+		unsigned int chunk, unsigned int chunks, unsigned int threads, CUstream s) {
+	SETCTX(ctx);
 	void *args[2] = {&dev_segs, &chunk};
 	return p_cuLaunchKernel(f, (unsigned int)n, chunks, 1, threads, 1, 1, 0, s, args, NULL);
 }

@@ -22,6 +22,7 @@ typedef void *CUmodule;
 typedef void *CUfunction;
 typedef unsigned long long CUdeviceptr;
 typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { char reserved[64]; } CUipcEventHandle;
 
 enum {
 	OKV_CUDA_SUCCESS = 0,
@@ -92,6 +93,11 @@ CUresult okv_memcpy_dtoh(CUcontext ctx, void *dst, CUdeviceptr src, size_t n);
 CUresult okv_memcpy_async(CUcontext ctx, int dir, uint64_t dst, uint64_t src, size_t n, CUstream s);
 CUresult okv_memcpy_peer_async(CUcontext ctx, CUdeviceptr dst, CUcontext dst_ctx,
 	CUdeviceptr src, CUcontext src_ctx, size_t n, CUstream s);
+// An event another process can wait on (CU_EVENT_INTERPROCESS |
+// CU_EVENT_DISABLE_TIMING), its 64-byte handle, and the importer's side.
+CUresult okv_event_create_ipc(CUcontext ctx, CUevent *e);
+CUresult okv_ipc_event_get(CUcontext ctx, CUipcEventHandle *h, CUevent e);
+CUresult okv_ipc_event_open(CUcontext ctx, CUevent *e, const CUipcEventHandle *h);
 CUresult okv_ipc_get(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p);
 CUresult okv_ipc_open(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h);
 CUresult okv_ipc_close(CUcontext ctx, CUdeviceptr p);
@@ -117,5 +123,9 @@ CUresult okv_copy_batch(CUcontext ctx, const okv_seg *segs, size_t n, CUstream s
 CUresult okv_launch_copy(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs,
 	const okv_seg *staging, size_t n, unsigned int chunk, unsigned int chunks,
 	unsigned int threads, CUstream s);
+// Launches the copy kernel over n descriptors already on the device at
+// dev_segs (no upload): grid (n, chunks).
+CUresult okv_launch_only(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs, size_t n,
+	unsigned int chunk, unsigned int chunks, unsigned int threads, CUstream s);
 
 #endif

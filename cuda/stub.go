@@ -63,11 +63,18 @@ func (*Stream) PeerCopyAsync(DevicePtr, *Device, DevicePtr, uint64) error    { r
 // Event is a CUDA event; unavailable in this build.
 type Event struct{}
 
-func (*Event) Record(*Stream) error           { return ErrNotSupported }
-func (*Event) Done() (bool, error)            { return false, ErrNotSupported }
-func (*Event) Wait(context.Context) error     { return ErrNotSupported }
-func (*Event) Close() error                   { return nil }
-func Elapsed(*Event, *Event) (float32, error) { return 0, ErrNotSupported }
+func (*Event) Record(*Stream) error       { return ErrNotSupported }
+func (*Event) Done() (bool, error)        { return false, ErrNotSupported }
+func (*Event) Wait(context.Context) error { return ErrNotSupported }
+func (*Event) Close() error               { return nil }
+
+// IPCEventHandle is an exported interprocess event handle.
+type IPCEventHandle [64]byte
+
+func (*Device) NewIPCEvent() (*Event, error)                { return nil, ErrNotSupported }
+func (*Event) IPCHandle() (IPCEventHandle, error)           { return IPCEventHandle{}, ErrNotSupported }
+func (*Device) OpenIPCEvent(IPCEventHandle) (*Event, error) { return nil, ErrNotSupported }
+func Elapsed(*Event, *Event) (float32, error)               { return 0, ErrNotSupported }
 
 // DeviceMem is a device allocation; unavailable in this build.
 type DeviceMem struct {
@@ -100,6 +107,9 @@ func (*Copier) Config() CopierConfig                                  { return C
 func (*Copier) Restore(context.Context, *HostRegion, []Segment) error { return ErrNotSupported }
 func (*Copier) Save(context.Context, *HostRegion, []Segment) error    { return ErrNotSupported }
 func (*Copier) Start(Direction, *HostRegion, []Segment) (*Pending, error) {
+	return nil, ErrNotSupported
+}
+func (*Copier) StartGroups(Direction, *HostRegion, [][]Segment, []*Event) (*Pending, error) {
 	return nil, ErrNotSupported
 }
 func (*Copier) Close() error                { return nil }

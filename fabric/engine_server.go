@@ -2,6 +2,8 @@ package fabric
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"time"
 
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
@@ -34,8 +36,12 @@ func (s *engineServer) OpenSession(_ context.Context, r *pb.OpenSessionRequest) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &pb.OpenSessionResponse{SessionId: sess.id, LayoutFingerprint: sess.fp[:], PageBytes: sess.pageBytes,
-		KeepaliveMs: uint32(sess.keepalive / time.Millisecond)}, nil
+	out := &pb.OpenSessionResponse{SessionId: sess.id, LayoutFingerprint: sess.fp[:], PageBytes: sess.pageBytes,
+		KeepaliveMs: uint32(sess.keepalive / time.Millisecond)}
+	if sess.marks != nil {
+		out.LayerEvents = sess.marks.Handles
+	}
+	return out, nil
 }
 
 func (s *engineServer) Keepalive(_ context.Context, r *pb.KeepaliveRequest) (*pb.KeepaliveResponse, error) {
@@ -80,28 +86,68 @@ func (s *engineServer) Save(_ context.Context, r *pb.SaveRequest) (*pb.OpHandle,
 	})
 }
 
-func (s *engineServer) Load(_ context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
+func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
+	if r.Layerwise {
+		return s.layerwiseLoad(ctx, r)
+	}
 	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, s.p.pages.load)
+}
+
+// layerwiseLoad starts a layer-wise load and answers once its device copies
+// and layer events are enqueued (or the load ended without them).
+func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
+	enq := make(chan struct{})
+	var once sync.Once
+	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, func(sess *session) error {
+		if sess.marks == nil {
+			return fmt.Errorf("%w: session %s has no layer events (not a CUDA session, or the peer lacks interprocess events): load without layerwise", errLayoutMismatch, sess.id)
+		}
+		return nil
+	}, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
+		s.p.pages.loadLayerwise(ctx, sess, pages, res, func() { once.Do(func() { close(enq) }) })
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	select {
+	case <-enq:
+	case <-o.done:
+	case <-ctx.Done():
+		return nil, toStatus(fmt.Errorf("layer-wise load %s not enqueued: %w", o.id, ctx.Err()))
+	}
+	return &pb.OpHandle{OpId: o.id}, nil
 }
 
 // pageOp validates a Save or Load and starts it as an operation.
 func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
-	sess, err := s.session(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	pages, err := pagesFromPB(refs, sess, s.p.cfg.MaxPages)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	o, err := s.p.startOp(sess, len(pages), durationMs(deadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
-		run(ctx, sess, pages, res)
-	})
+	o, err := s.startPageOp(id, refs, deadlineMs, nil, run)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &pb.OpHandle{OpId: o.id}, nil
+}
+
+// startPageOp validates the session (check, when given, too) and the pages,
+// and starts run as an operation.
+func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, check func(*session) error,
+	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*op, error) {
+	sess, err := s.session(id)
+	if err != nil {
+		return nil, err
+	}
+	if check != nil {
+		if err := check(sess); err != nil {
+			return nil, err
+		}
+	}
+	pages, err := pagesFromPB(refs, sess, s.p.cfg.MaxPages)
+	if err != nil {
+		return nil, err
+	}
+	return s.p.startOp(sess, len(pages), durationMs(deadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+		run(ctx, sess, pages, res)
+	})
 }
 
 func (s *engineServer) Wait(ctx context.Context, r *pb.WaitRequest) (*pb.OpStatus, error) {

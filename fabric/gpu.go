@@ -176,7 +176,20 @@ func (p *Peer) importCUDA(s *session, specs []cudaSpec) error {
 			Device: uint64(buf.Ptr), Ordinal: dev, Size: buf.Size})
 	}
 	s.gpu = gd.xfer
+	p.openMarks(s)
 	return nil
+}
+
+// openMarks gives a CUDA session its per-layer interprocess events, the
+// layer-wise load capability; without them (an old driver, no IPC events)
+// the session works as before and announces no layer events.
+func (p *Peer) openMarks(s *session) {
+	m, err := s.gpu.NewMarks(len(s.geom.Segments) / 2)
+	if err != nil {
+		p.log.Info().Err(err).Str("session", s.id).Msg("cuda: no layer events; layer-wise loads off for this session")
+		return
+	}
+	s.marks = m
 }
 
 // deviceCopier is what a CUDA session's saves and loads need of the
@@ -185,6 +198,9 @@ func (p *Peer) importCUDA(s *session, specs []cudaSpec) error {
 type deviceCopier interface {
 	Copy(ctx context.Context, batch []transfer.Desc) error
 	CopyGroups(ctx context.Context, groups [][]transfer.Desc, done func(g int)) error
+	// NewMarks and StartGroups serve layer-wise loads (layerwise.go).
+	NewMarks(n int) (*transfer.Marks, error)
+	StartGroups(ctx context.Context, groups [][]transfer.Desc, marks *transfer.Marks) (transfer.Flight, error)
 }
 
 // cudaSpec is a validated CUDA IPC buffer of an OpenSession request.

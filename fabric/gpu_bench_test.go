@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/orbitkv/orbitkv/cuda"
 	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	"github.com/orbitkv/orbitkv/transfer"
@@ -37,6 +38,18 @@ func (d *nullDevice) CopyGroups(_ context.Context, groups [][]transfer.Desc, don
 	}
 	return nil
 }
+
+func (d *nullDevice) NewMarks(n int) (*transfer.Marks, error) {
+	return &transfer.Marks{Events: make([]*cuda.Event, n), Handles: make([][]byte, n)}, nil
+}
+
+func (d *nullDevice) StartGroups(ctx context.Context, groups [][]transfer.Desc, _ *transfer.Marks) (transfer.Flight, error) {
+	return doneFlight{}, d.CopyGroups(ctx, groups, nil)
+}
+
+type doneFlight struct{}
+
+func (doneFlight) Wait(context.Context) error { return nil }
 
 // benchGPUGeometry has Qwen3-8B's descriptor count per page (36 layers × K,V
 // × blocks) with small planes, so the benchmark needs little memory: what

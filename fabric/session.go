@@ -34,6 +34,8 @@ type session struct {
 	mapped    []*hbm.Shared
 	gpuBufs   []*hbm.GPUBuffer // CUDA sessions: the imported IPC buffers
 	gpu       deviceCopier     // CUDA sessions: the device's transport (gpu.go)
+	marks     *transfer.Marks  // CUDA sessions: one interprocess event per layer (layerwise.go)
+	lwTurn    chan struct{}    // one layer-wise load enqueuing at a time (layerwise.go)
 	keepalive time.Duration
 
 	ctx    context.Context // cancelled when the session closes
@@ -164,7 +166,7 @@ func (s *session) addLease(l *lease) bool {
 // openSession maps the engine's buffers and registers the session.
 func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 	s := &session{id: newID("s-"), engineID: spec.engineID, layout: spec.layout, fp: spec.layout.Fingerprint(),
-		geom: spec.geom, keepalive: spec.keepalive}
+		geom: spec.geom, keepalive: spec.keepalive, lwTurn: make(chan struct{}, 1)}
 	s.pageBytes = s.geom.PageBytes()
 	if len(spec.shm) == 0 && len(spec.cuda) == 0 {
 		s.pageBytes = spec.pageBytes
@@ -229,6 +231,8 @@ func (s *session) unmap() {
 		_ = b.Close()
 	}
 	s.gpuBufs = nil
+	_ = s.marks.Close()
+	s.marks = nil
 }
 
 // sessionSpec is a validated OpenSession request.

@@ -77,11 +77,29 @@ func (g *Geometry) Scatter(dst []Desc, bufs []*Region, blocks []uint32, blob *Re
 	return g.plan(dst, bufs, blocks, blob, blobOff, true)
 }
 
+// ScatterSegments appends the descriptors that copy segments [lo, hi) of a
+// page blob at blobOff (its part of the blob: segment-major, then blocks)
+// back into blocks. A layer-wise restore plans one layer's K and V
+// (segments 2l and 2l+1) of every page before the next layer.
+func (g *Geometry) ScatterSegments(dst []Desc, bufs []*Region, blocks []uint32, blob *Region, blobOff uint64, lo, hi int) ([]Desc, error) {
+	if lo < 0 || hi > len(g.Segments) || lo > hi {
+		return dst, fmt.Errorf("%w: segments [%d, %d) of %d", ErrGeometry, lo, hi, len(g.Segments))
+	}
+	for _, s := range g.Segments[:lo] {
+		blobOff += s.BlockBytes * uint64(g.BlocksPerPage)
+	}
+	return g.planRange(dst, bufs, blocks, blob, blobOff, true, g.Segments[lo:hi])
+}
+
 func (g *Geometry) plan(out []Desc, bufs []*Region, blocks []uint32, blob *Region, off uint64, toEngine bool) ([]Desc, error) {
+	return g.planRange(out, bufs, blocks, blob, off, toEngine, g.Segments)
+}
+
+func (g *Geometry) planRange(out []Desc, bufs []*Region, blocks []uint32, blob *Region, off uint64, toEngine bool, segs []Segment) ([]Desc, error) {
 	if err := g.CheckBlocks(blocks); err != nil {
 		return out, err
 	}
-	for _, s := range g.Segments {
+	for _, s := range segs {
 		buf := bufs[s.Buffer]
 		for _, b := range blocks {
 			d := Desc{Src: buf, SrcOff: s.Offset + uint64(b)*s.Stride, Dst: blob, DstOff: off, Len: s.BlockBytes}

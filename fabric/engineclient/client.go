@@ -101,6 +101,9 @@ type Engine struct {
 	Session   string
 	PageBytes uint64
 	FP        []byte
+	// LayerEvents are the session's per-layer interprocess event handles
+	// (CUDA sessions of a peer that supports layer-wise loads).
+	LayerEvents [][]byte
 }
 
 // Open opens a session.
@@ -110,7 +113,7 @@ func Open(ctx context.Context, conn *grpc.ClientConn, req *pb.OpenSessionRequest
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{C: c, Session: resp.SessionId, PageBytes: resp.PageBytes, FP: resp.LayoutFingerprint}, nil
+	return &Engine{C: c, Session: resp.SessionId, PageBytes: resp.PageBytes, FP: resp.LayoutFingerprint, LayerEvents: resp.LayerEvents}, nil
 }
 
 // Lookup looks up a key chain.

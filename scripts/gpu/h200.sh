@@ -4,6 +4,8 @@
 #   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
 #   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
 #   scripts/gpu/h200.sh peer128    8K-token peer rows only (64- and 16-token blocks), then the Go GPU tests
+#   scripts/gpu/h200.sh layerwise  layer-wise load: its GPU tests, TTFT layer-wise vs the old path in one run,
+#                                  then sustained native vs DRAM (layer-wise) with ${DURATION:-30s} windows
 #   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
 #                                  integration/python from another commit) the same probes on it first-hand
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
@@ -77,7 +79,7 @@ sustained_one() { # CONFIG
 	dram) start_peer /tmp/okv-$cfg "$O/logs.txt" --dram-bytes 16GiB --ssd-bytes 0 || return 1 ;;
 	ssd) start_peer /tmp/okv-$cfg "$O/logs.txt" --dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB || return 1 ;;
 	esac
-	[ "$cfg" != native ] && conn=(--connector orbitkv --orbitkv-socket /tmp/okv-$cfg/orbitkv.sock)
+	[ "$cfg" != native ] && conn=(--connector orbitkv --orbitkv-socket /tmp/okv-$cfg/orbitkv.sock ${CONN_EXTRA:+--connector-extra "$CONN_EXTRA"})
 	(cd integration/python && exec python3 -m orbitkv.refengine --preset qwen3-8b --device cuda --kv-tokens 16384 \
 		--block-size 16 --page-tokens 64 --port 8000 "${conn[@]}") >>"$O/logs.txt" 2>&1 &
 	ENGINE_PID=$!
@@ -90,7 +92,7 @@ sustained_one() { # CONFIG
 	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
 	timeout ${RUN_TIMEOUT:-200} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 151936 \
 		--prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --duration ${DURATION:-60s} \
-		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --output "$O/runs/$cfg" >>"$O/logs.txt" 2>&1
+		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} --output "$O/runs/$cfg" >>"$O/logs.txt" 2>&1
 	say "sustained $cfg rc=$?"
 	[ -f "$O/runs/$cfg/summary.json" ] && cat "$O/runs/$cfg/summary.json" | head -c 1500 | tee -a "$S" && echo | tee -a "$S"
 	stop_all
@@ -172,11 +174,32 @@ refengine() { # the reference engine's GPU path: tests, TTFT (restore vs recompu
 	done
 }
 
+layerwise() {
+	nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
+	T=$O/tests.txt
+	(cd cuda && ORBITKV_REQUIRE=cuda timeout 40 ../out/cuda.test -test.run 'StartGroups|RestoreSave' -test.v -test.count=1) >"$T" 2>&1
+	say "cuda grouped-start tests rc=$?"
+	grep -E "^\s*(--- |FAIL|PASS|ok)" "$T" | tee -a "$S"
+	(cd fabric && ORBITKV_REQUIRE=cuda timeout 60 ../out/fabric.test -test.run 'GPULayerwise|GPUSession' -test.v -test.count=1) >>"$T" 2>&1
+	say "fabric GPU tests rc=$?"
+	grep -E "^\s*(--- |FAIL|PASS|ok)|gpu_test.go" "$T" | tail -12 | tee -a "$S"
+	ttft_probe layerwise integration/python ${TTFT_TIMEOUT:-110} --layerwise
+	ttft_probe oldpath integration/python ${TTFT_TIMEOUT:-110}
+	mkdir -p "$O/runs"
+	for c in ${CONFIGS:-native dram}; do
+		DURATION=${DURATION:-30s} RUN_TIMEOUT=${RUN_TIMEOUT:-100} CONN_EXTRA='{"layerwise": true}' sustained_one "$c"
+	done
+	out/orbitkv bench report "$O/runs"/* >"$O/report.txt" 2>&1 || true
+	tail -30 "$O/report.txt" | tee -a "$S"
+	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
+}
+
 case ${1:-check} in
 check) check ;;
 peer) peer ;;
 peer128) peer128 ;;
 refengine) refengine ;;
 sustained) sustained ;;
-*) echo "usage: $0 check|sustained|peer|peer128|refengine" >&2; exit 2 ;;
+layerwise) layerwise ;;
+*) echo "usage: $0 check|sustained|peer|peer128|refengine|layerwise" >&2; exit 2 ;;
 esac

@@ -118,6 +118,9 @@ class SessionInfo:
     fingerprint: bytes
     page_bytes: int
     keepalive_ms: int
+    # CUDA sessions of a peer that supports layer-wise loads: one 64-byte
+    # interprocess CUDA event handle per layer (see Session.load).
+    layer_events: tuple[bytes, ...] = ()
 
 
 class Client:
@@ -181,7 +184,8 @@ class Client:
 
     def _open(self, layout: Layout, req: engine_pb2.OpenSessionRequest) -> "SessionInfo":
         resp = self.call("open session", "OpenSession", req)
-        info = SessionInfo(resp.session_id, bytes(resp.layout_fingerprint), resp.page_bytes, resp.keepalive_ms)
+        info = SessionInfo(resp.session_id, bytes(resp.layout_fingerprint), resp.page_bytes, resp.keepalive_ms,
+                           tuple(bytes(h) for h in resp.layer_events))
         if info.fingerprint and info.fingerprint != layout.fingerprint():
             log.warning("peer fingerprint %s differs from local %s", info.fingerprint.hex(), layout.fingerprint().hex())
         return info
@@ -308,12 +312,20 @@ class Session:
             session_id=sid, pages=refs, durability=int(durability), deadline_ms=deadline_ms))
         return Op(self, sid, h.op_id, "save", len(refs))
 
-    def load(self, pages: Iterable[PageRef], *, lease_id: str = "", deadline_ms: int = 0) -> "Op":
+    def load(self, pages: Iterable[PageRef], *, lease_id: str = "", deadline_ms: int = 0,
+             layerwise: bool = False) -> "Op":
         """Loads pages into this session's blocks. ``lease_id`` may come from
-        any session of the peer (the scheduler's lookup-only one)."""
+        any session of the peer (the scheduler's lookup-only one).
+
+        ``layerwise`` (sessions with ``info.layer_events``): the peer copies
+        layer-major and records layer event l once layer l of every page is
+        in place; the call returns once all of it is enqueued on the device,
+        so the engine can make its stream wait on the events right away. One
+        layer-wise load per session at a time; enqueue the waits on one
+        load's events before starting the next (the events are reused)."""
         refs = [p.to_proto() for p in pages]
         h, sid = self._call("load", "Load", lambda sid: engine_pb2.LoadRequest(
-            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms))
+            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms, layerwise=layerwise))
         return Op(self, sid, h.op_id, "load", len(refs))
 
     def release(self, lease_id: str) -> None:

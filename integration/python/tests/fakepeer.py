@@ -63,6 +63,8 @@ class FakePeer(pbg.EngineServiceServicer):
         self.leases: dict[str, tuple[str, list[bytes]]] = {}
         self.ops: dict[str, _Op] = {}
         self.calls: dict[str, int] = {}
+        self.layer_events = False  # give non-lookup sessions one fake event handle per layer
+        self.layerwise_loads: list[int] = []  # pages of each layer-wise Load
         self.lock = threading.Lock()
         self._io = futures.ThreadPoolExecutor(4)
         self.server = grpc.server(futures.ThreadPoolExecutor(16))
@@ -120,7 +122,10 @@ class FakePeer(pbg.EngineServiceServicer):
         from orbitkv import keys
 
         fp = keys.Layout(**{f: getattr(lay, f) for f in keys.Layout.__dataclass_fields__}).fingerprint()
-        return pb.OpenSessionResponse(session_id=sid, layout_fingerprint=fp, page_bytes=page_bytes, keepalive_ms=req.keepalive_ms or 1000)
+        events = [bytes([i + 1]) * 64 for i in range(lay.num_layers)] if self.layer_events and not lookup_only else []
+        sess.layer_events = bool(events)
+        return pb.OpenSessionResponse(session_id=sid, layout_fingerprint=fp, page_bytes=page_bytes,
+                                      keepalive_ms=req.keepalive_ms or 1000, layer_events=events)
 
     def Keepalive(self, req, ctx):
         self._count("Keepalive")
@@ -225,6 +230,11 @@ class FakePeer(pbg.EngineServiceServicer):
         self._check_pages(s, req.pages, ctx)
         if req.lease_id and req.lease_id not in self.leases:
             ctx.abort(grpc.StatusCode.NOT_FOUND, "unknown lease")
+        if req.layerwise:
+            if not getattr(s, "layer_events", False):
+                ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "session has no layer events")
+            with self.lock:
+                self.layerwise_loads.append(len(req.pages))
         return self._start(self._load_one, s, list(req.pages))
 
     def Wait(self, req, ctx):

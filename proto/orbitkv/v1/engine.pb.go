@@ -697,8 +697,15 @@ type OpenSessionResponse struct {
 	LayoutFingerprint []byte                 `protobuf:"bytes,2,opt,name=layout_fingerprint,json=layoutFingerprint,proto3" json:"layout_fingerprint,omitempty"` // 16 bytes; the first input of every page key
 	PageBytes         uint64                 `protobuf:"varint,3,opt,name=page_bytes,json=pageBytes,proto3" json:"page_bytes,omitempty"`                        // bytes of one page blob
 	KeepaliveMs       uint32                 `protobuf:"varint,4,opt,name=keepalive_ms,json=keepaliveMs,proto3" json:"keepalive_ms,omitempty"`                  // the keepalive interval granted
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// CUDA sessions, where the peer supports layer-wise loads: one interprocess
+	// CUDA event handle (cudaIpcEventHandle_t, 64 bytes) per layer, in layer
+	// order. A layer-wise Load records event l on the device once layer l of
+	// all its pages is in place; the engine makes its compute stream wait on it
+	// (cudaStreamWaitEvent) before layer l's attention. Empty: no layer-wise
+	// loads (shared-memory sessions, or a peer/driver without the capability).
+	LayerEvents   [][]byte `protobuf:"bytes,5,rep,name=layer_events,json=layerEvents,proto3" json:"layer_events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenSessionResponse) Reset() {
@@ -757,6 +764,13 @@ func (x *OpenSessionResponse) GetKeepaliveMs() uint32 {
 		return x.KeepaliveMs
 	}
 	return 0
+}
+
+func (x *OpenSessionResponse) GetLayerEvents() [][]byte {
+	if x != nil {
+		return x.LayerEvents
+	}
+	return nil
 }
 
 type KeepaliveRequest struct {
@@ -1237,11 +1251,20 @@ func (x *SaveRequest) GetDeadlineMs() uint32 {
 }
 
 type LoadRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	LeaseId       string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // optional: a lease from Lookup, by any session of this peer
-	Pages         []*PageRef             `protobuf:"bytes,3,rep,name=pages,proto3" json:"pages,omitempty"`
-	DeadlineMs    uint32                 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"` // 0 = the peer's default
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	LeaseId    string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // optional: a lease from Lookup, by any session of this peer
+	Pages      []*PageRef             `protobuf:"bytes,3,rep,name=pages,proto3" json:"pages,omitempty"`
+	DeadlineMs uint32                 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"` // 0 = the peer's default
+	// Layer-wise (needs the session's layer_events): the peer copies all pages
+	// layer-major and records layer event l after layer l, and the Load call
+	// returns only once every copy and event is enqueued on the device (after
+	// any SSD promotion; bounded by the deadline), so the engine can wait on
+	// the events at once. Page results still come through Wait. One layer-wise
+	// load per session at a time: a second one waits until the first is
+	// enqueued; the engine must have enqueued its waits on the first's events
+	// before it starts the second (the events are reused).
+	Layerwise     bool `protobuf:"varint,5,opt,name=layerwise,proto3" json:"layerwise,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1302,6 +1325,13 @@ func (x *LoadRequest) GetDeadlineMs() uint32 {
 		return x.DeadlineMs
 	}
 	return 0
+}
+
+func (x *LoadRequest) GetLayerwise() bool {
+	if x != nil {
+		return x.Layerwise
+	}
+	return false
 }
 
 type OpHandle struct {
@@ -1665,14 +1695,15 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"num_blocks\x18\x04 \x01(\rR\tnumBlocks\x12,\n" +
 	"\abuffers\x18\x05 \x03(\v2\x12.orbitkv.v1.BufferR\abuffers\x12/\n" +
 	"\bsegments\x18\x06 \x03(\v2\x13.orbitkv.v1.SegmentR\bsegments\x12!\n" +
-	"\fkeepalive_ms\x18\a \x01(\rR\vkeepaliveMs\"\xa5\x01\n" +
+	"\fkeepalive_ms\x18\a \x01(\rR\vkeepaliveMs\"\xc8\x01\n" +
 	"\x13OpenSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12-\n" +
 	"\x12layout_fingerprint\x18\x02 \x01(\fR\x11layoutFingerprint\x12\x1d\n" +
 	"\n" +
 	"page_bytes\x18\x03 \x01(\x04R\tpageBytes\x12!\n" +
-	"\fkeepalive_ms\x18\x04 \x01(\rR\vkeepaliveMs\"1\n" +
+	"\fkeepalive_ms\x18\x04 \x01(\rR\vkeepaliveMs\x12!\n" +
+	"\flayer_events\x18\x05 \x03(\fR\vlayerEvents\"1\n" +
 	"\x10KeepaliveRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"\x13\n" +
@@ -1708,14 +1739,15 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"durability\x18\x03 \x01(\x0e2\x16.orbitkv.v1.DurabilityR\n" +
 	"durability\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
-	"deadlineMs\"\x93\x01\n" +
+	"deadlineMs\"\xb1\x01\n" +
 	"\vLoadRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
 	"\x05pages\x18\x03 \x03(\v2\x13.orbitkv.v1.PageRefR\x05pages\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
-	"deadlineMs\"\x1f\n" +
+	"deadlineMs\x12\x1c\n" +
+	"\tlayerwise\x18\x05 \x01(\bR\tlayerwise\"\x1f\n" +
 	"\bOpHandle\x12\x13\n" +
 	"\x05op_id\x18\x01 \x01(\tR\x04opId\"`\n" +
 	"\vWaitRequest\x12\x1d\n" +

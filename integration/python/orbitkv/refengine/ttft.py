@@ -70,16 +70,19 @@ def run(a: argparse.Namespace) -> dict:
     cfg = engine_config(a.preset, kv_tokens=a.kv_tokens, block_size=a.block_size, page_tokens=a.page_tokens,
                         device=a.device, max_batched_tokens=a.max_batched_tokens)
     extra = {"socket": a.orbitkv_socket, "durability": "dram", "lookup_refresh_s": 0.0,
-             "async_load": not a.sync_load}
+             "async_load": not a.sync_load, "layerwise": a.layerwise}
     rng = random.Random(a.seed)
     tok = lambda n: [rng.randrange(cfg.model.vocab) for _ in range(n)]  # noqa: E731
     out = {"preset": a.preset, "device": a.device, "prompt_tokens": a.prompt_tokens, "block_size": cfg.block_size,
            "page_tokens": cfg.page_tokens, "kv_tokens": cfg.kv_tokens, "max_batched_tokens": cfg.max_batched_tokens,
-           "attn_backend": cfg.resolved_attn_backend, "async_load": extra["async_load"],
+           "attn_backend": cfg.resolved_attn_backend, "async_load": extra["async_load"] and not a.layerwise,
+           "layerwise_requested": a.layerwise,
            "kv_bytes_per_token": cfg.model.kv_bytes_per_token()}
     t0 = time.perf_counter()
     with Engine(cfg, connector=lambda c, pool: load_connector("orbitkv", c, pool, extra)) as e:
         out["startup_s"] = round(time.perf_counter() - t0, 2)
+        w = getattr(getattr(e, "connector_worker", None), "worker", None)
+        out["layerwise"] = bool(getattr(w, "layerwise", False))
         _ttft(e, tok(a.prompt_tokens), a.device)  # warm-up: allocator, kernels, first save
         _drain(e)
         prompts = [tok(a.prompt_tokens) for _ in range(a.prompts)]
@@ -126,6 +129,8 @@ def main(argv=None) -> None:
     p.add_argument("--page-tokens", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--sync-load", action="store_true", help="load inside the step instead of between steps")
+    p.add_argument("--layerwise", action="store_true",
+                   help="layer-wise loads: inside the step, each layer's attention waits on the GPU for its layer only")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="profile the local-hit step (CUDA)")
     print(json.dumps(run(p.parse_args(argv))), flush=True)

@@ -9,6 +9,11 @@ Extra-config keys (all optional except ``socket``):
   lease_ms          lookup lease time (0 = the peer's default)
   load_deadline_ms, save_deadline_ms   per-operation deadlines (default 30000)
   async_load        load between steps (True, default) or inside the step
+  layerwise         layer-wise loads (default False): loads run inside the step
+                    (async_load is then False) and, where the peer gives the
+                    CUDA session layer events, layer l's attention waits on the
+                    GPU only for layer l's copy (the restore overlaps the
+                    forward). Without layer events: whole-request sync loads.
   gate              restore admission gate on (default True; off only for experiments)
   durability        "dram" (default): a save is acknowledged once the page is in
                     the peer's DRAM pool (it reaches SSD only when demoted, and a
@@ -45,6 +50,7 @@ class ConnectorConfig:
     load_deadline_ms: int = 30000
     save_deadline_ms: int = 30000
     async_load: bool = True
+    layerwise: bool = False
     gate: bool = True
     durability: str = "dram"
     lookup_refresh_s: float = 0.5
@@ -130,7 +136,8 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         lease_ms=int(extra.get("lease_ms", 0)),
         load_deadline_ms=int(extra.get("load_deadline_ms", 30000)),
         save_deadline_ms=int(extra.get("save_deadline_ms", 30000)),
-        async_load=bool(extra.get("async_load", True)),
+        async_load=bool(extra.get("async_load", True)) and not bool(extra.get("layerwise", False)),
+        layerwise=bool(extra.get("layerwise", False)),
         gate=bool(extra.get("gate", True)),
         durability=str(extra.get("durability", "dram")),
         lookup_refresh_s=float(extra.get("lookup_refresh_s", 0.5)),

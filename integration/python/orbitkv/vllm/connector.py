@@ -131,7 +131,9 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self.worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None  # whole-request loads finish before the request computes
+        # Layer-wise loads: a GPU-side wait on the layer's event; otherwise a
+        # no-op (whole-request loads finish before the request computes).
+        self.worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any = None, **kwargs: Any) -> None:
         return None  # saves start in wait_for_save, after every layer is written

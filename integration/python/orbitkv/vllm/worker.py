@@ -8,6 +8,16 @@ whose saves are done, and the block ids of pages that failed to load.
 Operations are waited on by a small pool of threads (owned here, joined on
 shutdown); vLLM's step only reads their results. A load or save that does
 not finish by its deadline plus a grace period counts as failed.
+
+Layer-wise loads (config ``layerwise``, a CUDA session whose peer returned
+layer events): start_load_kv issues ONE layer-wise Load for all of the
+step's loads (the peer's per-layer events are shared by a session's loads,
+so two would race), which returns once the copies are enqueued on the
+device; wait_for_layer_load(layer) then makes the current CUDA stream wait
+on that layer's event (a GPU-side wait: the CPU never blocks), and the
+step's end collects the page results through Wait, reporting failed blocks
+as for every load. If the Load call itself fails, no event is waited on and
+every block of the step's loads is reported failed (the engine recomputes).
 """
 
 from __future__ import annotations
@@ -33,11 +43,44 @@ _GRACE_S = 2.0
 class _LoadState:
     spec: LoadSpec
     future: cf.Future
+    layerwise: bool = False  # collected at the step's end (blocking)
+
+
+def _split(res: OpResult, specs: Sequence[LoadSpec]) -> list[OpResult]:
+    """One combined load's result, cut back into the specs' page ranges."""
+    out, at = [], 0
+    for sp in specs:
+        pages = res.pages[at:at + len(sp.blocks)] if res.pages else ()
+        out.append(OpResult(res.op_id, res.done, tuple(pages)))
+        at += len(sp.blocks)
+    return out
 
 
 def _refs(span: PageSpan, rank: int) -> list[PageRef]:
     ks = span.keys[rank]
     return [PageRef(k, b) for k, b in zip(ks, span.blocks)]
+
+
+def _open_events(device: Any, handles: Sequence[bytes]) -> list[Any]:
+    """The peer's interprocess layer events, opened in this process."""
+    import torch
+
+    return [torch.cuda.Event.from_ipc_handle(device, h) for h in handles]
+
+
+def _stream_wait(device: Any, event: Any) -> None:
+    """Later work on the current stream waits for event (no CPU wait)."""
+    import torch
+
+    torch.cuda.current_stream(device).wait_event(event)
+
+
+def _result_of(f: cf.Future) -> OpResult:
+    try:
+        return f.result()
+    except Exception as e:  # _wait raised (peer lost): every page failed
+        log.warning("orbitkv layer-wise load failed, recomputing: %s", e)
+        return OpResult("", True, ())
 
 
 class WorkerHalf:
@@ -56,10 +99,16 @@ class WorkerHalf:
         self._finishing: set[str] = set()
         self._load_errors: set[int] = set()
         self._closed = False
+        self._layer_index: dict[str, int] = {}
+        self._events: list[Any] = []  # torch.cuda.Event per layer, opened from the peer's handles
+        self._events_gen = -1  # session generation the events belong to
+        self._device: Any = None
+        self._wait_layers = False  # this step's layer-wise load was enqueued
 
     # --- registration ----------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
         self.register_planes(buffers.vllm_planes(kv_caches, self.cfg.kv_layout))
 
     def register_planes(self, planes: Sequence[Sequence[Any]]) -> None:
@@ -75,7 +124,31 @@ class WorkerHalf:
             segments=desc.segments,
             engine_id=f"{self.cfg.engine_id}-tp{self.rank}",
         )
-        log.info("orbitkv session %s: %d blocks, page %d bytes", self.session.id, desc.num_blocks, self.session.info.page_bytes)
+        dev = getattr(planes[0][0], "device", None) if planes else None
+        self._device = dev if getattr(dev, "type", "") == "cuda" else None
+        self._refresh_events()
+        log.info("orbitkv session %s: %d blocks, page %d bytes, %d layer events%s", self.session.id, desc.num_blocks,
+                 self.session.info.page_bytes, len(self.session.info.layer_events),
+                 " (layer-wise loads on)" if self._events else "")
+
+    def _refresh_events(self) -> None:
+        """Opens the session's layer events (again after a reopen)."""
+        s = self.session
+        if s is None or s.generation == self._events_gen:
+            return
+        self._events_gen, self._events = s.generation, []
+        if not (self.cfg.layerwise and self._device is not None and s.info.layer_events):
+            return
+        try:
+            self._events = _open_events(self._device, s.info.layer_events)
+        except Exception as e:  # an old torch or driver: whole-request loads
+            log.warning("orbitkv: cannot open the peer's layer events (%s); layer-wise loads off", e)
+            self._events = []
+
+    @property
+    def layerwise(self) -> bool:
+        """Whether this worker's loads are layer-wise."""
+        return bool(self._events)
 
     def _check(self, desc: buffers.KVDescription) -> None:
         lay = self.layout
@@ -93,6 +166,11 @@ class WorkerHalf:
     # --- per step ----------------------------------------------------------------
 
     def start_load_kv(self, meta: OrbitKVMetadata) -> None:
+        self._wait_layers = False
+        self._refresh_events()
+        if self._events and meta.loads:
+            self._start_layerwise(meta.loads)
+            return
         for spec in meta.loads:
             fut = self._load_pool.submit(self._run_load, spec)
             with self._lock:
@@ -100,6 +178,44 @@ class WorkerHalf:
         for spec in meta.loads:
             if spec.sync:
                 self._loads[spec.req_id].future.result()
+
+    def _start_layerwise(self, specs: Sequence[LoadSpec]) -> None:
+        """One layer-wise Load for every load of the step; returns once the
+        peer has enqueued it (the events are then safe to wait on)."""
+        assert self.session is not None
+        refs = [r for sp in specs for r in _refs(sp, self.rank)]
+        leases = {sp.leases.get(self.rank, "") for sp in specs}
+        lease = leases.pop() if len(leases) == 1 else ""
+        op: Optional[Op] = None
+        try:
+            op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
+        except errors.OrbitKVError as e:
+            if lease:
+                try:
+                    op = self.session.load(refs, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
+                except errors.OrbitKVError as e2:
+                    e = e2
+            if op is None:
+                log.warning("orbitkv layer-wise load of %d pages failed, recomputing: %s", len(refs), e)
+        self._wait_layers = op is not None
+        whole = cf.Future() if op is None else self._load_pool.submit(self._wait, op, self.cfg.load_deadline_ms)
+        if op is None:
+            whole.set_result(OpResult("", True, ()))
+        with self._lock:
+            for i, sp in enumerate(specs):
+                fut: cf.Future = cf.Future()
+                whole.add_done_callback(lambda w, i=i, f=fut: f.set_result(_split(_result_of(w), specs)[i]))
+                self._loads[sp.req_id] = _LoadState(sp, fut, layerwise=True)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Layer-wise loads: the current CUDA stream waits for the layer's
+        event (GPU-side; returns at once on the CPU)."""
+        if not self._wait_layers:
+            return
+        i = self._layer_index.get(layer_name)
+        if i is None or i >= len(self._events):
+            return
+        _stream_wait(self._device, self._events[i])
 
     def wait_for_save(self, meta: OrbitKVMetadata) -> None:
         """Starts the planned saves. It does not block: saved pages are whole
@@ -128,6 +244,10 @@ class WorkerHalf:
                     sending.add(r)
                     self._finishing.discard(r)
                     del self._saves[r]
+            layerwise = [st for st in self._loads.values() if st.layerwise]
+        for st in layerwise:  # the step's forward waited on the copies already
+            st.future.result()
+        with self._lock:
             for r, st in list(self._loads.items()):
                 if not st.future.done():
                     continue
@@ -186,6 +306,7 @@ class WorkerHalf:
         return res
 
     def shutdown(self) -> None:
+        self._events = []
         if self._closed:
             return
         self._closed = True

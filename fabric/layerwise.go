@@ -1,0 +1,135 @@
+package fabric
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/orbitkv/orbitkv/transfer"
+)
+
+// Layer-wise loads (CUDA sessions). At OpenSession the peer creates one
+// interprocess CUDA event per layer and returns their handles. A layer-wise
+// Load plans its pages layer-major (every page's layer-0 K and V, then layer
+// 1, …), enqueues them as one device batch that records event l right after
+// layer l, and lets the Load RPC return as soon as that is enqueued: the
+// engine makes its compute stream wait on event l before layer l's
+// attention, so the restore overlaps the forward instead of preceding it.
+// Page results, pins and DRAM slots work as for every load: pins and slots
+// are held until the device copy completes, and Wait reports the pages.
+//
+// Concurrency: one layer-wise load per session is being planned and
+// enqueued at a time (the session's lwTurn); a second one waits, bounded by
+// its deadline, until the first is enqueued. The events are reused by every
+// load of the session, so the engine must have enqueued its waits on one
+// load's events before it starts the next (cudaStreamWaitEvent captures the
+// event's latest record at the time of the call). Layer-wise loads are not
+// split into chunks: all pages are one device batch (at most the copier's
+// descriptor limit, 65,536 by default; more fails every page of the load).
+
+// lwLock takes the session's layer-wise turn, or fails when ctx ends first.
+func (s *session) lwLock(ctx context.Context) (release func(), err error) {
+	select {
+	case s.lwTurn <- struct{}{}:
+		return func() { <-s.lwTurn }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the session's previous layer-wise load to be enqueued: %w", ctx.Err())
+	}
+}
+
+// loadLayerwise is a layer-wise load; enqueued is called exactly once, when
+// the device batch is enqueued or the load ended without one.
+func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pageReq, res []pageResult, enqueued func()) {
+	release, err := sess.lwLock(ctx)
+	if err != nil {
+		enqueued()
+		failPending(res, err)
+		return
+	}
+	held := true
+	unlock := func() {
+		if held {
+			held = false
+			release()
+			enqueued()
+		}
+	}
+	defer unlock()
+	items := s.pinForLoad(sess, reqs, res)
+	defer s.unpinLoads(items)
+	s.readFromSSD(ctx, sess, items, res)
+	buf := getDescs(len(items) * descsPerPage(sess))
+	defer putDescs(buf)
+	groups, moving, err := s.planLayers(sess, items, res, buf)
+	if len(moving) == 0 {
+		return
+	}
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	var f transfer.Flight
+	if err == nil {
+		f, err = sess.gpu.StartGroups(ctx, groups, sess.marks)
+	}
+	unlock()
+	if err == nil {
+		err = f.Wait(ctx)
+	}
+	if err != nil {
+		for _, it := range moving {
+			res[it.i] = failResult(fmt.Errorf("layer-wise scatter over cuda: %w", err))
+		}
+		return
+	}
+	for _, it := range moving {
+		s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
+		res[it.i] = okResult(it.tier)
+	}
+	s.m.loadedTokens.Add(float64(len(moving)) * float64(sess.layout.PageTokens))
+	s.touchTailFirst(reqs)
+}
+
+// planLayers plans the pending items layer-major into *buf: group l holds
+// layer l's K and V segments of every page, in page order.
+func (s *pageStore) planLayers(sess *session, items []*loadItem, res []pageResult, buf *[]transfer.Desc) ([][]transfer.Desc, []*loadItem, error) {
+	moving := make([]*loadItem, 0, len(items))
+	for _, it := range items {
+		if res[it.i].Code != codePending {
+			continue
+		}
+		if err := sess.geom.CheckBlocks(it.req.Blocks); err != nil {
+			res[it.i] = failResult(err)
+			continue
+		}
+		moving = append(moving, it)
+	}
+	layers := len(sess.geom.Segments) / 2
+	groups := make([][]transfer.Desc, layers)
+	starts := make([]int, layers)
+	for l := range layers {
+		starts[l] = len(*buf)
+		for j, it := range moving {
+			err := appendPlan(buf, j == 0, func(dst []transfer.Desc) ([]transfer.Desc, error) {
+				return sess.geom.ScatterSegments(dst, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot), 2*l, 2*l+2)
+			})
+			if err != nil {
+				return nil, moving, fmt.Errorf("plan layer %d: %w", l, err)
+			}
+		}
+	}
+	for l := range layers {
+		hi := len(*buf)
+		if l+1 < layers {
+			hi = starts[l+1]
+		}
+		groups[l] = (*buf)[starts[l]:hi]
+	}
+	return groups, moving, nil
+}
+
+// failPending fails every page still pending.
+func failPending(res []pageResult, err error) {
+	for i := range res {
+		if res[i].Code == codePending {
+			res[i] = failResult(err)
+		}
+	}
+}

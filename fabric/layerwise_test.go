@@ -1,0 +1,265 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/orbitkv/orbitkv/cuda"
+	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/transfer"
+)
+
+// fakeGPU is a device transport over host memory: it copies with memmove
+// and logs what a layer-wise batch enqueues ("L<layer>" per descriptor's
+// destination layer, "mark <g>" per recorded mark). enter, when set, is
+// signalled as StartGroups begins and gate holds it there; hold keeps a
+// flight's copy from completing until closed.
+type fakeGPU struct {
+	f     engineclient.Flash
+	base  uint64 // the engine buffer's region, to tell layers apart
+	enter chan int
+	gate  chan struct{}
+	hold  chan struct{}
+
+	mu struct {
+		sync.Mutex
+		log     []string
+		calls   int
+		running int
+		overlap bool
+	}
+}
+
+func (d *fakeGPU) Copy(ctx context.Context, batch []transfer.Desc) error {
+	return transfer.Local{}.Copy(ctx, batch)
+}
+
+func (d *fakeGPU) CopyGroups(ctx context.Context, groups [][]transfer.Desc, done func(g int)) error {
+	for g, b := range groups {
+		if err := d.Copy(ctx, b); err != nil {
+			return err
+		}
+		if done != nil {
+			done(g)
+		}
+	}
+	return nil
+}
+
+func (d *fakeGPU) NewMarks(n int) (*transfer.Marks, error) {
+	m := &transfer.Marks{Events: make([]*cuda.Event, n)}
+	for i := range n {
+		m.Handles = append(m.Handles, bytes.Repeat([]byte{byte(i + 1)}, 64))
+	}
+	return m, nil
+}
+
+func (d *fakeGPU) StartGroups(ctx context.Context, groups [][]transfer.Desc, marks *transfer.Marks) (transfer.Flight, error) {
+	d.mu.Lock()
+	d.mu.calls++
+	d.mu.running++
+	d.mu.overlap = d.mu.overlap || d.mu.running > 1
+	call := d.mu.calls
+	d.mu.Unlock()
+	defer func() { d.mu.Lock(); d.mu.running--; d.mu.Unlock() }()
+	if d.enter != nil {
+		d.enter <- call
+	}
+	if d.gate != nil {
+		<-d.gate
+	}
+	if marks.Len() != len(groups) {
+		return nil, fmt.Errorf("%d marks for %d groups", marks.Len(), len(groups))
+	}
+	layerBytes := uint64(2 * d.f.NumBlocks * d.f.BlockBytes())
+	d.mu.Lock()
+	for g, b := range groups {
+		for _, x := range b {
+			d.mu.log = append(d.mu.log, fmt.Sprintf("L%d", x.DstOff/layerBytes))
+		}
+		d.mu.log = append(d.mu.log, fmt.Sprintf("mark %d", g))
+	}
+	d.mu.Unlock()
+	return &fakeFlight{d: d, groups: groups}, nil
+}
+
+type fakeFlight struct {
+	d      *fakeGPU
+	groups [][]transfer.Desc
+}
+
+func (f *fakeFlight) Wait(ctx context.Context) error {
+	if f.d.hold != nil {
+		select {
+		case <-f.d.hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return f.d.CopyGroups(ctx, f.groups, nil)
+}
+
+func (d *fakeGPU) takeLog() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := d.mu.log
+	d.mu.log = nil
+	return l
+}
+
+var layerFlash = engineclient.Flash{Layers: 4, NumBlocks: 64, BlockTokens: 4, PageTokens: 16, KVHeads: 2, HeadDim: 16, ElemBytes: 4}
+
+// layerwiseEngine is a shared-memory engine whose session the peer treats
+// as a CUDA session with layer events, through fakeGPU.
+func layerwiseEngine(t *testing.T) (*testPeer, *engine, *fakeGPU) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(layerFlash)
+	sess, err := tp.p.sessions.get(e.Session)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeGPU{f: layerFlash}
+	sess.gpu = fake
+	if sess.marks, err = fake.NewMarks(layerFlash.Layers); err != nil {
+		t.Fatal(err)
+	}
+	return tp, e, fake
+}
+
+func TestLayerwiseLoadPlansLayerMajorAndAnswersOnEnqueue(t *testing.T) {
+	_, e, fake := layerwiseEngine(t)
+	const pages, perPage = 3, 4
+	keys := randKeys(pages)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, perPage), pb.Durability_DURABILITY_DRAM))
+	want := make([][]byte, pages)
+	for i := range pages {
+		want[i] = e.page(refs(keys, 0, perPage)[i].Blocks)
+	}
+	fake.takeLog()
+	fake.hold = make(chan struct{})
+	dst := refs(keys, 32, perPage)
+	h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: dst, Layerwise: true})
+	if err != nil {
+		t.Fatalf("layer-wise load: %v", err)
+	}
+	// The call answered with the batch enqueued and the copy still held.
+	var wantLog []string
+	for l := range layerFlash.Layers {
+		for range pages {
+			wantLog = append(wantLog, fmt.Sprintf("L%d", l), fmt.Sprintf("L%d", l)) // K, V (4 blocks each merge)
+		}
+		wantLog = append(wantLog, fmt.Sprintf("mark %d", l))
+	}
+	if got := fake.takeLog(); fmt.Sprint(got) != fmt.Sprint(wantLog) {
+		t.Fatalf("enqueued\n %v\nwant (layer-major, a mark after each layer)\n %v", got, wantLog)
+	}
+	st, err := e.C.Wait(ctx(t), &pb.WaitRequest{SessionId: e.Session, OpId: h.OpId})
+	if err != nil || st.Done {
+		t.Fatalf("op done before its device copy completed: %v %v", st, err)
+	}
+	if bytes.Equal(e.page(dst[0].Blocks), want[0]) {
+		t.Fatal("bytes in place before the flight completed")
+	}
+	close(fake.hold)
+	st, err = e.Wait(ctx(t), h.OpId)
+	mustOK(t, st, err)
+	for i := range pages {
+		if !bytes.Equal(e.page(dst[i].Blocks), want[i]) {
+			t.Fatalf("page %d differs after the layer-wise load", i)
+		}
+	}
+}
+
+// TestLayerwiseLoadOneAtATime: while one layer-wise load of a session is
+// being enqueued, the next waits for it (never two in StartGroups at once)
+// and one whose deadline passes first fails its pages; a load without
+// layerwise is not held back.
+func TestLayerwiseLoadOneAtATime(t *testing.T) {
+	_, e, fake := layerwiseEngine(t)
+	keys := randKeys(2)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	fake.enter, fake.gate = make(chan int, 4), make(chan struct{})
+	type answer struct {
+		h   *pb.OpHandle
+		err error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 32, 4), Layerwise: true})
+		first <- answer{h, err}
+	}()
+	<-fake.enter // the first holds the session's turn inside StartGroups
+	h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 16, 4), Layerwise: true, DeadlineMs: 100})
+	if err != nil {
+		t.Fatalf("second layer-wise load: %v", err)
+	}
+	st, err := e.Wait(ctx(t), h.OpId)
+	if err != nil || st.Pages[0].Code == pb.PageCode_PAGE_OK {
+		t.Fatalf("a layer-wise load past its deadline behind another: %v %v", st, err)
+	}
+	okOp(t)(e.Load(ctx(t), refs(keys, 48, 4))) // whole-request loads do not queue behind it
+	third := make(chan answer, 1)
+	go func() {
+		h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 16, 4), Layerwise: true})
+		third <- answer{h, err}
+	}()
+	close(fake.gate)
+	for _, c := range []chan answer{first, third} {
+		a := <-c
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		okOp(t)(e.Wait(ctx(t), a.h.OpId))
+	}
+	if <-fake.enter != 2 {
+		t.Error("the third load was not the second to enqueue")
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.mu.overlap {
+		t.Error("two layer-wise loads of one session were in StartGroups at once")
+	}
+}
+
+func TestLayerwiseLoadRefusedWithoutLayerEvents(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(1)
+	_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 0, 4), Layerwise: true})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("layer-wise load on a shared-memory session: %v, want FailedPrecondition", err)
+	}
+	resp, err := e.C.OpenSession(ctx(t), tinyFlash.OpenRequest("m", e.shm.Path))
+	if err != nil || len(resp.LayerEvents) != 0 {
+		t.Fatalf("shared-memory session announced layer events: %v %v", resp, err)
+	}
+}
+
+func TestLayerwiseProtoRoundTrip(t *testing.T) {
+	ev := [][]byte{bytes.Repeat([]byte{1}, 64), bytes.Repeat([]byte{2}, 64)}
+	in := &pb.OpenSessionResponse{SessionId: "s", LayerEvents: ev}
+	b, err := proto.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out pb.OpenSessionResponse
+	if err := proto.Unmarshal(b, &out); err != nil || !proto.Equal(in, &out) {
+		t.Fatalf("open session response round trip: %v %v", &out, err)
+	}
+	lr := &pb.LoadRequest{SessionId: "s", Layerwise: true}
+	if b, err = proto.Marshal(lr); err != nil {
+		t.Fatal(err)
+	}
+	var lo pb.LoadRequest
+	if err := proto.Unmarshal(b, &lo); err != nil || !lo.Layerwise {
+		t.Fatalf("load request round trip: %v %v", &lo, err)
+	}
+}

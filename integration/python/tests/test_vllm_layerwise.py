@@ -1,0 +1,132 @@
+"""Layer-wise loads in the vLLM worker half, with the fake peer and fake
+CUDA events: one layer-wise Load per step, GPU-side waits per layer, load
+errors still reported per block, and the whole-request path where the
+session has no layer events."""
+
+import pytest
+import torch
+
+from orbitkv.vllm import OrbitKVConnector
+from orbitkv.vllm import worker as worker_mod
+from orbitkv.vllm._compat import KVConnectorRole
+from tests.fakepeer import FakePeer
+from tests.shm import flash_layers, pool_bytes, shm_pool
+from tests.test_vllm_connector import BS, D, H, L, NB, PT, Engine, _compute_and_save, _extra
+from tests.vllm_fakes import NewRequestData, Request, SchedulerOutput
+
+
+class LayerwiseEngine(Engine):
+    def __init__(self, socket, kv):
+        extra = dict(_extra(socket), layerwise=True)
+        self.sched = OrbitKVConnector(extra, KVConnectorRole.SCHEDULER, None)
+        self.work = OrbitKVConnector(extra, KVConnectorRole.WORKER, None)
+        self.work.register_kv_caches(kv)
+        self.kv = kv
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    waits = []
+    monkeypatch.setattr(worker_mod, "_open_events", lambda dev, hs: [("ev", h[0] - 1) for h in hs])
+    monkeypatch.setattr(worker_mod, "_stream_wait", lambda dev, ev: waits.append(ev))
+    return waits
+
+
+def _engine(tmp_path, with_events, fake_cuda):
+    fp = FakePeer(str(tmp_path / "fake.sock"))
+    fp.layer_events = with_events
+    ctx = shm_pool(pool_bytes(L, NB, BS, H, D))
+    path, pool = ctx.__enter__()
+    e = LayerwiseEngine(fp.socket, flash_layers(pool, L, NB, BS, H, D))
+    w = e.work.worker
+    w._device = "cuda:0"  # the planes are CPU shared memory here; pretend they are on a GPU
+    w._events_gen = -1
+    w._refresh_events()
+
+    def close():
+        e.close()
+        fp.stop()
+        ctx.__exit__(None, None, None)
+
+    return e, fp, close
+
+
+def _restore_step(e, name, tokens, blocks, layers_forward=True):
+    n, is_async = e.sched.get_num_new_matched_tokens(Request(name, tokens), 0)
+    assert is_async is False, "layer-wise loads run inside the step"
+    e.sched.update_state_after_alloc(Request(name, tokens), (blocks,), n)
+    so = SchedulerOutput([NewRequestData(name, tokens, (blocks,), n)], num_scheduled_tokens={name: len(tokens) - n})
+
+    def forward():
+        if layers_forward:
+            for layer in e.kv:
+                e.work.wait_for_layer_load(layer)
+
+    return n, e.step(so, before_save=forward)
+
+
+def test_layerwise_restore_waits_per_layer_on_the_gpu(tmp_path, fake_cuda):
+    e, fp, close = _engine(tmp_path, True, fake_cuda)
+    try:
+        assert e.work.worker.layerwise
+        a = Request("a", list(range(3 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 7)))
+        tokens = a.prompt_token_ids[: 3 * PT] + [9, 9, 9]
+        b_blocks = list(range(10, 17))
+        n, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
+        assert n == 3 * PT and len(meta.loads) == 1 and meta.loads[0].sync
+        assert fp.layerwise_loads == [3], "one layer-wise Load for the step"
+        assert fake_cuda == [("ev", l) for l in range(L)], "one GPU-side wait per layer, in order"
+        assert not errs and not (res.failed_recving or set())
+        assert e.blocks_bytes(b_blocks[:3]) == e.blocks_bytes(list(range(0, 3)))
+    finally:
+        close()
+
+
+def test_layerwise_load_errors_reported_per_block(tmp_path, fake_cuda):
+    e, fp, close = _engine(tmp_path, True, fake_cuda)
+    try:
+        a = Request("a", list(range(3 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 7)))
+        ks = sorted(fp.store)
+        fp.corrupt.update(ks)  # every page fails at the peer
+        tokens = a.prompt_token_ids[: 3 * PT] + [7]
+        b_blocks = list(range(20, 27))
+        _, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
+        assert len(meta.loads) == 1
+        assert errs == set(b_blocks[:6]), "every block of the failed pages"
+        assert "b" in (res.failed_recving or set())
+    finally:
+        close()
+
+
+def test_failed_layerwise_call_waits_on_nothing(tmp_path, fake_cuda):
+    e, fp, close = _engine(tmp_path, True, fake_cuda)
+    try:
+        a = Request("a", list(range(2 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 5)))
+        fp.restart()  # the peer forgets the session: the Load is answered NotFound, then reopened
+        fp.layer_events = False  # ...without layer events: the layer-wise Load is refused
+        tokens = a.prompt_token_ids[: 2 * PT] + [5]
+        _, (meta, res, errs) = _restore_step(e, "b", tokens, list(range(30, 35)))
+        if meta.loads:
+            assert fake_cuda == [], "no event waited on without an enqueued load"
+            assert errs == set(range(30, 34))
+    finally:
+        close()
+
+
+def test_without_layer_events_loads_are_whole_request(tmp_path, fake_cuda):
+    e, fp, close = _engine(tmp_path, False, fake_cuda)
+    try:
+        assert not e.work.worker.layerwise
+        a = Request("a", list(range(2 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 5)))
+        tokens = a.prompt_token_ids[: 2 * PT] + [5]
+        b_blocks = list(range(10, 15))
+        _, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
+        assert len(meta.loads) == 1 and fp.layerwise_loads == [] and fake_cuda == []
+        assert not errs
+        assert e.blocks_bytes(b_blocks[:4]) == e.blocks_bytes(list(range(0, 4)))
+    finally:
+        close()
