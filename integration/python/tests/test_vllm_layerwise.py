@@ -29,7 +29,17 @@ def fake_cuda(monkeypatch):
     waits = []
     monkeypatch.setattr(worker_mod, "_open_events", lambda dev, hs: [("ev", h[0] - 1) for h in hs])
     monkeypatch.setattr(worker_mod, "_stream_wait", lambda dev, ev: waits.append(ev))
+    monkeypatch.setattr(worker_mod, "_record_event", lambda dev: _Recorded())
     return waits
+
+
+class _Recorded:
+    """Stands in for a CUDA event recorded after the step's KV writes."""
+
+    synced = 0
+
+    def synchronize(self):
+        _Recorded.synced += 1
 
 
 def _engine(tmp_path, with_events, fake_cuda):
@@ -70,7 +80,9 @@ def test_layerwise_restore_waits_per_layer_on_the_gpu(tmp_path, fake_cuda):
     try:
         assert e.work.worker.layerwise
         a = Request("a", list(range(3 * PT + 1)))
+        synced = _Recorded.synced
         _compute_and_save(e, a, list(range(0, 7)))
+        assert _Recorded.synced > synced, "a GPU save waits for the step's KV writes first"
         tokens = a.prompt_token_ids[: 3 * PT] + [9, 9, 9]
         b_blocks = list(range(10, 17))
         n, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)

@@ -75,6 +75,15 @@ def _stream_wait(device: Any, event: Any) -> None:
     torch.cuda.current_stream(device).wait_event(event)
 
 
+def _record_event(device: Any) -> Any:
+    """An event recorded on the current stream now (synchronize() waits for it)."""
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(device))
+    return ev
+
+
 def _result_of(f: cf.Future) -> OpResult:
     try:
         return f.result()
@@ -222,8 +231,9 @@ class WorkerHalf:
         prompt pages, which vLLM never rewrites while the request lives, and
         the blocks of a finished request stay allocated until its saves are
         reported (delayed free); preemption flushes them first."""
+        ready = self._kv_written_event()
         for spec in meta.saves:
-            fut = self._save_pool.submit(self._run_save, spec)
+            fut = self._save_pool.submit(self._run_save, spec, ready)
             with self._lock:
                 self._saves.setdefault(spec.req_id, []).append(fut)
 
@@ -286,9 +296,19 @@ class WorkerHalf:
             log.warning("orbitkv load for %s failed, recomputing: %s", spec.req_id, e)
             return OpResult("", True, ())
 
-    def _run_save(self, spec: SaveSpec) -> OpResult:
+    def _kv_written_event(self) -> Any:
+        """On a GPU, an event recorded after the step's KV writes: the peer's
+        device copies run on its own stream, so a save must not start until
+        the engine's kernels that wrote those blocks are done."""
+        if self._device is None:
+            return None
+        return _record_event(self._device)
+
+    def _run_save(self, spec: SaveSpec, ready: Any = None) -> OpResult:
         assert self.session is not None, "register_kv_caches was not called"
         dur = Durability.SSD if self.cfg.durability == "ssd" else Durability.DRAM
+        if ready is not None:
+            ready.synchronize()  # on the save thread: the step does not block
         try:
             op = self.session.save(_refs(spec, self.rank), durability=dur, deadline_ms=self.cfg.save_deadline_ms)
             res = self._wait(op, self.cfg.save_deadline_ms)
