@@ -113,8 +113,8 @@ func memcpyGBps(n int) float64 {
 type benchEngine struct {
 	e     *engineclient.Engine
 	admin pb.AdminServiceClient
-	shm  *engineclient.Shm
-	stop func()
+	shm   *engineclient.Shm
+	stop  func()
 }
 
 func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
