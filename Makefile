@@ -25,6 +25,8 @@ test: deps build vet test-go test-python
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
+	@unformatted=$$(gofmt -l $$(find . -name '*.go' -not -name '*.pb.go' -not -path './.git/*')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
 test-go:
 	$(GO) test $(LDFLAGS) -race -count=1 -timeout 30m ./...
