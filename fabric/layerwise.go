@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/orbitkv/orbitkv/transfer"
 )
@@ -39,12 +40,20 @@ func (s *session) lwLock(ctx context.Context) (release func(), err error) {
 // loadLayerwise is a layer-wise load; enqueued is called exactly once, when
 // the device batch is enqueued or the load ended without one.
 func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pageReq, res []pageResult, enqueued func()) {
+	t0 := time.Now()
+	at := t0
+	phase := func(name string) { // the enqueue histogram, one phase at a time
+		now := time.Now()
+		s.m.enqueueSec.WithLabelValues(name).Observe(now.Sub(at).Seconds())
+		at = now
+	}
 	release, err := sess.lwLock(ctx)
 	if err != nil {
 		enqueued()
 		failPending(res, err)
 		return
 	}
+	phase("turn")
 	held := true
 	unlock := func() {
 		if held {
@@ -57,12 +66,14 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	items := s.pinForLoad(sess, reqs, res)
 	defer s.unpinLoads(items)
 	s.readFromSSD(ctx, sess, items, res)
+	phase("pin")
 	buf := getDescs(len(items) * descsPerPage(sess))
 	defer putDescs(buf)
 	groups, moving, err := s.planLayers(sess, items, res, buf)
 	if len(moving) == 0 {
 		return
 	}
+	phase("plan")
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 	var f transfer.Flight
@@ -70,8 +81,11 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 		f, err = sess.gpu.StartGroups(ctx, groups, sess.marks)
 	}
 	unlock()
+	phase("start")
+	s.m.enqueueSec.WithLabelValues("total").Observe(at.Sub(t0).Seconds())
 	if err == nil {
 		err = f.Wait(ctx)
+		s.m.deviceSec.Observe(time.Since(at).Seconds())
 	}
 	if err != nil {
 		for _, it := range moving {

@@ -135,7 +135,7 @@ func layerwiseEngine(t *testing.T) (*testPeer, *engine, *fakeGPU) {
 }
 
 func TestLayerwiseLoadPlansLayerMajorAndAnswersOnEnqueue(t *testing.T) {
-	_, e, fake := layerwiseEngine(t)
+	tp, e, fake := layerwiseEngine(t)
 	const pages, perPage = 3, 4
 	keys := randKeys(pages)
 	okOp(t)(e.Save(ctx(t), refs(keys, 0, perPage), pb.Durability_DURABILITY_DRAM))
@@ -175,6 +175,15 @@ func TestLayerwiseLoadPlansLayerMajorAndAnswersOnEnqueue(t *testing.T) {
 		if !bytes.Equal(e.page(dst[i].Blocks), want[i]) {
 			t.Fatalf("page %d differs after the layer-wise load", i)
 		}
+	}
+	for _, ph := range []string{"turn", "pin", "plan", "start", "total"} {
+		name := `orbitkv_transfer_enqueue_seconds_count{phase="` + ph + `"}`
+		if got := tp.metric(name); got != name+" 1" {
+			t.Errorf("enqueue histogram: %q, want one observation of phase %s", got, ph)
+		}
+	}
+	if got := tp.metric("orbitkv_transfer_layerwise_device_seconds_count"); got != "orbitkv_transfer_layerwise_device_seconds_count 1" {
+		t.Errorf("device histogram: %q, want one observation", got)
 	}
 }
 

@@ -23,6 +23,11 @@ type metrics struct {
 
 	tierBytes, tierPages, tierCapacity *prometheus.GaugeVec
 	catalogEntries                     prometheus.Gauge
+
+	// Layer-wise loads: the Load call's serial phases before it answers
+	// (turn, pin, plan, start; total), and enqueue to device completion.
+	enqueueSec *prometheus.HistogramVec
+	deviceSec  prometheus.Histogram
 }
 
 func newMetrics(ssdInflight func() float64) *metrics {
@@ -57,11 +62,18 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		tierCapacity:   prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "capacity_bytes", "Tier capacity.")), []string{"tier"}),
 		catalogEntries: gauge("catalog", "entries", "Catalog entries."),
 	}
+	buckets := prometheus.ExponentialBuckets(25e-6, 2, 16) // 25 µs .. 0.8 s
+	m.enqueueSec = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "orbitkv", Subsystem: "transfer",
+		Name: "enqueue_seconds", Buckets: buckets,
+		Help: "Layer-wise loads: time before the Load call answers, by phase (turn, pin, plan, start, total)."}, []string{"phase"})
+	m.deviceSec = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "orbitkv", Subsystem: "transfer",
+		Name: "layerwise_device_seconds", Buckets: buckets,
+		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.savedPages, m.loadedTokens, m.loadedPages,
 		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.unsealedPages, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
-		m.tierCapacity, m.catalogEntries,
+		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

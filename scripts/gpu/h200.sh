@@ -6,6 +6,8 @@
 #   scripts/gpu/h200.sh peer128    8K-token peer rows only (64- and 16-token blocks), then the Go GPU tests
 #   scripts/gpu/h200.sh layerwise  layer-wise load: its GPU tests, TTFT layer-wise vs the old path in one run,
 #                                  then sustained native vs DRAM (layer-wise) with ${DURATION:-30s} windows
+#   scripts/gpu/h200.sh lwmethods  layer-wise TTFT only, instrumented (--trace, peer enqueue histograms), once per
+#                                  peer copy method in ${METHODS:-kernel batch} (peer --cuda-method)
 #   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
 #                                  integration/python from another commit) the same probes on it first-hand
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
@@ -142,10 +144,12 @@ peer128() { # the 8K-token peer rows (the §6 restore/save target), then correct
 ttft_probe() { # LABEL PYDIR TIMEOUT EXTRA...
 	local label=$1 dir=$2 to=$3
 	shift 3
-	start_peer /tmp/okv-ttft "$O/logs.txt" --dram-bytes 8GiB --ssd-bytes 0 || { say "$label: peer failed to start"; return 1; }
+	# shellcheck disable=SC2086 # PEER_EXTRA: extra peer flags, split on spaces
+	start_peer /tmp/okv-ttft "$O/logs.txt" --dram-bytes 8GiB --ssd-bytes 0 ${PEER_EXTRA:-} || { say "$label: peer failed to start"; return 1; }
 	(cd "$dir" && timeout "$to" python3 -m orbitkv.refengine.ttft --orbitkv-socket /tmp/okv-ttft/orbitkv.sock \
 		--preset qwen3-8b --device cuda --prompt-tokens 8192 --prompts 4 "$@") >"$O/ttft_$label.json" 2>>"$O/logs.txt"
 	say "ttft $label rc=$?"
+	[ -n "${METRICS:-}" ] && curl -s 127.0.0.1:9464/metrics | grep -E "^orbitkv_transfer_(enqueue|layerwise)" >"$O/metrics_$label.txt"
 	stop_all
 	python3 -c "
 import json; d=json.load(open('$O/ttft_$label.json'))
@@ -153,6 +157,31 @@ print('$label recompute', [round(x['ttft_s'],4) for x in d['recompute']], 'resto
       'restored', [x['restored_tokens'] for x in d['restore']])
 print('$label median recompute', d['recompute_ttft_median_s'], 'restore', d['restore_ttft_median_s'], 'ratio', d['restore_over_recompute'],
       'local-hit floor', round(d['local_prefix_hit']['ttft_s'],4), '=', d['local_hit_over_recompute'], 'first tokens match', d['first_tokens_match'])" 2>&1 | tee -a "$S"
+}
+
+lwmethods() { # layer-wise TTFT per peer copy method, instrumented
+	nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
+	for m in ${METHODS:-kernel batch}; do
+		PEER_EXTRA="--cuda-method $m" METRICS=1 ttft_probe "lw_$m" integration/python ${TTFT_TIMEOUT:-100} --layerwise --trace
+		python3 - "$O/ttft_lw_$m.json" "$O/metrics_lw_$m.txt" <<'PY' 2>&1 | tee -a "$S"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for kind in ("restore", "local_prefix_hit"):
+    rows = d[kind] if kind == "restore" else [d[kind]]
+    for r in rows:
+        b = r.get("breakdown", {})
+        g = b.get("gpu_layer_ready_ms") or []
+        print(kind, "ttft_ms", round(r["ttft_s"] * 1e3, 1), "steps", r["steps"],
+              {k: round(v * 1e3, 2) for k, v in b.items() if k.endswith("_s")},
+              "gpu layer0/1/last ready ms", g[:2], g[-1:], "lw", b.get("layerwise"))
+sums = {}
+for line in open(sys.argv[2]):
+    name, v = line.rsplit(" ", 1)
+    if name.endswith(("_sum", "_count")) or "_sum{" in name or "_count{" in name:
+        sums[name] = float(v)
+print("peer:", {k: round(v, 5) for k, v in sums.items()})
+PY
+	done
 }
 
 refengine() { # the reference engine's GPU path: tests, TTFT (restore vs recompute vs local hit), decode
@@ -201,5 +230,6 @@ peer128) peer128 ;;
 refengine) refengine ;;
 sustained) sustained ;;
 layerwise) layerwise ;;
-*) echo "usage: $0 check|sustained|peer|peer128|refengine|layerwise" >&2; exit 2 ;;
+lwmethods) lwmethods ;;
+*) echo "usage: $0 check|sustained|peer|peer128|refengine|layerwise|lwmethods" >&2; exit 2 ;;
 esac

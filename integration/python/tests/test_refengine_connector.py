@@ -398,3 +398,24 @@ def test_orbitkv_connector_corrupt_page_is_recomputed(fake_peer, async_load):
     assert got == want
     assert st["load_error_blocks"] >= PT // B
     assert st["external_restored_tokens"] == 16 + 64
+
+
+def test_ttft_probe_reports_a_step_breakdown(real_peer):
+    """The TTFT probe (CPU, tiny preset) restores from the peer and reports, per TTFT, the
+    computing steps' CPU phases and the rest, which add up to the TTFT."""
+    from orbitkv.refengine import ttft
+
+    args = ["--orbitkv-socket", real_peer.socket, "--prompt-tokens", "256", "--prompts", "3",
+            "--kv-tokens", "544", "--page-tokens", "32", "--max-batched-tokens", "128"]
+    out = ttft.run(ttft.parse_args(args))
+    assert out["warm_shapes"] is True
+    for r in out["restore"]:
+        assert r["restored_tokens"] > 0
+        assert r["restored_tokens"] + r["local_hit_tokens"] == 224  # (256 - 1) // 32 * 32
+        b = r["breakdown"]
+        assert b["computing_steps"] >= 1
+        parts = b["start_load_s"] + b["forward_s"] + b["results_s"] + b["other_s"]
+        assert parts == pytest.approx(r["ttft_s"], abs=1e-3)
+        assert "gpu_layer_ready_ms" not in b  # CPU: no trace
+    assert out["local_prefix_hit"]["local_hit_tokens"] > 0
+

@@ -4,7 +4,8 @@ Time to first token of a long prompt whose prefix is restored from an OrbitKV pe
 beside the same prompts' recompute TTFT, in one engine with the OrbitKV connector (vLLM's
 call sequence; on CUDA the KV pool is registered with the peer by CUDA IPC handle).
 
-Sequence: one warm-up prompt; then `--prompts` distinct prompts computed from scratch (the
+Sequence: one warm-up prompt, then (unless `--no-warm-shapes`) the restore's and the local
+hit's step shapes once on it; then `--prompts` distinct prompts computed from scratch (the
 connector misses, the engine computes and saves their pages to the peer): recompute TTFT;
 saves drained; then the same prompts again, in the same order. The engine's own prefix cache
 holds about two prompts (`--kv-tokens`), so by then each prompt has left HBM and its prefix
@@ -31,7 +32,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _worker(e: Engine):
+    return getattr(getattr(e, "connector_worker", None), "worker", None)
+
+
 def _ttft(e: Engine, prompt, device: str) -> dict:
+    runner, w = getattr(e, "runner", None), _worker(e)
+    timings = getattr(runner, "timings", None)
+    lw = getattr(w, "lw_timings", None)
+    n0, l0 = len(timings or ()), len(lw or ())
     _sync(device)
     t0 = time.perf_counter()
     req = e.add_request(prompt, 1)
@@ -42,8 +51,22 @@ def _ttft(e: Engine, prompt, device: str) -> dict:
         e.step()
         steps += 1
     dt = time.perf_counter() - t0
-    return {"ttft_s": dt, "token": req.output_token_ids[0], "steps": steps,
-            "local_hit_tokens": req.num_cached_tokens, "restored_tokens": req.restored_tokens}
+    out = {"ttft_s": dt, "token": req.output_token_ids[0], "steps": steps,
+           "local_hit_tokens": req.num_cached_tokens, "restored_tokens": req.restored_tokens}
+    if timings is not None:
+        # The computing steps' phases (runner.execute); other_s is the rest of the TTFT:
+        # scheduling, empty steps, request admission. Layer-wise loads add the Load call's
+        # latency (inside start_load_s) and the step end's wait for the results.
+        mine = [t for t in timings[n0:] if t["tokens"]]
+        b = {k: round(sum(t[k] for t in mine), 5) for k in ("start_load_s", "forward_s", "results_s")}
+        b["computing_steps"] = len(mine)
+        b["other_s"] = round(dt - sum(b[k] for k in ("start_load_s", "forward_s", "results_s")), 5)
+        if mine and "gpu_layer_ready_ms" in mine[-1]:
+            b["gpu_layer_ready_ms"] = mine[-1]["gpu_layer_ready_ms"]
+        if lw is not None and len(lw) > l0:
+            b["layerwise"] = [{k: round(v, 5) if isinstance(v, float) else v for k, v in x.items()} for x in lw[l0:]]
+        out["breakdown"] = b
+    return out
 
 
 def _profiled(e: Engine, prompt, device: str):
@@ -76,15 +99,27 @@ def run(a: argparse.Namespace) -> dict:
     out = {"preset": a.preset, "device": a.device, "prompt_tokens": a.prompt_tokens, "block_size": cfg.block_size,
            "page_tokens": cfg.page_tokens, "kv_tokens": cfg.kv_tokens, "max_batched_tokens": cfg.max_batched_tokens,
            "attn_backend": cfg.resolved_attn_backend, "async_load": extra["async_load"] and not a.layerwise,
-           "layerwise_requested": a.layerwise,
+           "layerwise_requested": a.layerwise, "warm_shapes": a.warm_shapes,
            "kv_bytes_per_token": cfg.model.kv_bytes_per_token()}
     t0 = time.perf_counter()
     with Engine(cfg, connector=lambda c, pool: load_connector("orbitkv", c, pool, extra)) as e:
         out["startup_s"] = round(time.perf_counter() - t0, 2)
-        w = getattr(getattr(e, "connector_worker", None), "worker", None)
+        w = _worker(e)
         out["layerwise"] = bool(getattr(w, "layerwise", False))
-        _ttft(e, tok(a.prompt_tokens), a.device)  # warm-up: allocator, kernels, first save
+        if a.trace and a.device.startswith("cuda") and hasattr(e, "runner"):
+            e.runner.trace_layers = True
+        warm_prompt = tok(a.prompt_tokens)
+        _ttft(e, warm_prompt, a.device)  # warm-up: allocator, kernels, first save
         _drain(e)
+        if a.warm_shapes:
+            # The restore's and the local hit's step shapes (a page-aligned prefix cached,
+            # the rest computed) run once here: a step shape's first run costs 10-20 ms more
+            # on CUDA (seen on the H200 in the first restore and in the local hit).
+            cut = (a.prompt_tokens - 1) // cfg.page_tokens * cfg.page_tokens
+            _ttft(e, warm_prompt[:cut] + tok(a.prompt_tokens - cut), a.device)
+            _drain(e)
+            _ttft(e, warm_prompt, a.device)
+            _drain(e)
         prompts = [tok(a.prompt_tokens) for _ in range(a.prompts)]
         cold = []
         for p in prompts:
@@ -117,7 +152,7 @@ def run(a: argparse.Namespace) -> dict:
     return out
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m orbitkv.refengine.ttft")
     p.add_argument("--orbitkv-socket", required=True)
     p.add_argument("--preset", default="tiny")
@@ -133,7 +168,15 @@ def main(argv=None) -> None:
                    help="layer-wise loads: inside the step, each layer's attention waits on the GPU for its layer only")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="profile the local-hit step (CUDA)")
-    print(json.dumps(run(p.parse_args(argv))), flush=True)
+    p.add_argument("--no-warm-shapes", dest="warm_shapes", action="store_false",
+                   help="skip warming the restore's and the local hit's step shapes before measuring")
+    p.add_argument("--trace", action="store_true",
+                   help="CUDA: time when the GPU gets past each layer's load wait (timing events per layer)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    print(json.dumps(run(parse_args(argv))), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ clear_connector_metadata. A step with no tokens still runs the connector calls.
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any, Dict, Optional, Set, Tuple
 
@@ -25,9 +26,14 @@ from .scheduler import SchedulerOutput, cdiv
 class _ConnectorHooks(LayerHooks):
     def __init__(self, connector: Any):
         self.connector = connector
+        self.marks: Optional[list] = None  # tracing: a CUDA timing event per layer, after its load wait
 
     def before_attention(self, layer: int) -> None:
         self.connector.wait_for_layer_load(layer_name(layer))
+        if self.marks is not None:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
 
     def after_attention(self, layer: int, kv: torch.Tensor, meta: BatchMeta) -> None:
         self.connector.save_kv_layer(layer_name(layer), kv, meta)
@@ -44,6 +50,10 @@ class ModelRunner:
         self.hooks = _ConnectorHooks(connector) if connector is not None else LayerHooks()
         if connector is not None:
             connector.register_kv_caches(pool.kv_caches())
+        # Instrumentation (cheap): per connector step, the CPU time of its phases; with
+        # trace_layers (CUDA), also when the GPU got past each layer's load wait.
+        self.timings: list = []
+        self.trace_layers = False
 
     def execute(self, so: SchedulerOutput) -> Tuple[Dict[str, int], Optional[KVConnectorOutput]]:
         """Run one step; returns (request id → sampled token, connector output)."""
@@ -54,18 +64,36 @@ class ModelRunner:
         if so.preempted_req_ids and hasattr(conn, "handle_preemptions"):
             conn.handle_preemptions(so.kv_connector_metadata)
         conn.bind_connector_metadata(so.kv_connector_metadata)
+        trace = bool(batch) and self.trace_layers and self.device.type == "cuda"
+        t0 = time.perf_counter()
+        if trace:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+            self.hooks.marks = []
         try:
             conn.start_load_kv(self._forward_context(batch[1] if batch else None))
+            t1 = time.perf_counter()
             sampled = self._forward(*batch) if batch else {}
             if batch and self.device.type == "cuda":
                 # The peer copies saved blocks with its own stream in its own
                 # process: the step's KV writes must have landed first.
                 torch.cuda.current_stream(self.device).synchronize()
+            t2 = time.perf_counter()
             conn.wait_for_save()
             sending, recving, failed = self._transfer_results(so.finished_req_ids)
             invalid = set(conn.get_block_ids_with_load_errors() or ())
+            t3 = time.perf_counter()
         finally:
             conn.clear_connector_metadata()
+            marks, self.hooks.marks = self.hooks.marks, None
+        if batch:
+            rec = {"start_load_s": t1 - t0, "forward_s": t2 - t1, "results_s": t3 - t2,
+                   "tokens": so.total_num_scheduled_tokens}
+            if trace and marks:
+                ms = [start_ev.elapsed_time(ev) for ev in marks]  # the step's kernels are done (synchronized)
+                rec["gpu_layer_ready_ms"] = [round(x, 3) for x in ms]
+            self.timings.append(rec)
+            del self.timings[:-256]
         return sampled, KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                           failed_recving=failed, invalid_block_ids=invalid)
 

@@ -26,6 +26,7 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 from orbitkv import buffers, errors
@@ -113,6 +114,9 @@ class WorkerHalf:
         self._events_gen = -1  # session generation the events belong to
         self._device: Any = None
         self._wait_layers = False  # this step's layer-wise load was enqueued
+        # Instrumentation (cheap, CPU only): per layer-wise load, the Load call's latency
+        # (it answers once enqueued) and the step end's wait for the page results.
+        self.lw_timings: list[dict] = []
 
     # --- registration ----------------------------------------------------------
 
@@ -196,6 +200,7 @@ class WorkerHalf:
         leases = {sp.leases.get(self.rank, "") for sp in specs}
         lease = leases.pop() if len(leases) == 1 else ""
         op: Optional[Op] = None
+        t0 = time.perf_counter()
         try:
             op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
         except errors.OrbitKVError as e:
@@ -207,6 +212,8 @@ class WorkerHalf:
             if op is None:
                 log.warning("orbitkv layer-wise load of %d pages failed, recomputing: %s", len(refs), e)
         self._wait_layers = op is not None
+        self.lw_timings.append({"pages": len(refs), "load_rpc_s": time.perf_counter() - t0})
+        del self.lw_timings[:-256]
         whole = cf.Future() if op is None else self._load_pool.submit(self._wait, op, self.cfg.load_deadline_ms)
         if op is None:
             whole.set_result(OpResult("", True, ()))
@@ -255,8 +262,11 @@ class WorkerHalf:
                     self._finishing.discard(r)
                     del self._saves[r]
             layerwise = [st for st in self._loads.values() if st.layerwise]
+        t0 = time.perf_counter()
         for st in layerwise:  # the step's forward waited on the copies already
             st.future.result()
+        if layerwise and self.lw_timings:
+            self.lw_timings[-1].setdefault("results_wait_s", time.perf_counter() - t0)
         with self._lock:
             for r, st in list(self._loads.items()):
                 if not st.future.done():
