@@ -130,3 +130,26 @@ func TestLookupOnlySession(t *testing.T) {
 		t.Fatalf("unknown dtype: %v, want InvalidArgument", err)
 	}
 }
+
+func TestUnwaitedOpsAreBounded(t *testing.T) {
+	old := maxOpsPerSession
+	maxOpsPerSession = 2
+	defer func() { maxOpsPerSession = old }()
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(3)
+	var ids []string
+	for i := 0; i < 2; i++ {
+		h, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: refs(keys[i:i+1], uint32(4*i), 4)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, h.OpId)
+	}
+	_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: refs(keys[2:], 8, 4)})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("third unwaited op: %v, want ResourceExhausted", err)
+	}
+	okOp(t)(e.Wait(ctx(t), ids[0]))
+	okOp(t)(e.Save(ctx(t), refs(keys[2:], 8, 4), pb.Durability_DURABILITY_DRAM))
+}

@@ -26,6 +26,7 @@ var codeTable = []struct {
 	{errNotFound, codes.NotFound},
 	{errLayoutMismatch, codes.FailedPrecondition},
 	{errClosing, codes.Unavailable},
+	{errTooManyOps, codes.ResourceExhausted},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,13 @@ type op struct {
 // the peer forgets it.
 const opRetention = 5 * time.Minute
 
+// maxOpsPerSession bounds a session's operations not yet waited for, so an
+// engine that never calls Wait cannot grow the peer without limit.
+var maxOpsPerSession = 16384 // a var so tests can lower it
+
+// errTooManyOps reports a session at maxOpsPerSession.
+var errTooManyOps = errors.New("too many operations not yet waited for")
+
 // startOp runs fn in a goroutine owned by the session (and the peer), with a
 // deadline, and registers it for Wait.
 func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx context.Context, res []pageResult)) (*op, error) {
@@ -28,6 +36,11 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx
 	}
 	o := &op{id: newID("op-"), results: make([]pageResult, n), done: make(chan struct{})}
 	sess.mu.Lock()
+	if len(sess.mu.ops) >= maxOpsPerSession {
+		sess.mu.Unlock()
+		sess.work.Done()
+		return nil, fmt.Errorf("%w: session %s has %d; call Wait", errTooManyOps, sess.id, maxOpsPerSession)
+	}
 	sess.mu.ops[o.id] = o
 	sess.mu.Unlock()
 	p.m.inflightOps.Inc()
