@@ -11,6 +11,15 @@ unknown) and opens itself again with the same request: buffers are
 registered anew, while leases and operations of the old session are gone
 (their calls fail, and the engine recomputes). While the peer is down, calls
 fail fast with PeerUnavailable; nothing waits past its deadline.
+
+Lazy use (``Client(..., lazy=True)``, ``open_session(..., lazy=True)``):
+the engine starts while the peer is down or restarting. The client does not
+wait for the socket, and a session that cannot be opened yet is returned
+unopened (``ready`` False, ``lost`` set); its keepalive thread, and any call
+on it, retry the open at most once per RETRY_INTERVAL_S, each attempt
+bounded by the call deadline. Adapters check ``Session.ready`` and skip the
+cache (0 hits, saves not made) until it is True. Reachability changes are
+logged once per transition by the Client, not per call.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ from orbitkv.keys import Layout
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
+# While the peer is unreachable, a session's open is retried (and its
+# keepalive probes) at most once per this many seconds.
+RETRY_INTERVAL_S = 1.0
 _MAX_WAIT_SLICE_MS = 1000
 # A Unix socket either accepts at once or not at all: retry a lost peer every
 # 100 ms to 1 s instead of gRPC's default backoff (up to 120 s).
@@ -126,26 +138,61 @@ class SessionInfo:
 class Client:
     """A connection to one peer. ``timeout`` (seconds) bounds every call."""
 
-    def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = 5.0) -> None:
+    def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = 5.0,
+                 lazy: bool = False) -> None:
+        """``lazy``: do not wait for the socket (the peer may be down or not
+        started yet); the channel connects on first use and keeps retrying.
+        Otherwise raise PeerUnavailable if it is not ready within
+        ``connect_timeout``."""
         self.socket_path = socket_path
         self.timeout = timeout
         self._channel = grpc.insecure_channel("unix:" + socket_path, options=_CHANNEL_OPTIONS)
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
-        except grpc.FutureTimeoutError:
-            self._channel.close()
-            raise errors.PeerUnavailable(f"connect {socket_path}: not ready within {connect_timeout}s", "UNAVAILABLE")
+        self._reachable: Optional[bool] = None  # None: unknown yet
+        self._state_lock = threading.Lock()
+        if not lazy:
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
+            except grpc.FutureTimeoutError:
+                self._channel.close()
+                raise errors.PeerUnavailable(f"connect {socket_path}: not ready within {connect_timeout}s", "UNAVAILABLE")
+            self._reachable = True
         self.stub = engine_pb2_grpc.EngineServiceStub(self._channel)
         self._sessions: list[Session] = []
         self._lock = threading.Lock()
         self._closed = False
 
+    @property
+    def reachable(self) -> bool:
+        """False once a call found the peer unreachable, until a call gets an
+        answer again (unknown counts as reachable)."""
+        return self._reachable is not False
+
+    def _set_reachable(self, up: bool, why: str = "") -> None:
+        if self._reachable is up:
+            return
+        with self._state_lock:
+            if self._reachable is up:
+                return
+            before, self._reachable = self._reachable, up
+        if not up:
+            log.warning("orbitkv peer %s unreachable (%s): serving without the external KV cache "
+                        "(requests recompute) and retrying in the background", self.socket_path, why)
+        elif before is False:
+            log.warning("orbitkv peer %s reachable again", self.socket_path)
+
     def call(self, action: str, method: str, request, timeout: Optional[float] = None):
         """Invokes one RPC with a deadline, mapping errors."""
         try:
-            return getattr(self.stub, method)(request, timeout=timeout or self.timeout)
+            resp = getattr(self.stub, method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise errors.from_rpc_error(action, e) from None
+            err = errors.from_rpc_error(action, e)
+            if isinstance(err, errors.PeerUnavailable):
+                self._set_reachable(False, str(err))
+            elif not isinstance(err, errors.PeerTimeout) and err.code:
+                self._set_reachable(True)  # the peer answered (with an error)
+            raise err from None
+        self._set_reachable(True)
+        return resp
 
     def open_session(
         self,
@@ -157,10 +204,15 @@ class Client:
         segments: Sequence[Segment],
         engine_id: str = "python",
         keepalive_ms: int = 0,
+        lazy: bool = False,
     ) -> "Session":
         """Registers an engine worker's KV buffers. With no buffers, no
         segments and ``num_blocks`` 0 the session is lookup-only: it may
-        Lookup and Release, and the peer refuses its Save and Load."""
+        Lookup and Release, and the peer refuses its Save and Load.
+
+        ``lazy``: one attempt now; if the peer is unreachable (or does not
+        answer in time) the session is returned unopened and opens itself
+        later (see the module doc). Other refusals raise as usual."""
         req = engine_pb2.OpenSessionRequest(
             engine_id=engine_id,
             layout=layout.to_proto(),
@@ -170,16 +222,28 @@ class Client:
             segments=[s.to_proto() for s in segments],
             keepalive_ms=keepalive_ms,
         )
-        s = Session(self, layout, req, self._open(layout, req))
+        if not lazy:
+            s = Session(self, layout, req, self._open(layout, req))
+        else:
+            s = Session(self, layout, req, None)
+            try:
+                s._reopen("", "first open")
+            except errors.SessionLost:
+                e = s._last_error
+                if e is not None and not _transient(e):
+                    s.close()
+                    raise e from None
+            s.generation = 0  # generation counts openings after this call
         with self._lock:
             self._sessions.append(s)
         return s
 
-    def open_lookup_session(self, layout: Layout, *, block_tokens: int, engine_id: str = "scheduler") -> "Session":
+    def open_lookup_session(self, layout: Layout, *, block_tokens: int, engine_id: str = "scheduler",
+                            lazy: bool = False) -> "Session":
         """A lookup-only session (an engine's scheduler process): the peer
         derives the page size, for the query budget, from the layout."""
         return self.open_session(
-            layout, block_tokens=block_tokens, num_blocks=0, buffers=(), segments=(), engine_id=engine_id
+            layout, block_tokens=block_tokens, num_blocks=0, buffers=(), segments=(), engine_id=engine_id, lazy=lazy
         )
 
     def _open(self, layout: Layout, req: engine_pb2.OpenSessionRequest) -> "SessionInfo":
@@ -208,64 +272,110 @@ class Client:
         self.close()
 
 
+def _transient(e: errors.OrbitKVError) -> bool:
+    """Whether an open failed because the peer is down or slow (retry later)."""
+    return isinstance(e, (errors.PeerUnavailable, errors.PeerTimeout))
+
+
+_NOT_OPENED = SessionInfo("", b"", 0, 0)
+
+
 class Session:
     """An open engine session: layout, buffers and leases live with it.
 
     ``id`` changes when the session is reopened after the peer forgot it
     (``generation`` counts reopenings); ``lost`` is set while the session is
-    known to be gone and could not be reopened yet."""
+    known to be gone (or, lazily opened, not opened yet) and could not be
+    (re)opened yet; ``ready`` says whether calls are worth making."""
 
-    def __init__(self, client: Client, layout: Layout, req: engine_pb2.OpenSessionRequest, info: SessionInfo) -> None:
+    def __init__(self, client: Client, layout: Layout, req: engine_pb2.OpenSessionRequest,
+                 info: Optional[SessionInfo]) -> None:
         self.client = client
         self.layout = layout
-        self.info = info
-        self.id = info.session_id
+        self.info = info or _NOT_OPENED
+        self.id = self.info.session_id
         self.generation = 0
         self.lost: Optional[errors.OrbitKVError] = None
+        if info is None:
+            self.lost = errors.SessionLost("session not opened yet", "UNAVAILABLE")
+        self._last_error: Optional[errors.OrbitKVError] = None
+        self._next_attempt = 0.0  # monotonic time before which a lost session is not reopened
         self._req = req
         self._reopen_lock = threading.Lock()
         self._stop = threading.Event()
-        granted_ms = info.keepalive_ms or 10000
-        interval = max(granted_ms, 300) / 3000.0  # three keepalives per granted interval
         self._keepalive = threading.Thread(
-            target=self._keepalive_loop, args=(interval,), name=f"orbitkv-keepalive-{self.id[:8]}", daemon=True
+            target=self._keepalive_loop, name=f"orbitkv-keepalive-{req.engine_id}", daemon=True
         )
         self._keepalive.start()
 
+    @property
+    def ready(self) -> bool:
+        """Open, not closed, and the peer not known to be unreachable."""
+        return not self._stop.is_set() and self.lost is None and bool(self.id) and self.client.reachable
+
     # keepalive and reopening ------------------------------------------------
 
-    def _keepalive_loop(self, interval: float) -> None:
-        failing = False
-        while not self._stop.wait(interval):
+    def _interval(self) -> float:
+        if self.lost is not None or not self.client.reachable:
+            return RETRY_INTERVAL_S
+        granted_ms = self.info.keepalive_ms or 10000
+        return max(granted_ms, 300) / 3000.0  # three keepalives per granted interval
+
+    def _keepalive_loop(self) -> None:
+        while not self._stop.wait(self._interval()):
+            if self.lost is not None:  # not opened yet, or a reopen failed: try again
+                try:
+                    self._reopen(self.id, str(self.lost), wait=False)
+                except errors.OrbitKVError:
+                    pass  # logged by _reopen / the client, once per transition
+                continue
             sid = self.id
             try:
                 self.client.call("keepalive", "Keepalive", engine_pb2.KeepaliveRequest(session_id=sid))
-                failing = False
             except errors.NotFound as e:
                 try:
                     self._reopen(sid, f"keepalive: {e}")
-                except errors.OrbitKVError as e2:
-                    log.warning("orbitkv: %s (will retry)", e2)
+                except errors.OrbitKVError:
+                    pass
             except errors.OrbitKVError as e:
-                (log.debug if failing else log.warning)("orbitkv keepalive failed (will retry): %s", e)
-                failing = True
+                log.debug("orbitkv keepalive failed (will retry): %s", e)
 
-    def _reopen(self, sid: str, why: str) -> None:
+    def _reopen(self, sid: str, why: str, *, wait: bool = True) -> None:
         """Opens the session again unless another thread already replaced
-        ``sid``; raises SessionLost (and sets ``lost``) if the peer refuses."""
-        with self._reopen_lock:
+        ``sid``; raises SessionLost (and sets ``lost``) if the peer refuses.
+        Once an attempt failed, the next is made RETRY_INTERVAL_S later at
+        the earliest (earlier calls raise ``lost`` at once); with ``wait``
+        False a call does not wait for another thread's attempt either."""
+        if not self._reopen_lock.acquire(blocking=wait):
+            raise self.lost or errors.SessionLost(f"session {sid} is being reopened", "UNAVAILABLE")
+        try:
             if self._stop.is_set():
                 raise errors.SessionLost(f"session {sid} is closed")
             if self.id != sid:
                 return
+            now = time.monotonic()
+            if self.lost is not None and now < self._next_attempt:
+                raise self.lost
+            self._next_attempt = now + RETRY_INTERVAL_S
             try:
                 info = self.client._open(self.layout, self._req)
             except errors.OrbitKVError as e:
-                self.lost = errors.SessionLost(f"session {sid} lost ({why}); reopen failed: {e}", e.code)
+                first = self.lost is None or self._last_error is None or type(e) is not type(self._last_error)
+                self._last_error = e
+                what = f"session {sid}" if sid else "session"
+                self.lost = errors.SessionLost(f"{what} lost ({why}); reopen failed: {e}", e.code) if sid else \
+                    errors.SessionLost(f"session not opened yet: {e}", e.code)
+                if first and not _transient(e):  # unreachable peers are logged by the client
+                    log.warning("orbitkv %s cannot be opened (will retry every %gs): %s", what, RETRY_INTERVAL_S, e)
                 raise self.lost from None
-            self.info, self.id, self.lost = info, info.session_id, None
+            self.info, self.id, self.lost, self._last_error = info, info.session_id, None, None
             self.generation += 1
-        log.warning("orbitkv session %s lost (%s); reopened as %s", sid, why, info.session_id)
+        finally:
+            self._reopen_lock.release()
+        if sid:
+            log.warning("orbitkv session %s lost (%s); reopened as %s", sid, why, info.session_id)
+        else:
+            log.info("orbitkv session %s opened", info.session_id)
 
     def _gone(self, sid: str) -> bool:
         """Whether the peer no longer knows session ``sid`` (a Keepalive probe)."""
@@ -281,7 +391,7 @@ class Session:
         if self._stop.is_set():
             raise errors.SessionLost(f"session {self.id} is closed")
         if self.lost is not None:
-            self._reopen(self.id, str(self.lost))
+            self._reopen(self.id, str(self.lost), wait=False)
 
     def _call(self, action: str, method: str, make_req: Callable[[str], Any]) -> tuple[Any, str]:
         """One RPC on behalf of this session: (response, session id used). A
@@ -342,6 +452,8 @@ class Session:
             self._stop.set()
         if self._keepalive is not threading.current_thread():
             self._keepalive.join()
+        if not self.id or not self.client.reachable:
+            return  # never opened, or the peer is down: nothing to close there
         try:
             self.client.call("close session", "CloseSession", engine_pb2.CloseSessionRequest(session_id=self.id))
         except errors.OrbitKVError as e:
@@ -387,8 +499,15 @@ class ControlSession:
     """A lookup-only session (the vLLM scheduler process has no KV
     buffers): lookups and lease releases, which a worker's Load may use."""
 
-    def __init__(self, client: Client, layout: Layout, block_tokens: int, engine_id: str = "scheduler") -> None:
-        self.session = client.open_lookup_session(layout, block_tokens=block_tokens, engine_id=engine_id)
+    def __init__(self, client: Client, layout: Layout, block_tokens: int, engine_id: str = "scheduler",
+                 lazy: bool = False) -> None:
+        self.session = client.open_lookup_session(layout, block_tokens=block_tokens, engine_id=engine_id, lazy=lazy)
+
+    @property
+    def available(self) -> bool:
+        """Whether lookups are worth making (the session is open and the
+        peer reachable); the scheduler reports misses otherwise."""
+        return self.session.ready
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult:
         return self.session.lookup(keys, lease=lease, lease_ms=lease_ms)

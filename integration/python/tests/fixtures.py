@@ -91,15 +91,21 @@ def real_peer_bin() -> Optional[str]:
 def start_real_peer(tmp: str, *extra: str) -> PeerHandle:
     """Starts ``orbitkv serve`` with tmp as its data dir (socket, catalog,
     SSD files, log); skips when ORBITKV_BIN is unset or missing."""
+    h = real_peer_handle(tmp, *extra)
+    h.start()
+    return h
+
+
+def real_peer_handle(tmp: str, *extra: str) -> PeerHandle:
+    """The handle start_real_peer would return, not started yet (``start()``
+    starts it); skips when ORBITKV_BIN is unset or missing."""
     binary = real_peer_bin()
     if binary is None:
         pytest.skip(f"real peer: ORBITKV_BIN is unset or not an executable file ({os.environ.get('ORBITKV_BIN', '')!r})")
     sock = os.path.join(tmp, "orbitkv.sock")
     args = (binary, "serve", "--data-dir", tmp, "--socket", sock, "--dram-bytes", "64MiB",
             "--ssd-bytes", "256MiB", "--metrics-addr", "127.0.0.1:0", *extra)
-    h = PeerHandle("real", sock, data_dir=tmp, args=args, log_path=os.path.join(tmp, "peer.log"))
-    h.start()
-    return h
+    return PeerHandle("real", sock, data_dir=tmp, args=args, log_path=os.path.join(tmp, "peer.log"))
 
 
 def _spawn_until_serving(args: list[str], log_path: str) -> tuple[subprocess.Popen, dict]:

@@ -92,11 +92,13 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             self.staging = Staging(g, int(self.extra.get("staging_pages", 256)))
             desc = buffers.describe_planes(self.staging.planes())
             log.info("orbitkv: host pool is not shared-file memory; staging %d pages (one extra copy)", self.staging.slots)
-        self.client = Client(self.socket, timeout=self.timeout_s)
+        # Lazy: SGLang starts while the peer is down; until the session
+        # opens (by itself) exists → 0, get → miss, set → False.
+        self.client = Client(self.socket, timeout=self.timeout_s, lazy=True)
         self.session = self.client.open_session(
             self.layout, block_tokens=g.page_size, num_blocks=desc.num_blocks,
             buffers=desc.buffers, segments=desc.segments,
-            engine_id=f"sglang-tp{self.layout.tp_rank}",
+            engine_id=f"sglang-tp{self.layout.tp_rank}", lazy=True,
         )
 
     def _describe_direct(self) -> Optional[buffers.KVDescription]:
@@ -124,8 +126,13 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
 
     # --- existence ------------------------------------------------------------
 
+    @property
+    def available(self) -> bool:
+        """Whether the peer session is open and the peer reachable."""
+        return self.session is not None and self.session.ready
+
     def batch_exists(self, keys_: List[str], extra_info: Any = None) -> int:
-        if not keys_:
+        if not keys_ or not self.available:
             return 0
         try:
             return self._sess().lookup([self.key(k) for k in keys_]).hit_pages
@@ -179,8 +186,10 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         """Loads or saves pages into/from blocks and waits; per-page success."""
         if not keys_:
             return []
-        refs = [PageRef(self.key(k), (b,)) for k, b in zip(keys_, blocks)]
         s = self._sess()
+        if not s.ready:  # peer down: a miss / not stored, no call
+            return [False] * len(keys_)
+        refs = [PageRef(self.key(k), (b,)) for k, b in zip(keys_, blocks)]
         try:
             op = s.load(refs, deadline_ms=self.deadline_ms) if load else s.save(refs, deadline_ms=self.deadline_ms)
             res: OpResult = op.wait(self.deadline_ms / 1000.0 + 2.0)

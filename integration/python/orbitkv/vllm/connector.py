@@ -65,8 +65,11 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self._client: Optional[Client] = None
         if is_scheduler(role):
             if lookup_backend is None:
-                self._client = Client(self.cfg.socket, timeout=self.cfg.timeout_s)
-                self._control = ControlSession(self._client, self.cfg.layout, self.cfg.block_tokens, f"{self.cfg.engine_id}-scheduler")
+                # Lazy: the engine starts even while the peer is down; lookups
+                # report misses until the session opens (orbitkv.client).
+                self._client = Client(self.cfg.socket, timeout=self.cfg.timeout_s, lazy=True)
+                self._control = ControlSession(self._client, self.cfg.layout, self.cfg.block_tokens,
+                                               f"{self.cfg.engine_id}-scheduler", lazy=True)
                 lookup_backend = self._control
             self._sched = SchedulerHalf(self.cfg, lookup_backend)
         else:

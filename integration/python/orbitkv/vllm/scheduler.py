@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class LookupBackend(Protocol):
+    """``available`` (optional, default True): False while the peer is
+    unreachable or the session not open; lookups then report misses
+    without a call and no saves are planned."""
+
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult: ...
 
     def release(self, lease_id: str) -> None: ...
@@ -79,6 +83,9 @@ class SchedulerHalf:
         ks = st.keys.setdefault(rank, [])
         return keys.extend_chain(self._fps[rank], self.cfg.layout.page_tokens, st.tokens, ks)
 
+    def _available(self) -> bool:
+        return bool(getattr(self.backend, "available", True))
+
     def _release(self, lk: Optional[_Lookup]) -> None:
         for lease in (lk.leases.values() if lk else ()):
             try:
@@ -117,11 +124,14 @@ class SchedulerHalf:
         # Keep at least one prompt token to compute: never cover the whole prompt.
         max_pages = (n - 1) // pt
         deferred = self.gate.query(st.req_id) == Admission.DEFER
-        try:
-            lk = self._lookup(st, max_pages) if max_pages > 0 else None
-        except errors.OrbitKVError as e:
-            log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
-            lk = None
+        lk = None
+        if max_pages > 0 and self._available():  # peer down: a miss, no call (and no log)
+            try:
+                lk = self._lookup(st, max_pages)
+            except (errors.PeerUnavailable, errors.SessionLost) as e:
+                log.debug("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
+            except errors.OrbitKVError as e:
+                log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
         if deferred:
             return None, False  # another restore holds admission: ask again next step
         st.saved_pages = lk.hit_pages if lk else 0
@@ -219,6 +229,8 @@ class SchedulerHalf:
         upto = min(upto, len(st.block_ids) // bpp)
         if upto <= st.saved_pages:
             return
+        if not self._available():
+            return  # peer down: no save (nor save hold); a later step saves these pages if it is back
         pages = range(st.saved_pages, upto)
         ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
         blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]

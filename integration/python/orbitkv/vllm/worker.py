@@ -117,6 +117,7 @@ class WorkerHalf:
         # Instrumentation (cheap, CPU only): per layer-wise load, the Load call's latency
         # (it answers once enqueued) and the step end's wait for the page results.
         self.lw_timings: list[dict] = []
+        self.skipped_saves = 0  # save specs not started because the peer was unreachable
 
     # --- registration ----------------------------------------------------------
 
@@ -128,7 +129,9 @@ class WorkerHalf:
         """Registers per-layer (K, V) block-major planes (any engine)."""
         desc = buffers.describe_planes(planes)
         self._check(desc)
-        self.client = Client(self.cfg.socket, timeout=self.cfg.timeout_s)
+        # Lazy: with the peer down the session opens later (by itself);
+        # until then loads fail (recompute) and saves are skipped.
+        self.client = Client(self.cfg.socket, timeout=self.cfg.timeout_s, lazy=True)
         self.session = self.client.open_session(
             self.layout,
             block_tokens=self.cfg.block_tokens,
@@ -136,10 +139,15 @@ class WorkerHalf:
             buffers=desc.buffers,
             segments=desc.segments,
             engine_id=f"{self.cfg.engine_id}-tp{self.rank}",
+            lazy=True,
         )
         dev = getattr(planes[0][0], "device", None) if planes else None
         self._device = dev if getattr(dev, "type", "") == "cuda" else None
         self._refresh_events()
+        if not self.session.id:
+            log.warning("orbitkv: peer %s not reachable; %d blocks will be registered once it is "
+                        "(requests recompute until then)", self.cfg.socket, desc.num_blocks)
+            return
         log.info("orbitkv session %s: %d blocks, page %d bytes, %d layer events%s", self.session.id, desc.num_blocks,
                  self.session.info.page_bytes, len(self.session.info.layer_events),
                  " (layer-wise loads on)" if self._events else "")
@@ -201,16 +209,17 @@ class WorkerHalf:
         lease = leases.pop() if len(leases) == 1 else ""
         op: Optional[Op] = None
         t0 = time.perf_counter()
-        try:
-            op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
-        except errors.OrbitKVError as e:
-            if lease:
-                try:
-                    op = self.session.load(refs, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
-                except errors.OrbitKVError as e2:
-                    e = e2
-            if op is None:
-                log.warning("orbitkv layer-wise load of %d pages failed, recomputing: %s", len(refs), e)
+        if self.session.ready:  # peer down: no call; every block fails (recompute)
+            try:
+                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
+            except errors.OrbitKVError as e:
+                if lease:
+                    try:
+                        op = self.session.load(refs, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
+                    except errors.OrbitKVError as e2:
+                        e = e2
+                if op is None:
+                    log.warning("orbitkv layer-wise load of %d pages failed, recomputing: %s", len(refs), e)
         self._wait_layers = op is not None
         self.lw_timings.append({"pages": len(refs), "load_rpc_s": time.perf_counter() - t0})
         del self.lw_timings[:-256]
@@ -238,6 +247,18 @@ class WorkerHalf:
         prompt pages, which vLLM never rewrites while the request lives, and
         the blocks of a finished request stay allocated until its saves are
         reported (delayed free); preemption flushes them first."""
+        if not meta.saves:
+            return
+        if self.session is None or not self.session.ready:
+            # Peer down (or session not open): the saves are skipped, reported
+            # done (not saved) at once, so a delayed free never waits on them.
+            for spec in meta.saves:
+                fut: cf.Future = cf.Future()
+                fut.set_result(OpResult("", True, ()))
+                with self._lock:
+                    self._saves.setdefault(spec.req_id, []).append(fut)
+            self.skipped_saves += len(meta.saves)
+            return
         ready = self._kv_written_event()
         for spec in meta.saves:
             fut = self._save_pool.submit(self._run_save, spec, ready)
@@ -293,6 +314,9 @@ class WorkerHalf:
         assert self.session is not None, "register_kv_caches was not called"
         refs = _refs(spec, self.rank)
         lease = spec.leases.get(self.rank, "")
+        if not self.session.ready:  # peer down: every block fails (recompute), no call
+            log.debug("orbitkv load for %s skipped: peer unreachable", spec.req_id)
+            return OpResult("", True, ())
         try:
             try:
                 op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms)

@@ -1,0 +1,209 @@
+"""The engine starts while the host's peer is down and picks it up later.
+
+Every adapter constructs without the peer (lazy client and sessions), serves
+with recompute while it is unreachable (lookups miss, saves are skipped and
+reported at once, no loads), and once the peer appears its sessions open by
+themselves and caching resumes. Each case runs against the in-process fake
+and, when ORBITKV_BIN is set, the real peer, started only after the engine."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from orbitkv import errors, keys
+from orbitkv.client import Client
+from orbitkv.vllm import OrbitKVMetadata
+from orbitkv.vllm.metadata import SaveSpec
+from tests.fakepeer import FakePeer
+from tests.fixtures import real_peer_handle, start_refengine, wait_until
+from tests.shm import flash_layers, pool_bytes, shm_pool
+from tests.test_vllm_connector import BS, D, H, L, NB, PT, Engine, _compute_and_save
+from tests.vllm_fakes import NewRequestData, Request, SchedulerOutput
+
+UP_WITHIN_S = 10.0  # retry once a second + gRPC reconnect backoff (<= 1 s)
+
+
+class LatePeer:
+    """A peer (fake or real) on a fixed socket that is not running until start()."""
+
+    def __init__(self, kind, tmp):
+        self.kind = kind
+        self.fake = None
+        self.real = real_peer_handle(tmp) if kind == "real" else None
+        self.socket = self.real.socket if self.real else os.path.join(tmp, "fake.sock")
+
+    def start(self):
+        if self.real:
+            self.real.start()
+        else:
+            self.fake = FakePeer(self.socket)
+
+    def metrics(self):
+        return self.real.metrics() if self.real else {}
+
+    def stop(self):
+        if self.real:
+            self.real.stop()
+        elif self.fake:
+            self.fake.stop()
+
+
+@pytest.fixture(params=["fake", "real"])
+def late_peer(request, tmpdir_short):
+    p = LatePeer(request.param, tmpdir_short)
+    yield p
+    p.stop()
+
+
+def _layout():
+    return keys.Layout("orbitkv/test", "r0", "fp32", L, H, D, 0, 1, PT, "vllm-flash")
+
+
+def test_lazy_client_opens_its_session_once_the_peer_appears(late_peer):
+    t0 = time.monotonic()
+    c = Client(late_peer.socket, timeout=2, lazy=True)
+    try:
+        s = c.open_lookup_session(_layout(), block_tokens=BS, lazy=True)
+        assert time.monotonic() - t0 < 2
+        assert not s.ready and s.lost is not None and not c.reachable
+        # Calls fail fast and open attempts are rate-limited (one per second).
+        attempts = []
+        real_open = c._open
+        c._open = lambda *a: attempts.append(1) or real_open(*a)
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 2.0:
+            with pytest.raises(errors.SessionLost):
+                s.lookup([b"\x01" * 16])
+            time.sleep(0.005)
+        assert 1 <= len(attempts) <= 4, attempts  # foreground calls + the keepalive thread, ~2 s
+        late_peer.start()
+        wait_until(lambda: s.ready, UP_WITHIN_S, "session opened after the peer started")
+        assert s.id and s.generation == 1 and c.reachable
+        assert s.lookup([b"\x01" * 16]).hit_pages == 0
+    finally:
+        c.close()
+
+
+def test_lazy_open_still_raises_a_refusal(tmpdir_short):
+    fp = FakePeer(tmpdir_short + "/f.sock")
+    try:
+        with Client(fp.socket, lazy=True) as c:
+            with pytest.raises(errors.InvalidRequest, match="dtype"):
+                c.open_lookup_session(keys.Layout("m", "r", "int3", L, H, D, 0, 1, PT, "vllm-flash"),
+                                      block_tokens=BS, lazy=True)
+    finally:
+        fp.stop()
+
+
+def _forward(e, blocks):
+    def f():
+        for t in e.kv.values():
+            t[:, blocks] = torch.randn(t[:, blocks].shape)
+    return f
+
+
+def test_vllm_connector_starts_without_the_peer_and_picks_it_up(late_peer):
+    with shm_pool(pool_bytes(L, NB, BS, H, D)) as (path, pool):
+        t0 = time.monotonic()
+        e = Engine(late_peer.socket, flash_layers(pool, L, NB, BS, H, D))
+        try:
+            assert time.monotonic() - t0 < 2, "construction must not wait for the peer"
+            # Peer down: a miss (not None: the gate holds nothing), no loads, no saves, no delayed free.
+            a = Request("a", list(range(3 * PT + 1)))
+            blocks = list(range(0, 7))
+            assert e.sched.get_num_new_matched_tokens(a, 0) == (0, False)
+            e.sched.update_state_after_alloc(a, (blocks,), 0)
+            so = SchedulerOutput([NewRequestData("a", a.prompt_token_ids, (blocks,), 0)],
+                                 num_scheduled_tokens={"a": len(a.prompt_token_ids)})
+            meta, res, errs = e.step(so, before_save=_forward(e, blocks))
+            assert meta.loads == [] and meta.saves == [] and not errs
+            assert e.sched.request_finished(a, blocks) == (False, None)
+            # A save the scheduler planned while the worker cannot reach the
+            # peer is skipped and reported done at once (delayed free ends).
+            w = e.work.worker
+            spec = SaveSpec("x", 0, {0: keys.chain(_layout().fingerprint(), PT, list(range(PT)))}, [(0, 1)])
+            w.wait_for_save(OrbitKVMetadata(saves=[spec]))
+            assert w.get_results(["x"])[0] == {"x"} and w.skipped_saves == 1
+
+            late_peer.start()
+            wait_until(lambda: e.sched.scheduler.backend.available and w.session.ready, UP_WITHIN_S,
+                       "scheduler and worker sessions opened")
+            # Caching resumes: the same prompt is saved, then a request sharing it hits.
+            a2 = Request("a2", a.prompt_token_ids)
+            _compute_and_save(e, a2, list(range(0, 7)))
+            b = Request("b", a.prompt_token_ids[: 3 * PT] + [9, 9, 9])
+            n, is_async = e.sched.get_num_new_matched_tokens(b, 0)
+            assert (n, is_async) == (3 * PT, True)
+            b_blocks = list(range(10, 17))
+            e.sched.update_state_after_alloc(b, (b_blocks,), n)
+            e.step(SchedulerOutput())
+            _, recving, failed, errs = e.idle_until(lambda s, r: "b" in r)
+            assert not failed and not errs
+            assert e.blocks_bytes(b_blocks[:6]) == e.blocks_bytes(list(range(0, 6)))
+        finally:
+            e.close()
+
+
+def test_sglang_backend_starts_without_the_peer_and_picks_it_up(late_peer):
+    from tests.test_sglang_backend import _backend, _hashes, host_pool
+
+    with host_pool("layer_first", 64, shared=True) as hp:
+        t0 = time.monotonic()
+        be = _backend(late_peer.socket)
+        be.register_mem_pool_host(hp)
+        try:
+            assert time.monotonic() - t0 < 2
+            ks = _hashes(4, "down")
+            idx = torch.arange(0, 4 * 4, dtype=torch.int64)
+            assert be.batch_exists(ks) == 0 and not be.exists(ks[0])
+            assert be.batch_set_v1(ks, idx) == [False] * 4
+            assert be.batch_get_v1(ks, torch.arange(32, 48, dtype=torch.int64)) == [False] * 4
+            late_peer.start()
+            wait_until(lambda: be.available, UP_WITHIN_S, "backend session opened")
+            assert be.batch_set_v1(ks, idx) == [True] * 4
+            assert be.batch_exists(ks) == 4
+            assert be.batch_get_v1(ks, torch.arange(32, 48, dtype=torch.int64)) == [True] * 4
+            assert hp.page_bytes(8) == hp.page_bytes(0)
+        finally:
+            be.close()
+
+
+def test_refengine_serves_without_the_peer_then_restores(tmpdir_short):
+    from tests.test_e2e_restore import FILLER_TOKENS, KV_TOKENS, PAGE, PROMPT_TOKENS, loaded, settled, tokens
+
+    peer = real_peer_handle(tmpdir_short)  # skips (saying why) without ORBITKV_BIN
+    eng = None
+    try:
+        extra = {"timeout_s": 2, "load_deadline_ms": 10000, "save_deadline_ms": 10000}
+        eng = start_refengine(tmpdir_short, "engine", "--kv-tokens", str(KV_TOKENS), "--connector", "orbitkv",
+                              "--orbitkv-socket", peer.socket, "--connector-extra", json.dumps(extra))
+        prompt, filler = tokens(PROMPT_TOKENS, 11), tokens(FILLER_TOKENS, 12)
+        t0 = time.monotonic()
+        down = eng.complete(prompt, 8, timeout=30)
+        assert time.monotonic() - t0 < 15
+        assert down["usage"]["orbitkv_restored_tokens"] == 0
+        assert "unreachable" in eng.log_tail(20000)
+
+        peer.start()
+        wait_until(lambda: peer.metrics().get("orbitkv_fabric_sessions") == 2, UP_WITHIN_S + 5,
+                   "engine sessions opened after the peer started")
+        again = eng.complete(prompt, 8)  # local prefix hit; its pages are saved now
+        assert again["choices"][0]["token_ids"] == down["choices"][0]["token_ids"]
+        eng.complete(filler, 8)  # pushes the prompt out of the engine's pool
+        wait_until(lambda: settled(peer, eng), 20, "saves done, gauges at 0")
+        warm = eng.complete(prompt, 8)
+        restored = PROMPT_TOKENS // PAGE * PAGE
+        assert warm["usage"]["orbitkv_restored_tokens"] == restored, eng.log_tail()
+        assert loaded(peer.metrics()) == restored
+        assert warm["choices"][0]["token_ids"] == down["choices"][0]["token_ids"]
+        log = eng.log_tail(100000)
+        # once per transition and client (the scheduler's and the worker's), not per call
+        assert log.count("unreachable") == 2 and log.count("reachable again") == 2, log
+        print("\n" + log[-3000:])
+    finally:
+        if eng is not None:
+            eng.stop()
+        peer.stop()
