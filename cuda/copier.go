@@ -307,6 +307,14 @@ func (c *Copier) launchLocked(chunks uint32) error {
 
 // joinLocked makes streams[0] wait for the others and records target on it.
 func (c *Copier) joinLocked(target *Event) error {
+	if err := c.joinStreamsLocked(); err != nil {
+		return err
+	}
+	return target.Record(c.streams[0])
+}
+
+// joinStreamsLocked makes streams[0] wait for the work queued on the others.
+func (c *Copier) joinStreamsLocked() error {
 	for i, e := range c.joins {
 		if err := e.Record(c.streams[i+1]); err != nil {
 			return err
@@ -315,7 +323,7 @@ func (c *Copier) joinLocked(target *Event) error {
 			return err
 		}
 	}
-	return target.Record(c.streams[0])
+	return nil
 }
 
 // drain blocks until every stream is idle.
@@ -370,6 +378,9 @@ const (
 	attrAsyncEngineCount    = 40
 	attrComputeMajor        = 75
 	attrComputeMinor        = 76
+	// CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 (cuda.h): the original
+	// cuStreamWaitValue32 entry points work on this device.
+	attrCanUseStreamMemOpsV1 = 92
 )
 
 // copyKernel loads the copy kernel into the device's context once.

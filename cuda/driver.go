@@ -43,6 +43,13 @@ func Init() error {
 		if p := os.Getenv("ORBITKV_LIBCUDA"); p != "" {
 			path = p
 		}
+		// Gated layer-wise loads park a stream on a device-side wait
+		// (gates.go); with the default 8 hardware connections a copier stream
+		// that shares one with it would queue behind the wait. 32 is the
+		// driver's maximum; a value set by the operator wins.
+		if os.Getenv("CUDA_DEVICE_MAX_CONNECTIONS") == "" {
+			_ = os.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+		}
 		if err := load(path); err != nil {
 			driver.err = err
 			return

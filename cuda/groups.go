@@ -33,6 +33,23 @@ func (c *Copier) StartGroups(dir Direction, h *HostRegion, groups [][]Segment, m
 	if len(marks) != len(groups) {
 		return nil, fmt.Errorf("cuda: %d groups, %d marks: want one mark per group", len(groups), len(marks))
 	}
+	return c.startGroups(dir, h, groups, false, func(g int, s *Stream) error { return marks[g].Record(s) })
+}
+
+// StartGroupsGated is StartGroups for a gated layer-wise load: group g's
+// copies are followed by gates.Write(g, gen) (which opens the gate the
+// engine's mark g waits behind) instead of a mark record. The copies run on
+// the copy engines (cuMemcpyBatchAsync, else per-segment copies over the
+// streams) whatever the copier's method, so that they never take SMs from
+// the engine's forward they overlap.
+func (c *Copier) StartGroupsGated(dir Direction, h *HostRegion, groups [][]Segment, gates *Gates, gen uint32) (*Pending, error) {
+	if gates == nil || gates.Len() != len(groups) {
+		return nil, fmt.Errorf("cuda: %d groups need as many gates", len(groups))
+	}
+	return c.startGroups(dir, h, groups, true, func(g int, s *Stream) error { return gates.Write(s, g, gen) })
+}
+
+func (c *Copier) startGroups(dir Direction, h *HostRegion, groups [][]Segment, engines bool, after func(g int, s *Stream) error) (*Pending, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -53,15 +70,21 @@ func (c *Copier) StartGroups(dir Direction, h *HostRegion, groups [][]Segment, m
 	if len(c.mu.merged) > c.cfg.MaxSegments {
 		return nil, fmt.Errorf("%w: %d segments, copier holds %d", ErrBadSegment, len(c.mu.merged), c.cfg.MaxSegments)
 	}
-	if err := c.enqueueGroupsLocked(dir, h, ends, marks); err != nil {
+	if err := c.enqueueGroupsLocked(dir, h, ends, engines, after); err != nil {
 		return nil, errors.Join(err, c.drain())
 	}
 	c.mu.inflight = true
 	return &Pending{c: c}, nil
 }
 
-func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, marks []*Event) error {
+func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, engines bool, after func(g int, s *Stream) error) error {
 	m := c.method
+	if engines && m == MethodKernel {
+		m = MethodStreams
+		if c.scratch != nil {
+			m = MethodBatch
+		}
+	}
 	var chunks uint32
 	if m == MethodKernel {
 		base, err := h.devicePointer(c.d)
@@ -86,19 +109,22 @@ func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, m
 					return err
 				}
 			}
-			if err := c.joinLocked(marks[g]); err != nil {
+			if err := c.joinStreamsLocked(); err != nil {
+				return err
+			}
+			if err := after(g, c.streams[0]); err != nil {
 				return err
 			}
 			lo = hi
 		}
 		return c.joinLocked(c.done)
 	}
-	return c.launchGroupsLocked(chunks, ends, marks)
+	return c.launchGroupsLocked(chunks, ends, after)
 }
 
 // launchGroupsLocked uploads every descriptor once, then launches the copy
 // kernel over each group's range and records its mark, all on streams[0].
-func (c *Copier) launchGroupsLocked(chunks uint32, ends []int, marks []*Event) error {
+func (c *Copier) launchGroupsLocked(chunks uint32, ends []int, after func(g int, s *Stream) error) error {
 	segs := c.mu.segs
 	s := c.streams[0]
 	if len(segs) > 0 {
@@ -119,7 +145,7 @@ func (c *Copier) launchGroupsLocked(chunks uint32, ends []int, marks []*Event) e
 				return cudaErr(fmt.Sprintf("launch %s over group %d (%d segments)", copyKernelName, g, hi-lo), r)
 			}
 		}
-		if err := marks[g].Record(s); err != nil {
+		if err := after(g, s); err != nil {
 			return err
 		}
 		lo = hi

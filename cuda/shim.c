@@ -90,6 +90,14 @@ typedef CUresult (*batch_v2_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
 static batch_v1_fn p_batch_v1;
 static batch_v2_fn p_batch_v2;
 
+// Stream memory operations (optional): cuStreamWaitValue32(stream, addr,
+// value, flags) and cuStreamWriteValue32, the same signature in both forms.
+// CUDA 11.7+ drivers export the _v2 entry points, usable on every device that
+// runs them; the original names need CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1.
+typedef CUresult (*value32_fn)(CUstream, CUdeviceptr, uint32_t, unsigned int);
+static value32_fn p_wait32, p_write32;
+static int memops_kind;
+
 static void *sym(const char *name, const char *alt) {
 	void *p = dlsym(lib, name);
 	if (p == NULL && alt != NULL) p = dlsym(lib, alt);
@@ -173,6 +181,19 @@ int okv_load(const char *path, char *err, size_t errlen) {
 	// not needed: they differ only in how the legacy NULL stream is read.
 	*(void **)(&p_batch_v2) = dlsym(lib, "cuMemcpyBatchAsync_v2");
 	if (p_batch_v2 == NULL) *(void **)(&p_batch_v1) = dlsym(lib, "cuMemcpyBatchAsync");
+	*(void **)(&p_wait32) = dlsym(lib, "cuStreamWaitValue32_v2");
+	*(void **)(&p_write32) = dlsym(lib, "cuStreamWriteValue32_v2");
+	memops_kind = 2;
+	if (p_wait32 == NULL || p_write32 == NULL) {
+		*(void **)(&p_wait32) = dlsym(lib, "cuStreamWaitValue32");
+		*(void **)(&p_write32) = dlsym(lib, "cuStreamWriteValue32");
+		memops_kind = 1;
+	}
+	if (p_wait32 == NULL || p_write32 == NULL) {
+		p_wait32 = NULL;
+		p_write32 = NULL;
+		memops_kind = 0;
+	}
 	return 0;
 }
 #undef REQ
@@ -182,6 +203,8 @@ int okv_batch_kind(void) {
 	if (p_batch_v1 != NULL) return 1;
 	return 0;
 }
+
+int okv_memops_kind(void) { return memops_kind; }
 
 const char *okv_error_name(CUresult r) {
 	const char *s = NULL;
@@ -338,4 +361,29 @@ CUresult okv_launch_only(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs, size
 	SETCTX(ctx);
 	void *args[2] = {&dev_segs, &chunk};
 	return p_cuLaunchKernel(f, (unsigned int)n, chunks, 1, threads, 1, 1, 0, s, args, NULL);
+}
+
+// CU_STREAM_WAIT_VALUE_GEQ (0): wait until (int32_t)(*addr - value) >= 0, so
+// a generation counter that wraps still compares right.
+CUresult okv_gate_arm(CUcontext ctx, CUstream s, const CUdeviceptr *words, const CUevent *events,
+		int n, uint32_t gen, int *failed) {
+	SETCTX(ctx);
+	if (p_wait32 == NULL) return OKV_CUDA_ERROR_NOT_SUPPORTED;
+	for (int l = 0; l < n; l++) {
+		CUresult r = p_wait32(s, words[l], gen, 0);
+		if (r == 0) r = p_cuEventRecord(events[l], s);
+		if (r != 0) {
+			*failed = l;
+			return r;
+		}
+	}
+	return 0;
+}
+
+// CU_STREAM_WRITE_VALUE_DEFAULT (0): the write is fenced after every earlier
+// write of the stream, so a waiter that sees it sees the copies before it.
+CUresult okv_write_value32(CUcontext ctx, CUstream s, CUdeviceptr addr, uint32_t v) {
+	SETCTX(ctx);
+	if (p_write32 == NULL) return OKV_CUDA_ERROR_NOT_SUPPORTED;
+	return p_write32(s, addr, v, 0);
 }

@@ -128,4 +128,16 @@ CUresult okv_launch_copy(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs,
 CUresult okv_launch_only(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs, size_t n,
 	unsigned int chunk, unsigned int chunks, unsigned int threads, CUstream s);
 
+// Which stream memory operations the driver exports: 0 none, 1 the original
+// cuStreamWaitValue32/WriteValue32 (need the device attribute
+// CAN_USE_STREAM_MEM_OPS_V1), 2 the _v2 entry points (CUDA 11.7+).
+int okv_memops_kind(void);
+// Layer gates: for l in [0,n) enqueues on s a wait until words[l] >= gen
+// (CU_STREAM_WAIT_VALUE_GEQ) and then a record of events[l]. On failure
+// *failed is the layer that failed.
+CUresult okv_gate_arm(CUcontext ctx, CUstream s, const CUdeviceptr *words, const CUevent *events,
+	int n, uint32_t gen, int *failed);
+// Enqueues *addr = v on s after everything before it (cuStreamWriteValue32).
+CUresult okv_write_value32(CUcontext ctx, CUstream s, CUdeviceptr addr, uint32_t v);
+
 #endif

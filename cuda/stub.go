@@ -112,5 +112,21 @@ func (*Copier) Start(Direction, *HostRegion, []Segment) (*Pending, error) {
 func (*Copier) StartGroups(Direction, *HostRegion, [][]Segment, []*Event) (*Pending, error) {
 	return nil, ErrNotSupported
 }
-func (*Copier) Close() error                { return nil }
-func (*Pending) Wait(context.Context) error { return ErrNotSupported }
+func (*Copier) StartGroupsGated(Direction, *HostRegion, [][]Segment, *Gates, uint32) (*Pending, error) {
+	return nil, ErrNotSupported
+}
+func (*Copier) Close() error { return nil }
+
+// Gates hold a layer-wise load's marks until its copies land; unavailable
+// in this build.
+type Gates struct{}
+
+func (*Device) HasStreamMemOps() bool           { return false }
+func (*Device) NewGates(int) (*Gates, error)    { return nil, ErrNotSupported }
+func (*Gates) Len() int                         { return 0 }
+func (*Gates) Word(int) uint32                  { return 0 }
+func (*Gates) Arm([]*Event, uint32) error       { return ErrNotSupported }
+func (*Gates) Write(*Stream, int, uint32) error { return ErrNotSupported }
+func (*Gates) Release(uint32)                   {}
+func (*Gates) Close() error                     { return nil }
+func (*Pending) Wait(context.Context) error     { return ErrNotSupported }

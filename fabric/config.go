@@ -37,6 +37,10 @@ type Config struct {
 	CUDA        string
 	CUDACopiers int    // device copies in flight at once, per GPU (operations beyond wait)
 	CUDAMethod  string // copy method: auto, kernel, batch, streams, per-segment
+	// CUDALayerGates gates layer-wise loads where the driver has stream
+	// memory operations: the Load answers once the layer events are armed,
+	// and the copies (on the copy engines) are enqueued after it.
+	CUDALayerGates bool
 }
 
 // DefaultConfig returns the embedded default `make run` uses.
@@ -58,6 +62,7 @@ func DefaultConfig() Config {
 		CUDA:             "auto",
 		CUDACopiers:      4,
 		CUDAMethod:       "auto",
+		CUDALayerGates:   true,
 	}
 }
 
@@ -81,6 +86,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")
 	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, batch, streams, per-segment")
+	fs.BoolVar(&c.CUDALayerGates, "cuda-layer-gates", c.CUDALayerGates, "gate layer-wise loads (answer once layer events are armed, enqueue the copies after; copy engines) where the driver has stream memory ops")
 }
 
 // Validate checks the config and fills derived defaults.

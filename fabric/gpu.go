@@ -73,7 +73,7 @@ func openGPU(cfg Config, dramR *transfer.Region, log zerolog.Logger) (*gpuState,
 		d.Close()
 		return absent(fmt.Errorf("register the dram pool (%d bytes): %w", len(dramR.Host), err))
 	}
-	g := &gpuState{cfg: transfer.CUDAConfig{Copiers: cfg.CUDACopiers}, host: h, dev0: d, count: n, dramR: dramR, imp: hbm.NewImporter()}
+	g := &gpuState{cfg: transfer.CUDAConfig{Copiers: cfg.CUDACopiers, NoLayerGates: !cfg.CUDALayerGates}, host: h, dev0: d, count: n, dramR: dramR, imp: hbm.NewImporter()}
 	if cfg.CUDAMethod != "" {
 		if g.cfg.Copier.Method, err = cuda.ParseMethod(cfg.CUDAMethod); err != nil {
 			return nil, errors.Join(err, g.close())
@@ -201,6 +201,10 @@ type deviceCopier interface {
 	// NewMarks and StartGroups serve layer-wise loads (layerwise.go).
 	NewMarks(n int) (*transfer.Marks, error)
 	StartGroups(ctx context.Context, groups [][]transfer.Desc, marks *transfer.Marks) (transfer.Flight, error)
+	// OpenGates and StartGated serve gated layer-wise loads (transfer's
+	// gates.go): OpenGates returns nil, nil where the marks have no gates.
+	OpenGates(marks *transfer.Marks) (transfer.Gate, error)
+	StartGated(ctx context.Context, groups [][]transfer.Desc, gate transfer.Gate) (transfer.Flight, error)
 }
 
 // cudaSpec is a validated CUDA IPC buffer of an OpenSession request.

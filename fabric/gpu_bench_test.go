@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"path/filepath"
@@ -45,6 +46,12 @@ func (d *nullDevice) NewMarks(n int) (*transfer.Marks, error) {
 
 func (d *nullDevice) StartGroups(ctx context.Context, groups [][]transfer.Desc, _ *transfer.Marks) (transfer.Flight, error) {
 	return doneFlight{}, d.CopyGroups(ctx, groups, nil)
+}
+
+func (d *nullDevice) OpenGates(*transfer.Marks) (transfer.Gate, error) { return nil, nil }
+
+func (d *nullDevice) StartGated(context.Context, [][]transfer.Desc, transfer.Gate) (transfer.Flight, error) {
+	return nil, fmt.Errorf("null device: no gates")
 }
 
 type doneFlight struct{}

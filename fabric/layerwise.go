@@ -26,6 +26,16 @@ import (
 // event's latest record at the time of the call). Layer-wise loads are not
 // split into chunks: all pages are one device batch (at most the copier's
 // descriptor limit, 65,536 by default; more fails every page of the load).
+//
+// Gated loads (the default where the driver has stream memory operations,
+// --cuda-layer-gates): after planning, the peer arms the session's events
+// behind per-layer gates (transfer.CUDA.OpenGates: a few dozen small device
+// operations) and answers the Load; then, still holding the session's
+// turn, it enqueues the copies on the copy engines, each layer's copies
+// opening that layer's gate. If anything fails after the answer, every gate
+// is opened from the host and the pages are reported failed through Wait,
+// so the engine's stream never hangs; the engine must then not use the
+// layers' KV (its Wait says so).
 
 // lwLock takes the session's layer-wise turn, or fails when ctx ends first.
 func (s *session) lwLock(ctx context.Context) (release func(), err error) {
@@ -54,13 +64,19 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 		return
 	}
 	phase("turn")
-	held := true
+	held, answered := true, false
+	answer := func() {
+		if !answered {
+			answered = true
+			enqueued()
+		}
+	}
 	unlock := func() {
 		if held {
 			held = false
 			release()
-			enqueued()
 		}
+		answer()
 	}
 	defer unlock()
 	items := s.pinForLoad(sess, reqs, res)
@@ -77,7 +93,23 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 	var f transfer.Flight
+	var gate transfer.Gate
 	if err == nil {
+		gate, err = sess.gpu.OpenGates(sess.marks)
+	}
+	switch {
+	case err != nil:
+	case gate != nil:
+		// Gated: the layer events are armed behind gates, so the Load
+		// answers now and the copies are enqueued after it; the session's
+		// turn is held until they are, so loads open gates in order.
+		phase("gates")
+		answer()
+		f, err = sess.gpu.StartGated(ctx, groups, gate)
+		if err != nil {
+			gate.Release() // StartGated released it; idempotent
+		}
+	default:
 		f, err = sess.gpu.StartGroups(ctx, groups, sess.marks)
 	}
 	unlock()
@@ -86,6 +118,9 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	if err == nil {
 		err = f.Wait(ctx)
 		s.m.deviceSec.Observe(time.Since(at).Seconds())
+	}
+	if err != nil && gate != nil {
+		gate.Release() // never leave the engine's stream behind a closed gate
 	}
 	if err != nil {
 		for _, it := range moving {

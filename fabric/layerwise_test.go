@@ -28,6 +28,12 @@ type fakeGPU struct {
 	enter chan int
 	gate  chan struct{}
 	hold  chan struct{}
+	// Gated loads: gated makes OpenGates arm (log "gates"), gatedHold keeps
+	// StartGated from starting until closed, failGroup > 0 fails StartGated
+	// at that group after enqueueing the ones before it.
+	gated     bool
+	gatedHold chan struct{}
+	failGroup int
 
 	mu struct {
 		sync.Mutex
@@ -35,7 +41,67 @@ type fakeGPU struct {
 		calls   int
 		running int
 		overlap bool
+		gen     uint32
+		words   []uint32 // gate words, one per layer
 	}
+}
+
+type fakeGate struct {
+	d        *fakeGPU
+	gen      uint32
+	released int
+}
+
+func (g *fakeGate) Release() {
+	g.d.mu.Lock()
+	defer g.d.mu.Unlock()
+	g.released++
+	if g.released == 1 {
+		for l := range g.d.mu.words {
+			g.d.mu.words[l] = g.gen
+		}
+		g.d.mu.log = append(g.d.mu.log, "release")
+	}
+}
+
+func (d *fakeGPU) OpenGates(m *transfer.Marks) (transfer.Gate, error) {
+	if !d.gated {
+		return nil, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.words == nil {
+		d.mu.words = make([]uint32, m.Len())
+	}
+	d.mu.gen++
+	d.mu.log = append(d.mu.log, "gates")
+	return &fakeGate{d: d, gen: d.mu.gen}, nil
+}
+
+func (d *fakeGPU) StartGated(ctx context.Context, groups [][]transfer.Desc, gate transfer.Gate) (transfer.Flight, error) {
+	g := gate.(*fakeGate)
+	if d.gatedHold != nil {
+		<-d.gatedHold
+	}
+	layerBytes := uint64(2 * d.f.NumBlocks * d.f.BlockBytes())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, b := range groups {
+		if d.failGroup > 0 && i == d.failGroup {
+			g.released++ // as transfer.CUDA.StartGated: release before returning
+			for l := range d.mu.words {
+				d.mu.words[l] = g.gen
+			}
+			d.mu.log = append(d.mu.log, "release")
+			return nil, fmt.Errorf("fake enqueue failure at group %d", i)
+		}
+		for _, x := range b {
+			d.mu.log = append(d.mu.log, fmt.Sprintf("L%d", x.DstOff/layerBytes))
+		}
+		d.mu.words[i] = g.gen
+		d.mu.log = append(d.mu.log, fmt.Sprintf("open %d", i))
+	}
+	return &fakeFlight{d: d, groups: groups}, nil
 }
 
 func (d *fakeGPU) Copy(ctx context.Context, batch []transfer.Desc) error {
@@ -270,5 +336,93 @@ func TestLayerwiseProtoRoundTrip(t *testing.T) {
 	var lo pb.LoadRequest
 	if err := proto.Unmarshal(b, &lo); err != nil || !lo.Layerwise {
 		t.Fatalf("load request round trip: %v %v", &lo, err)
+	}
+}
+
+// TestLayerwiseGatedAnswersBeforeCopies: with gates, the Load answers once
+// the layer events are armed and before any copy is enqueued; the copies
+// then open each layer's gate right after that layer, in order.
+func TestLayerwiseGatedAnswersBeforeCopies(t *testing.T) {
+	_, e, fake := layerwiseEngine(t)
+	const pages, perPage = 2, 4
+	keys := randKeys(pages)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, perPage), pb.Durability_DURABILITY_DRAM))
+	want := e.page(refs(keys, 0, perPage)[1].Blocks)
+	fake.takeLog()
+	fake.gated = true
+	fake.gatedHold = make(chan struct{})
+	dst := refs(keys, 32, perPage)
+	h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: dst, Layerwise: true})
+	if err != nil {
+		t.Fatalf("gated layer-wise load: %v", err)
+	}
+	// Answered while StartGated is still held: only the gates are armed.
+	if got := fake.takeLog(); fmt.Sprint(got) != "[gates]" {
+		t.Fatalf("at the answer: %v, want only [gates]", got)
+	}
+	close(fake.gatedHold)
+	st, err := e.Wait(ctx(t), h.OpId)
+	mustOK(t, st, err)
+	var wantLog []string
+	for l := range layerFlash.Layers {
+		for range pages {
+			wantLog = append(wantLog, fmt.Sprintf("L%d", l), fmt.Sprintf("L%d", l))
+		}
+		wantLog = append(wantLog, fmt.Sprintf("open %d", l))
+	}
+	if got := fake.takeLog(); fmt.Sprint(got) != fmt.Sprint(wantLog) {
+		t.Fatalf("after the answer\n %v\nwant (each layer's copies, then its gate)\n %v", got, wantLog)
+	}
+	if !bytes.Equal(e.page(dst[1].Blocks), want) {
+		t.Fatal("page differs after the gated load")
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	for l, w := range fake.mu.words {
+		if w != 1 {
+			t.Errorf("gate word %d = %d, want generation 1", l, w)
+		}
+	}
+}
+
+// TestLayerwiseGatedFailureReleasesEveryGate: when the copies fail after
+// the Load answered, every gate is opened (the engine's stream never hangs)
+// and Wait reports the pages failed.
+func TestLayerwiseGatedFailureReleasesEveryGate(t *testing.T) {
+	_, e, fake := layerwiseEngine(t)
+	const pages, perPage = 2, 4
+	keys := randKeys(pages)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, perPage), pb.Durability_DURABILITY_DRAM))
+	fake.takeLog()
+	fake.gated = true
+	fake.failGroup = 2
+	for gen := uint32(1); gen <= 2; gen++ { // twice: words reused by the next load
+		h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 32, perPage), Layerwise: true})
+		if err != nil {
+			t.Fatalf("gated load: %v", err)
+		}
+		st, err := e.Wait(ctx(t), h.OpId)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Done || len(st.Pages) != pages {
+			t.Fatalf("wait: %v", st)
+		}
+		for i, p := range st.Pages {
+			if p.Code == pb.PageCode_PAGE_OK {
+				t.Errorf("load %d page %d ok after a failed gated copy", gen, i)
+			}
+		}
+		log := fake.takeLog()
+		if len(log) == 0 || log[0] != "gates" || log[len(log)-1] != "release" {
+			t.Fatalf("load %d log %v: want gates first, release last", gen, log)
+		}
+		fake.mu.Lock()
+		for l, w := range fake.mu.words {
+			if w != gen {
+				t.Errorf("load %d: gate word %d = %d, want %d (released)", gen, l, w, gen)
+			}
+		}
+		fake.mu.Unlock()
 	}
 }

@@ -26,6 +26,9 @@ type CUDAConfig struct {
 	// gather/scatter kernel where it runs. MaxSegments defaults to 65536
 	// here: a batch with more descriptors is split and copied in turn.
 	Copier cuda.CopierConfig
+	// NoLayerGates turns gated layer-wise loads off (gates.go): marks are
+	// then recorded by the copies themselves, as before.
+	NoLayerGates bool
 }
 
 func (c *CUDAConfig) setDefaults() {
@@ -64,6 +67,7 @@ type CUDA struct {
 	all     []*cuda.Copier
 	maxSegs int
 	method  cuda.Method
+	noGates bool
 	closed  atomic.Bool
 
 	bytes, batches, waits atomic.Uint64
@@ -80,7 +84,7 @@ func NewCUDA(d *cuda.Device, host *cuda.HostRegion, hostR *Region, cfg CUDAConfi
 	if hostR == nil || hostR.Kind != Host || hostR.Size != host.Len() {
 		return nil, fmt.Errorf("cuda transport: host region does not match the registered memory")
 	}
-	c := &CUDA{dev: d, host: host, hostR: hostR, copiers: make(chan *copierSlot, cfg.Copiers), maxSegs: cfg.Copier.MaxSegments}
+	c := &CUDA{dev: d, host: host, hostR: hostR, copiers: make(chan *copierSlot, cfg.Copiers), maxSegs: cfg.Copier.MaxSegments, noGates: cfg.NoLayerGates}
 	for range cfg.Copiers {
 		cp, err := d.NewCopier(cfg.Copier)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/orbitkv/orbitkv/cuda"
@@ -20,6 +21,9 @@ import (
 type Marks struct {
 	Events  []*cuda.Event
 	Handles [][]byte
+
+	gates gateDev       // nil: ungated (gates.go)
+	gen   atomic.Uint32 // the latest generation armed on gates
 }
 
 // Len is the number of marks.
@@ -31,6 +35,10 @@ func (m *Marks) Close() error {
 		return nil
 	}
 	var errs []error
+	if m.gates != nil {
+		errs = append(errs, m.gates.Close())
+		m.gates = nil
+	}
 	for _, e := range m.Events {
 		errs = append(errs, e.Close())
 	}
@@ -57,6 +65,11 @@ func (c *CUDA) NewMarks(n int) (*Marks, error) {
 			return nil, errors.Join(fmt.Errorf("cuda transport: %w", err), m.Close())
 		}
 		m.Handles = append(m.Handles, h[:])
+	}
+	if !c.noGates && c.dev.HasStreamMemOps() {
+		if g, err := c.dev.NewGates(n); err == nil {
+			m.gates = g
+		} // else: ungated marks, as without stream memory operations
 	}
 	return m, nil
 }

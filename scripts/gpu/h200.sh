@@ -8,6 +8,8 @@
 #                                  then sustained native vs DRAM (layer-wise) with ${DURATION:-30s} windows
 #   scripts/gpu/h200.sh lwmethods  layer-wise TTFT only, instrumented (--trace, peer enqueue histograms), once per
 #                                  peer copy method in ${METHODS:-kernel batch} (peer --cuda-method)
+#   scripts/gpu/h200.sh lwgates    gated layer-wise loads: gate GPU tests, then TTFT gated (copy engines, the default)
+#                                  vs ungated kernel (--cuda-method kernel --cuda-layer-gates=false), one run
 #   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
 #                                  integration/python from another commit) the same probes on it first-hand
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
@@ -223,6 +225,26 @@ layerwise() {
 	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
 }
 
+lwgates() { # gated layer-wise loads: GPU tests, then TTFT gated (copy engines) vs ungated kernel, one run
+	nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
+	T=$O/tests.txt
+	(cd cuda && ORBITKV_REQUIRE=cuda timeout 30 ../out/cuda.test -test.run 'Gates|StartGroups' -test.v -test.count=1) >"$T" 2>&1
+	say "cuda gate tests rc=$?"
+	grep -E "^\s*(--- |FAIL|PASS|ok)|gates_test.go" "$T" | tee -a "$S"
+	(cd fabric && ORBITKV_REQUIRE=cuda timeout 30 ../out/fabric.test -test.run 'GPULayerwise' -test.v -test.count=1) >>"$T" 2>&1
+	say "fabric GPU layer-wise tests rc=$?"
+	grep -E "^\s*(--- |FAIL|ok)" "$T" | tail -6 | tee -a "$S"
+	METHODS="${LW_RUNS:-gated kernel}"
+	for m in $METHODS; do
+		case $m in
+		gated) PEER_EXTRA="--cuda-layer-gates=true" ;;
+		kernel) PEER_EXTRA="--cuda-method kernel --cuda-layer-gates=false" ;;
+		esac
+		PEER_EXTRA=$PEER_EXTRA METRICS=1 ttft_probe "lw_$m" integration/python ${TTFT_TIMEOUT:-75} --layerwise --trace
+		grep -E "enqueue_seconds_(sum|count)|layerwise_device_seconds_(sum|count)" "$O/metrics_lw_$m.txt" | tee -a "$S"
+	done
+}
+
 case ${1:-check} in
 check) check ;;
 peer) peer ;;
@@ -231,5 +253,6 @@ refengine) refengine ;;
 sustained) sustained ;;
 layerwise) layerwise ;;
 lwmethods) lwmethods ;;
+lwgates) lwgates ;;
 *) echo "usage: $0 check|sustained|peer|peer128|refengine|layerwise|lwmethods" >&2; exit 2 ;;
 esac
