@@ -68,6 +68,14 @@ func TestBadInput(t *testing.T) {
 			_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0, 1, 2, 64}}}})
 			return err
 		}, codes.InvalidArgument},
+		{"save with a skipped block", func() error {
+			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0xFFFFFFFF, 1, 2, 3}}}})
+			return err
+		}, codes.InvalidArgument},
+		{"load of a page of only skips", func() error {
+			_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}}}})
+			return err
+		}, codes.InvalidArgument},
 		{"wrong block count", func() error {
 			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0}}}})
 			return err

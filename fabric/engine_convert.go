@@ -174,8 +174,9 @@ func keysFromPB(in [][]byte, limit int) ([]pagekey.Key, error) {
 	return out, nil
 }
 
-// pagesFromPB converts and validates a Save/Load page list.
-func pagesFromPB(in []*pb.PageRef, sess *session, limit int) ([]pageReq, error) {
+// pagesFromPB converts and validates a Save/Load page list. Only a load
+// (load true) may name transfer.SkipBlock for a block the engine holds.
+func pagesFromPB(in []*pb.PageRef, sess *session, limit int, load bool) ([]pageReq, error) {
 	if len(sess.bufs) == 0 {
 		return nil, fmt.Errorf("%w: session %s registered no kv buffers (lookup-only)", errLayoutMismatch, sess.id)
 	}
@@ -187,6 +188,9 @@ func pagesFromPB(in []*pb.PageRef, sess *session, limit int) ([]pageReq, error) 
 		k, err := pagekey.FromBytes(r.Key)
 		if err != nil {
 			return nil, fmt.Errorf("page %d: %w", i, err)
+		}
+		if !load && transfer.HasSkip(r.Blocks) {
+			return nil, invalid("page %d: a save cannot skip blocks (0xFFFFFFFF)", i)
 		}
 		if err := sess.geom.CheckBlocks(r.Blocks); err != nil {
 			return nil, fmt.Errorf("page %d: %w", i, err)

@@ -81,7 +81,7 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 
 func (s *engineServer) Save(_ context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
 	toSSD := r.Durability == pb.Durability_DURABILITY_SSD
-	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
+	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, false, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
 		s.p.pages.save(ctx, sess, pages, toSSD, res)
 	})
 }
@@ -90,7 +90,7 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 	if r.Layerwise {
 		return s.layerwiseLoad(ctx, r)
 	}
-	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, s.p.pages.load)
+	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, true, s.p.pages.load)
 }
 
 // layerwiseLoad starts a layer-wise load and answers once its device copies
@@ -98,7 +98,7 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
 	enq := make(chan struct{})
 	var once sync.Once
-	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, func(sess *session) error {
+	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, true, func(sess *session) error {
 		if sess.marks == nil {
 			return fmt.Errorf("%w: session %s has no layer events (not a CUDA session, or the peer lacks interprocess events): load without layerwise", errLayoutMismatch, sess.id)
 		}
@@ -119,9 +119,9 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 }
 
 // pageOp validates a Save or Load and starts it as an operation.
-func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32,
+func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load bool,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
-	o, err := s.startPageOp(id, refs, deadlineMs, nil, run)
+	o, err := s.startPageOp(id, refs, deadlineMs, load, nil, run)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -129,8 +129,8 @@ func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32,
 }
 
 // startPageOp validates the session (check, when given, too) and the pages,
-// and starts run as an operation.
-func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, check func(*session) error,
+// and starts run as an operation. Only a load may skip blocks.
+func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load bool, check func(*session) error,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*op, error) {
 	sess, err := s.session(id)
 	if err != nil {
@@ -141,7 +141,7 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 			return nil, err
 		}
 	}
-	pages, err := pagesFromPB(refs, sess, s.p.cfg.MaxPages)
+	pages, err := pagesFromPB(refs, sess, s.p.cfg.MaxPages, load)
 	if err != nil {
 		return nil, err
 	}

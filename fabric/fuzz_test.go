@@ -46,13 +46,21 @@ func FuzzPages(f *testing.F) {
 		if proto.Unmarshal(b, &r) != nil {
 			return
 		}
-		pages, err := pagesFromPB(r.Pages, sess, 64)
+		pages, err := pagesFromPB(r.Pages, sess, 64, false)
+		if err == nil {
+			for _, p := range pages {
+				if err := sess.geom.CheckBlocks(p.Blocks); err != nil || transfer.HasSkip(p.Blocks) {
+					t.Fatalf("save accepted bad blocks %v: %v", p.Blocks, err)
+				}
+			}
+		}
+		pages, err = pagesFromPB(r.Pages, sess, 64, true)
 		if err != nil {
 			return
 		}
 		for _, p := range pages {
 			if err := sess.geom.CheckBlocks(p.Blocks); err != nil {
-				t.Fatalf("accepted bad blocks: %v", err)
+				t.Fatalf("load accepted bad blocks: %v", err)
 			}
 		}
 	})

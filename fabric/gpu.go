@@ -438,5 +438,5 @@ func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*load
 		}
 		res[it.i] = okResult(it.tier)
 	}
-	s.m.loadedTokens.Add(float64(len(moving)) * float64(sess.layout.PageTokens))
+	s.m.loadedTokens.Add(float64(loadedTokens(sess, moving)))
 }

@@ -132,7 +132,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 		s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
 		res[it.i] = okResult(it.tier)
 	}
-	s.m.loadedTokens.Add(float64(len(moving)) * float64(sess.layout.PageTokens))
+	s.m.loadedTokens.Add(float64(loadedTokens(sess, moving)))
 	s.touchTailFirst(reqs)
 }
 

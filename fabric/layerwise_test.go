@@ -426,3 +426,36 @@ func TestLayerwiseGatedFailureReleasesEveryGate(t *testing.T) {
 		fake.mu.Unlock()
 	}
 }
+
+// TestGPULoadsSkipBlocks: the device planners (the batched scatterGPU and
+// the layer-wise one, through fakeGPU) leave skipped blocks untouched and
+// restore the others from their own blob offsets.
+func TestGPULoadsSkipBlocks(t *testing.T) {
+	for _, layerwise := range []bool{false, true} {
+		t.Run(fmt.Sprint("layerwise=", layerwise), func(t *testing.T) {
+			_, e, _ := layerwiseEngine(t)
+			keys := randKeys(2)
+			src := refs(keys, 0, 4)
+			okOp(t)(e.Save(ctx(t), src, pb.Durability_DURABILITY_DRAM))
+			skip := ^uint32(0)
+			dst := refs(keys, 32, 4)
+			dst[0].Blocks = []uint32{skip, skip, skip, 35}
+			local := e.page([]uint32{32, 33, 34})
+			h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: dst, Layerwise: layerwise})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := e.Wait(ctx(t), h.OpId)
+			mustOK(t, st, err)
+			if !bytes.Equal(e.page([]uint32{32, 33, 34}), local) {
+				t.Fatal("skipped blocks were overwritten")
+			}
+			if !bytes.Equal(e.page([]uint32{35}), e.page([]uint32{3})) {
+				t.Fatal("block 35 does not hold page 0's last block")
+			}
+			if !bytes.Equal(e.page(dst[1].Blocks), e.page(src[1].Blocks)) {
+				t.Fatal("page 1 differs after load")
+			}
+		})
+	}
+}

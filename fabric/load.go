@@ -10,6 +10,7 @@ import (
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
+	"github.com/orbitkv/orbitkv/transfer"
 )
 
 // loadItem tracks one page through a load.
@@ -195,7 +196,7 @@ func (s *pageStore) scatter(ctx context.Context, sess *session, it *loadItem) er
 		return fmt.Errorf("scatter page: %w", err)
 	}
 	s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
-	s.m.loadedTokens.Add(float64(sess.layout.PageTokens))
+	s.m.loadedTokens.Add(float64(loadedTokens(sess, []*loadItem{it})))
 	return nil
 }
 
@@ -215,4 +216,19 @@ func (s *pageStore) unpinLoads(items []*loadItem) {
 			s.pool.Free(it.slot)
 		}
 	}
+}
+
+// loadedTokens counts the tokens a load wrote into the engine: the blocks
+// it copied, skipped ones (already computed by the engine) excluded.
+func loadedTokens(sess *session, items []*loadItem) int {
+	blockTokens := int(sess.layout.PageTokens) / sess.geom.BlocksPerPage
+	n := 0
+	for _, it := range items {
+		for _, b := range it.req.Blocks {
+			if b != transfer.SkipBlock {
+				n += blockTokens
+			}
+		}
+	}
+	return n
 }

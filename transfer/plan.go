@@ -53,26 +53,53 @@ func (g *Geometry) Validate(bufSizes []uint64) error {
 	return nil
 }
 
-// CheckBlocks validates one page's block list.
+// SkipBlock in a load's block list means "do not copy this block": the
+// engine already holds it (computed locally). Its part of the page blob is
+// left out; the other blocks keep their blob offsets. Saves may not use it.
+const SkipBlock = ^uint32(0)
+
+// HasSkip reports whether a block list skips any block.
+func HasSkip(blocks []uint32) bool {
+	for _, b := range blocks {
+		if b == SkipBlock {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckBlocks validates one page's block list. SkipBlock entries are
+// allowed (whether the operation may skip is the caller's rule), but a page
+// must name at least one real block.
 func (g *Geometry) CheckBlocks(blocks []uint32) error {
 	if len(blocks) != g.BlocksPerPage {
 		return fmt.Errorf("%w: page names %d blocks, want %d", ErrGeometry, len(blocks), g.BlocksPerPage)
 	}
+	real := 0
 	for _, b := range blocks {
+		if b == SkipBlock {
+			continue
+		}
 		if b >= g.NumBlocks {
 			return fmt.Errorf("%w: block %d out of range (%d blocks)", ErrGeometry, b, g.NumBlocks)
 		}
+		real++
+	}
+	if real == 0 {
+		return fmt.Errorf("%w: page skips all its %d blocks", ErrGeometry, len(blocks))
 	}
 	return nil
 }
 
 // Gather appends the descriptors that copy a page's blocks from the engine
-// buffers into blob at blobOff, in blob order.
+// buffers into blob at blobOff, in blob order. A save names every block:
+// SkipBlock is refused.
 func (g *Geometry) Gather(dst []Desc, bufs []*Region, blocks []uint32, blob *Region, blobOff uint64) ([]Desc, error) {
 	return g.plan(dst, bufs, blocks, blob, blobOff, false)
 }
 
-// Scatter appends the descriptors that copy a page blob back into blocks.
+// Scatter appends the descriptors that copy a page blob back into blocks;
+// blocks given as SkipBlock get no descriptor.
 func (g *Geometry) Scatter(dst []Desc, bufs []*Region, blocks []uint32, blob *Region, blobOff uint64) ([]Desc, error) {
 	return g.plan(dst, bufs, blocks, blob, blobOff, true)
 }
@@ -99,9 +126,16 @@ func (g *Geometry) planRange(out []Desc, bufs []*Region, blocks []uint32, blob *
 	if err := g.CheckBlocks(blocks); err != nil {
 		return out, err
 	}
+	if !toEngine && HasSkip(blocks) {
+		return out, fmt.Errorf("%w: a save cannot skip blocks", ErrGeometry)
+	}
 	for _, s := range segs {
 		buf := bufs[s.Buffer]
 		for _, b := range blocks {
+			if b == SkipBlock {
+				off += s.BlockBytes // its bytes stay in the blob, uncopied
+				continue
+			}
 			d := Desc{Src: buf, SrcOff: s.Offset + uint64(b)*s.Stride, Dst: blob, DstOff: off, Len: s.BlockBytes}
 			if toEngine {
 				d.Src, d.Dst, d.SrcOff, d.DstOff = d.Dst, d.Src, d.DstOff, d.SrcOff

@@ -77,6 +77,71 @@ func TestGatherScatterRoundTrip(t *testing.T) {
 	}
 }
 
+// TestScatterSkipsBlocks: SkipBlock entries get no descriptor (whole-page
+// and segment-range planning alike), the other blocks read their own blob
+// offsets, and skipped blocks keep their bytes.
+func TestScatterSkipsBlocks(t *testing.T) {
+	g := flashGeometry(3, 16, 96, 4)
+	size := uint64(3 * 2 * 16 * 96)
+	blob := HostRegion("blob", make([]byte, g.PageBytes()))
+	r := rand.New(rand.NewPCG(2, 2))
+	for i := range blob.Host {
+		blob.Host[i] = byte(r.Uint32())
+	}
+	blocks := []uint32{SkipBlock, SkipBlock, 7, 8}
+	for _, segs := range [][2]int{{0, 6}, {2, 4}} {
+		dst := HostRegion("engine", bytes.Repeat([]byte{0xAB}, int(size)))
+		var descs []Desc
+		var err error
+		if segs == [2]int{0, 6} {
+			descs, err = g.Scatter(nil, []*Region{dst}, blocks, blob, 0)
+		} else {
+			descs, err = g.ScatterSegments(nil, []*Region{dst}, blocks, blob, 0, segs[0], segs[1])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Blocks 7, 8 are adjacent in the engine and in the blob: one run per segment.
+		if n := segs[1] - segs[0]; len(descs) != n {
+			t.Fatalf("segments %v: %d descriptors, want %d", segs, len(descs), n)
+		}
+		var copied uint64
+		for _, d := range descs {
+			copied += d.Len
+		}
+		if want := uint64(segs[1]-segs[0]) * 2 * 96; copied != want {
+			t.Fatalf("segments %v: %d bytes planned, want %d", segs, copied, want)
+		}
+		if err := (Local{}).Copy(context.Background(), descs); err != nil {
+			t.Fatal(err)
+		}
+		for si, s := range g.Segments {
+			for b := uint32(0); b < g.NumBlocks; b++ {
+				got := dst.Host[s.Offset+uint64(b)*s.Stride:][:s.BlockBytes]
+				want := bytes.Repeat([]byte{0xAB}, int(s.BlockBytes))
+				if j := int(b) - 5; si >= segs[0] && si < segs[1] && (b == 7 || b == 8) {
+					// blob order: segment-major, then the page's 4 blocks
+					at := (uint64(si)*4 + uint64(j)) * s.BlockBytes
+					want = blob.Host[at:][:s.BlockBytes]
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatalf("segments %v: segment %d block %d differs", segs, si, b)
+				}
+			}
+		}
+	}
+	if _, err := g.Gather(nil, []*Region{HostRegion("e", make([]byte, size))}, blocks, blob, 0); !errors.Is(err, ErrGeometry) {
+		t.Fatalf("gather with skips: want ErrGeometry, got %v", err)
+	}
+	all := []uint32{SkipBlock, SkipBlock, SkipBlock, SkipBlock}
+	if err := g.CheckBlocks(all); !errors.Is(err, ErrGeometry) {
+		t.Fatalf("page of only skips: want ErrGeometry, got %v", err)
+	}
+	if _, err := g.Scatter(nil, []*Region{HostRegion("e", make([]byte, size))}, all, blob, 0); !errors.Is(err, ErrGeometry) {
+		t.Fatalf("scatter of only skips: want ErrGeometry, got %v", err)
+	}
+}
+
 func TestPlanRejectsBadInput(t *testing.T) {
 	g := flashGeometry(1, 4, 64, 2)
 	engine := HostRegion("e", make([]byte, 2*4*64))

@@ -77,9 +77,15 @@ class Durability(enum.IntEnum):
     SSD = 2
 
 
+# In a load's PageRef.blocks: "do not copy this block" (the engine already
+# holds it). Loads only; a page needs at least one real block.
+SKIP_BLOCK = 0xFFFFFFFF
+
+
 @dataclasses.dataclass(frozen=True)
 class PageRef:
-    """One page and the engine blocks holding it, in sequence order."""
+    """One page and the engine blocks holding it, in sequence order (a load
+    may name SKIP_BLOCK for blocks the engine already holds)."""
 
     key: bytes
     blocks: tuple[int, ...]

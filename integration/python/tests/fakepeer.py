@@ -23,6 +23,7 @@ import grpc
 
 from orbitkv._proto import engine_pb2 as pb
 from orbitkv._proto import engine_pb2_grpc as pbg
+from orbitkv.client import SKIP_BLOCK as SKIP
 
 # element sizes the real peer knows for a lookup-only session's dtype
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
@@ -169,13 +170,17 @@ class FakePeer(pbg.EngineServiceServicer):
                 ctx.abort(grpc.StatusCode.NOT_FOUND, "unknown lease")
         return pb.ReleaseResponse()
 
-    def _check_pages(self, s: _Sess, pages, ctx):
+    def _check_pages(self, s: _Sess, pages, ctx, load: bool = False):
         if not s.req.buffers:
             ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "session registered no kv buffers (lookup-only)")
         for p in pages:
             if len(p.key) != 16 or len(p.blocks) != s.bpp:
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad page ref")
-            if any(b >= s.req.num_blocks for b in p.blocks):
+            if SKIP in p.blocks and not load:
+                ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "a save cannot skip blocks")
+            if all(b == SKIP for b in p.blocks):
+                ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "page skips all its blocks")
+            if any(b >= s.req.num_blocks and b != SKIP for b in p.blocks):
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "block out of range")
 
     def _start(self, fn, s, pages):
@@ -213,8 +218,9 @@ class FakePeer(pbg.EngineServiceServicer):
         for seg in s.segs:
             m = s.maps[seg.buffer]
             for b in p.blocks:
-                o = seg.offset + b * seg.block_stride
-                m[o : o + seg.block_bytes] = blob[pos : pos + seg.block_bytes]
+                if b != SKIP:  # skip: the engine holds this block; its blob bytes are passed over
+                    o = seg.offset + b * seg.block_stride
+                    m[o : o + seg.block_bytes] = blob[pos : pos + seg.block_bytes]
                 pos += seg.block_bytes
         return pb.PageResult(code=pb.PAGE_OK, tier=pb.TIER_DRAM)
 
@@ -227,7 +233,7 @@ class FakePeer(pbg.EngineServiceServicer):
     def Load(self, req, ctx):
         self._count("Load")
         s = self._sess(req.session_id, ctx)
-        self._check_pages(s, req.pages, ctx)
+        self._check_pages(s, req.pages, ctx, load=True)
         if req.lease_id and req.lease_id not in self.leases:
             ctx.abort(grpc.StatusCode.NOT_FOUND, "unknown lease")
         if req.layerwise:

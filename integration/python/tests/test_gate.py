@@ -126,12 +126,20 @@ def test_cancellation_releases_admission_but_keeps_save_holds():
     assert not s.gate.has_save_holds("a")
 
 
-def test_local_hit_not_page_aligned_gets_no_external_hit():
+def test_local_hit_not_page_aligned_gets_the_rest_of_the_page():
     s, be = _sched()
     a = _req("a", 4 * PT + 1)
     be.store_prefix(LAYOUT, a.prompt_token_ids)
-    assert s.get_num_new_matched_tokens(a, BS) == (0, False)
+    assert s.get_num_new_matched_tokens(a, BS + 1) == (0, False), "not block-aligned"
     assert s.get_num_new_matched_tokens(a, PT) == (3 * PT, True)
+    n, _ = s.get_num_new_matched_tokens(a, 3 * BS)  # 3 of page 0's 4 blocks are local
+    assert n == BS + 3 * PT
+    blocks = list(range(17))
+    s.update_state_after_alloc(a, (blocks,), n)
+    (spec,) = s._loads
+    assert (spec.first_page, spec.skip_blocks, len(spec.blocks)) == (0, 3, 4)
+    assert spec.loaded_blocks(0) == (3,) and spec.loaded_blocks(1) == (4, 5, 6, 7)
+    assert s.gate.holder() == "a", "admission is taken as for a page-aligned hit"
 
 
 @pytest.mark.parametrize("gate", [True, False])

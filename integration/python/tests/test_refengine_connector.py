@@ -419,3 +419,23 @@ def test_ttft_probe_reports_a_step_breakdown(real_peer):
         assert "gpu_layer_ready_ms" not in b  # CPU: no trace
     assert out["local_prefix_hit"]["local_hit_tokens"] > 0
 
+
+
+@bit_exact
+def test_orbitkv_connector_partial_local_hit(peer):
+    """The engine's own prefix cache holds the first 8 tokens (2 of page 0's
+    4 blocks): the connector restores the other 56 of the peer's 64 tokens,
+    skipping the local blocks, and the output equals recompute."""
+    p = prompts(1, 70, seed=10)[0]
+    q = p[:8] + prompts(1, 30, seed=11)[0]  # shares 2 blocks with p, not page 0
+    want = recompute([p], 6)
+    with Engine(tiny(), _orbitkv(peer.socket)) as e:  # saves p
+        assert e.generate([p], 6, timeout_s=60) == want
+    with Engine(tiny(), _orbitkv(peer.socket)) as e:
+        e.generate([q], 2, timeout_s=60)
+        before = e.stats()
+        got = e.generate([p], 6, timeout_s=60)
+        st = e.stats()
+    assert got == want
+    assert st["prefix_hit_tokens"] - before["prefix_hit_tokens"] == 8
+    assert st["external_restored_tokens"] - before["external_restored_tokens"] == 64 - 8

@@ -14,11 +14,11 @@ from tests.vllm_fakes import CachedRequestData, KVConnectorOutput, NewRequestDat
 L, NB, BS, H, D, PT = 2, 32, 4, 2, 8, 8
 
 
-def _extra(socket):
+def _extra(socket, pt=PT, bs=BS):
     return {
         "socket": socket,
-        "page_tokens": PT,
-        "block_tokens": BS,
+        "page_tokens": pt,
+        "block_tokens": bs,
         "layout": {"model": "orbitkv/test", "revision": "r0", "dtype": "fp32", "num_layers": L,
                    "kv_heads": H, "head_dim": D, "tp_size": 1, "byte_layout": "vllm-flash"},
         "load_deadline_ms": 5000,
@@ -29,9 +29,9 @@ def _extra(socket):
 class Engine:
     """The two connector halves plus the engine-side glue of one step."""
 
-    def __init__(self, socket, kv):
-        self.sched = OrbitKVConnector(_extra(socket), KVConnectorRole.SCHEDULER, None)
-        self.work = OrbitKVConnector(_extra(socket), KVConnectorRole.WORKER, None)
+    def __init__(self, socket, kv, pt=PT, bs=BS):
+        self.sched = OrbitKVConnector(_extra(socket, pt, bs), KVConnectorRole.SCHEDULER, None)
+        self.work = OrbitKVConnector(_extra(socket, pt, bs), KVConnectorRole.WORKER, None)
         self.work.register_kv_caches(kv)
         self.kv = kv
 
@@ -81,7 +81,7 @@ def engine(peer):
         e.close()
 
 
-def _compute_and_save(e, req, blocks):
+def _compute_and_save(e, req, blocks, pt=PT):
     n = len(req.prompt_token_ids)
     assert e.sched.get_num_new_matched_tokens(req, 0) == (0, False)
     e.sched.update_state_after_alloc(req, (blocks,), 0)
@@ -92,7 +92,7 @@ def _compute_and_save(e, req, blocks):
             t[:, blocks] = torch.randn(t[:, blocks].shape)
 
     meta, _, _ = e.step(so, before_save=forward)
-    assert len(meta.saves) == 1 and len(meta.saves[0].blocks) == n // PT
+    assert len(meta.saves) == 1 and len(meta.saves[0].blocks) == n // pt
     delay, _ = e.sched.request_finished(req, blocks)
     assert delay is True
     sending, _, _, _ = e.idle_until(lambda s, r: req.request_id in s, finished=[req.request_id])
@@ -164,3 +164,76 @@ def test_chunked_prefill_saves_incrementally_and_preemption_flushes(engine):
     assert all(f.done() for f in e.work.worker._saves["a"])
     assert e.sched.request_finished(a, [])[0] is True
     e.idle_until(lambda s, r: "a" in s, finished=["a"])
+
+
+# vLLM-like sizes: 64-token pages of four 16-token blocks.
+PT64, BS16, NB64 = 64, 16, 40
+
+
+@pytest.fixture
+def engine64(peer):
+    with shm_pool(pool_bytes(L, NB64, BS16, H, D)) as (path, pool):
+        e = Engine(peer.socket, flash_layers(pool, L, NB64, BS16, H, D), pt=PT64, bs=BS16)
+        yield e, peer
+        e.close()
+
+
+def _partial_hit(e, base):
+    """Saves 4 pages of a prompt, then admits a request sharing them whose
+    first 48 tokens (3 of page 0's 4 blocks) vLLM already computed."""
+    a = Request("a", list(range(base, base + 4 * PT64 + 1)))
+    a_blocks = list(range(0, 17))
+    _compute_and_save(e, a, a_blocks, pt=PT64)
+    b = Request("b", a.prompt_token_ids[: 4 * PT64] + [7, 7, 7])
+    b_blocks = list(range(20, 37))
+    for t in e.kv.values():  # the locally computed blocks: not bit-identical to the saved ones
+        t[:, b_blocks[:3]] = torch.randn(t[:, b_blocks[:3]].shape)
+    return a, a_blocks, b, b_blocks
+
+
+def test_partial_local_hit_loads_rest_of_page_and_skips_local_blocks(engine64):
+    e, peer = engine64
+    a, a_blocks, b, b_blocks = _partial_hit(e, 3000)
+    local = e.blocks_bytes(b_blocks[:3])
+    n, is_async = e.sched.get_num_new_matched_tokens(b, 48)
+    assert (n, is_async) == (16 + 3 * PT64, True), "the rest of page 0, then pages 1..3"
+    e.sched.update_state_after_alloc(b, (b_blocks,), n)
+    c = Request("c", list(range(900, 900 + 2 * PT64)))
+    assert e.sched.get_num_new_matched_tokens(c, 0) == (None, False), "the gate still holds admission"
+    meta, _, _ = e.step(SchedulerOutput())
+    (spec,) = meta.loads
+    assert spec.first_page == 0 and spec.skip_blocks == 3 and len(spec.blocks) == 4
+    _, recving, failed, errs = e.idle_until(lambda s, r: "b" in r)
+    assert not failed and not errs
+    assert e.blocks_bytes(b_blocks[:3]) == local, "locally computed blocks were overwritten"
+    assert e.blocks_bytes(b_blocks[3:16]) == e.blocks_bytes(a_blocks[3:16])
+    so = SchedulerOutput([NewRequestData("b", b.prompt_token_ids, (b_blocks,), 4 * PT64)], num_scheduled_tokens={"b": 3})
+    meta, _, _ = e.step(so)
+    assert meta.saves == [], "restored pages are not saved again"
+    assert e.sched.get_num_new_matched_tokens(c, 0) == (0, False)
+    assert e.sched.request_finished(b, b_blocks) == (False, None)
+
+
+def test_partial_local_hit_misaligned_or_covered(engine64):
+    e, _ = engine64
+    a, _, b, _ = _partial_hit(e, 4000)
+    assert e.sched.get_num_new_matched_tokens(b, 40) == (0, False), "not block-aligned: no external hit"
+    n, _ = e.sched.get_num_new_matched_tokens(b, PT64 + 16)
+    assert n == 3 * PT64 - 16, "a partial hit inside a later page"
+    assert e.sched.get_num_new_matched_tokens(Request("d", b.prompt_token_ids), 4 * PT64) == (0, False)
+
+
+def test_partial_local_hit_load_error_spares_local_blocks(engine64):
+    e, peer = engine64
+    if peer.kind != "fake":
+        pytest.skip("fault injection needs the fake peer")
+    from orbitkv import keys
+
+    a, _, b, b_blocks = _partial_hit(e, 5000)
+    peer.fake.corrupt.add(keys.chain(e.sched.cfg.layout.fingerprint(), PT64, a.prompt_token_ids)[0])
+    n, _ = e.sched.get_num_new_matched_tokens(b, 48)
+    e.sched.update_state_after_alloc(b, (b_blocks,), n)
+    e.step(SchedulerOutput())
+    _, _, failed, errs = e.idle_until(lambda s, r: "b" in r)
+    assert failed == {"b"}
+    assert errs == {b_blocks[3]}, "only page 0's loaded block failed; the local ones stay valid"

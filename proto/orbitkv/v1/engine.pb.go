@@ -1130,10 +1130,16 @@ func (x *LookupResponse) GetLeaseExpiresUnixMs() int64 {
 }
 
 // PageRef names one page and the engine blocks that hold it, in order.
+//
+// In a Load (only), a block id of 0xFFFFFFFF ("skip") means "do not copy this
+// block": the engine already holds it (e.g. computed into its own prefix
+// cache) and it must not be overwritten. The other blocks take the same part
+// of the page as without skips. A page must name at least one real block; a
+// Save naming skip, or a page of only skips, fails with InvalidArgument.
 type PageRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`               // 16 bytes
-	Blocks        []uint32               `protobuf:"varint,2,rep,packed,name=blocks,proto3" json:"blocks,omitempty"` // page_tokens/block_tokens block ids
+	Blocks        []uint32               `protobuf:"varint,2,rep,packed,name=blocks,proto3" json:"blocks,omitempty"` // page_tokens/block_tokens block ids (Load: or 0xFFFFFFFF = skip)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

@@ -25,6 +25,14 @@ class PageSpan:
 class LoadSpec(PageSpan):
     leases: dict[int, str] = dataclasses.field(default_factory=dict)
     sync: bool = False  # True: finish inside this step (load_async was False)
+    # Leading blocks of the first page the engine computed itself (a prefix
+    # cache hit that ends inside the page): loaded as skips, never written.
+    skip_blocks: int = 0
+
+    def loaded_blocks(self, page: int) -> tuple[int, ...]:
+        """Block ids page ``page`` of the span actually writes."""
+        b = self.blocks[page]
+        return b[self.skip_blocks:] if page == 0 else b
 
 
 @dataclasses.dataclass

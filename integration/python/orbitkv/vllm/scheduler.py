@@ -1,8 +1,9 @@
 """The connector's scheduler half (runs in vLLM's EngineCore process).
 
 It computes page keys from prompt token ids, asks the peer how many leading
-pages it holds (taking a lease), decides external hits aligned to page
-boundaries, drives the restore admission gate (orbitkv.gate), and plans the
+pages it holds (taking a lease), decides external hits (ending on a page
+boundary; starting where vLLM's own prefix hit ends, inside a page if need
+be, whose locally computed blocks the load skips), drives the restore admission gate (orbitkv.gate), and plans the
 loads and saves each step's metadata carries to the workers.
 """
 
@@ -48,6 +49,7 @@ class _Req:
     keys: dict[int, list[bytes]] = dataclasses.field(default_factory=dict)
     lookup: Optional[_Lookup] = None
     first_page: int = 0  # first page the external hit covers
+    skip_blocks: int = 0  # leading blocks of first_page vLLM computed itself (not loaded)
     block_ids: list[int] = dataclasses.field(default_factory=list)
     saved_pages: int = 0  # pages [0, saved_pages) are in the peer or being saved
     loading: bool = False  # an async load is in flight (until finished_recving)
@@ -135,13 +137,17 @@ class SchedulerHalf:
         if deferred:
             return None, False  # another restore holds admission: ask again next step
         st.saved_pages = lk.hit_pages if lk else 0
-        if lk is None or num_computed_tokens % pt:
+        # The local prefix hit may end inside a page (blocks are smaller than
+        # pages): the external hit then starts there, the first page loaded
+        # with its locally computed leading blocks skipped (never written).
+        if lk is None or num_computed_tokens % self.cfg.block_tokens:
             return 0, False
         first = num_computed_tokens // pt
         if lk.hit_pages <= first:
             return 0, False
         st.first_page = first
-        return (lk.hit_pages - first) * pt, self.cfg.async_load
+        st.skip_blocks = (num_computed_tokens - first * pt) // self.cfg.block_tokens
+        return lk.hit_pages * pt - num_computed_tokens, self.cfg.async_load
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._req(request)
@@ -153,7 +159,8 @@ class SchedulerHalf:
                     st.lookup.leases = {}
             return
         pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
-        npages = num_external_tokens // pt
+        skip = st.skip_blocks
+        npages = (num_external_tokens + skip * self.cfg.block_tokens) // pt
         first = st.first_page
         pages = range(first, first + npages)
         blocks_per = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
@@ -161,7 +168,7 @@ class SchedulerHalf:
             raise RuntimeError(f"orbitkv: request {st.req_id} has {len(st.block_ids)} blocks, too few for pages {pages}")
         ks = {r: self._keys(st, r)[first : first + npages] for r in self._fps}
         leases = dict(st.lookup.leases) if st.lookup else {}
-        self._loads.append(LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load))
+        self._loads.append(LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip))
         st.loading = self.cfg.async_load
         st.sync_load = not self.cfg.async_load
         self.gate.allocated(st.req_id, num_external_tokens, self.clock())

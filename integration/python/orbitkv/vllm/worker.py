@@ -30,7 +30,7 @@ import time
 from typing import Any, Mapping, Optional, Sequence
 
 from orbitkv import buffers, errors
-from orbitkv.client import Client, DTYPE_BYTES, Durability, Op, OpResult, PageRef, Session
+from orbitkv.client import SKIP_BLOCK, Client, DTYPE_BYTES, Durability, Op, OpResult, PageRef, Session
 from orbitkv.keys import Layout
 from orbitkv.vllm.config import ConnectorConfig
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, PageSpan, SaveSpec
@@ -59,7 +59,11 @@ def _split(res: OpResult, specs: Sequence[LoadSpec]) -> list[OpResult]:
 
 def _refs(span: PageSpan, rank: int) -> list[PageRef]:
     ks = span.keys[rank]
-    return [PageRef(k, b) for k, b in zip(ks, span.blocks)]
+    out = [PageRef(k, b) for k, b in zip(ks, span.blocks)]
+    skip = getattr(span, "skip_blocks", 0)
+    if skip and out:  # blocks the engine computed itself: never overwritten
+        out[0] = PageRef(out[0].key, (SKIP_BLOCK,) * skip + tuple(out[0].blocks[skip:]))
+    return out
 
 
 def _open_events(device: Any, handles: Sequence[bytes]) -> list[Any]:
@@ -295,8 +299,8 @@ class WorkerHalf:
                 del self._loads[r]
                 res: OpResult = st.future.result()
                 bad = res.failed_indices() if res.pages else range(len(st.spec.blocks))
-                for i in bad:
-                    self._load_errors.update(st.spec.blocks[i])
+                for i in bad:  # never the skipped (locally computed) blocks
+                    self._load_errors.update(st.spec.loaded_blocks(i))
                 if bad:
                     failed.add(r)
                 if not st.spec.sync:
