@@ -161,3 +161,19 @@ func TestUnwaitedOpsAreBounded(t *testing.T) {
 	okOp(t)(e.Wait(ctx(t), ids[0]))
 	okOp(t)(e.Save(ctx(t), refs(keys[2:], 8, 4), pb.Durability_DURABILITY_DRAM))
 }
+
+// TestSaveRejectsDuplicateKeys: one key twice in a Save would gather two
+// copies of which the catalog could name only one.
+func TestSaveRejectsDuplicateKeys(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	k := randKeys(1)
+	pages := append(refs(k, 0, 4), refs(k, 4, 4)...)
+	_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: pages})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("duplicate key: %v, want InvalidArgument", err)
+	}
+	if got := tp.p.pool.Stats().Slots; got != 0 {
+		t.Fatalf("%d dram slots in use after a rejected save", got)
+	}
+}

@@ -184,11 +184,16 @@ func pagesFromPB(in []*pb.PageRef, sess *session, limit int, load bool) ([]pageR
 		return nil, invalid("%d pages, want 1..%d", len(in), limit)
 	}
 	out := make([]pageReq, len(in))
+	seen := make(map[pagekey.Key]int, len(in))
 	for i, r := range in {
 		k, err := pagekey.FromBytes(r.Key)
 		if err != nil {
 			return nil, fmt.Errorf("page %d: %w", i, err)
 		}
+		if j, dup := seen[k]; dup && !load {
+			return nil, invalid("page %d: key %s already given as page %d", i, k, j)
+		}
+		seen[k] = i
 		if !load && transfer.HasSkip(r.Blocks) {
 			return nil, invalid("page %d: a save cannot skip blocks (0xFFFFFFFF)", i)
 		}

@@ -115,8 +115,8 @@ func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int 
 			s.ssd.Free(ssdLoc(w.SSD)) // failed, or the page changed meanwhile
 			continue
 		}
-		cur.OnSSD, cur.SSD = true, w.SSD
-		if s.mu.dram.Pins(w.Key) == 1 { // only our pin: the DRAM copy can go
+		cur.OnSSD, cur.SSD, cur.Checksum = true, w.SSD, w.Checksum // the checksum in the header just written
+		if s.mu.dram.Pins(w.Key) == 1 {                            // only our pin: the DRAM copy can go
 			free = append(free, dram.Slot(cur.DRAMSlot))
 			cur.DRAMSlot = -1
 		}

@@ -122,6 +122,8 @@ func (p *Peer) openTiers() error {
 // Run serves the engine and admin APIs on the Unix socket and metrics over
 // HTTP until ctx ends, then closes the peer.
 func (p *Peer) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx) // a server error also stops the reaper and sealer
+	defer cancel()
 	lis, err := listenUnix(p.cfg.Socket)
 	if err != nil {
 		return err
@@ -151,6 +153,7 @@ func (p *Peer) Run(ctx context.Context) error {
 	case err = <-errc:
 	}
 	p.log.Info().Msg("shutting down")
+	cancel()
 	stopMetrics()
 	p.closeSessions()
 	srv.Stop()

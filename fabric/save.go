@@ -181,7 +181,14 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 	defer s.mu.Unlock()
 	var entries []catalog.Entry
 	var fresh []*saveItem
+	committing := make(map[pagekey.Key]bool, len(items))
 	for _, it := range items {
+		if committing[it.key] { // the same key twice in one batch: keep the first
+			res[it.i] = okResult(it.entry.Tier())
+			s.releaseLocked(it)
+			continue
+		}
+		committing[it.key] = true
 		e, ok := s.cat.Get(it.key)
 		switch {
 		case ok && (e.OnSSD || !it.entry.OnSSD):

@@ -87,6 +87,7 @@ func (s *pageStore) waitForCopyGap(ctx context.Context) bool {
 func (s *pageStore) sealSome(ctx context.Context) int {
 	s.mu.Lock()
 	var batch []catalog.Entry
+	var bufs [][]byte
 	for k := range s.mu.unsealed {
 		if len(batch) == sealBatch {
 			break
@@ -97,6 +98,9 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 			continue
 		}
 		batch = append(batch, e)
+		// The slice is taken while the slot is allocated (every Free runs
+		// under mu): its shape stays valid even if the slot is freed later.
+		bufs = append(bufs, s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size])
 	}
 	s.mu.Unlock()
 	// No pins: eviction must never wait for the sealer. A slot freed (and
@@ -105,8 +109,8 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 	// One goroutine: sealing is background work and must leave the other
 	// cores to the copies engines wait on.
 	sums := make([]uint32, len(batch))
-	for i, e := range batch {
-		sums[i] = crc32.Checksum(s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size], castagnoli)
+	for i, b := range bufs {
+		sums[i] = crc32.Checksum(b, castagnoli)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -123,13 +127,16 @@ func (s *pageStore) recordSealLocked(e catalog.Entry, sum uint32) {
 	if _, pending := s.mu.unsealed[e.Key]; !pending {
 		return
 	}
-	_, _, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool {
+	matched := false
+	cur, ok, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool {
 		if c.Generation == e.Generation && c.DRAMSlot == e.DRAMSlot {
-			c.Checksum = sum
+			c.Checksum, matched = sum, true
 		}
 		return true
 	})
-	if err == nil {
+	// Done when sealed now, or the page is gone or out of DRAM (whoever
+	// moved it sealed it). A newer save of the same key stays pending.
+	if err == nil && (matched || !ok || cur.DRAMSlot < 0) {
 		delete(s.mu.unsealed, e.Key)
 	}
 }
