@@ -87,7 +87,7 @@ func (s *adminServer) CatalogLookup(_ context.Context, r *pb.CatalogLookupReques
 	return out, nil
 }
 
-func (s *adminServer) Evict(_ context.Context, r *pb.EvictRequest) (*pb.EvictResponse, error) {
+func (s *adminServer) Evict(ctx context.Context, r *pb.EvictRequest) (*pb.EvictResponse, error) {
 	keys, err := keysFromPB(r.Keys, s.p.cfg.MaxKeys)
 	if err != nil {
 		return nil, toStatus(err)
@@ -101,7 +101,7 @@ func (s *adminServer) Evict(_ context.Context, r *pb.EvictRequest) (*pb.EvictRes
 	default:
 		return nil, toStatus(invalid("evict needs tier DRAM or SSD"))
 	}
-	n, err := s.p.pages.evict(tier, keys)
+	n, err := s.p.pages.evict(ctx, tier, keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -126,13 +126,16 @@ func (s *adminServer) Drain(ctx context.Context, r *pb.DrainRequest) (*pb.DrainR
 // evict drops unpinned copies from one tier: the given keys, or every page
 // when keys is empty. A DRAM copy not held on SSD is demoted first (when
 // the SSD tier exists) so eviction from DRAM loses nothing.
-func (s *pageStore) evict(tier catalog.Tier, keys []pagekey.Key) (int, error) {
+func (s *pageStore) evict(ctx context.Context, tier catalog.Tier, keys []pagekey.Key) (int, error) {
 	if len(keys) == 0 {
 		s.cat.Range(func(e catalog.Entry) bool { keys = append(keys, e.Key); return true })
 	}
 	n := 0
 	for _, k := range keys {
-		ok, err := s.evictOne(tier, k)
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		ok, err := s.evictOne(ctx, tier, k)
 		if err != nil {
 			return n, err
 		}
@@ -144,7 +147,7 @@ func (s *pageStore) evict(tier catalog.Tier, keys []pagekey.Key) (int, error) {
 	return n, nil
 }
 
-func (s *pageStore) evictOne(tier catalog.Tier, k pagekey.Key) (bool, error) {
+func (s *pageStore) evictOne(ctx context.Context, tier catalog.Tier, k pagekey.Key) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.cat.Get(k)
@@ -156,7 +159,7 @@ func (s *pageStore) evictOne(tier catalog.Tier, k pagekey.Key) (bool, error) {
 		if !e.OnSSD && s.ssd != nil {
 			s.mu.dram.Pin(k)
 			s.mu.Unlock()
-			s.demoteBatch(context.Background(), []catalog.Entry{e})
+			s.demoteBatch(ctx, []catalog.Entry{e})
 			s.mu.Lock()
 			e, ok = s.cat.Get(k)
 			return ok && e.DRAMSlot < 0, nil

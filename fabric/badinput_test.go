@@ -177,3 +177,28 @@ func TestSaveRejectsDuplicateKeys(t *testing.T) {
 		t.Fatalf("%d dram slots in use after a rejected save", got)
 	}
 }
+
+// TestLeaseChargesRealPageSize: a lookup-only session that declares a tiny
+// layout still pays each leased page's real size against the budget.
+func TestLeaseChargesRealPageSize(t *testing.T) {
+	cfg := smallConfig(t.TempDir())
+	cfg.QueryBudgetBytes = 5 * 64 << 10
+	tp := startPeer(t, cfg)
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 512, 128 // 64 KiB pages
+	e := tp.engine(f)
+	keys := randKeys(8)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	tiny := &pb.Layout{Model: "m", Dtype: "fp8", NumLayers: 1, KvHeads: 1, HeadDim: 1, TpSize: 1, PageTokens: 1, ByteLayout: "x"}
+	s, err := e.C.OpenSession(ctx(t), &pb.OpenSessionRequest{EngineId: "sched", Layout: tiny, BlockTokens: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: s.SessionId, Keys: keys, Lease: true})
+	if err != nil || look.HitPages != 5 {
+		t.Fatalf("lease within a 5-page budget: %v %v", look, err)
+	}
+	if got := tp.metric("orbitkv_fabric_query_bytes"); got != "orbitkv_fabric_query_bytes 327680" {
+		t.Fatalf("query bytes %q, want 5 real pages (327680)", got)
+	}
+}

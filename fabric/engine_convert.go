@@ -17,6 +17,8 @@ import (
 
 const (
 	maxLayers     = 1024
+	maxHeads      = 1024  // KV heads on one rank
+	maxHeadDim    = 65536 // elements
 	maxBuffers    = 4096
 	maxStringLen  = 512
 	maxPageTokens = 1 << 16
@@ -43,8 +45,8 @@ func layoutFromPB(l *pb.Layout) (pagekey.Layout, error) {
 		return out, invalid("layout strings are limited to %d bytes", maxStringLen)
 	case out.NumLayers == 0 || out.NumLayers > maxLayers:
 		return out, invalid("num_layers %d out of range 1..%d", out.NumLayers, maxLayers)
-	case out.KVHeads == 0 || out.HeadDim == 0:
-		return out, invalid("kv_heads and head_dim must be positive")
+	case out.KVHeads == 0 || out.HeadDim == 0 || out.KVHeads > maxHeads || out.HeadDim > maxHeadDim:
+		return out, invalid("kv_heads %d and head_dim %d must be in 1..%d and 1..%d", out.KVHeads, out.HeadDim, maxHeads, maxHeadDim)
 	case out.TPSize == 0 || out.TPRank >= out.TPSize:
 		return out, invalid("tp_rank %d of tp_size %d", out.TPRank, out.TPSize)
 	case out.PageTokens == 0 || out.PageTokens > maxPageTokens:

@@ -12,6 +12,10 @@ import (
 // maxWait bounds one Wait call, so no RPC blocks without a deadline.
 const maxWait = 60 * time.Second
 
+// maxAskMultiple caps what a request may ask for: a lease at most this many
+// times --lease-ttl, an operation's deadline this many times --op-deadline.
+const maxAskMultiple = 10
+
 // engineServer implements pb.EngineServiceServer.
 type engineServer struct {
 	pb.UnimplementedEngineServiceServer
@@ -67,7 +71,7 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	res := s.p.lookup(sess, keys, r.Lease, durationMs(r.LeaseMs, s.p.cfg.LeaseTTL))
+	res := s.p.lookup(sess, keys, r.Lease, min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL))
 	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd)}}
 	if res.lease != nil {
 		if !sess.addLease(res.lease) {
@@ -145,7 +149,7 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 	if err != nil {
 		return nil, err
 	}
-	return s.p.startOp(sess, len(pages), durationMs(deadlineMs, s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
 		run(ctx, sess, pages, res)
 	})
 }

@@ -181,34 +181,47 @@ func (s *pageStore) allocSSD(size uint64) (ssd.Loc, error) {
 func (s *pageStore) dropSSDLocked(keys []pagekey.Key) error {
 	var keep []catalog.Entry
 	var del []pagekey.Key
-	var locs []ssd.Loc
+	var keepLocs, delLocs []ssd.Loc
 	for _, k := range keys {
 		e, ok := s.cat.Get(k)
 		if !ok || !e.OnSSD {
+			s.mu.ssd.Remove(k) // a stale LRU key: nothing on SSD to drop
 			continue
 		}
-		locs = append(locs, ssdLoc(e.SSD))
 		if e.DRAMSlot >= 0 {
+			keepLocs = append(keepLocs, ssdLoc(e.SSD))
 			e.OnSSD, e.SSD = false, catalog.SSDLoc{}
 			keep = append(keep, e)
 		} else {
+			delLocs = append(delLocs, ssdLoc(e.SSD))
 			del = append(del, k)
 		}
 	}
+	// Each commit frees exactly the slots it stopped naming.
 	if err := s.cat.Put(keep...); err != nil {
 		return err
 	}
+	s.freeSSDCopiesLocked(keep, keepLocs)
 	if err := s.cat.Delete(del...); err != nil {
 		return err
 	}
-	for _, k := range keys {
+	for _, k := range del {
 		s.mu.ssd.Remove(k)
 	}
-	for _, l := range locs {
+	for _, l := range delLocs {
 		s.ssd.Free(l)
 	}
-	s.m.evictedPages.WithLabelValues("ssd").Add(float64(len(locs)))
+	s.m.evictedPages.WithLabelValues("ssd").Add(float64(len(keepLocs) + len(delLocs)))
 	return nil
+}
+
+// freeSSDCopiesLocked frees the SSD slots of pages whose catalog entries no
+// longer name them.
+func (s *pageStore) freeSSDCopiesLocked(pages []catalog.Entry, locs []ssd.Loc) {
+	for i, e := range pages {
+		s.mu.ssd.Remove(e.Key)
+		s.ssd.Free(locs[i])
+	}
 }
 
 func (s *pageStore) freeSSD(loc ssd.Loc) {

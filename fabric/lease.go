@@ -41,13 +41,15 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 	ps.mu.Lock()
 	budgetLeft := p.budgetLeftLocked()
 	for i := 0; i < res.Hit; i++ {
-		if l.bytes+sess.pageBytes > budgetLeft {
-			out.budgetHits = res.Hit - i
-			break
-		}
 		e, ok := p.cat.Get(keys[i])
 		if !ok {
 			break // evicted since the lookup: the hit ends here
+		}
+		// Charged at the page's real size, whatever layout the session
+		// declared, so the budget stays hard.
+		if l.bytes+e.Size > budgetLeft {
+			out.budgetHits = res.Hit - i
+			break
 		}
 		onSSD := e.DRAMSlot < 0
 		if onSSD {
@@ -59,7 +61,7 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 			break
 		}
 		l.keys, l.onSSD = append(l.keys, e.Key), append(l.onSSD, onSSD)
-		l.bytes += sess.pageBytes
+		l.bytes += e.Size
 		if e.Tier() == catalog.TierDRAM {
 			out.dram++
 		} else {
