@@ -147,8 +147,8 @@ func (s *pageStore) dropCorrupt(it *loadItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.cat.Get(it.req.Key)
-	if !ok || e.Generation != it.entry.Generation {
-		return
+	if !ok || e.Generation != it.entry.Generation || !e.OnSSD || e.SSD != it.entry.SSD {
+		return // someone else already moved or dropped the copy we read
 	}
 	if e.DRAMSlot >= 0 {
 		// A concurrent load promoted a verified copy: keep it, drop the SSD one.
@@ -158,7 +158,11 @@ func (s *pageStore) dropCorrupt(it *loadItem) {
 	} else if err := s.cat.Delete(e.Key); err != nil {
 		return
 	}
-	s.mu.ssd.Remove(e.Key)
+	if !s.mu.ssd.Pinned(e.Key) {
+		// A pinned node stays (its holders unpin it later); with no SSD copy
+		// behind it, eviction drops it as a stale key.
+		s.mu.ssd.Remove(e.Key)
+	}
 	s.ssd.Free(ssdLoc(e.SSD))
 }
 
