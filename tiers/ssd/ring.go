@@ -82,23 +82,29 @@ func (u *uring) header(slot int) []byte {
 // arrives on its done channel exactly once, with -EIO if the ring broke.
 func (u *uring) submit(ops []*op) {
 	u.mu.Lock()
-	queued := u.mu.dead == nil
-	if queued {
-		u.queueLocked(ops)
-		if err := u.flushLocked(); err != nil {
-			u.mu.dead = err
-		}
-	}
-	if u.mu.dead == nil {
+	if u.mu.dead != nil {
 		u.mu.Unlock()
+		deliver(ops, -int32(syscall.EIO))
 		return
 	}
-	failed := u.drainLocked()
-	u.mu.Unlock()
-	if !queued {
-		failed = append(failed, ops...)
+	u.queueLocked(ops)
+	if err := u.flushLocked(); err != nil {
+		// A failed io_uring_enter consumed none of these entries, and the
+		// dead ring submits nothing more, so only this call's ops fail now;
+		// ops of earlier calls are the kernel's and still complete through
+		// the reaper, which keeps their buffers owned until then.
+		u.mu.dead = err
+		for _, o := range ops {
+			if u.mu.ops[o.slot] == o {
+				u.mu.ops[o.slot] = nil
+				u.inFlight.Add(-1)
+			}
+		}
+		u.mu.Unlock()
+		deliver(ops, -int32(syscall.EIO))
+		return
 	}
-	deliver(failed, -int32(syscall.EIO))
+	u.mu.Unlock()
 }
 
 func (u *uring) queueLocked(ops []*op) {
