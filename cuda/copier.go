@@ -215,6 +215,15 @@ func (p *Pending) Wait(ctx context.Context) error {
 	return nil
 }
 
+// engineMethod is the copy-engine method a kernel copy falls back to:
+// cuMemcpyBatchAsync where the driver has it, else several streams.
+func (c *Copier) engineMethod() Method {
+	if c.scratch != nil {
+		return MethodBatch
+	}
+	return MethodStreams
+}
+
 func (c *Copier) enqueueLocked(dir Direction, h *HostRegion) error {
 	m := c.method
 	var chunks uint32
@@ -226,11 +235,7 @@ func (c *Copier) enqueueLocked(dir Direction, h *HostRegion) error {
 		c.mu.segs = lower(c.mu.segs[:0], dir, base, c.mu.merged)
 		var ok bool
 		if chunks, ok = kernelFits(c.mu.segs, uint64(c.cfg.KernelChunk)); !ok {
-			// Unaligned or oversized: fall back to the copy engines.
-			m = MethodStreams
-			if c.scratch != nil {
-				m = MethodBatch
-			}
+			m = c.engineMethod() // unaligned or oversized: the copy engines
 		}
 	}
 	if m != MethodKernel {

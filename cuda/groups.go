@@ -80,10 +80,7 @@ func (c *Copier) startGroups(dir Direction, h *HostRegion, groups [][]Segment, e
 func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, engines bool, after func(g int, s *Stream) error) error {
 	m := c.method
 	if engines && m == MethodKernel {
-		m = MethodStreams
-		if c.scratch != nil {
-			m = MethodBatch
-		}
+		m = c.engineMethod()
 	}
 	var chunks uint32
 	if m == MethodKernel {
@@ -94,10 +91,7 @@ func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, e
 		c.mu.segs = lower(c.mu.segs[:0], dir, base, c.mu.merged)
 		var ok bool
 		if chunks, ok = kernelFits(c.mu.segs, uint64(c.cfg.KernelChunk)); !ok && len(c.mu.segs) > 0 {
-			m = MethodStreams
-			if c.scratch != nil {
-				m = MethodBatch
-			}
+			m = c.engineMethod()
 		}
 	}
 	if m != MethodKernel {
