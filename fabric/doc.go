@@ -14,6 +14,10 @@
 //     cancelled before its buffers are unmapped.
 //   - A page that fails its checksum is removed from the catalog and reported
 //     as corrupt; it is never copied into an engine.
-//   - Gauges (leases, query bytes, in-flight operations, SSD queue) return to
-//     zero when the peer is idle.
+//   - A save acknowledged into DRAM only may not have its checksum yet; the
+//     sealer (seal.go) computes it in the background, and every path that
+//     moves a page out of DRAM seals it first. SSD-durable saves are
+//     checksummed before they are written.
+//   - Gauges (leases, query bytes, in-flight operations, SSD queue, unsealed
+//     pages) return to zero when the peer is idle.
 package fabric
