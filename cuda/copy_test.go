@@ -61,7 +61,9 @@ func newScatter(t *testing.T, d *Device, r *rand.Rand, pages, slots, blocks int)
 	return s
 }
 
-// segments lists page i plane p: host slot → device block, in a shuffled order.
+// segments lists page i plane p: host slot → device block, in a shuffled
+// order; with r nil, in page-then-plane order (as the peer plans a page: its
+// planes at one constant stride on each side, the runs a pitched copy folds).
 func (s *scatter) segments(r *rand.Rand, slotOf func(page int) int) []Segment {
 	var segs []Segment
 	for i := range s.block {
@@ -73,7 +75,9 @@ func (s *scatter) segments(r *rand.Rand, slotOf func(page int) int) []Segment {
 			})
 		}
 	}
-	r.Shuffle(len(segs), func(a, b int) { segs[a], segs[b] = segs[b], segs[a] })
+	if r != nil {
+		r.Shuffle(len(segs), func(a, b int) { segs[a], segs[b] = segs[b], segs[a] })
+	}
 	return segs
 }
 
@@ -143,15 +147,20 @@ func TestRestoreSaveScattered(t *testing.T) {
 	s := newScatter(t, d, r, pages, slots, blocks)
 	saved := registerHost(t, d, pages*int(hostStride()))
 	for _, tc := range []struct {
-		name string
-		cfg  CopierConfig
+		name    string
+		cfg     CopierConfig
+		ordered bool // planes in page order (runs), not shuffled
 	}{
-		{"per-segment", CopierConfig{Method: MethodPerSegment}},
-		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}},
-		{"batch", CopierConfig{Method: MethodBatch}},
-		{"batch-2-streams", CopierConfig{Method: MethodBatch, Streams: 2}},
-		{"kernel", CopierConfig{Method: MethodKernel}},
-		{"auto", CopierConfig{}},
+		{"per-segment", CopierConfig{Method: MethodPerSegment}, false},
+		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}, false},
+		{"batch", CopierConfig{Method: MethodBatch}, false},
+		{"batch-2-streams", CopierConfig{Method: MethodBatch, Streams: 2}, false},
+		{"kernel", CopierConfig{Method: MethodKernel}, false},
+		{"pitched, shuffled (rows)", CopierConfig{Method: MethodPitched}, false},
+		{"pitched, page order (runs)", CopierConfig{Method: MethodPitched}, true},
+		{"pitched-3-streams, page order", CopierConfig{Method: MethodPitched, Streams: 3}, true},
+		{"auto", CopierConfig{}, false},
+		{"auto, page order", CopierConfig{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := d.NewCopier(tc.cfg)
@@ -164,8 +173,12 @@ func TestRestoreSaveScattered(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			order := r
+			if tc.ordered {
+				order = nil
+			}
 			slotOf := func(i int) int { return s.slots[i] }
-			if err := c.Restore(ctx, s.host, s.segments(r, slotOf)); err != nil {
+			if err := c.Restore(ctx, s.host, s.segments(order, slotOf)); err != nil {
 				t.Fatalf("restore with %v: %v", c.Method(), err)
 			}
 			if bad := s.verifyDevice(t, d); len(bad) > 0 {
@@ -177,7 +190,7 @@ func TestRestoreSaveScattered(t *testing.T) {
 			}
 			perm := r.Perm(pages)
 			saveSlot := func(i int) int { return perm[i] }
-			if err := c.Save(context.Background(), saved, s.segments(r, saveSlot)); err != nil {
+			if err := c.Save(context.Background(), saved, s.segments(order, saveSlot)); err != nil {
 				t.Fatalf("save with %v: %v", c.Method(), err)
 			}
 			if bad := s.verifySaved(t, saved, saveSlot); len(bad) > 0 {

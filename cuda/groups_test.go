@@ -37,6 +37,7 @@ func TestStartGroupsLayerMajor(t *testing.T) {
 		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}},
 		{"batch", CopierConfig{Method: MethodBatch}},
 		{"kernel", CopierConfig{Method: MethodKernel}},
+		{"pitched", CopierConfig{Method: MethodPitched}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := d.NewCopier(tc.cfg)

@@ -95,3 +95,79 @@ func splitEven(n, k int) [][2]int {
 	}
 	return out
 }
+
+// cRect is a pitched (2D) copy in the shim's form (okv_rect): Height rows of
+// Width bytes, row r from Src+r·SrcPitch to Dst+r·DstPitch. Plain integers
+// only, like cSeg.
+type cRect struct {
+	Src, Dst, Width, Height, SrcPitch, DstPitch uint64
+}
+
+// rects folds copies into pitched copies, appending to dst. A run of copies
+// of one length whose sources and destinations each advance by one constant
+// stride (at least the length, at most maxPitch) becomes one rectangle; runs
+// may interleave with a short period (the copies r, r+p, r+2p, … for each r
+// below p), which is how a page of several blocks is planned: segment by
+// segment, each segment's blocks in turn, so each block's planes form one
+// run. Any other copy is a rectangle of one row. An engine's KV planes sit
+// at a constant stride (one buffer, or one tensor per layer allocated back
+// to back) and a page's planes lie at one stride in DRAM, so an 8K-token
+// restore of 9,216 copies becomes 128 copies that the copy engines run as
+// 2D transfers. Every input copy is exactly one row of the output.
+func rects(dst []cRect, segs []cSeg, maxPitch uint64) []cRect {
+	for i := 0; i < len(segs); {
+		p, h := bestFold(segs[i:], maxPitch)
+		if h < 2 {
+			s := segs[i]
+			dst = append(dst, cRect{Src: s.Src, Dst: s.Dst, Width: s.Len, Height: 1, SrcPitch: s.Len, DstPitch: s.Len})
+			i++
+			continue
+		}
+		for r := range p {
+			s, n := segs[i+r], segs[i+r+p]
+			dst = append(dst, cRect{Src: s.Src, Dst: s.Dst, Width: s.Len, Height: uint64(h), SrcPitch: n.Src - s.Src, DstPitch: n.Dst - s.Dst})
+		}
+		i += p * h
+	}
+	return dst
+}
+
+// maxFoldPeriod is the longest interleaving rects looks for (blocks per
+// page: 4 for 16-token blocks in 64-token pages).
+const maxFoldPeriod = 8
+
+// bestFold returns the period that folds the most leading copies of segs
+// and its height (rows per rectangle); height < 2 means none folds.
+func bestFold(segs []cSeg, maxPitch uint64) (period, height int) {
+	best := 0
+	for p := 1; p <= maxFoldPeriod; p++ {
+		if h := fold(segs, p, maxPitch); h >= 2 && p*h > best {
+			best, period, height = p*h, p, h
+		}
+	}
+	return period, height
+}
+
+// fold returns how many rows the p interleaved runs at the head of segs
+// share: runs of copies of one length, all with the source stride and the
+// destination stride of the first.
+func fold(segs []cSeg, p int, maxPitch uint64) int {
+	if len(segs) < 2*p {
+		return 0
+	}
+	w := segs[0].Len
+	sp, dp := segs[p].Src-segs[0].Src, segs[p].Dst-segs[0].Dst // wrap (descending) fails the bounds below
+	if sp < w || dp < w || sp > maxPitch || dp > maxPitch {
+		return 0
+	}
+	h := 1
+	for ; (h+1)*p <= len(segs); h++ {
+		for r := range p {
+			a, b := segs[(h-1)*p+r], segs[h*p+r]
+			if a.Len != w || b.Len != w || b.Src != a.Src+sp || b.Dst != a.Dst+dp {
+				return h
+			}
+		}
+	}
+	return h
+}

@@ -1,8 +1,11 @@
 package cuda
 
 import (
+	"cmp"
 	"errors"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -134,5 +137,106 @@ func TestParseMethod(t *testing.T) {
 	}
 	if _, err := ParseMethod("dma"); err == nil {
 		t.Error("ParseMethod(dma) succeeded")
+	}
+}
+
+func TestRects(t *testing.T) {
+	const w = 128
+	row := func(src, dst uint64) cSeg { return cSeg{Src: src, Dst: dst, Len: w} }
+	for _, tc := range []struct {
+		name string
+		in   []cSeg
+		want []cRect
+	}{
+		{"empty", nil, nil},
+		{"one copy", []cSeg{row(0, 1000)}, []cRect{{0, 1000, w, 1, w, w}}},
+		{"a page's planes", []cSeg{row(0, 1000), row(w, 5000), row(2*w, 9000), row(3*w, 13000)},
+			[]cRect{{0, 1000, w, 4, w, 4000}}},
+		{"two pages, two runs", []cSeg{row(0, 1000), row(w, 5000), row(1<<20, 2000), row(1<<20+w, 6000)},
+			[]cRect{{0, 1000, w, 2, w, 4000}, {1 << 20, 2000, w, 2, w, 4000}}},
+		{"stride changes mid-run", []cSeg{row(0, 1000), row(w, 5000), row(2*w, 6000)},
+			[]cRect{{0, 1000, w, 2, w, 4000}, {2 * w, 6000, w, 1, w, w}}},
+		{"descending device: rows", []cSeg{row(0, 9000), row(w, 5000)},
+			[]cRect{{0, 9000, w, 1, w, w}, {w, 5000, w, 1, w, w}}},
+		{"overlapping rows are not a pitch", []cSeg{row(0, 1000), row(w/2, 5000)},
+			[]cRect{{0, 1000, w, 1, w, w}, {w / 2, 5000, w, 1, w, w}}},
+		{"pitch past the limit", []cSeg{row(0, 1000), row(w, 1000+1<<20)},
+			[]cRect{{0, 1000, w, 1, w, w}, {w, 1000 + 1<<20, w, 1, w, w}}},
+		// Blocks at device 1000 and 50000, planes 4000 apart; in the blob,
+		// plane-major then block.
+		{"a page of two blocks: two interleaved runs", []cSeg{row(0, 1000), row(w, 50000), row(2*w, 5000), row(3*w, 54000), row(4*w, 9000), row(5*w, 58000)},
+			[]cRect{{0, 1000, w, 3, 2 * w, 4000}, {w, 50000, w, 3, 2 * w, 4000}}},
+		{"interleaved runs, one ends early", []cSeg{row(0, 1000), row(w, 50000), row(2*w, 5000), row(3*w, 54000), row(4*w, 9000), row(5*w, 99)},
+			[]cRect{{0, 1000, w, 2, 2 * w, 4000}, {w, 50000, w, 2, 2 * w, 4000}, {4 * w, 9000, w, 1, w, w}, {5 * w, 99, w, 1, w, w}}},
+		{"one arithmetic run beats an interleaving", []cSeg{row(0, 1000), row(w, 3000), row(2*w, 5000), row(3*w, 7000)},
+			[]cRect{{0, 1000, w, 4, w, 2000}}},
+		{"unequal lengths", []cSeg{row(0, 1000), {Src: w, Dst: 5000, Len: w / 2}},
+			[]cRect{{0, 1000, w, 1, w, w}, {w, 5000, w / 2, 1, w / 2, w / 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rects(nil, tc.in, 1<<16)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("rects = %+v, want %+v", got, tc.want)
+			}
+			// Every input copy is exactly one row of the output.
+			var rows []cSeg
+			for _, r := range got {
+				for k := range r.Height {
+					rows = append(rows, cSeg{Src: r.Src + k*r.SrcPitch, Dst: r.Dst + k*r.DstPitch, Len: r.Width})
+				}
+			}
+			byAddr := func(a, b cSeg) int { return cmp.Compare(a.Src, b.Src) }
+			in := slices.SortedFunc(slices.Values(tc.in), byAddr)
+			slices.SortFunc(rows, byAddr)
+			if len(rows) != len(in) || (len(rows) > 0 && !reflect.DeepEqual(rows, in)) {
+				t.Fatalf("rows %+v, want the input %+v", rows, tc.in)
+			}
+		})
+	}
+}
+
+// TestRectsFoldsPages checks rects on planned pages: whatever the blocks per
+// page and placement, every copy is one row of exactly one rectangle, pitches
+// stay in [width, maxPitch], and a page's planes fold into one rectangle per
+// block.
+func TestRectsFoldsPages(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const planes, bb = 72, 4096
+	for _, perPage := range []int{1, 2, 4, 8} {
+		const blocks = 64
+		planeBytes := uint64(blocks * bb)
+		pages := 6
+		perm := r.Perm(blocks)
+		var segs []cSeg
+		for pg := range pages {
+			base := uint64(pg) * planes * uint64(perPage) * bb
+			for pl := range planes {
+				for j := range perPage {
+					b := uint64(perm[pg*perPage+j])
+					segs = append(segs, cSeg{Src: base + uint64(pl*perPage+j)*bb, Dst: 1<<40 + uint64(pl)*planeBytes + b*bb, Len: bb})
+				}
+			}
+		}
+		got := rects(nil, segs, 1<<31)
+		if len(got) != pages*perPage {
+			t.Errorf("%d blocks per page: %d rectangles, want %d (one per block)", perPage, len(got), pages*perPage)
+		}
+		seen := map[cSeg]int{}
+		for _, rc := range got {
+			if rc.Height > 1 && (rc.SrcPitch < rc.Width || rc.DstPitch < rc.Width || rc.SrcPitch > 1<<31 || rc.DstPitch > 1<<31) {
+				t.Fatalf("bad pitches %+v", rc)
+			}
+			for k := range rc.Height {
+				seen[cSeg{Src: rc.Src + k*rc.SrcPitch, Dst: rc.Dst + k*rc.DstPitch, Len: rc.Width}]++
+			}
+		}
+		for _, s := range segs {
+			if seen[s] != 1 {
+				t.Fatalf("%d blocks per page: copy %+v is %d rows", perPage, s, seen[s])
+			}
+		}
+		if len(seen) != len(segs) {
+			t.Fatalf("%d rows for %d copies", len(seen), len(segs))
+		}
 	}
 }

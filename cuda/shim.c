@@ -95,6 +95,26 @@ static batch_v2_fn p_batch_v2;
 // CUDA 11.7+ drivers export the _v2 entry points, usable on every device that
 // runs them; the original names need CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1.
 typedef CUresult (*value32_fn)(CUstream, CUdeviceptr, uint32_t, unsigned int);
+
+// cuMemcpy2DAsync: CUDA_MEMCPY2D as in cuda.h (unchanged since CUDA 3.2).
+// CUmemorytype: 1 host, 2 device.
+typedef struct {
+	size_t src_x, src_y;
+	int src_type;
+	const void *src_host;
+	CUdeviceptr src_device;
+	void *src_array;
+	size_t src_pitch;
+	size_t dst_x, dst_y;
+	int dst_type;
+	void *dst_host;
+	CUdeviceptr dst_device;
+	void *dst_array;
+	size_t dst_pitch;
+	size_t width, height;
+} okv_memcpy2d;
+typedef CUresult (*copy2d_fn)(const okv_memcpy2d *, CUstream);
+static copy2d_fn p_copy2d;
 static value32_fn p_wait32, p_write32;
 static int memops_kind;
 
@@ -181,6 +201,7 @@ int okv_load(const char *path, char *err, size_t errlen) {
 	// not needed: they differ only in how the legacy NULL stream is read.
 	*(void **)(&p_batch_v2) = dlsym(lib, "cuMemcpyBatchAsync_v2");
 	if (p_batch_v2 == NULL) *(void **)(&p_batch_v1) = dlsym(lib, "cuMemcpyBatchAsync");
+	*(void **)(&p_copy2d) = dlsym(lib, "cuMemcpy2DAsync_v2");
 	*(void **)(&p_wait32) = dlsym(lib, "cuStreamWaitValue32_v2");
 	*(void **)(&p_write32) = dlsym(lib, "cuStreamWriteValue32_v2");
 	memops_kind = 2;
@@ -345,6 +366,34 @@ CUresult okv_copy_batch(CUcontext ctx, const okv_seg *segs, size_t n, CUstream s
 	*failed = (size_t)-1;
 	if (p_batch_v2 != NULL) return p_batch_v2(dsts, srcs, sizes, n, &attr, &idx, 1, s);
 	return p_batch_v1(dsts, srcs, sizes, n, &attr, &idx, 1, failed, s);
+}
+
+int okv_has_copy_2d(void) { return p_copy2d != NULL; }
+
+CUresult okv_copy_2d(CUcontext ctx, int dir, const okv_rect *rects, size_t n,
+		CUstream *streams, int nstreams, size_t *failed) {
+	SETCTX(ctx);
+	if (p_copy2d == NULL) return OKV_CUDA_ERROR_NOT_SUPPORTED;
+	okv_memcpy2d m;
+	for (size_t i = 0; i < n; i++) {
+		const okv_rect *r = &rects[i];
+		memset(&m, 0, sizeof m);
+		if (dir == OKV_HTOD) {
+			m.src_type = 1, m.src_host = (const void *)(uintptr_t)r->src;
+			m.dst_type = 2, m.dst_device = (CUdeviceptr)r->dst;
+		} else {
+			m.src_type = 2, m.src_device = (CUdeviceptr)r->src;
+			m.dst_type = 1, m.dst_host = (void *)(uintptr_t)r->dst;
+		}
+		m.src_pitch = r->src_pitch, m.dst_pitch = r->dst_pitch;
+		m.width = r->width, m.height = r->height;
+		CUresult res = p_copy2d(&m, streams[i % (size_t)nstreams]);
+		if (res != 0) {
+			*failed = i;
+			return res;
+		}
+	}
+	return 0;
 }
 
 CUresult okv_launch_copy(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs,

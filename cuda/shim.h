@@ -118,6 +118,23 @@ CUresult okv_copy_each(CUcontext ctx, int dir, const okv_seg *segs, size_t n,
 // are scratch arrays of at least n entries owned by the caller.
 CUresult okv_copy_batch(CUcontext ctx, const okv_seg *segs, size_t n, CUstream s,
 	unsigned int flags, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t *failed);
+// A pitched copy: height rows of width bytes, row r from src + r*src_pitch
+// to dst + r*dst_pitch. Same layout as Go's cRect.
+typedef struct {
+	uint64_t src;
+	uint64_t dst;
+	uint64_t width;
+	uint64_t height;
+	uint64_t src_pitch;
+	uint64_t dst_pitch;
+} okv_rect;
+// Whether the driver exports cuMemcpy2DAsync_v2.
+int okv_has_copy_2d(void);
+// Enqueues one cuMemcpy2DAsync per rectangle, rectangle i on stream
+// streams[i % nstreams]; the host side is pinned memory. On failure *failed
+// is the index that failed.
+CUresult okv_copy_2d(CUcontext ctx, int dir, const okv_rect *rects, size_t n,
+	CUstream *streams, int nstreams, size_t *failed);
 // Uploads n descriptors from pinned staging to dev_segs and launches the copy
 // kernel f over them: grid (n, chunks), threads per block, chunk bytes each.
 CUresult okv_launch_copy(CUcontext ctx, CUfunction f, CUdeviceptr dev_segs,

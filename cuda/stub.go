@@ -130,3 +130,4 @@ func (*Gates) Write(*Stream, int, uint32) error { return ErrNotSupported }
 func (*Gates) Release(uint32)                   {}
 func (*Gates) Close() error                     { return nil }
 func (*Pending) Wait(context.Context) error     { return ErrNotSupported }
+func (*Pending) Add([]Segment) error            { return ErrNotSupported }

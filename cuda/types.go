@@ -50,9 +50,14 @@ const (
 	MethodBatch
 	// MethodKernel is the gather/scatter kernel over mapped pinned memory.
 	MethodKernel
+	// MethodPitched folds runs of copies at constant strides (a page's
+	// planes) into cuMemcpy2DAsync copies over several streams: the copy
+	// engines move each run as one 2D transfer; copies in no run go one by
+	// one.
+	MethodPitched
 )
 
-var methodNames = [...]string{"auto", "per-segment", "streams", "batch", "kernel"}
+var methodNames = [...]string{"auto", "per-segment", "streams", "batch", "kernel", "pitched"}
 
 func (m Method) String() string {
 	if m < 0 || int(m) >= len(methodNames) {
@@ -94,9 +99,9 @@ type DeviceInfo struct {
 type CopierConfig struct {
 	// Method is how batches move; MethodAuto (the zero value) picks one.
 	Method Method
-	// Streams is the number of streams for MethodStreams and MethodBatch
-	// (a batch is split evenly across them). Default 4 for those two, 1 for
-	// the kernel (which launches once).
+	// Streams is the number of streams for MethodStreams, MethodBatch and
+	// MethodPitched (a batch is split across them). Default 4 for the first
+	// two, 2 for pitched copies, 1 for the kernel (which launches once).
 	Streams int
 	// MaxSegments is the most segments one batch may hold (descriptor
 	// buffers are sized for it). Default 16384 (≈ 227 Qwen3-8B pages).
@@ -114,8 +119,11 @@ type CopierConfig struct {
 func (c *CopierConfig) setDefaults() {
 	if c.Streams == 0 {
 		c.Streams = 1
-		if c.Method == MethodStreams || c.Method == MethodBatch {
+		switch c.Method {
+		case MethodStreams, MethodBatch:
 			c.Streams = 4
+		case MethodPitched:
+			c.Streams = 2
 		}
 	}
 	if c.MaxSegments == 0 {
@@ -133,7 +141,7 @@ func (c *CopierConfig) setDefaults() {
 func (c CopierConfig) Validate() error {
 	c.setDefaults()
 	switch {
-	case c.Method < MethodAuto || c.Method > MethodKernel:
+	case c.Method < MethodAuto || c.Method > MethodPitched:
 		return fmt.Errorf("cuda: copier method %d out of range", int(c.Method))
 	case c.Streams < 1 || c.Streams > 64:
 		return fmt.Errorf("cuda: copier streams %d, want 1..64", c.Streams)

@@ -76,6 +76,10 @@ func TestBadInput(t *testing.T) {
 			_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}}}})
 			return err
 		}, codes.InvalidArgument},
+		{"layer-wise load that waits", func() error {
+			_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys[:1], 0, 4), Layerwise: true, Wait: true})
+			return err
+		}, codes.InvalidArgument},
 		{"wrong block count", func() error {
 			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: []*pb.PageRef{{Key: keys[0], Blocks: []uint32{0}}}})
 			return err

@@ -36,7 +36,7 @@ type Config struct {
 	// without a GPU).
 	CUDA        string
 	CUDACopiers int    // device copies in flight at once, per GPU (operations beyond wait)
-	CUDAMethod  string // copy method: auto, kernel, batch, streams, per-segment
+	CUDAMethod  string // copy method: auto, kernel, pitched, batch, streams, per-segment
 	// CUDALayerGates gates layer-wise loads where the driver has stream
 	// memory operations: the Load answers once the layer events are armed,
 	// and the copies (on the copy engines) are enqueued after it.
@@ -85,7 +85,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxPages, "max-pages", c.MaxPages, "most pages in one save or load")
 	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")
-	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, batch, streams, per-segment")
+	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, pitched, batch, streams, per-segment")
 	fs.BoolVar(&c.CUDALayerGates, "cuda-layer-gates", c.CUDALayerGates, "gate layer-wise loads (answer once layer events are armed, enqueue the copies after; copy engines) where the driver has stream memory ops")
 }
 

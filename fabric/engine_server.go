@@ -85,16 +85,19 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 
 func (s *engineServer) Save(_ context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
 	toSSD := r.Durability == pb.Durability_DURABILITY_SSD
-	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, false, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
+	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
 		s.p.pages.save(ctx, sess, pages, toSSD, res)
 	})
 }
 
 func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
 	if r.Layerwise {
+		if r.Wait {
+			return nil, toStatus(fmt.Errorf("%w: a layer-wise load answers once enqueued; it cannot also wait", errInvalid))
+		}
 		return s.layerwiseLoad(ctx, r)
 	}
-	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, true, s.p.pages.load)
+	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.p.pages.load)
 }
 
 // layerwiseLoad starts a layer-wise load and answers once its device copies
@@ -102,7 +105,7 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
 	enq := make(chan struct{})
 	var once sync.Once
-	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, true, func(sess *session) error {
+	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, true, false, func(sess *session) error {
 		if sess.marks == nil {
 			return fmt.Errorf("%w: session %s has no layer events (not a CUDA session, or the peer lacks interprocess events): load without layerwise", errLayoutMismatch, sess.id)
 		}
@@ -122,19 +125,27 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 	return &pb.OpHandle{OpId: o.id}, nil
 }
 
-// pageOp validates a Save or Load and starts it as an operation.
-func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load bool,
+// pageOp validates a Save or Load and starts it as an operation; with wait
+// it runs the operation on this call's goroutine (no hand-off to wake up
+// from) and answers with its status.
+func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
-	o, err := s.startPageOp(id, refs, deadlineMs, load, nil, run)
+	o, err := s.startPageOp(id, refs, deadlineMs, load, wait, nil, run)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &pb.OpHandle{OpId: o.id}, nil
+	h := &pb.OpHandle{OpId: o.id}
+	if wait {
+		s.p.forgetOp(o.sess, o.id)
+		h.Status = statusToPB(o, true)
+	}
+	return h, nil
 }
 
 // startPageOp validates the session (check, when given, too) and the pages,
-// and starts run as an operation. Only a load may skip blocks.
-func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load bool, check func(*session) error,
+// and starts run as an operation (inline: runs it to the end before
+// returning). Only a load may skip blocks.
+func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load, inline bool, check func(*session) error,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*op, error) {
 	sess, err := s.session(id)
 	if err != nil {
@@ -149,7 +160,7 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 	if err != nil {
 		return nil, err
 	}
-	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), func(ctx context.Context, res []pageResult) {
+	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), inline, func(ctx context.Context, res []pageResult) {
 		run(ctx, sess, pages, res)
 	})
 }

@@ -381,6 +381,10 @@ func TestGPUSessionRestoreThroughPeer(t *testing.T) {
 		dur := []pb.Durability{pb.Durability_DURABILITY_DRAM, pb.Durability_DURABILITY_SSD}[i]
 		st, err := sessions[i].Save(ctx(t), pageRefs(keys, blocks), dur)
 		mustOK(t, st, err)
+		// A DRAM save is acknowledged before its checksum (seal.go).
+		waitFor(t, "the sealer to drain", 10*time.Second, func() bool {
+			return tp.metric("orbitkv_tiers_unsealed_pages") == "orbitkv_tiers_unsealed_pages 0"
+		})
 		sv := saved{keys: keys}
 		for j, k := range keys {
 			blob := g.blob(eng.mirror, blocks[j])

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -34,6 +35,9 @@ func smallConfig(dir string) Config {
 	cfg.MetricsAddr = "127.0.0.1:0"
 	cfg.DRAMBytes, cfg.DRAMSlabBytes = 4<<20, 1<<20
 	cfg.SSDBytes, cfg.SSDFileBytes = 128<<20, 64<<20
+	if m := os.Getenv("ORBITKV_CUDA_METHOD"); m != "" {
+		cfg.CUDAMethod = m // GPU runs: the copy method the peer's transports use (scripts/gpu/h200.sh)
+	}
 	return cfg
 }
 

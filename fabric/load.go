@@ -45,11 +45,17 @@ func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res
 }
 
 func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
+	var clk *clock
+	if sess.gpu != nil {
+		clk = s.phases.start(gpuLoad)
+	}
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
 	if sess.gpu != nil {
-		s.scatterGPU(ctx, sess, items, res) // one batched device copy (gpu.go)
+		clk.lap(phasePin)
+		s.scatterGPU(ctx, sess, items, res, clk) // one batched device copy (gpu.go)
 		s.unpinLoads(items)
+		clk.lap(phaseFinish)
 		return
 	}
 	parallel(len(items), func(j int) {

@@ -9,9 +9,11 @@ import (
 )
 
 // op is an asynchronous Save or Load; results are filled by its goroutine
-// and read only after done is closed.
+// (or, for a call that waits, by the call's) and read only after done is
+// closed.
 type op struct {
 	id      string
+	sess    *session
 	results []pageResult
 	done    chan struct{}
 	doneAt  atomic.Int64 // unix nanoseconds, set before done is closed
@@ -29,12 +31,13 @@ var maxOpsPerSession = 16384 // a var so tests can lower it
 var errTooManyOps = errors.New("too many operations not yet waited for")
 
 // startOp runs fn in a goroutine owned by the session (and the peer), with a
-// deadline, and registers it for Wait.
-func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx context.Context, res []pageResult)) (*op, error) {
+// deadline, and registers it for Wait; inline runs fn on the caller's
+// goroutine instead and returns once it is done.
+func (p *Peer) startOp(sess *session, n int, deadline time.Duration, inline bool, fn func(ctx context.Context, res []pageResult)) (*op, error) {
 	if err := sess.begin(); err != nil {
 		return nil, err
 	}
-	o := &op{id: newID("op-"), results: make([]pageResult, n), done: make(chan struct{})}
+	o := &op{id: newID("op-"), sess: sess, results: make([]pageResult, n), done: make(chan struct{})}
 	sess.mu.Lock()
 	if len(sess.mu.ops) >= maxOpsPerSession {
 		sess.mu.Unlock()
@@ -44,7 +47,7 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx
 	sess.mu.ops[o.id] = o
 	sess.mu.Unlock()
 	p.m.inflightOps.Inc()
-	go func() {
+	runOp := func() {
 		defer sess.work.Done()
 		defer p.m.inflightOps.Dec()
 		defer close(o.done)
@@ -58,8 +61,21 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, fn func(ctx
 			}
 		}
 		p.pages.updateGauges()
-	}()
+	}
+	if inline {
+		runOp()
+	} else {
+		go runOp()
+	}
 	return o, nil
+}
+
+// forgetOp drops a finished operation whose status its caller has (a Save
+// or Load that waited).
+func (p *Peer) forgetOp(sess *session, id string) {
+	sess.mu.Lock()
+	delete(sess.mu.ops, id)
+	sess.mu.Unlock()
 }
 
 // waitOp waits up to timeout for an operation. A finished operation is

@@ -34,7 +34,9 @@ type pageStore struct {
 	sealWake chan struct{}
 	// copying counts page copies in flight; the sealer waits for a gap.
 	copying atomic.Int64
-	mu      struct {
+	// phases times CUDA sessions' whole-request loads and saves (phases.go).
+	phases phaseTable
+	mu     struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU
 		gen       uint64
@@ -47,6 +49,7 @@ func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metri
 	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.sealWake = make(chan struct{}, 1)
+	m.reg.MustRegister(s.phases.collectors()...)
 	return s
 }
 

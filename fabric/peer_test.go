@@ -39,6 +39,38 @@ func TestSaveLoadByteExact(t *testing.T) {
 	}
 }
 
+// TestWaitingCalls: a Save or Load that asks to wait answers with the
+// finished status and leaves no operation behind; one that does not answers
+// with a handle its Wait completes.
+func TestWaitingCalls(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(3)
+	h, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: refs(keys, 0, 4), Wait: true})
+	if err != nil || !h.Status.GetDone() || len(h.Status.Pages) != 3 {
+		t.Fatalf("waiting save answered %v, %v; want a done status of 3 pages", h, err)
+	}
+	mustOK(t, h.Status, nil)
+	if _, err := e.C.Wait(ctx(t), &pb.WaitRequest{SessionId: e.Session, OpId: h.OpId}); status.Code(err) != codes.NotFound {
+		t.Fatalf("Wait on a waited save: %v, want NotFound (forgotten)", err)
+	}
+	h, err = e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 32, 4)})
+	if err != nil || h.Status != nil {
+		t.Fatalf("load without wait answered %v, %v; want a bare handle", h, err)
+	}
+	st, err := e.Wait(ctx(t), h.OpId)
+	mustOK(t, st, err)
+	h, err = e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(append(keys, randKeys(1)...), 32, 4), Wait: true})
+	if err != nil || !h.Status.GetDone() || h.Status.Pages[3].Code != pb.PageCode_PAGE_NOT_FOUND || h.Status.Pages[0].Code != pb.PageCode_PAGE_OK {
+		t.Fatalf("waiting load answered %v, %v; want pages 0-2 OK, page 3 not found", h, err)
+	}
+	for i := range keys {
+		if !bytes.Equal(e.page(refs(keys, 0, 4)[i].Blocks), e.page(refs(keys, 32, 4)[i].Blocks)) {
+			t.Fatalf("page %d differs", i)
+		}
+	}
+}
+
 // TestLoadSkipsLocalBlocks loads pages whose leading blocks the engine
 // already holds (a partial local prefix hit): the skipped blocks stay as
 // they were, the others get their own bytes of the page blob.

@@ -88,6 +88,7 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 	s.mu.Lock()
 	var batch []catalog.Entry
 	var bufs [][]byte
+	urgent := len(s.mu.unsealed) >= sealBacklog
 	for k := range s.mu.unsealed {
 		if len(batch) == sealBatch {
 			break
@@ -108,17 +109,23 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 	// a sum only if the entry still names the same slot and generation.
 	// One goroutine: sealing is background work and must leave the other
 	// cores to the copies engines wait on.
-	sums := make([]uint32, len(batch))
+	// Between pages it yields to a copy that started meanwhile (unless the
+	// backlog is long): a page is milliseconds of memory reads, and a GPU
+	// copy's DMA into DRAM shares that bandwidth.
+	sums := make([]uint32, 0, len(batch))
 	for i, b := range bufs {
-		sums[i] = crc32.Checksum(b, castagnoli)
+		if i > 0 && !urgent && s.copying.Load() > 0 {
+			break
+		}
+		sums = append(sums, crc32.Checksum(b, castagnoli))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, e := range batch {
-		s.recordSealLocked(e, sums[i])
+	for i, sum := range sums {
+		s.recordSealLocked(batch[i], sum)
 	}
 	s.m.unsealedPages.Set(float64(len(s.mu.unsealed)))
-	return len(batch)
+	return len(sums)
 }
 
 // recordSealLocked stores a page's checksum if the page is still the one that

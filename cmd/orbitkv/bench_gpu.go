@@ -264,6 +264,10 @@ func (b *gpuBench) variants() []variant {
 			variant{"cuMemcpyBatchAsync, 4 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4}},
 			variant{"cuMemcpyBatchAsync, 4 streams, prefer-overlap flag", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4, BatchFlags: 1}})
 	}
+	vs = append(vs,
+		variant{"pitched cuMemcpy2DAsync (a page's planes per copy), 1 stream", cuda.CopierConfig{Method: cuda.MethodPitched, Streams: 1}},
+		variant{"pitched cuMemcpy2DAsync, 2 streams", cuda.CopierConfig{Method: cuda.MethodPitched, Streams: 2}},
+		variant{"pitched cuMemcpy2DAsync, 3 streams", cuda.CopierConfig{Method: cuda.MethodPitched, Streams: 3}})
 	return append(vs,
 		variant{"gather/scatter kernel, 64 KiB chunks × 256 threads", cuda.CopierConfig{Method: cuda.MethodKernel}},
 		variant{"gather/scatter kernel, 32 KiB chunks × 256 threads", cuda.CopierConfig{Method: cuda.MethodKernel, KernelChunk: 32 << 10}},

@@ -300,7 +300,7 @@ func (p *peerBench) table(ctx context.Context, w io.Writer, bt, pages int) error
 	}
 	var saves, loads []time.Duration
 	var saved [][]byte
-	st0 := p.peer.CUDAStats()[p.b.cfg.Device]
+	st0, ph0 := p.peer.CUDAStats()[p.b.cfg.Device], p.peer.GPUPhases()
 	for range reps + 1 {
 		keys := newKeys(pages)
 		refs := p.refs(keys, nb, perPage) // drawn before the clock starts
@@ -312,7 +312,7 @@ func (p *peerBench) table(ctx context.Context, w io.Writer, bt, pages int) error
 		}
 		saves, saved = append(saves, d), keys
 	}
-	st1 := p.peer.CUDAStats()[p.b.cfg.Device]
+	st1, ph1 := p.peer.CUDAStats()[p.b.cfg.Device], p.peer.GPUPhases()
 	for range reps + 1 {
 		refs := p.refs(saved, nb, perPage)
 		d, err := timed(ctx, func(c context.Context) (*pb.OpStatus, error) { return e.Load(c, refs) })
@@ -321,7 +321,7 @@ func (p *peerBench) table(ctx context.Context, w io.Writer, bt, pages int) error
 		}
 		loads = append(loads, d)
 	}
-	st2 := p.peer.CUDAStats()[p.b.cfg.Device]
+	st2, ph2 := p.peer.CUDAStats()[p.b.cfg.Device], p.peer.GPUPhases()
 	// Inside the peer: GB/s of the transport alone (copier in hand to bytes
 	// in place; DRAM saves are checksummed later, by the sealer).
 	inner := func(a, b transfer.CUDAStats) float64 {
@@ -348,9 +348,37 @@ func (p *peerBench) table(ctx context.Context, w io.Writer, bt, pages int) error
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	phaseLine(w, "restore", ph1, ph2, loads)
+	phaseLine(w, "save", ph0, ph1, saves)
 	fmt.Fprintf(w, "SUMMARY peer bt=%d pages=%d restore %.1f GB/s = %.0f%% of contiguous %.1f; save %.1f GB/s = %.0f%% of contiguous %.1f; naive %.0f%%/%.0f%% (target ≥ 90%%)\n",
 		bt, pages, rs, 100*rs/contig[0], contig[0], ss, 100*ss/contig[1], contig[1], 100*naive[0]/contig[0], 100*naive[1]/contig[1])
 	return nil
+}
+
+// phaseLine prints where one kind of operation spent its time inside the
+// peer between two snapshots (mean per operation, warm-up included), and
+// what the caller saw around it: RPCs, scheduling, the completion's notice.
+func phaseLine(w io.Writer, what string, a, b fabric.GPUPhases, seen []time.Duration) {
+	op := map[string]string{"restore": "load", "save": "save"}[what]
+	n := b.Ops[op] - a.Ops[op]
+	if n <= 0 {
+		return
+	}
+	var inside time.Duration
+	var parts []string
+	order := map[string][]string{"load": {"pin", "plan", "copy", "finish"}, "save": {"alloc", "plan", "copy", "finish"}}[op]
+	for _, ph := range order {
+		d := (b.Phase[op][ph] - a.Phase[op][ph]) / time.Duration(n)
+		inside += d
+		parts = append(parts, fmt.Sprintf("%s %.3f", ph, d.Seconds()*1e3))
+	}
+	var total time.Duration
+	for _, d := range seen {
+		total += d
+	}
+	mean := total / time.Duration(len(seen))
+	fmt.Fprintf(w, "PHASES %s (ms per op, mean of %d): %s; inside the peer %.3f; seen by the caller %.3f (RPCs and notice %.3f)\n",
+		what, n, strings.Join(parts, ", "), inside.Seconds()*1e3, mean.Seconds()*1e3, (mean-inside).Seconds()*1e3)
 }
 
 // concurrent runs Concurrency loads of pages/Concurrency pages at once and

@@ -121,20 +121,28 @@ func (e *Engine) Lookup(ctx context.Context, keys [][]byte, lease bool) (*pb.Loo
 	return e.C.Lookup(ctx, &pb.LookupRequest{SessionId: e.Session, Keys: keys, Lease: lease})
 }
 
-// Save saves pages and waits for the per-page results.
+// Save saves pages and returns the per-page results: one call that waits
+// (SaveRequest.wait).
 func (e *Engine) Save(ctx context.Context, pages []*pb.PageRef, d pb.Durability) (*pb.OpStatus, error) {
-	h, err := e.C.Save(ctx, &pb.SaveRequest{SessionId: e.Session, Pages: pages, Durability: d})
-	if err != nil {
-		return nil, err
-	}
-	return e.Wait(ctx, h.OpId)
+	h, err := e.C.Save(ctx, &pb.SaveRequest{SessionId: e.Session, Pages: pages, Durability: d, Wait: true})
+	return e.finished(ctx, h, err)
 }
 
-// Load loads pages and waits for the per-page results.
+// Load loads pages and returns the per-page results: one call that waits
+// (LoadRequest.wait).
 func (e *Engine) Load(ctx context.Context, pages []*pb.PageRef) (*pb.OpStatus, error) {
-	h, err := e.C.Load(ctx, &pb.LoadRequest{SessionId: e.Session, Pages: pages})
-	if err != nil {
+	h, err := e.C.Load(ctx, &pb.LoadRequest{SessionId: e.Session, Pages: pages, Wait: true})
+	return e.finished(ctx, h, err)
+}
+
+// finished returns the status a waiting call answered with, or waits for it
+// (a peer that predates wait answers with the handle only).
+func (e *Engine) finished(ctx context.Context, h *pb.OpHandle, err error) (*pb.OpStatus, error) {
+	switch {
+	case err != nil:
 		return nil, err
+	case h.Status.GetDone():
+		return h.Status, nil
 	}
 	return e.Wait(ctx, h.OpId)
 }

@@ -4,6 +4,9 @@
 #   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
 #   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
 #   scripts/gpu/h200.sh peer128    8K-token peer rows only (64- and 16-token blocks), then the Go GPU tests
+#   scripts/gpu/h200.sh pitched    copy methods incl. pitched 2D copies: cuda tests, method table and peer rows
+#                                  (auto, then each of ${PEER_METHODS:-kernel}) with phase times, fabric GPU tests
+#                                  with the peer on each of ${TEST_METHODS:-auto kernel}, the peer's CPU benchmarks
 #   scripts/gpu/h200.sh layerwise  layer-wise load: its GPU tests, TTFT layer-wise vs the old path in one run,
 #                                  then sustained native vs DRAM (layer-wise) with ${DURATION:-30s} windows
 #   scripts/gpu/h200.sh lwmethods  layer-wise TTFT only, instrumented (--trace, peer enqueue histograms), once per
@@ -143,6 +146,30 @@ peer128() { # the 8K-token peer rows (the §6 restore/save target), then correct
 	say "cuda tests rc=$? ($(tail -1 "$T"))"
 }
 
+pitched() { # copy methods incl. pitched 2D copies: cuda tests, method table + peer rows per method, fabric GPU tests
+	nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
+	T=$O/tests.txt
+	(cd cuda && ORBITKV_REQUIRE=cuda timeout 60 ../out/cuda.test -test.v -test.count=1) >"$T" 2>&1
+	say "cuda tests rc=$? ($(tail -1 "$T"))"
+	grep -E "^\s*--- (FAIL|SKIP)" "$T" | head -20 | tee -a "$S"
+	timeout 200 out/orbitkv bench gpu --reps 8 --pages 128 --block-tokens 64,16 >"$O/bench_gpu.txt" 2>&1
+	say "bench gpu (methods + peer rows, auto) rc=$?"
+	grep -E "^(gpu|best|SUMMARY|PHASES)|pitched|kernel, 64|auto|contiguous|transport" "$O/bench_gpu.txt" | tee -a "$S"
+	for m in ${PEER_METHODS:-kernel}; do
+		timeout 120 out/orbitkv bench gpu --skip-methods --reps 8 --pages 128 --block-tokens 64,16 --cuda-method "$m" >"$O/bench_gpu_$m.txt" 2>&1
+		say "bench gpu (peer rows, --cuda-method $m) rc=$?"
+		grep -E "^(SUMMARY|PHASES)|transport" "$O/bench_gpu_$m.txt" | tee -a "$S"
+	done
+	for m in ${TEST_METHODS:-auto kernel}; do
+		(cd fabric && ORBITKV_REQUIRE=cuda ORBITKV_CUDA_METHOD=$m timeout 90 ../out/fabric.test -test.run 'GPU|CUDA' -test.v -test.count=1) >>"$T" 2>&1
+		say "fabric GPU tests (peer method $m) rc=$?"
+		grep -E "^\s*(--- |FAIL|PASS|ok)" "$T" | tail -12 | tee -a "$S"
+	done
+	(cd fabric && timeout 60 ../out/fabric.test -test.run XXX -test.bench 'GPUPath' -test.benchtime 40x) >"$O/cpu_bench.txt" 2>&1
+	say "fabric GPUPath benchmarks (peer CPU side on this host) rc=$?"
+	grep -E "^Benchmark" "$O/cpu_bench.txt" | tee -a "$S"
+}
+
 ttft_probe() { # LABEL PYDIR TIMEOUT EXTRA...
 	local label=$1 dir=$2 to=$3
 	shift 3
@@ -249,10 +276,11 @@ case ${1:-check} in
 check) check ;;
 peer) peer ;;
 peer128) peer128 ;;
+pitched) pitched ;;
 refengine) refengine ;;
 sustained) sustained ;;
 layerwise) layerwise ;;
 lwmethods) lwmethods ;;
 lwgates) lwgates ;;
-*) echo "usage: $0 check|sustained|peer|peer128|refengine|layerwise|lwmethods" >&2; exit 2 ;;
+*) echo "usage: $0 check|sustained|peer|peer128|pitched|refengine|layerwise|lwmethods|lwgates" >&2; exit 2 ;;
 esac

@@ -1189,11 +1189,14 @@ func (x *PageRef) GetBlocks() []uint32 {
 }
 
 type SaveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Pages         []*PageRef             `protobuf:"bytes,2,rep,name=pages,proto3" json:"pages,omitempty"`
-	Durability    Durability             `protobuf:"varint,3,opt,name=durability,proto3,enum=orbitkv.v1.Durability" json:"durability,omitempty"`
-	DeadlineMs    uint32                 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"` // 0 = the peer's default
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Pages      []*PageRef             `protobuf:"bytes,2,rep,name=pages,proto3" json:"pages,omitempty"`
+	Durability Durability             `protobuf:"varint,3,opt,name=durability,proto3,enum=orbitkv.v1.Durability" json:"durability,omitempty"`
+	DeadlineMs uint32                 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"` // 0 = the peer's default
+	// Answer when the save is done (bounded by its deadline), with its status
+	// in OpHandle.status: one call instead of Save then Wait.
+	Wait          bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1256,6 +1259,13 @@ func (x *SaveRequest) GetDeadlineMs() uint32 {
 	return 0
 }
 
+func (x *SaveRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
 type LoadRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -1270,7 +1280,11 @@ type LoadRequest struct {
 	// load per session at a time: a second one waits until the first is
 	// enqueued; the engine must have enqueued its waits on the first's events
 	// before it starts the second (the events are reused).
-	Layerwise     bool `protobuf:"varint,5,opt,name=layerwise,proto3" json:"layerwise,omitempty"`
+	Layerwise bool `protobuf:"varint,5,opt,name=layerwise,proto3" json:"layerwise,omitempty"`
+	// Answer when the load is done (bounded by its deadline), with its status
+	// in OpHandle.status: one call instead of Load then Wait. Not with
+	// layerwise, whose call answers once the copies are enqueued.
+	Wait          bool `protobuf:"varint,6,opt,name=wait,proto3" json:"wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1340,9 +1354,20 @@ func (x *LoadRequest) GetLayerwise() bool {
 	return false
 }
 
+func (x *LoadRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
 type OpHandle struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OpId          string                 `protobuf:"bytes,1,opt,name=op_id,json=opId,proto3" json:"op_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	OpId  string                 `protobuf:"bytes,1,opt,name=op_id,json=opId,proto3" json:"op_id,omitempty"`
+	// Set when the request asked to wait: the finished operation's status
+	// (done, every page's result); the operation is then forgotten, as after
+	// a Wait that saw it done.
+	Status        *OpStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1382,6 +1407,13 @@ func (x *OpHandle) GetOpId() string {
 		return x.OpId
 	}
 	return ""
+}
+
+func (x *OpHandle) GetStatus() *OpStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
 }
 
 type WaitRequest struct {
@@ -1736,7 +1768,7 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"\x15lease_expires_unix_ms\x18\x04 \x01(\x03R\x12leaseExpiresUnixMs\"3\n" +
 	"\aPageRef\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
-	"\x06blocks\x18\x02 \x03(\rR\x06blocks\"\xb0\x01\n" +
+	"\x06blocks\x18\x02 \x03(\rR\x06blocks\"\xc4\x01\n" +
 	"\vSaveRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12)\n" +
@@ -1745,7 +1777,8 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"durability\x18\x03 \x01(\x0e2\x16.orbitkv.v1.DurabilityR\n" +
 	"durability\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
-	"deadlineMs\"\xb1\x01\n" +
+	"deadlineMs\x12\x12\n" +
+	"\x04wait\x18\x05 \x01(\bR\x04wait\"\xc5\x01\n" +
 	"\vLoadRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x19\n" +
@@ -1753,9 +1786,11 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"\x05pages\x18\x03 \x03(\v2\x13.orbitkv.v1.PageRefR\x05pages\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
 	"deadlineMs\x12\x1c\n" +
-	"\tlayerwise\x18\x05 \x01(\bR\tlayerwise\"\x1f\n" +
+	"\tlayerwise\x18\x05 \x01(\bR\tlayerwise\x12\x12\n" +
+	"\x04wait\x18\x06 \x01(\bR\x04wait\"M\n" +
 	"\bOpHandle\x12\x13\n" +
-	"\x05op_id\x18\x01 \x01(\tR\x04opId\"`\n" +
+	"\x05op_id\x18\x01 \x01(\tR\x04opId\x12,\n" +
+	"\x06status\x18\x02 \x01(\v2\x14.orbitkv.v1.OpStatusR\x06status\"`\n" +
 	"\vWaitRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x13\n" +
@@ -1857,30 +1892,31 @@ var file_orbitkv_v1_engine_proto_depIdxs = []int32{
 	17, // 6: orbitkv.v1.SaveRequest.pages:type_name -> orbitkv.v1.PageRef
 	1,  // 7: orbitkv.v1.SaveRequest.durability:type_name -> orbitkv.v1.Durability
 	17, // 8: orbitkv.v1.LoadRequest.pages:type_name -> orbitkv.v1.PageRef
-	2,  // 9: orbitkv.v1.PageResult.code:type_name -> orbitkv.v1.PageCode
-	0,  // 10: orbitkv.v1.PageResult.tier:type_name -> orbitkv.v1.Tier
-	22, // 11: orbitkv.v1.OpStatus.pages:type_name -> orbitkv.v1.PageResult
-	8,  // 12: orbitkv.v1.EngineService.OpenSession:input_type -> orbitkv.v1.OpenSessionRequest
-	10, // 13: orbitkv.v1.EngineService.Keepalive:input_type -> orbitkv.v1.KeepaliveRequest
-	12, // 14: orbitkv.v1.EngineService.CloseSession:input_type -> orbitkv.v1.CloseSessionRequest
-	14, // 15: orbitkv.v1.EngineService.Lookup:input_type -> orbitkv.v1.LookupRequest
-	18, // 16: orbitkv.v1.EngineService.Save:input_type -> orbitkv.v1.SaveRequest
-	19, // 17: orbitkv.v1.EngineService.Load:input_type -> orbitkv.v1.LoadRequest
-	21, // 18: orbitkv.v1.EngineService.Wait:input_type -> orbitkv.v1.WaitRequest
-	24, // 19: orbitkv.v1.EngineService.Release:input_type -> orbitkv.v1.ReleaseRequest
-	9,  // 20: orbitkv.v1.EngineService.OpenSession:output_type -> orbitkv.v1.OpenSessionResponse
-	11, // 21: orbitkv.v1.EngineService.Keepalive:output_type -> orbitkv.v1.KeepaliveResponse
-	13, // 22: orbitkv.v1.EngineService.CloseSession:output_type -> orbitkv.v1.CloseSessionResponse
-	16, // 23: orbitkv.v1.EngineService.Lookup:output_type -> orbitkv.v1.LookupResponse
-	20, // 24: orbitkv.v1.EngineService.Save:output_type -> orbitkv.v1.OpHandle
-	20, // 25: orbitkv.v1.EngineService.Load:output_type -> orbitkv.v1.OpHandle
-	23, // 26: orbitkv.v1.EngineService.Wait:output_type -> orbitkv.v1.OpStatus
-	25, // 27: orbitkv.v1.EngineService.Release:output_type -> orbitkv.v1.ReleaseResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	23, // 9: orbitkv.v1.OpHandle.status:type_name -> orbitkv.v1.OpStatus
+	2,  // 10: orbitkv.v1.PageResult.code:type_name -> orbitkv.v1.PageCode
+	0,  // 11: orbitkv.v1.PageResult.tier:type_name -> orbitkv.v1.Tier
+	22, // 12: orbitkv.v1.OpStatus.pages:type_name -> orbitkv.v1.PageResult
+	8,  // 13: orbitkv.v1.EngineService.OpenSession:input_type -> orbitkv.v1.OpenSessionRequest
+	10, // 14: orbitkv.v1.EngineService.Keepalive:input_type -> orbitkv.v1.KeepaliveRequest
+	12, // 15: orbitkv.v1.EngineService.CloseSession:input_type -> orbitkv.v1.CloseSessionRequest
+	14, // 16: orbitkv.v1.EngineService.Lookup:input_type -> orbitkv.v1.LookupRequest
+	18, // 17: orbitkv.v1.EngineService.Save:input_type -> orbitkv.v1.SaveRequest
+	19, // 18: orbitkv.v1.EngineService.Load:input_type -> orbitkv.v1.LoadRequest
+	21, // 19: orbitkv.v1.EngineService.Wait:input_type -> orbitkv.v1.WaitRequest
+	24, // 20: orbitkv.v1.EngineService.Release:input_type -> orbitkv.v1.ReleaseRequest
+	9,  // 21: orbitkv.v1.EngineService.OpenSession:output_type -> orbitkv.v1.OpenSessionResponse
+	11, // 22: orbitkv.v1.EngineService.Keepalive:output_type -> orbitkv.v1.KeepaliveResponse
+	13, // 23: orbitkv.v1.EngineService.CloseSession:output_type -> orbitkv.v1.CloseSessionResponse
+	16, // 24: orbitkv.v1.EngineService.Lookup:output_type -> orbitkv.v1.LookupResponse
+	20, // 25: orbitkv.v1.EngineService.Save:output_type -> orbitkv.v1.OpHandle
+	20, // 26: orbitkv.v1.EngineService.Load:output_type -> orbitkv.v1.OpHandle
+	23, // 27: orbitkv.v1.EngineService.Wait:output_type -> orbitkv.v1.OpStatus
+	25, // 28: orbitkv.v1.EngineService.Release:output_type -> orbitkv.v1.ReleaseResponse
+	21, // [21:29] is the sub-list for method output_type
+	13, // [13:21] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_orbitkv_v1_engine_proto_init() }

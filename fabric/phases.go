@@ -1,0 +1,104 @@
+package fabric
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Where a CUDA session's whole-request loads and saves spend their time,
+// phase by phase, so that the gap between an operation and its device copy
+// is measured where it occurs (bench gpu prints it beside the copy rates).
+
+// gpuOp is a kind of CUDA operation.
+type gpuOp int
+
+const (
+	gpuLoad gpuOp = iota
+	gpuSave
+	nGPUOps
+)
+
+// Phases, in the order an operation passes them. A load: pin (catalog
+// look-ups and pins, SSD reads), plan (descriptors), copy (the device
+// transport: a copier in hand, lowering, the copy, its completion), finish
+// (unpins, results). A save: alloc (DRAM slots), plan, copy, finish
+// (SSD write-through if asked, catalog commit).
+const (
+	phasePin = iota
+	phasePlan
+	phaseCopy
+	phaseFinish
+	nPhases
+)
+
+var (
+	gpuOpNames    = [nGPUOps]string{"load", "save"}
+	gpuPhaseNames = [nGPUOps][nPhases]string{{"pin", "plan", "copy", "finish"}, {"alloc", "plan", "copy", "finish"}}
+)
+
+// phaseTable accumulates phase times per operation kind.
+type phaseTable struct {
+	ops   [nGPUOps]atomic.Int64
+	nanos [nGPUOps][nPhases]atomic.Int64
+}
+
+// clock times one operation's phases: lap(p) charges the time since the
+// previous lap to phase p.
+type clock struct {
+	t    *phaseTable
+	op   gpuOp
+	last time.Time
+}
+
+func (t *phaseTable) start(op gpuOp) *clock {
+	t.ops[op].Add(1)
+	return &clock{t: t, op: op, last: time.Now()}
+}
+
+func (c *clock) lap(phase int) {
+	now := time.Now()
+	c.t.nanos[c.op][phase].Add(int64(now.Sub(c.last)))
+	c.last = now
+}
+
+// GPUPhases is a snapshot of the phase table: operations counted and total
+// time per phase, by operation ("load", "save") and phase name.
+type GPUPhases struct {
+	Ops   map[string]int64
+	Phase map[string]map[string]time.Duration
+}
+
+// GPUPhases returns the phase table since the peer started.
+func (p *Peer) GPUPhases() GPUPhases {
+	t := &p.pages.phases
+	out := GPUPhases{Ops: map[string]int64{}, Phase: map[string]map[string]time.Duration{}}
+	for op := range nGPUOps {
+		out.Ops[gpuOpNames[op]] = t.ops[op].Load()
+		m := map[string]time.Duration{}
+		for ph := range nPhases {
+			m[gpuPhaseNames[op][ph]] = time.Duration(t.nanos[op][ph].Load())
+		}
+		out.Phase[gpuOpNames[op]] = m
+	}
+	return out
+}
+
+// collectors exports the table as orbitkv_transfer_gpu_phase_seconds_total
+// and orbitkv_transfer_gpu_ops_total.
+func (t *phaseTable) collectors() []prometheus.Collector {
+	var cs []prometheus.Collector
+	for op := range nGPUOps {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "transfer",
+			Name: "gpu_ops_total", Help: "Whole-request CUDA loads and saves.", ConstLabels: prometheus.Labels{"op": gpuOpNames[op]}},
+			func() float64 { return float64(t.ops[op].Load()) }))
+		for ph := range nPhases {
+			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "transfer",
+				Name: "gpu_phase_seconds_total", Help: "Whole-request CUDA loads and saves: time by phase.",
+				ConstLabels: prometheus.Labels{"op": gpuOpNames[op], "phase": gpuPhaseNames[op][ph]}},
+				func() float64 { return time.Duration(t.nanos[op][ph].Load()).Seconds() }))
+		}
+	}
+	return cs
+}
