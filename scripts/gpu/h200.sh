@@ -97,12 +97,19 @@ sustained_one() { # CONFIG
 	done
 	local pm=()
 	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
+	engine_metrics "$cfg before"
 	timeout ${RUN_TIMEOUT:-200} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 151936 \
 		--prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --duration ${DURATION:-60s} \
 		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} --output "$O/runs/$cfg" >>"$O/logs.txt" 2>&1
 	say "sustained $cfg rc=$?"
+	engine_metrics "$cfg after"
 	[ -f "$O/runs/$cfg/summary.json" ] && cat "$O/runs/$cfg/summary.json" | head -c 1500 | tee -a "$S" && echo | tee -a "$S"
 	stop_all
+}
+
+engine_metrics() { # LABEL: where the reference engine's time went (prefill vs decode steps, computed prompt tokens)
+	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^orbitkv_refengine_(computed_prompt|prefill_step|decode_step|idle_step|steps_total|prompt_tokens_total|prefix_cache_hit|external_restored|preemptions|requests_finished)" |
+		sed "s/^/[$1] /" | tee -a "$S"
 }
 
 sustained() {

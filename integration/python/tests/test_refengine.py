@@ -275,6 +275,11 @@ def test_prefix_cache_hit_gives_identical_output():
     assert again == want
     assert st["prefix_hit_tokens"] >= 88 + 2 * 60
     assert st["kv_blocks_free"] == st["kv_blocks_total"]
+    # Step accounting: every prompt token is either computed or a prefix hit (the first
+    # generate computed all 90; the second only what the cache did not hold).
+    assert st["computed_prompt_tokens"] == 4 * 90 - st["prefix_hit_tokens"]
+    assert st["prefill_steps"] >= 2 and st["decode_steps"] >= 11
+    assert st["prefill_step_seconds"] > 0 and st["decode_step_seconds"] > 0
 
 
 @bit_exact

@@ -30,6 +30,9 @@ class Engine:
         self.cfg = cfg
         self._closed = False
         self.last_step_tokens = 0
+        self._steps: Dict[str, float] = dict.fromkeys(
+            ("prefill_steps", "prefill_step_seconds", "decode_steps", "decode_step_seconds",
+             "idle_step_seconds", "computed_prompt_tokens"), 0)
         self.pool = KVPool(cfg)
         try:
             self.model = Qwen3Model(cfg.model, cfg.device, cfg.seed)
@@ -62,10 +65,29 @@ class Engine:
 
     def step(self) -> List[Request]:
         """One scheduler step; returns requests that got a token or finished."""
+        t0 = time.perf_counter()
         so = self.scheduler.schedule()
         self.last_step_tokens = so.total_num_scheduled_tokens
         sampled, kvo = self.runner.execute(so)
-        return self.scheduler.update_from_output(so, sampled, kvo)
+        out = self.scheduler.update_from_output(so, sampled, kvo)
+        self._account(so, time.perf_counter() - t0)
+        return out
+
+    def _account(self, so: Any, seconds: float) -> None:
+        """Where the engine's time goes: steps that compute prompt tokens (prefill, with
+        whatever decodes ride along) vs decode-only steps, and the prompt tokens computed
+        (not served by the local prefix cache or the connector)."""
+        prompt = sum(max(0, min(s.start + s.num_tokens, s.request.num_prompt_tokens) - s.start) for s in so.seqs)
+        st = self._steps
+        if prompt:
+            st["prefill_steps"] += 1
+            st["prefill_step_seconds"] += seconds
+        elif so.total_num_scheduled_tokens:
+            st["decode_steps"] += 1
+            st["decode_step_seconds"] += seconds
+        else:
+            st["idle_step_seconds"] += seconds
+        st["computed_prompt_tokens"] += prompt
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
                  timeout_s: float = 120.0, idle_s: float = 0.001) -> List[List[int]]:
@@ -85,6 +107,7 @@ class Engine:
     def stats(self) -> Dict[str, float]:
         s = self.scheduler
         out = dict(vars(s.stats))
+        out.update(self._steps)
         out.update(
             requests_running=len(s.running),
             requests_waiting=sum(1 for r in s.waiting if r.status != RequestStatus.WAITING_FOR_REMOTE_KVS),
