@@ -348,7 +348,11 @@ func (s *pageStore) gatherGPU(ctx context.Context, sess *session, reqs []pageReq
 	for _, it := range planned {
 		if !copied[it.i] {
 			res[it.i] = failResult(fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
-			s.freeDRAM(it.slot)
+			if errors.Is(err, transfer.ErrStuck) {
+				s.quarantineSlot(sess.pageBytes) // the device may still write it
+			} else {
+				s.freeDRAM(it.slot)
+			}
 			continue
 		}
 		it.entry = catalog.Entry{Key: it.key, Layout: sess.fp, Size: sess.pageBytes, Checksum: it.entry.Checksum,
@@ -370,6 +374,7 @@ func (s *pageStore) gatherStream(ctx context.Context, sess *session, reqs []page
 	s.copying.Add(-1)
 	padded()
 	clk.lap(phaseCopy)
+	stuck := errors.Is(err, transfer.ErrStuck)
 	out := items[:0]
 	for j, it := range items {
 		switch {
@@ -377,6 +382,10 @@ func (s *pageStore) gatherStream(ctx context.Context, sess *session, reqs []page
 			res[it.i] = failResult(fmt.Errorf("gather page: %w", planErr[j]))
 		case err != nil:
 			res[it.i] = failResult(fmt.Errorf("gather page over cuda: %w", err))
+			if stuck {
+				s.quarantineSlot(sess.pageBytes) // the device may still write it
+				continue
+			}
 		default:
 			it.entry = catalog.Entry{Key: it.key, Layout: sess.fp, Size: sess.pageBytes,
 				Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
@@ -446,7 +455,9 @@ func (s *pageStore) copySums(ctx context.Context, sess *session, groups [][]tran
 
 // scatterGPU copies every pending page of a load from its DRAM slot into the
 // engine's GPU blocks as one device copy, fed as the pages are planned.
-func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*loadItem, res []pageResult, clk *clock) {
+// It reports whether the copy got stuck (transfer.ErrStuck): the caller
+// then quarantines the items instead of unpinning them.
+func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*loadItem, res []pageResult, clk *clock) (stuck bool) {
 	moving := make([]*loadItem, 0, len(items))
 	for _, it := range items {
 		if res[it.i].Code == codePending {
@@ -455,7 +466,7 @@ func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*load
 	}
 	if len(moving) == 0 {
 		clk.lap(phasePlan)
-		return
+		return false
 	}
 	s.m.inflight.Inc()
 	s.copying.Add(1) // the sealer waits (seal.go)
@@ -485,6 +496,25 @@ func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*load
 		done = append(done, it)
 	}
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, done)))
+	return errors.Is(err, transfer.ErrStuck)
+}
+
+// quarantineSlot keeps a DRAM slot that a stuck device copy may still
+// write out of use for the life of the process: it is never freed, so no
+// page can be stored in it, and the bytes are counted.
+func (s *pageStore) quarantineSlot(pageBytes uint64) {
+	s.m.quarantined.Add(float64(dram.SlotBytes(pageBytes)))
+}
+
+// quarantineLoads is unpinLoads for a load whose device copy got stuck:
+// the pages stay pinned (never evicted, their slots never reused while the
+// device may still read them) and private promotion slots stay allocated.
+func (s *pageStore) quarantineLoads(items []*loadItem) {
+	for _, it := range items {
+		if it.owned || (it.pinned != nil && !it.pinned.ssd) {
+			s.quarantineSlot(it.entry.Size)
+		}
+	}
 }
 
 // streamPages plans n pages with plan and copies them as one device copy

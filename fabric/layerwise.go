@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -80,7 +81,14 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	}
 	defer unlock()
 	items := s.pinForLoad(sess, reqs, res)
-	defer s.unpinLoads(items)
+	stuck := false
+	defer func() {
+		if stuck {
+			s.quarantineLoads(items) // the device may still read the slots
+		} else {
+			s.unpinLoads(items)
+		}
+	}()
 	s.readFromSSD(ctx, sess, items, res)
 	phase("pin")
 	buf := getDescs(len(items) * descsPerPage(sess))
@@ -122,6 +130,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	if err != nil && gate != nil {
 		gate.Release() // never leave the engine's stream behind a closed gate
 	}
+	stuck = errors.Is(err, transfer.ErrStuck)
 	if err != nil {
 		for _, it := range moving {
 			res[it.i] = failResult(fmt.Errorf("layer-wise scatter over cuda: %w", err))

@@ -15,6 +15,7 @@ import (
 	"github.com/orbitkv/orbitkv/cuda"
 	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/transfer"
 )
 
@@ -35,6 +36,9 @@ type fakeGPU struct {
 	gated     bool
 	gatedHold chan struct{}
 	failGroup int
+	// stuck makes every copy end with transfer.ErrStuck, moving nothing:
+	// a device copy that never finished.
+	stuck bool
 
 	mu struct {
 		sync.Mutex
@@ -130,7 +134,11 @@ type fakeStream struct {
 }
 
 func (s *fakeStream) Add(batch []transfer.Desc) error {
-	if s.err == nil {
+	switch {
+	case s.err != nil:
+	case s.d.stuck:
+		s.err = fmt.Errorf("fake copy: %w", transfer.ErrStuck)
+	default:
 		s.err = s.d.Copy(context.Background(), batch)
 	}
 	return s.err
@@ -181,6 +189,9 @@ type fakeFlight struct {
 }
 
 func (f *fakeFlight) Wait(ctx context.Context) error {
+	if f.d.stuck {
+		return fmt.Errorf("fake copy: %w", transfer.ErrStuck)
+	}
 	if f.d.hold != nil {
 		select {
 		case <-f.d.hold:
@@ -514,5 +525,51 @@ func TestGPUStreamedCopies(t *testing.T) {
 	}
 	if ph := tp.p.GPUPhases(); ph.Ops["load"] == 0 || ph.Ops["save"] == 0 || ph.Phase["load"]["copy"] <= 0 {
 		t.Fatalf("phase table did not count the operations: %+v", ph)
+	}
+}
+
+// TestStuckGPUCopyQuarantines: a device copy that never finished
+// (transfer.ErrStuck) may still write or read its memory at any time, so
+// the peer fails the pages but never reuses that memory: a save's fresh
+// DRAM slots stay allocated, a load's pages stay pinned (never evicted,
+// their slots never reused), and the bytes show in
+// orbitkv_transfer_quarantined_bytes.
+func TestStuckGPUCopyQuarantines(t *testing.T) {
+	for _, layerwise := range []bool{false, true} {
+		t.Run(fmt.Sprint("layerwise=", layerwise), func(t *testing.T) {
+			tp, e, fake := layerwiseEngine(t)
+			slot := float64(dram.SlotBytes(uint64(layerFlash.Size() / layerFlash.NumBlocks * 4)))
+			kept := randKeys(4)
+			okOp(t)(e.Save(ctx(t), refs(kept, 0, 4), pb.Durability_DURABILITY_DRAM))
+			used := tp.p.pages.pool.Stats().UsedBytes
+			fake.stuck = true
+			st, err := e.Save(ctx(t), refs(randKeys(3), 16, 4), pb.Durability_DURABILITY_DRAM)
+			if err != nil || engineclient.AllOK(st) == nil {
+				t.Fatalf("save over a stuck copy: %v %v, want every page failed", st, err)
+			}
+			if got := tp.p.pages.pool.Stats().UsedBytes; got != used+uint64(3*slot) {
+				t.Fatalf("pool holds %d bytes after the stuck save, want %d: its slots must stay allocated", got, used+uint64(3*slot))
+			}
+			h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(kept, 32, 4), Layerwise: layerwise})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err = e.Wait(ctx(t), h.OpId)
+			if err != nil || engineclient.AllOK(st) == nil {
+				t.Fatalf("load over a stuck copy: %v %v, want every page failed", st, err)
+			}
+			for i, k := range kept {
+				tp.p.pages.mu.Lock()
+				pinned := tp.p.pages.mu.dram.Pinned(mustKey(t, k))
+				tp.p.pages.mu.Unlock()
+				if !pinned {
+					t.Fatalf("page %d was unpinned after a stuck load: its slot could be reused under the device", i)
+				}
+			}
+			want := fmt.Sprintf("orbitkv_transfer_quarantined_bytes %g", 7*slot)
+			if got := tp.metric("orbitkv_transfer_quarantined_bytes"); got != want {
+				t.Fatalf("metric %q, want %q", got, want)
+			}
+		})
 	}
 }

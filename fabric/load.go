@@ -53,8 +53,11 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 	s.readFromSSD(ctx, sess, items, res)
 	if sess.gpu != nil {
 		clk.lap(phasePin)
-		s.scatterGPU(ctx, sess, items, res, clk) // one batched device copy (gpu.go)
-		s.unpinLoads(items)
+		if s.scatterGPU(ctx, sess, items, res, clk) { // one device copy (gpu.go)
+			s.quarantineLoads(items)
+		} else {
+			s.unpinLoads(items)
+		}
 		clk.lap(phaseFinish)
 		return
 	}

@@ -16,6 +16,7 @@ type metrics struct {
 	demotedPages, promotedPages prometheus.Counter
 	corruptPages                prometheus.Counter
 	unsealedPages               prometheus.Gauge
+	quarantined                 prometheus.Gauge
 
 	sessions, leases, queryBytes prometheus.Gauge
 	inflight, inflightOps        prometheus.Gauge
@@ -52,6 +53,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		promotedPages:  counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
 		corruptPages:   counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
 		unsealedPages:  gauge("tiers", "unsealed_pages", "DRAM pages whose checksum is still being computed."),
+		quarantined:    gauge("transfer", "quarantined_bytes", "DRAM kept out of use for the process's life: a GPU copy naming it never finished."),
 		sessions:       gauge("fabric", "sessions", "Open engine sessions."),
 		leases:         gauge("fabric", "leases", "Live leases."),
 		queryBytes:     gauge("fabric", "query_bytes", "Bytes held by live leases (query budget in use)."),
@@ -71,7 +73,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.savedPages, m.loadedTokens, m.loadedPages,
-		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.unsealedPages, m.sessions, m.leases,
+		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

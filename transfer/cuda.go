@@ -52,7 +52,7 @@ func (c CUDAConfig) Validate() error {
 // finishTimeout bounds how long a copy already handed to the device is
 // waited for after the caller's context ended: the transport must not return
 // while the device may still write memory the caller is about to reuse.
-const finishTimeout = 30 * time.Second
+var finishTimeout = 30 * time.Second // a var so a GPU test can make a copy outlast it
 
 // CUDA moves descriptors between one registered host region (the peer's DRAM
 // pool, pinned and mapped into the device) and device memory of one GPU.
@@ -148,7 +148,7 @@ func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)
 		f := cur
 		cur = nil
 		if err := c.wait(ctx, f.p); err != nil {
-			ok = !errors.Is(err, errStuck)
+			ok = !errors.Is(err, ErrStuck)
 			return err
 		}
 		if f.last {
@@ -195,7 +195,11 @@ func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)
 	return nil
 }
 
-var errStuck = errors.New("cuda copy did not finish")
+// ErrStuck reports a device copy that did not finish within finishTimeout
+// after its caller gave up: the device may still read or write the memory
+// the copy names, at any later time. A caller must never reuse that memory
+// (the peer quarantines it), and the copier that ran it is retired.
+var ErrStuck = errors.New("cuda copy did not finish")
 
 // wait waits for a batch; after the context ends it still waits (bounded)
 // for the device to finish before returning the context's error.
@@ -207,7 +211,7 @@ func (c *CUDA) wait(ctx context.Context, p *cuda.Pending) error {
 	fctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	if ferr := p.Wait(fctx); ferr != nil {
-		return fmt.Errorf("%w after %v (%v): copier retired: %w", errStuck, finishTimeout, ferr, err)
+		return fmt.Errorf("%w after %v (%v): copier retired: %w", ErrStuck, finishTimeout, ferr, err)
 	}
 	return err
 }

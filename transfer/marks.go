@@ -124,7 +124,7 @@ func (f *cudaFlight) Wait(ctx context.Context) error {
 		return nil
 	}
 	err := f.c.wait(ctx, f.p)
-	if errors.Is(err, errStuck) {
+	if errors.Is(err, ErrStuck) {
 		f.done = true
 		return err
 	}

@@ -98,6 +98,6 @@ func (s *cudaStream) Finish(ctx context.Context) error {
 			err = s.c.wait(ctx, p)
 		}
 	}
-	ok = !errors.Is(err, errStuck)
+	ok = !errors.Is(err, ErrStuck)
 	return errors.Join(s.err, err)
 }

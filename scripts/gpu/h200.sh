@@ -13,9 +13,10 @@
 #                                  peer copy method in ${METHODS:-kernel batch} (peer --cuda-method)
 #   scripts/gpu/h200.sh lwgates    gated layer-wise loads: gate GPU tests, then TTFT gated (copy engines, the default)
 #                                  vs ungated kernel (--cuda-method kernel --cuda-layer-gates=false), one run
+#   scripts/gpu/h200.sh final      every GPU test (cuda, transfer, fabric), the 8K-token peer rows, one gated TTFT probe
 #   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
 #                                  integration/python from another commit) the same probes on it first-hand
-# Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test.
+# Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test, transfer.test.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -279,6 +280,23 @@ lwgates() { # gated layer-wise loads: GPU tests, then TTFT gated (copy engines) 
 	done
 }
 
+final() { # every GPU test (cuda, transfer, fabric on auto), the 8K-token peer rows, one gated TTFT probe
+	nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
+	T=$O/tests.txt
+	(cd cuda && ORBITKV_REQUIRE=cuda timeout 60 ../out/cuda.test -test.count=1) >"$T" 2>&1
+	say "cuda tests rc=$? ($(tail -1 "$T"))"
+	(cd transfer && ORBITKV_REQUIRE=cuda timeout 60 ../out/transfer.test -test.v -test.count=1) >>"$T" 2>&1
+	say "transfer tests rc=$? ($(tail -1 "$T"))"
+	grep -E "^--- (FAIL|SKIP)|Stuck" "$T" | tee -a "$S"
+	(cd fabric && ORBITKV_REQUIRE=cuda timeout 90 ../out/fabric.test -test.run 'GPU|CUDA|Stuck' -test.v -test.count=1) >>"$T" 2>&1
+	say "fabric GPU tests rc=$?"
+	grep -E "^--- " "$T" | tail -12 | tee -a "$S"
+	timeout 100 out/orbitkv bench gpu --skip-methods --reps 8 --pages 128 --block-tokens 64 >"$O/bench_gpu_peer.txt" 2>&1
+	say "bench gpu (peer rows, 128 pages, auto) rc=$?"
+	grep -E "^(SUMMARY|PHASES)|transport" "$O/bench_gpu_peer.txt" | tee -a "$S"
+	PEER_EXTRA="--cuda-layer-gates=true" METRICS=1 ttft_probe "lw_gated" integration/python ${TTFT_TIMEOUT:-75} --layerwise --trace
+}
+
 case ${1:-check} in
 check) check ;;
 peer) peer ;;
@@ -289,5 +307,6 @@ sustained) sustained ;;
 layerwise) layerwise ;;
 lwmethods) lwmethods ;;
 lwgates) lwgates ;;
-*) echo "usage: $0 check|sustained|peer|peer128|pitched|refengine|layerwise|lwmethods|lwgates" >&2; exit 2 ;;
+final) final ;;
+*) echo "usage: $0 check|sustained|peer|peer128|pitched|refengine|layerwise|lwmethods|lwgates|final" >&2; exit 2 ;;
 esac
