@@ -320,10 +320,12 @@ func (c *Copier) enqueueLocked(dir Direction, h *HostRegion) (Method, error) {
 }
 
 // foldRatio is how many copies a pitched copy must replace on average for
-// MethodAuto to prefer pitched copies over the kernel. On an H200 pitched
-// copies of a page's 72 planes ran at 97% of a contiguous copy both ways,
-// the kernel at 91% (restore) and 94% (save).
-const foldRatio = 8
+// MethodAuto to prefer pitched copies over the kernel (or, for copies that
+// must stay on the copy engines, over cuMemcpyBatchAsync). On an H200
+// pitched copies of a page's 72 planes ran at 97% of a contiguous copy both
+// ways, the kernel at 91% (restore) and 94% (save); one cuMemcpy2DAsync
+// costs about two batched copies to enqueue.
+const foldRatio = 4
 
 // folds reports whether c.mu.merged folds into pitched copies well.
 func (c *Copier) folds(dir Direction, h *HostRegion) bool {
@@ -331,8 +333,17 @@ func (c *Copier) folds(dir Direction, h *HostRegion) bool {
 		return false
 	}
 	c.mu.segs = lower(c.mu.segs[:0], dir, uint64(uintptr(h.base)), c.mu.merged)
-	c.mu.rects = rects(c.mu.rects[:0], c.mu.segs, c.maxPitch)
-	return len(c.mu.rects)*foldRatio <= len(c.mu.segs)
+	return c.foldsRange(0, len(c.mu.segs))
+}
+
+// foldsRange reports whether the lowered copies c.mu.segs[lo:hi) fold into
+// pitched copies well.
+func (c *Copier) foldsRange(lo, hi int) bool {
+	if c.maxPitch == 0 || hi-lo < foldRatio {
+		return false
+	}
+	c.mu.rects = rects(c.mu.rects[:0], c.mu.segs[lo:hi], c.maxPitch)
+	return len(c.mu.rects)*foldRatio <= hi-lo
 }
 
 // engineLocked enqueues segs[lo:hi) on the copy engines (method m).

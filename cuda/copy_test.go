@@ -41,11 +41,17 @@ func (s *scatter) devOff(plane, block int) uint64 {
 func hostStride() uint64 { return testPlanes*testSeg + testGap }
 
 func newScatter(t *testing.T, d *Device, r *rand.Rand, pages, slots, blocks int) *scatter {
+	return newScatterAt(t, d, r, slots, blocks, r.Perm(slots)[:pages], r.Perm(blocks)[:pages])
+}
+
+// newScatterAt places page i in host slot slotOf[i] and device block
+// blockOf[i].
+func newScatterAt(t *testing.T, d *Device, r *rand.Rand, slots, blocks int, slotOf, blockOf []int) *scatter {
 	s := &scatter{blocks: blocks}
 	s.pool = allocDevice(t, d, testPlanes*s.planeBytes())
 	s.host = registerHost(t, d, slots*int(hostStride()))
-	s.slots = r.Perm(slots)[:pages]
-	s.block = r.Perm(blocks)[:pages]
+	s.slots, s.block = slotOf, blockOf
+	pages := len(slotOf)
 	hb := s.host.Bytes()
 	for i := range hb {
 		hb[i] = sentinel

@@ -20,7 +20,6 @@ func TestGatesLayerMajorRestore(t *testing.T) {
 		skipOrFail(t, "driver has no stream memory operations")
 	}
 	r := rand.New(rand.NewPCG(9, 10))
-	s := newScatter(t, d, r, 8, 12, 24)
 	marks := make([]*Event, testPlanes)
 	for p := range marks {
 		e, err := d.NewIPCEvent()
@@ -35,58 +34,72 @@ func TestGatesLayerMajorRestore(t *testing.T) {
 		t.Fatalf("gates: %v", err)
 	}
 	defer g.Close()
-	c, err := d.NewCopier(CopierConfig{Method: MethodKernel})
-	if err != nil {
-		c, err = d.NewCopier(CopierConfig{})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for gen := uint32(1); gen <= 2; gen++ {
-		if err := d.Memset(s.pool.Ptr, sentinel, s.pool.Size); err != nil {
-			t.Fatal(err)
-		}
-		if err := g.Arm(marks, gen); err != nil {
-			t.Fatalf("arm: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-		if done, _ := marks[0].Done(); done {
-			t.Fatal("mark 0 completed before its gate opened")
-		}
-		groups := make([][]Segment, testPlanes)
-		for _, sg := range s.segments(r, func(i int) int { return s.slots[i] }) {
-			p := int((uint64(sg.Dev) - uint64(s.pool.Ptr)) / s.planeBytes())
-			groups[p] = append(groups[p], sg)
-		}
-		p, err := c.StartGroupsGated(HostToDevice, s.host, groups, g, gen)
-		if err != nil {
-			t.Fatalf("gated start: %v", err)
-		}
-		for l, e := range marks {
-			if err := e.Wait(ctx); err != nil {
-				t.Fatalf("load %d mark %d: %v", gen, l, err)
+	gen := uint32(0)
+	for _, tc := range []struct {
+		name  string
+		s     *scatter
+		cfg   CopierConfig
+		order *rand.Rand // nil: page order
+	}{
+		{"scattered, batched copies", newScatter(t, d, r, 8, 12, 24), CopierConfig{Method: MethodKernel}, r},
+		// Consecutive pages in consecutive slots and blocks: auto folds each
+		// layer's group into pitched copies.
+		{"consecutive, auto (pitched groups)", newScatterAt(t, d, r, 12, 24, []int{1, 2, 3, 4, 5, 6, 7, 8}, []int{9, 10, 11, 12, 13, 14, 15, 16}), CopierConfig{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.s
+			c, err := d.NewCopier(tc.cfg)
+			if err != nil {
+				c, err = d.NewCopier(CopierConfig{})
 			}
-		}
-		if err := p.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for l := range testPlanes {
-			if w := g.Word(l); w != gen {
-				t.Errorf("load %d: word %d = %d", gen, l, w)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if bad := s.verifyDevice(t, d); len(bad) > 0 {
-			t.Fatalf("gated restore load %d: digests differ for %v", gen, bad)
-		}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			for range 2 {
+				gen++
+				if err := d.Memset(s.pool.Ptr, sentinel, s.pool.Size); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Arm(marks, gen); err != nil {
+					t.Fatalf("arm: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond)
+				if done, _ := marks[0].Done(); done {
+					t.Fatal("mark 0 completed before its gate opened")
+				}
+				groups := make([][]Segment, testPlanes)
+				for _, sg := range s.segments(tc.order, func(i int) int { return s.slots[i] }) {
+					p := int((uint64(sg.Dev) - uint64(s.pool.Ptr)) / s.planeBytes())
+					groups[p] = append(groups[p], sg)
+				}
+				p, err := c.StartGroupsGated(HostToDevice, s.host, groups, g, gen)
+				if err != nil {
+					t.Fatalf("gated start: %v", err)
+				}
+				for l, e := range marks {
+					if err := e.Wait(ctx); err != nil {
+						t.Fatalf("load %d mark %d: %v", gen, l, err)
+					}
+				}
+				if err := p.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for l := range testPlanes {
+					if w := g.Word(l); w != gen {
+						t.Errorf("load %d: word %d = %d", gen, l, w)
+					}
+				}
+				if bad := s.verifyDevice(t, d); len(bad) > 0 {
+					t.Fatalf("gated restore load %d: digests differ for %v", gen, bad)
+				}
+			}
+		})
 	}
 }
 
-// TestGatesReleaseBound: armed gates whose copies never come (a failed
-// enqueue) are all opened by Release from the host, and every mark behind
-// them completes within a bound.
 func TestGatesReleaseBound(t *testing.T) {
 	d := requireDevice(t)
 	if !d.HasStreamMemOps() {

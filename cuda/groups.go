@@ -99,7 +99,11 @@ func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, e
 		lo := 0
 		for g, hi := range ends {
 			if hi > lo {
-				if err := c.engineLocked(m, dir, lo, hi); err != nil {
+				gm := m
+				if c.auto && c.foldsRange(lo, hi) {
+					gm = MethodPitched // e.g. one layer of consecutive pages in consecutive blocks
+				}
+				if err := c.engineLocked(gm, dir, lo, hi); err != nil {
 					return err
 				}
 			}

@@ -18,6 +18,9 @@ func TestStartGroupsLayerMajor(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	const pages, slots, blocks = 8, 12, 24
 	s := newScatter(t, d, r, pages, slots, blocks)
+	// Consecutive pages in consecutive slots and blocks (a fresh engine's
+	// allocation): each plane's group folds into one pitched copy.
+	seq := newScatterAt(t, d, r, slots, blocks, []int{2, 3, 4, 5, 6, 7, 8, 9}, []int{5, 6, 7, 8, 9, 10, 11, 12})
 	marks := make([]*Event, testPlanes)
 	for p := range marks {
 		e, err := d.NewIPCEvent()
@@ -33,13 +36,19 @@ func TestStartGroupsLayerMajor(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  CopierConfig
+		seq  bool // consecutive placement, page order
 	}{
-		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}},
-		{"batch", CopierConfig{Method: MethodBatch}},
-		{"kernel", CopierConfig{Method: MethodKernel}},
-		{"pitched", CopierConfig{Method: MethodPitched}},
+		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}, false},
+		{"batch", CopierConfig{Method: MethodBatch}, false},
+		{"kernel", CopierConfig{Method: MethodKernel}, false},
+		{"pitched", CopierConfig{Method: MethodPitched}, false},
+		{"pitched, consecutive pages (folded groups)", CopierConfig{Method: MethodPitched}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			s, order := s, r
+			if tc.seq {
+				s, order = seq, nil
+			}
 			c, err := d.NewCopier(tc.cfg)
 			if err != nil {
 				skipOrFail(t, "copier %s: %v", tc.name, err)
@@ -49,7 +58,7 @@ func TestStartGroupsLayerMajor(t *testing.T) {
 				t.Fatal(err)
 			}
 			groups := make([][]Segment, testPlanes)
-			for _, sg := range s.segments(r, func(i int) int { return s.slots[i] }) {
+			for _, sg := range s.segments(order, func(i int) int { return s.slots[i] }) {
 				p := int((uint64(sg.Dev) - uint64(s.pool.Ptr)) / s.planeBytes())
 				groups[p] = append(groups[p], sg)
 			}
