@@ -91,34 +91,48 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	}()
 	s.readFromSSD(ctx, sess, items, res)
 	phase("pin")
-	buf := getDescs(len(items) * descsPerPage(sess))
-	defer putDescs(buf)
-	groups, moving, err := s.planLayers(sess, items, res, buf)
-	if len(moving) == 0 {
+	if !anyPending(items, res) {
 		return
 	}
-	phase("plan")
+	buf := getDescs(len(items) * descsPerPage(sess))
+	defer putDescs(buf)
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 	var f transfer.Flight
-	var gate transfer.Gate
-	if err == nil {
-		gate, err = sess.gpu.OpenGates(sess.marks)
-	}
+	var groups [][]transfer.Desc
+	var moving []*loadItem
+	gate, err := sess.gpu.OpenGates(sess.marks)
 	switch {
 	case err != nil:
+		failPending(res, fmt.Errorf("layer-wise load: %w", err))
+		return
 	case gate != nil:
 		// Gated: the layer events are armed behind gates, so the Load
-		// answers now and the copies are enqueued after it; the session's
-		// turn is held until they are, so loads open gates in order.
+		// answers now, and the copies are planned and enqueued after it
+		// (the engine's forward starts meanwhile); the session's turn is
+		// held until they are, so loads open gates in order.
 		phase("gates")
 		answer()
-		f, err = sess.gpu.StartGated(ctx, groups, gate)
-		if err != nil {
-			gate.Release() // StartGated released it; idempotent
+		groups, moving, err = s.planLayers(sess, items, res, buf)
+		phase("plan")
+		if err == nil && len(moving) > 0 {
+			f, err = sess.gpu.StartGated(ctx, groups, gate)
+		}
+		if err != nil || len(moving) == 0 {
+			gate.Release() // StartGated released it on error; idempotent
+		}
+		if len(moving) == 0 {
+			return
 		}
 	default:
-		f, err = sess.gpu.StartGroups(ctx, groups, sess.marks)
+		groups, moving, err = s.planLayers(sess, items, res, buf)
+		phase("plan")
+		if len(moving) == 0 {
+			return
+		}
+		if err == nil {
+			f, err = sess.gpu.StartGroups(ctx, groups, sess.marks)
+		}
 	}
 	unlock()
 	phase("start")
@@ -143,6 +157,16 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	}
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, moving)))
 	s.touchTailFirst(reqs)
+}
+
+// anyPending reports whether some item still needs copying.
+func anyPending(items []*loadItem, res []pageResult) bool {
+	for _, it := range items {
+		if res[it.i].Code == codePending {
+			return true
+		}
+	}
+	return false
 }
 
 // planLayers plans the pending items layer-major into *buf: group l holds
