@@ -62,7 +62,7 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 	if err != nil {
 		return spec, err
 	}
-	spec.layout, spec.engineID = layout, r.EngineId
+	spec.layout, spec.engineID, spec.recompute = layout, r.EngineId, float64(r.RecomputeTokensPerS)
 	if len(spec.engineID) > maxStringLen {
 		return spec, invalid("engine_id longer than %d bytes", maxStringLen)
 	}

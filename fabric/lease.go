@@ -23,6 +23,7 @@ type lookupResult struct {
 	dram, ssd  int
 	lease      *lease
 	budgetHits int // pages cut from the hit by the query budget
+	recompute  int // pages cut because the SSD is slower than the engine (ssdrate.go)
 }
 
 // lookup finds the longest stored prefix of keys and, with take, pins it
@@ -30,8 +31,12 @@ type lookupResult struct {
 // budget is shortened, never over-committed.
 func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration) lookupResult {
 	res := p.cat.Lookup(keys, now())
-	out := lookupResult{hit: res.Hit}
-	defer func() { p.recordLookup(len(keys), out.hit) }()
+	cut := p.pages.cutSlowSSD(sess, keys[:res.Hit])
+	out := lookupResult{hit: res.Hit, recompute: res.Hit - cut}
+	if cut < res.Hit { // the pages before the cut are all in DRAM
+		res.Hit, res.DRAM, res.SSD, out.hit = cut, cut, 0, cut
+	}
+	defer func() { p.recordLookup(len(keys), out.hit); p.m.lookupRecompute.Add(float64(out.recompute)) }()
 	if !take || res.Hit == 0 {
 		out.dram, out.ssd = res.DRAM, res.SSD
 		return out

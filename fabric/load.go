@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
@@ -129,7 +130,15 @@ func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loa
 		return
 	}
 	s.m.inflight.Inc()
+	start := time.Now()
 	errs := s.ssd.Read(ctx, reads)
+	var got uint64
+	for j, it := range pending {
+		if errs[j] == nil {
+			got += it.entry.Size
+		}
+	}
+	s.ssdReads.note(got, time.Since(start))
 	s.m.inflight.Dec()
 	for j, it := range pending {
 		if errs[j] != nil {

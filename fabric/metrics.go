@@ -11,6 +11,7 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	lookupHit, lookupMiss       prometheus.Counter
+	lookupRecompute             prometheus.Counter
 	savedPages, loadedTokens    prometheus.Counter
 	loadedPages, evictedPages   *prometheus.CounterVec
 	demotedPages, promotedPages prometheus.Counter
@@ -42,9 +43,11 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		return prometheus.NewGauge(prometheus.GaugeOpts(f(sub, name, help)))
 	}
 	m := &metrics{
-		reg:            prometheus.NewRegistry(),
-		lookupHit:      counter("fabric", "lookup_hit_pages_total", "Pages found by lookups."),
-		lookupMiss:     counter("fabric", "lookup_miss_pages_total", "Pages asked for by lookups and not found."),
+		reg:        prometheus.NewRegistry(),
+		lookupHit:  counter("fabric", "lookup_hit_pages_total", "Pages found by lookups."),
+		lookupMiss: counter("fabric", "lookup_miss_pages_total", "Pages asked for by lookups and not found."),
+		lookupRecompute: counter("fabric", "lookup_recompute_pages_total",
+			"Pages found only on SSD that lookups left to recompute: the SSD reads slower than the session's engine computes."),
 		savedPages:     counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
 		loadedTokens:   counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
 		loadedPages:    prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
@@ -72,7 +75,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		Name: "layerwise_device_seconds", Buckets: buckets,
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
-	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.savedPages, m.loadedTokens, m.loadedPages,
+	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.savedPages, m.loadedTokens, m.loadedPages,
 		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,

@@ -2,6 +2,8 @@ package fabric
 
 import (
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"math"
 	"runtime"
 	"sort"
 	"sync"
@@ -36,7 +38,9 @@ type pageStore struct {
 	copying atomic.Int64
 	// phases times CUDA sessions' whole-request loads and saves (phases.go).
 	phases phaseTable
-	mu     struct {
+	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
+	ssdReads ssdRate
+	mu       struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU
 		gen       uint64
@@ -50,6 +54,9 @@ func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metri
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.sealWake = make(chan struct{}, 1)
 	m.reg.MustRegister(s.phases.collectors()...)
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
+		Name: "ssd_read_bytes_per_second", Help: "The SSD tier's measured read rate (moving average of read batches; 0 before the first)."},
+		func() float64 { return math.Float64frombits(s.ssdReads.bits.Load()) }))
 	return s
 }
 

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -392,4 +393,69 @@ func TestEvictionTrimsPrefixesFromTheTail(t *testing.T) {
 	if err != nil || look.HitPages < 48 {
 		t.Fatalf("the head of the prefix should survive: hit %v, %v", look.GetHitPages(), err)
 	}
+}
+
+// TestLookupLeavesSlowSSDToRecompute: a session that declares its engine's
+// prefill rate gets lookups that stop at the first SSD-only page while the
+// peer's measured SSD reads are slower than recomputing, and whole hits
+// otherwise: without a rate, before any measured read, with a fast disk, and
+// once the measurement is stale.
+func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	req := tinyFlash.OpenRequest("m", e.shm.Path)
+	req.RecomputeTokensPerS = 1000 // tinyFlash pages: 16 tokens = 16 ms to recompute
+	fast, err := e.C.OpenSession(ctx(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := randKeys(4)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM}); err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(sid string) *pb.LookupResponse {
+		t.Helper()
+		r, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: sid, Keys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	want := func(what string, r *pb.LookupResponse, hit, dram, ssd, recompute uint32) {
+		t.Helper()
+		if r.HitPages != hit || r.Tiers.Dram != dram || r.Tiers.Ssd != ssd || r.RecomputePages != recompute {
+			t.Fatalf("%s: hit %d (dram %d, ssd %d), recompute %d; want %d (%d, %d), %d",
+				what, r.HitPages, r.Tiers.Dram, r.Tiers.Ssd, r.RecomputePages, hit, dram, ssd, recompute)
+		}
+	}
+	want("no SSD read measured yet", lookup(fast.SessionId), 4, 0, 4, 0)
+	rates := &tp.p.pages.ssdReads
+	setRate := func(bytesPerS float64) {
+		rates.bits.Store(math.Float64bits(bytesPerS))
+		rates.at.Store(time.Now().UnixNano())
+	}
+	// A page restores in pageBytes/rate seconds and recomputes in
+	// PageTokens/1000 seconds: the break-even rate is pageBytes·1000/PageTokens.
+	pageBytes := float64(tinyFlash.Size()/tinyFlash.NumBlocks) * 4 // one page: 4 blocks
+	even := pageBytes * 1000 / float64(tinyFlash.PageTokens)
+	slow, quick := even/4, even*4
+	setRate(slow)
+	want("slow SSD", lookup(fast.SessionId), 0, 0, 0, 4)
+	want("slow SSD, session without a rate", lookup(e.Session), 4, 0, 4, 0)
+	// Promote pages 0 and 1 into DRAM: the hit keeps that DRAM prefix.
+	okOp(t)(e.Load(ctx(t), refs(keys[:2], 32, 4)))
+	if _, fresh := rates.get(); !fresh {
+		t.Fatal("an SSD read left no rate measurement")
+	}
+	setRate(slow)
+	want("slow SSD after a DRAM prefix", lookup(fast.SessionId), 2, 2, 0, 2)
+	if got := tp.metric("orbitkv_fabric_lookup_recompute_pages_total"); got != "orbitkv_fabric_lookup_recompute_pages_total 6" {
+		t.Fatalf("metric %q, want 6", got)
+	}
+	setRate(quick)
+	want("fast SSD", lookup(fast.SessionId), 4, 2, 2, 0)
+	setRate(slow)
+	rates.at.Store(time.Now().Add(-2 * ssdRateTTL).UnixNano())
+	want("stale measurement", lookup(fast.SessionId), 4, 2, 2, 0)
 }

@@ -37,6 +37,7 @@ type session struct {
 	marks     *transfer.Marks  // CUDA sessions: one interprocess event per layer (layerwise.go)
 	lwTurn    chan struct{}    // one layer-wise load enqueuing at a time (layerwise.go)
 	keepalive time.Duration
+	recompute float64 // the engine's prefill tokens/s; 0 = unknown (ssdrate.go)
 
 	ctx    context.Context // cancelled when the session closes
 	cancel context.CancelFunc
@@ -166,7 +167,7 @@ func (s *session) addLease(l *lease) bool {
 // openSession maps the engine's buffers and registers the session.
 func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 	s := &session{id: newID("s-"), engineID: spec.engineID, layout: spec.layout, fp: spec.layout.Fingerprint(),
-		geom: spec.geom, keepalive: spec.keepalive, lwTurn: make(chan struct{}, 1)}
+		geom: spec.geom, keepalive: spec.keepalive, recompute: spec.recompute, lwTurn: make(chan struct{}, 1)}
 	s.pageBytes = s.geom.PageBytes()
 	if len(spec.shm) == 0 && len(spec.cuda) == 0 {
 		s.pageBytes = spec.pageBytes
@@ -243,7 +244,8 @@ type sessionSpec struct {
 	shm       []shmSpec
 	cuda      []cudaSpec
 	keepalive time.Duration
-	pageBytes uint64 // lookup-only sessions: page size from the layout
+	pageBytes uint64  // lookup-only sessions: page size from the layout
+	recompute float64 // the engine's prefill tokens/s; 0 = unknown (ssdrate.go)
 }
 
 type shmSpec struct {

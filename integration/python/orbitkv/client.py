@@ -102,6 +102,7 @@ class LookupResult:
     remote: int = 0
     lease_id: str = ""
     lease_expires_unix_ms: int = 0
+    recompute_pages: int = 0  # found only on SSD, left out: recomputing is faster (slow disk)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +212,7 @@ class Client:
         engine_id: str = "python",
         keepalive_ms: int = 0,
         lazy: bool = False,
+        recompute_tokens_per_s: int = 0,
     ) -> "Session":
         """Registers an engine worker's KV buffers. With no buffers, no
         segments and ``num_blocks`` 0 the session is lookup-only: it may
@@ -218,7 +220,12 @@ class Client:
 
         ``lazy``: one attempt now; if the peer is unreachable (or does not
         answer in time) the session is returned unopened and opens itself
-        later (see the module doc). Other refusals raise as usual."""
+        later (see the module doc). Other refusals raise as usual.
+
+        ``recompute_tokens_per_s``: the engine's prefill throughput for this
+        model; with it the peer's lookups leave pages it holds only on SSD
+        to recompute while its SSD reads are slower than that (0: restore
+        whatever is found)."""
         req = engine_pb2.OpenSessionRequest(
             engine_id=engine_id,
             layout=layout.to_proto(),
@@ -227,6 +234,7 @@ class Client:
             buffers=[b.to_proto() for b in buffers],
             segments=[s.to_proto() for s in segments],
             keepalive_ms=keepalive_ms,
+            recompute_tokens_per_s=recompute_tokens_per_s,
         )
         if not lazy:
             s = Session(self, layout, req, self._open(layout, req))
@@ -245,11 +253,12 @@ class Client:
         return s
 
     def open_lookup_session(self, layout: Layout, *, block_tokens: int, engine_id: str = "scheduler",
-                            lazy: bool = False) -> "Session":
+                            lazy: bool = False, recompute_tokens_per_s: int = 0) -> "Session":
         """A lookup-only session (an engine's scheduler process): the peer
         derives the page size, for the query budget, from the layout."""
         return self.open_session(
-            layout, block_tokens=block_tokens, num_blocks=0, buffers=(), segments=(), engine_id=engine_id, lazy=lazy
+            layout, block_tokens=block_tokens, num_blocks=0, buffers=(), segments=(), engine_id=engine_id, lazy=lazy,
+            recompute_tokens_per_s=recompute_tokens_per_s,
         )
 
     def _open(self, layout: Layout, req: engine_pb2.OpenSessionRequest) -> "SessionInfo":
@@ -420,7 +429,8 @@ class Session:
         keys = list(keys)
         r, _ = self._call("lookup", "Lookup", lambda sid: engine_pb2.LookupRequest(
             session_id=sid, keys=keys, lease=lease, lease_ms=lease_ms))
-        return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms)
+        return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms,
+                            r.recompute_pages)
 
     def save(self, pages: Iterable[PageRef], *, durability: Durability = Durability.DRAM, deadline_ms: int = 0) -> "Op":
         refs = [p.to_proto() for p in pages]
@@ -506,8 +516,9 @@ class ControlSession:
     buffers): lookups and lease releases, which a worker's Load may use."""
 
     def __init__(self, client: Client, layout: Layout, block_tokens: int, engine_id: str = "scheduler",
-                 lazy: bool = False) -> None:
-        self.session = client.open_lookup_session(layout, block_tokens=block_tokens, engine_id=engine_id, lazy=lazy)
+                 lazy: bool = False, recompute_tokens_per_s: int = 0) -> None:
+        self.session = client.open_lookup_session(layout, block_tokens=block_tokens, engine_id=engine_id, lazy=lazy,
+                                                  recompute_tokens_per_s=recompute_tokens_per_s)
 
     @property
     def available(self) -> bool:

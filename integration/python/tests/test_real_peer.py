@@ -83,3 +83,18 @@ def test_lease_from_control_session_usable_by_worker(worker):
         ctl.release(lk.lease_id)
     finally:
         ctl.close()
+
+
+def test_control_session_declares_recompute_rate(worker):
+    """A scheduler session that declares its engine's prefill rate opens and looks up as usual:
+    with no SSD read measured yet the peer restores whatever it holds (the cut itself is
+    tested in Go: fabric TestLookupLeavesSlowSSDToRecompute)."""
+    peer, c, s = worker
+    ks = keys.chain(s.layout.fingerprint(), PT, list(range(700, 700 + 2 * PT)))
+    assert s.save([PageRef(ks[0], (0, 1)), PageRef(ks[1], (2, 3))]).wait(10).ok
+    ctl = ControlSession(c, _layout(), BS, recompute_tokens_per_s=25000)
+    try:
+        lk = ctl.lookup(ks)
+        assert lk.hit_pages == 2 and lk.dram == 2
+    finally:
+        ctl.close()

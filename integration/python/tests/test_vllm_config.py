@@ -35,6 +35,10 @@ def test_extra_config_overrides_and_validation():
         load_config(_vllm_config({}))
     with pytest.raises(ValueError, match="multiple"):
         load_config(_vllm_config({"socket": "/s", "page_tokens": 24}))
+    assert load_config(_vllm_config({"socket": "/s"})).recompute_tokens_per_s == 0
+    assert load_config(_vllm_config({"socket": "/s", "recompute_tokens_per_s": 25000})).recompute_tokens_per_s == 25000
+    with pytest.raises(ValueError, match="recompute_tokens_per_s"):
+        load_config(_vllm_config({"socket": "/s", "recompute_tokens_per_s": -1}))
 
 
 def test_loadable_the_way_vllms_factory_loads_it():

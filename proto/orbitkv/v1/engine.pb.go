@@ -600,16 +600,21 @@ func (x *Segment) GetBlockBytes() uint64 {
 // engine's scheduler process) sends no buffers, no segments and num_blocks 0:
 // it may Lookup and Release but not Save or Load.
 type OpenSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	EngineId      string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"` // free-form name for logs and metrics
-	Layout        *Layout                `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
-	BlockTokens   uint32                 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"` // tokens per engine block; divides page_tokens
-	NumBlocks     uint32                 `protobuf:"varint,4,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`       // blocks in every segment
-	Buffers       []*Buffer              `protobuf:"bytes,5,rep,name=buffers,proto3" json:"buffers,omitempty"`
-	Segments      []*Segment             `protobuf:"bytes,6,rep,name=segments,proto3" json:"segments,omitempty"`                           // exactly num_layers*2 segments
-	KeepaliveMs   uint32                 `protobuf:"varint,7,opt,name=keepalive_ms,json=keepaliveMs,proto3" json:"keepalive_ms,omitempty"` // 0 = the peer's default
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	EngineId    string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"` // free-form name for logs and metrics
+	Layout      *Layout                `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	BlockTokens uint32                 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"` // tokens per engine block; divides page_tokens
+	NumBlocks   uint32                 `protobuf:"varint,4,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`       // blocks in every segment
+	Buffers     []*Buffer              `protobuf:"bytes,5,rep,name=buffers,proto3" json:"buffers,omitempty"`
+	Segments    []*Segment             `protobuf:"bytes,6,rep,name=segments,proto3" json:"segments,omitempty"`                           // exactly num_layers*2 segments
+	KeepaliveMs uint32                 `protobuf:"varint,7,opt,name=keepalive_ms,json=keepaliveMs,proto3" json:"keepalive_ms,omitempty"` // 0 = the peer's default
+	// The engine's prefill throughput for this model, tokens per second (0 =
+	// unknown). When set, this session's lookups leave out pages found only
+	// on SSD while the peer's measured SSD reads deliver a page slower than
+	// the engine recomputes its tokens: on a slow disk, recomputing wins.
+	RecomputeTokensPerS uint32 `protobuf:"varint,8,opt,name=recompute_tokens_per_s,json=recomputeTokensPerS,proto3" json:"recompute_tokens_per_s,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *OpenSessionRequest) Reset() {
@@ -687,6 +692,13 @@ func (x *OpenSessionRequest) GetSegments() []*Segment {
 func (x *OpenSessionRequest) GetKeepaliveMs() uint32 {
 	if x != nil {
 		return x.KeepaliveMs
+	}
+	return 0
+}
+
+func (x *OpenSessionRequest) GetRecomputeTokensPerS() uint32 {
+	if x != nil {
+		return x.RecomputeTokensPerS
 	}
 	return 0
 }
@@ -1067,8 +1079,11 @@ type LookupResponse struct {
 	Tiers              *TierCounts            `protobuf:"bytes,2,opt,name=tiers,proto3" json:"tiers,omitempty"`                        // where the hit pages are
 	LeaseId            string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`     // set when a lease was asked for and hit_pages > 0
 	LeaseExpiresUnixMs int64                  `protobuf:"varint,4,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Pages after hit_pages that the peer holds only on SSD and left out
+	// because its SSD reads are slower than the session's recompute rate.
+	RecomputePages uint32 `protobuf:"varint,5,opt,name=recompute_pages,json=recomputePages,proto3" json:"recompute_pages,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *LookupResponse) Reset() {
@@ -1125,6 +1140,13 @@ func (x *LookupResponse) GetLeaseId() string {
 func (x *LookupResponse) GetLeaseExpiresUnixMs() int64 {
 	if x != nil {
 		return x.LeaseExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *LookupResponse) GetRecomputePages() uint32 {
+	if x != nil {
+		return x.RecomputePages
 	}
 	return 0
 }
@@ -1724,7 +1746,7 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12!\n" +
 	"\fblock_stride\x18\x05 \x01(\x04R\vblockStride\x12\x1f\n" +
 	"\vblock_bytes\x18\x06 \x01(\x04R\n" +
-	"blockBytes\"\xa1\x02\n" +
+	"blockBytes\"\xd6\x02\n" +
 	"\x12OpenSessionRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12*\n" +
 	"\x06layout\x18\x02 \x01(\v2\x12.orbitkv.v1.LayoutR\x06layout\x12!\n" +
@@ -1733,7 +1755,8 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"num_blocks\x18\x04 \x01(\rR\tnumBlocks\x12,\n" +
 	"\abuffers\x18\x05 \x03(\v2\x12.orbitkv.v1.BufferR\abuffers\x12/\n" +
 	"\bsegments\x18\x06 \x03(\v2\x13.orbitkv.v1.SegmentR\bsegments\x12!\n" +
-	"\fkeepalive_ms\x18\a \x01(\rR\vkeepaliveMs\"\xc8\x01\n" +
+	"\fkeepalive_ms\x18\a \x01(\rR\vkeepaliveMs\x123\n" +
+	"\x16recompute_tokens_per_s\x18\b \x01(\rR\x13recomputeTokensPerS\"\xc8\x01\n" +
 	"\x13OpenSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12-\n" +
@@ -1760,12 +1783,13 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"TierCounts\x12\x12\n" +
 	"\x04dram\x18\x01 \x01(\rR\x04dram\x12\x10\n" +
 	"\x03ssd\x18\x02 \x01(\rR\x03ssd\x12\x16\n" +
-	"\x06remote\x18\x03 \x01(\rR\x06remote\"\xa9\x01\n" +
+	"\x06remote\x18\x03 \x01(\rR\x06remote\"\xd2\x01\n" +
 	"\x0eLookupResponse\x12\x1b\n" +
 	"\thit_pages\x18\x01 \x01(\rR\bhitPages\x12,\n" +
 	"\x05tiers\x18\x02 \x01(\v2\x16.orbitkv.v1.TierCountsR\x05tiers\x12\x19\n" +
 	"\blease_id\x18\x03 \x01(\tR\aleaseId\x121\n" +
-	"\x15lease_expires_unix_ms\x18\x04 \x01(\x03R\x12leaseExpiresUnixMs\"3\n" +
+	"\x15lease_expires_unix_ms\x18\x04 \x01(\x03R\x12leaseExpiresUnixMs\x12'\n" +
+	"\x0frecompute_pages\x18\x05 \x01(\rR\x0erecomputePages\"3\n" +
 	"\aPageRef\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06blocks\x18\x02 \x03(\rR\x06blocks\"\xc4\x01\n" +

@@ -23,6 +23,10 @@ Extra-config keys (all optional except ``socket``):
                     tier (--ssd-bytes > 0); without it every save fails (no_space)
                     and requests simply recompute.
   lookup_refresh_s  how long a cached miss is trusted before asking again (default 0.5)
+  recompute_tokens_per_s  the engine's prefill throughput for this model (default 0:
+                    unknown). With it the peer leaves pages it holds only on SSD
+                    to recompute while its measured SSD reads are slower than
+                    this (a slow disk); DRAM hits are restored as always.
   kv_layout         "auto" | "flash" | "flashinfer" (worker tensor layout)
   layout            dict overriding Layout fields: model, revision, dtype,
                     num_layers, kv_heads, head_dim, tp_size, byte_layout
@@ -54,6 +58,7 @@ class ConnectorConfig:
     gate: bool = True
     durability: str = "dram"
     lookup_refresh_s: float = 0.5
+    recompute_tokens_per_s: int = 0
     kv_layout: str = "auto"
     tp_rank: Optional[int] = None
     engine_id: str = "vllm"
@@ -69,6 +74,8 @@ class ConnectorConfig:
             raise ValueError(
                 f"orbitkv connector: page_tokens {self.layout.page_tokens} must be a multiple of the block size {self.block_tokens}"
             )
+        if self.recompute_tokens_per_s < 0:
+            raise ValueError(f"orbitkv connector: recompute_tokens_per_s must be >= 0, got {self.recompute_tokens_per_s}")
         if self.durability not in ("dram", "ssd"):
             raise ValueError(f"orbitkv connector: durability must be dram or ssd, got {self.durability!r}")
 
@@ -141,6 +148,7 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         gate=bool(extra.get("gate", True)),
         durability=str(extra.get("durability", "dram")),
         lookup_refresh_s=float(extra.get("lookup_refresh_s", 0.5)),
+        recompute_tokens_per_s=int(extra.get("recompute_tokens_per_s", 0)),
         kv_layout=str(extra.get("kv_layout", "auto")),
         tp_rank=int(extra["tp_rank"]) if "tp_rank" in extra else None,
         engine_id=str(extra.get("engine_id", "vllm")),

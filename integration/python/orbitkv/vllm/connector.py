@@ -69,7 +69,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
                 # report misses until the session opens (orbitkv.client).
                 self._client = Client(self.cfg.socket, timeout=self.cfg.timeout_s, lazy=True)
                 self._control = ControlSession(self._client, self.cfg.layout, self.cfg.block_tokens,
-                                               f"{self.cfg.engine_id}-scheduler", lazy=True)
+                                               f"{self.cfg.engine_id}-scheduler", lazy=True,
+                                               recompute_tokens_per_s=self.cfg.recompute_tokens_per_s)
                 lookup_backend = self._control
             self._sched = SchedulerHalf(self.cfg, lookup_backend)
         else:

@@ -1,0 +1,73 @@
+package fabric
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+// Restore or recompute: a page found only on SSD is worth restoring only if
+// the peer reads it faster than the engine recomputes its tokens. On an
+// H200, Qwen3-8B prefill produces KV at ~25 K tokens/s = 3.7 GB/s; a disk
+// that reads 1 GB/s makes every SSD restore ~3.5× slower than recomputing
+// (measured: docs/benchmarks.md, "Sustained, 60 s windows"). A session that
+// declares its engine's prefill rate (OpenSessionRequest.recompute_tokens_per_s)
+// gets lookups that stop at the first SSD-only page while the measured SSD
+// read rate is below that break-even.
+
+// ssdRateTTL is how long a measured SSD read rate is trusted. Past it (or
+// before any read) lookups include SSD pages again, and the next SSD read
+// measures the disk anew: at most about one slow restore per TTL when the
+// disk stays slow, and a disk that got faster is noticed.
+const ssdRateTTL = 10 * time.Second
+
+// ssdRate is an exponentially weighted average of the SSD tier's read
+// throughput, bytes per second, over read batches.
+type ssdRate struct {
+	bits atomic.Uint64 // math.Float64bits of the rate
+	at   atomic.Int64  // unix nanoseconds of the last sample; 0 = none
+}
+
+// note records a read batch of n bytes that took d.
+func (r *ssdRate) note(n uint64, d time.Duration) {
+	if n == 0 || d <= 0 {
+		return
+	}
+	sample := float64(n) / d.Seconds()
+	if old := math.Float64frombits(r.bits.Load()); r.at.Load() != 0 && old > 0 {
+		sample = 0.7*old + 0.3*sample
+	}
+	r.bits.Store(math.Float64bits(sample))
+	r.at.Store(time.Now().UnixNano())
+}
+
+// get returns the rate and whether it is fresh.
+func (r *ssdRate) get() (float64, bool) {
+	at := r.at.Load()
+	if at == 0 || time.Since(time.Unix(0, at)) > ssdRateTTL {
+		return 0, false
+	}
+	return math.Float64frombits(r.bits.Load()), true
+}
+
+// cutSlowSSD returns how many leading pages of a hit chain the session
+// should restore: all of them, unless it declared a recompute rate and the
+// fresh SSD read rate makes an SSD-only page slower to restore than to
+// recompute; then up to the first SSD-only page.
+func (s *pageStore) cutSlowSSD(sess *session, chain []pagekey.Key) int {
+	if sess.recompute <= 0 || len(chain) == 0 || s.ssd == nil {
+		return len(chain)
+	}
+	rate, fresh := s.ssdReads.get()
+	if !fresh || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/sess.recompute {
+		return len(chain)
+	}
+	for i, k := range chain {
+		if e, ok := s.cat.Get(k); !ok || e.DRAMSlot < 0 {
+			return i
+		}
+	}
+	return len(chain)
+}
