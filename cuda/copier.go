@@ -46,6 +46,7 @@ type Copier struct {
 
 	mu struct {
 		sync.Mutex
+		gen      uint64 // batches started; a Pending adds only to its own
 		inflight bool
 		closed   bool
 		merged   []Segment
@@ -192,10 +193,15 @@ func (c *Copier) run(ctx context.Context, dir Direction, h *HostRegion, segs []S
 // Pending is a batch in flight.
 type Pending struct {
 	c   *Copier
+	gen uint64 // the copier's batch this is
 	dir Direction
 	h   *HostRegion
 	m   Method // the method its copies went by
 }
+
+// Method is the method the batch's copies went by (MethodAuto resolves per
+// batch: pitched copies where it folds, else the kernel).
+func (p *Pending) Method() Method { return p.m }
 
 // Start enqueues a batch and returns without waiting. The copier takes no
 // other batch until the Pending's Wait has returned nil.
@@ -221,7 +227,8 @@ func (c *Copier) Start(dir Direction, h *HostRegion, segs []Segment) (*Pending, 
 		return nil, errors.Join(err, c.drain())
 	}
 	c.mu.inflight = true
-	return &Pending{c: c, dir: dir, h: h, m: m}, nil
+	c.mu.gen++
+	return &Pending{c: c, gen: c.mu.gen, dir: dir, h: h, m: m}, nil
 }
 
 // Add enqueues more segments behind the batch in flight, in the same
@@ -229,8 +236,8 @@ func (c *Copier) Start(dir Direction, h *HostRegion, segs []Segment) (*Pending, 
 // a large batch page by page starts the copy with the first pages and adds
 // the rest while it runs. Only a batch that went by a copy-engine method
 // takes more (ErrNotSupported after the kernel, whose descriptor buffer is
-// in use). On error the copier is drained: what was added before is in
-// place or the device failed.
+// in use). An error from the enqueue drains the copier first: what was
+// added before is then in place or the device failed.
 func (p *Pending) Add(segs []Segment) error {
 	c := p.c
 	c.mu.Lock()
@@ -238,7 +245,7 @@ func (p *Pending) Add(segs []Segment) error {
 	switch {
 	case c.mu.closed:
 		return ErrClosed
-	case !c.mu.inflight:
+	case !c.mu.inflight || c.mu.gen != p.gen:
 		return fmt.Errorf("cuda: add to a batch that was waited for")
 	case p.m == MethodKernel:
 		return fmt.Errorf("%w: adding to a kernel batch", ErrNotSupported)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -283,5 +284,96 @@ func TestCopierRejectsBadSegments(t *testing.T) {
 	}
 	if err := c.Restore(context.Background(), h, three[:1]); err != ErrClosed {
 		t.Fatalf("restore after close = %v, want ErrClosed", err)
+	}
+}
+
+// TestPendingAdd: copies added behind an in-flight copy-engine batch land
+// with the first part's; a kernel batch (its descriptor buffer busy) and a
+// batch already waited for take none; MethodAuto goes pitched for a batch in
+// page order and by the kernel for a shuffled one.
+func TestPendingAdd(t *testing.T) {
+	d := requireDevice(t)
+	r := rand.New(rand.NewPCG(11, 12))
+	s := newScatter(t, d, r, 8, 12, 24)
+	slotOf := func(i int) int { return s.slots[i] }
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		cfg  CopierConfig
+	}{
+		{"pitched", CopierConfig{Method: MethodPitched}},
+		{"batch", CopierConfig{Method: MethodBatch}},
+		{"streams", CopierConfig{Method: MethodStreams, Streams: 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := d.NewCopier(tc.cfg)
+			if err != nil {
+				skipOrFail(t, "copier %s: %v", tc.name, err)
+			}
+			defer c.Close()
+			if err := d.Memset(s.pool.Ptr, sentinel, s.pool.Size); err != nil {
+				t.Fatal(err)
+			}
+			segs := s.segments(nil, slotOf)
+			third := len(segs) / 3
+			p, err := c.Start(HostToDevice, s.host, segs[:third])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, part := range [][]Segment{segs[third : 2*third], segs[2*third:]} {
+				if err := p.Add(part); err != nil {
+					t.Fatalf("add: %v", err)
+				}
+			}
+			if err := p.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if bad := s.verifyDevice(t, d); len(bad) > 0 {
+				t.Fatalf("restore in three parts with %v: digests differ for %v", c.Method(), bad)
+			}
+			if err := p.Add(segs[:1]); err == nil {
+				t.Fatal("a batch already waited for took more copies")
+			}
+		})
+	}
+	k, err := d.NewCopier(CopierConfig{Method: MethodKernel})
+	if err != nil {
+		skipOrFail(t, "kernel copier: %v", err)
+	}
+	defer k.Close()
+	segs := s.segments(nil, slotOf)
+	p, err := k.Start(HostToDevice, s.host, segs[:8])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Add(segs[8:16]); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("add to a kernel batch: %v, want ErrNotSupported", err)
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.NewCopier(CopierConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, tc := range []struct {
+		order *rand.Rand
+		want  Method
+	}{{nil, MethodPitched}, {r, MethodKernel}} {
+		p, err := a.Start(HostToDevice, s.host, s.segments(tc.order, slotOf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if p.Method() != tc.want {
+			t.Fatalf("auto went by %v for %s segments, want %v", p.Method(), map[bool]string{true: "page-ordered", false: "shuffled"}[tc.order == nil], tc.want)
+		}
+		if bad := s.verifyDevice(t, d); len(bad) > 0 {
+			t.Fatalf("auto restore: digests differ for %v", bad)
+		}
 	}
 }

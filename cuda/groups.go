@@ -74,7 +74,8 @@ func (c *Copier) startGroups(dir Direction, h *HostRegion, groups [][]Segment, e
 		return nil, errors.Join(err, c.drain())
 	}
 	c.mu.inflight = true
-	return &Pending{c: c, dir: dir, h: h, m: MethodKernel}, nil // takes no Add
+	c.mu.gen++
+	return &Pending{c: c, gen: c.mu.gen, dir: dir, h: h, m: MethodKernel}, nil // takes no Add
 }
 
 func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, engines bool, after func(g int, s *Stream) error) error {

@@ -377,6 +377,18 @@ CUresult okv_copy_2d(CUcontext ctx, int dir, const okv_rect *rects, size_t n,
 	okv_memcpy2d m;
 	for (size_t i = 0; i < n; i++) {
 		const okv_rect *r = &rects[i];
+		CUstream s = streams[i % (size_t)nstreams];
+		CUresult res;
+		if (r->height == 1) { // a lone copy: the plain call, cheaper and without pitch limits
+			res = dir == OKV_HTOD
+				? p_cuMemcpyHtoDAsync((CUdeviceptr)r->dst, (const void *)(uintptr_t)r->src, r->width, s)
+				: p_cuMemcpyDtoHAsync((void *)(uintptr_t)r->dst, (CUdeviceptr)r->src, r->width, s);
+			if (res != 0) {
+				*failed = i;
+				return res;
+			}
+			continue;
+		}
 		memset(&m, 0, sizeof m);
 		if (dir == OKV_HTOD) {
 			m.src_type = 1, m.src_host = (const void *)(uintptr_t)r->src;
@@ -387,7 +399,7 @@ CUresult okv_copy_2d(CUcontext ctx, int dir, const okv_rect *rects, size_t n,
 		}
 		m.src_pitch = r->src_pitch, m.dst_pitch = r->dst_pitch;
 		m.width = r->width, m.height = r->height;
-		CUresult res = p_copy2d(&m, streams[i % (size_t)nstreams]);
+		res = p_copy2d(&m, s);
 		if (res != 0) {
 			*failed = i;
 			return res;

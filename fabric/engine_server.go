@@ -84,9 +84,9 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 	return out, nil
 }
 
-func (s *engineServer) Save(_ context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
+func (s *engineServer) Save(ctx context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
 	toSSD := r.Durability == pb.Durability_DURABILITY_SSD
-	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
+	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
 		s.p.pages.save(ctx, sess, pages, toSSD, res)
 	})
 }
@@ -98,7 +98,7 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 		}
 		return s.layerwiseLoad(ctx, r)
 	}
-	return s.pageOp(r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.p.pages.load)
+	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.p.pages.load)
 }
 
 // layerwiseLoad starts a layer-wise load and answers once its device copies
@@ -106,7 +106,7 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
 	enq := make(chan struct{})
 	var once sync.Once
-	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, true, false, func(sess *session) error {
+	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, true, nil, func(sess *session) error {
 		if sess.marks == nil {
 			return fmt.Errorf("%w: session %s has no layer events (not a CUDA session, or the peer lacks interprocess events): load without layerwise", errLayoutMismatch, sess.id)
 		}
@@ -129,9 +129,13 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 // pageOp validates a Save or Load and starts it as an operation; with wait
 // it runs the operation on this call's goroutine (no hand-off to wake up
 // from) and answers with its status.
-func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool,
+func (s *engineServer) pageOp(ctx context.Context, id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
-	o, err := s.startPageOp(id, refs, deadlineMs, load, wait, nil, run)
+	var caller context.Context
+	if wait {
+		caller = ctx
+	}
+	o, err := s.startPageOp(id, refs, deadlineMs, load, caller, nil, run)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -144,9 +148,9 @@ func (s *engineServer) pageOp(id string, refs []*pb.PageRef, deadlineMs uint32, 
 }
 
 // startPageOp validates the session (check, when given, too) and the pages,
-// and starts run as an operation (inline: runs it to the end before
-// returning). Only a load may skip blocks.
-func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load, inline bool, check func(*session) error,
+// and starts run as an operation (with a caller context: runs it to the end
+// on this goroutine, see startOp). Only a load may skip blocks.
+func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load bool, caller context.Context, check func(*session) error,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*op, error) {
 	sess, err := s.session(id)
 	if err != nil {
@@ -161,7 +165,7 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 	if err != nil {
 		return nil, err
 	}
-	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), inline, func(ctx context.Context, res []pageResult) {
+	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), caller, func(ctx context.Context, res []pageResult) {
 		run(ctx, sess, pages, res)
 	})
 }

@@ -366,12 +366,10 @@ func (s *pageStore) gatherGPU(ctx context.Context, sess *session, reqs []pageReq
 // fed as the pages are planned; their checksums are left to the sealer.
 func (s *pageStore) gatherStream(ctx context.Context, sess *session, reqs []pageReq, items []*saveItem, res []pageResult, clk *clock) []*saveItem {
 	padded := s.clearPadding(sess, items)
-	s.copying.Add(1) // the sealer waits (seal.go)
 	planErr, err := s.streamPages(ctx, sess, len(items), func(j int, dst []transfer.Desc) ([]transfer.Desc, error) {
 		it := items[j]
 		return sess.geom.Gather(dst, sess.bufs, reqs[it.i].Blocks, s.dramR, s.pool.Offset(it.slot))
 	}, clk)
-	s.copying.Add(-1)
 	padded()
 	clk.lap(phaseCopy)
 	stuck := errors.Is(err, transfer.ErrStuck)
@@ -455,9 +453,10 @@ func (s *pageStore) copySums(ctx context.Context, sess *session, groups [][]tran
 
 // scatterGPU copies every pending page of a load from its DRAM slot into the
 // engine's GPU blocks as one device copy, fed as the pages are planned.
-// It reports whether the copy got stuck (transfer.ErrStuck): the caller
-// then quarantines the items instead of unpinning them.
-func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*loadItem, res []pageResult, clk *clock) (stuck bool) {
+// When the copy got stuck (transfer.ErrStuck) it returns the items the
+// device may still read: the caller quarantines those instead of unpinning
+// them.
+func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*loadItem, res []pageResult, clk *clock) (stuck []*loadItem) {
 	moving := make([]*loadItem, 0, len(items))
 	for _, it := range items {
 		if res[it.i].Code == codePending {
@@ -466,15 +465,13 @@ func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*load
 	}
 	if len(moving) == 0 {
 		clk.lap(phasePlan)
-		return false
+		return nil
 	}
 	s.m.inflight.Inc()
-	s.copying.Add(1) // the sealer waits (seal.go)
 	moved, err := s.streamPages(ctx, sess, len(moving), func(j int, dst []transfer.Desc) ([]transfer.Desc, error) {
 		it := moving[j]
 		return sess.geom.Scatter(dst, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
 	}, clk)
-	s.copying.Add(-1)
 	s.m.inflight.Dec()
 	clk.lap(phaseCopy)
 	loaded := s.m.loadedPages.WithLabelValues(catalog.TierDRAM.String())
@@ -496,7 +493,10 @@ func (s *pageStore) scatterGPU(ctx context.Context, sess *session, items []*load
 		done = append(done, it)
 	}
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, done)))
-	return errors.Is(err, transfer.ErrStuck)
+	if errors.Is(err, transfer.ErrStuck) {
+		return moving
+	}
+	return nil
 }
 
 // quarantineSlot keeps a DRAM slot that a stuck device copy may still
@@ -506,15 +506,23 @@ func (s *pageStore) quarantineSlot(pageBytes uint64) {
 	s.m.quarantined.Add(float64(dram.SlotBytes(pageBytes)))
 }
 
-// quarantineLoads is unpinLoads for a load whose device copy got stuck:
-// the pages stay pinned (never evicted, their slots never reused while the
-// device may still read them) and private promotion slots stay allocated.
-func (s *pageStore) quarantineLoads(items []*loadItem) {
+// releaseLoads is unpinLoads for a load whose device copy got stuck: the
+// pages the copy named (stuck) stay pinned (never evicted, their slots never
+// reused while the device may still read them) and their private promotion
+// slots stay allocated; every other item is released as usual.
+func (s *pageStore) releaseLoads(items, stuck []*loadItem) {
+	held := make(map[*loadItem]bool, len(stuck))
+	for _, it := range stuck {
+		held[it] = true
+		s.quarantineSlot(it.entry.Size) // a DRAM slot: pinned or promoted
+	}
+	rest := make([]*loadItem, 0, len(items)-len(stuck))
 	for _, it := range items {
-		if it.owned || (it.pinned != nil && !it.pinned.ssd) {
-			s.quarantineSlot(it.entry.Size)
+		if !held[it] {
+			rest = append(rest, it)
 		}
 	}
+	s.unpinLoads(rest)
 }
 
 // streamPages plans n pages with plan and copies them as one device copy
@@ -533,13 +541,26 @@ func (s *pageStore) streamPages(ctx context.Context, sess *session, n int, plan 
 	defer putDescs(buf)
 	part := 2 // pages in the first part; doubling to streamPartPages
 	inPart := 0
+	copying := false // the sealer waits while the device copies (seal.go)
+	defer func() {
+		if copying {
+			s.copying.Add(-1)
+		}
+	}()
 	for j := 0; j < n && err == nil; j++ {
+		if err = ctx.Err(); err != nil {
+			break // past the deadline: plan no more; Finish waits for what was enqueued
+		}
 		if e := appendPlan(buf, false, func(dst []transfer.Desc) ([]transfer.Desc, error) { return plan(j, dst) }); e != nil {
 			planErr[j] = e
 		} else {
 			inPart++
 		}
 		if inPart == part || (j == n-1 && len(*buf) > 0) {
+			if !copying {
+				copying = true
+				s.copying.Add(1)
+			}
 			err = st.Add(*buf)
 			*buf, inPart, part = (*buf)[:0], 0, min(2*part, streamPartPages)
 		}

@@ -81,14 +81,8 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	}
 	defer unlock()
 	items := s.pinForLoad(sess, reqs, res)
-	stuck := false
-	defer func() {
-		if stuck {
-			s.quarantineLoads(items) // the device may still read the slots
-		} else {
-			s.unpinLoads(items)
-		}
-	}()
+	var stuck []*loadItem // set when the copy got stuck: the device may still read their slots
+	defer func() { s.releaseLoads(items, stuck) }()
 	s.readFromSSD(ctx, sess, items, res)
 	phase("pin")
 	if !anyPending(items, res) {
@@ -144,7 +138,9 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	if err != nil && gate != nil {
 		gate.Release() // never leave the engine's stream behind a closed gate
 	}
-	stuck = errors.Is(err, transfer.ErrStuck)
+	if errors.Is(err, transfer.ErrStuck) {
+		stuck = moving
+	}
 	if err != nil {
 		for _, it := range moving {
 			res[it.i] = failResult(fmt.Errorf("layer-wise scatter over cuda: %w", err))

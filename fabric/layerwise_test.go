@@ -7,6 +7,7 @@ import (
 	mrand "math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -144,7 +145,16 @@ func (s *fakeStream) Add(batch []transfer.Desc) error {
 	return s.err
 }
 
-func (s *fakeStream) Finish(context.Context) error { return s.err }
+func (s *fakeStream) Finish(ctx context.Context) error {
+	if s.d.hold != nil {
+		select {
+		case <-s.d.hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.err
+}
 
 func (d *fakeGPU) NewMarks(n int) (*transfer.Marks, error) {
 	m := &transfer.Marks{Events: make([]*cuda.Event, n)}
@@ -571,5 +581,32 @@ func TestStuckGPUCopyQuarantines(t *testing.T) {
 				t.Fatalf("metric %q, want %q", got, want)
 			}
 		})
+	}
+}
+
+// TestWaitingCallEndsWithItsCaller: a Load that waits runs under its
+// caller's deadline (less a margin), so it answers, with its pages failed,
+// before the caller stops listening, and leaves nothing running.
+func TestWaitingCallEndsWithItsCaller(t *testing.T) {
+	tp, e, fake := layerwiseEngine(t)
+	keys := randKeys(2)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	fake.hold = make(chan struct{}) // the device never finishes by itself
+	defer close(fake.hold)
+	short, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	h, err := e.C.Load(short, &pb.LoadRequest{SessionId: e.Session, Pages: refs(keys, 32, 4), Wait: true})
+	if err != nil {
+		t.Fatalf("waiting load under a 400 ms caller deadline: %v (want an answer before it)", err)
+	}
+	if took := time.Since(start); took > 400*time.Millisecond {
+		t.Fatalf("answered after %v", took)
+	}
+	if !h.Status.GetDone() || engineclient.AllOK(h.Status) == nil {
+		t.Fatalf("status %v: want done with failed pages", h.Status)
+	}
+	if got := tp.metric("orbitkv_transfer_inflight_ops"); got != "orbitkv_transfer_inflight_ops 0" {
+		t.Fatalf("%q: the operation outlived its call", got)
 	}
 }

@@ -54,11 +54,8 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 	s.readFromSSD(ctx, sess, items, res)
 	if sess.gpu != nil {
 		clk.lap(phasePin)
-		if s.scatterGPU(ctx, sess, items, res, clk) { // one device copy (gpu.go)
-			s.quarantineLoads(items)
-		} else {
-			s.unpinLoads(items)
-		}
+		stuck := s.scatterGPU(ctx, sess, items, res, clk) // one device copy (gpu.go)
+		s.releaseLoads(items, stuck)
 		clk.lap(phaseFinish)
 		return
 	}

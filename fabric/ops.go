@@ -31,9 +31,14 @@ var maxOpsPerSession = 16384 // a var so tests can lower it
 var errTooManyOps = errors.New("too many operations not yet waited for")
 
 // startOp runs fn in a goroutine owned by the session (and the peer), with a
-// deadline, and registers it for Wait; inline runs fn on the caller's
-// goroutine instead and returns once it is done.
-func (p *Peer) startOp(sess *session, n int, deadline time.Duration, inline bool, fn func(ctx context.Context, res []pageResult)) (*op, error) {
+// deadline, and registers it for Wait. With a caller context (a Save or
+// Load that waits) it runs fn on the caller's goroutine instead, returns
+// once it is done, and ends it early when the caller goes: its deadline is
+// the caller's less inlineMargin, so the answer leaves before the caller
+// stops listening, and no copy of it keeps running after the call.
+
+func (p *Peer) startOp(sess *session, n int, deadline time.Duration, caller context.Context, fn func(ctx context.Context, res []pageResult)) (*op, error) {
+	inline := caller != nil
 	if err := sess.begin(); err != nil {
 		return nil, err
 	}
@@ -54,6 +59,13 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, inline bool
 		defer func() { o.doneAt.Store(time.Now().UnixNano()) }()
 		ctx, cancel := context.WithTimeout(sess.ctx, deadline)
 		defer cancel()
+		if inline { // the caller waits: the op ends before the call does
+			if dl, ok := caller.Deadline(); ok {
+				ctx, cancel = context.WithDeadline(ctx, dl.Add(-inlineMargin))
+				defer cancel()
+			}
+			defer context.AfterFunc(caller, cancel)()
+		}
 		fn(ctx, o.results)
 		for i := range o.results {
 			if o.results[i].Code == codePending {
@@ -69,6 +81,10 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, inline bool
 	}
 	return o, nil
 }
+
+// inlineMargin is how long before its caller's deadline a waiting call's
+// operation ends, leaving time to answer.
+const inlineMargin = 50 * time.Millisecond
 
 // forgetOp drops a finished operation whose status its caller has (a Save
 // or Load that waited).

@@ -2,13 +2,14 @@ package fabric
 
 import (
 	"errors"
-	"github.com/prometheus/client_golang/prometheus"
 	"math"
 	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"

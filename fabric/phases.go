@@ -91,7 +91,7 @@ func (t *phaseTable) collectors() []prometheus.Collector {
 	var cs []prometheus.Collector
 	for op := range nGPUOps {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "transfer",
-			Name: "gpu_ops_total", Help: "Whole-request CUDA loads and saves.", ConstLabels: prometheus.Labels{"op": gpuOpNames[op]}},
+			Name: "gpu_ops_total", Help: "Whole-request CUDA loads and saves (device batches: an operation larger than a quarter of the DRAM pool counts once per batch).", ConstLabels: prometheus.Labels{"op": gpuOpNames[op]}},
 			func() float64 { return float64(t.ops[op].Load()) }))
 		for ph := range nPhases {
 			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "transfer",

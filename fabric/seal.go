@@ -68,10 +68,7 @@ func (s *pageStore) waitForCopyGap(ctx context.Context) bool {
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
 	for s.copying.Load() > 0 {
-		s.mu.Lock()
-		backlog := len(s.mu.unsealed)
-		s.mu.Unlock()
-		if backlog >= sealBacklog {
+		if s.sealUrgent() {
 			return true
 		}
 		select {
@@ -83,12 +80,26 @@ func (s *pageStore) waitForCopyGap(ctx context.Context) bool {
 	return true
 }
 
+// sealUrgent reports a backlog too long to wait for a gap between copies:
+// sealBacklog pages, or a quarter of the pages in DRAM (large pages fill
+// the pool long before 4,096 of them wait).
+func (s *pageStore) sealUrgent() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sealUrgentLocked()
+}
+
+func (s *pageStore) sealUrgentLocked() bool {
+	n := len(s.mu.unsealed)
+	return n >= sealBacklog || (n > 0 && 4*n >= s.pool.Stats().Slots)
+}
+
 // sealSome seals up to sealBatch unsealed pages and returns how many it took.
 func (s *pageStore) sealSome(ctx context.Context) int {
 	s.mu.Lock()
 	var batch []catalog.Entry
 	var bufs [][]byte
-	urgent := len(s.mu.unsealed) >= sealBacklog
+	urgent := s.sealUrgentLocked()
 	for k := range s.mu.unsealed {
 		if len(batch) == sealBatch {
 			break

@@ -120,7 +120,7 @@ func (c *CUDA) Copy(ctx context.Context, batch []Desc) error {
 // group is already copying: a save checksums the pages it has while the
 // device moves the next ones. done may be nil. On error, groups whose done
 // was not called are not known to be complete.
-func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)) error {
+func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)) (err error) {
 	slot, err := c.acquire(ctx)
 	if err != nil {
 		return err
@@ -156,7 +156,10 @@ func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)
 		}
 		return nil
 	}
-	defer func() { _ = finish() }()
+	// A batch still in flight when the loop returns early is waited for here,
+	// and its error (ErrStuck above all: the caller must not reuse the
+	// memory) joins the one returned.
+	defer func() { err = errors.Join(err, finish()) }()
 	runDone := func() {
 		for _, g := range ready {
 			if done != nil {

@@ -46,9 +46,13 @@ type cudaStream struct {
 	dir   cuda.Direction
 	held  []cuda.Segment // parts added after a kernel batch
 	err   error
+	done  bool // Finish ran: the copier is back in the pool (or retired)
 }
 
 func (s *cudaStream) Add(batch []Desc) error {
+	if s.done {
+		return fmt.Errorf("cuda stream: add after Finish")
+	}
 	if s.err != nil {
 		return s.err
 	}
@@ -80,6 +84,10 @@ func (s *cudaStream) Add(batch []Desc) error {
 }
 
 func (s *cudaStream) Finish(ctx context.Context) error {
+	if s.done {
+		return errors.Join(s.err, errors.New("cuda stream: Finish called twice"))
+	}
+	s.done = true
 	ok := true
 	defer func() {
 		s.c.copyNanos.Add(int64(time.Since(s.start)))

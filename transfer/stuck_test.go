@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -42,7 +43,7 @@ func requireCUDA(t *testing.T) *cuda.Device {
 // handed to another operation.
 func TestStuckCopyRetiresItsCopier(t *testing.T) {
 	d := requireCUDA(t)
-	const n = 512 << 20 // ~10 ms on PCIe gen5: far past the bound below
+	const n = 2 << 30 // ~40 ms on PCIe gen5: far past the bound below (a wait gives up after ~4 ms)
 	host, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
@@ -86,5 +87,86 @@ func TestStuckCopyRetiresItsCopier(t *testing.T) {
 	if s, err := x.Begin(short); err == nil {
 		s.Finish(context.Background())
 		t.Fatal("the retired copier was handed out again")
+	}
+}
+
+// TestStreamPartsLand: a stream of parts lands whole with a copy-engine
+// copier (parts added to the batch in flight) and with the kernel (parts
+// after the first held for a second batch), and refuses a part that moves
+// the other way.
+func TestStreamPartsLand(t *testing.T) {
+	d := requireCUDA(t)
+	const n, part = 64 << 20, 1 << 20
+	host, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(host)
+	for i := range host {
+		host[i] = byte(i*7 + i>>20)
+	}
+	h, err := d.RegisterHost(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unregister()
+	mem, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Free()
+	hr := HostRegion("host", host)
+	dev := &Region{Name: "dev", Kind: Device, Device: uint64(mem.Ptr), Size: n}
+	for _, m := range []cuda.Method{cuda.MethodPitched, cuda.MethodBatch, cuda.MethodKernel} {
+		t.Run(m.String(), func(t *testing.T) {
+			x, err := NewCUDA(d, h, hr, CUDAConfig{Copiers: 1, Copier: cuda.CopierConfig{Method: m}})
+			if err != nil {
+				t.Skipf("%v: %v", m, err)
+			}
+			defer x.Close()
+			if err := d.Memset(mem.Ptr, 0, n); err != nil {
+				t.Fatal(err)
+			}
+			st, err := x.Begin(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Parts of 1 MiB pieces, reversed within each part (no two merge).
+			for lo := 0; lo < n; lo += 16 * part {
+				var batch []Desc
+				for off := lo + 15*part; off >= lo; off -= part {
+					batch = append(batch, Desc{Src: hr, SrcOff: uint64(off), Dst: dev, DstOff: uint64(off), Len: part})
+				}
+				if err := st.Add(batch); err != nil {
+					t.Fatalf("add: %v", err)
+				}
+			}
+			if err := st.Finish(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, n)
+			if err := d.CopyFromDevice(got, mem.Ptr); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, host) {
+				t.Fatalf("%v: device bytes differ from the host after a stream of parts", m)
+			}
+			if err := st.Finish(context.Background()); err == nil {
+				t.Fatal("a second Finish succeeded")
+			}
+			st, err = x.Begin(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Add([]Desc{{Src: hr, Dst: dev, Len: part}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Add([]Desc{{Src: dev, Dst: hr, Len: part}}); err == nil {
+				t.Fatal("a part moving the other way was accepted")
+			}
+			if err := st.Finish(context.Background()); err == nil {
+				t.Fatal("Finish did not report the refused part")
+			}
+		})
 	}
 }

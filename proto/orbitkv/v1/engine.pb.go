@@ -1079,8 +1079,9 @@ type LookupResponse struct {
 	Tiers              *TierCounts            `protobuf:"bytes,2,opt,name=tiers,proto3" json:"tiers,omitempty"`                        // where the hit pages are
 	LeaseId            string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`     // set when a lease was asked for and hit_pages > 0
 	LeaseExpiresUnixMs int64                  `protobuf:"varint,4,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"`
-	// Pages after hit_pages that the peer holds only on SSD and left out
-	// because its SSD reads are slower than the session's recompute rate.
+	// Pages the peer left out of the hit because its SSD reads are slower
+	// than the session's recompute rate: from the first page held only on
+	// SSD to the end of the stored chain (they count as lookup misses too).
 	RecomputePages uint32 `protobuf:"varint,5,opt,name=recompute_pages,json=recomputePages,proto3" json:"recompute_pages,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
