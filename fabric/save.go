@@ -43,7 +43,7 @@ func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toS
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
 		if sess.gpu != nil {
-			s.saveGPU(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi]) // one batched device copy (gpu.go)
+			s.saveGPU(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi]) // one device copy, fed as planned (gpu.go)
 		} else {
 			s.saveChunkOf(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi])
 		}

@@ -58,7 +58,9 @@ var finishTimeout = 30 * time.Second // a var so a GPU test can make a copy outl
 // pool, pinned and mapped into the device) and device memory of one GPU.
 // Every descriptor of a batch goes into one copier batch (split only past
 // the copier's descriptor limit), so an operation of many pages costs one
-// kernel launch or one cuMemcpyBatchAsync, not one copy per block.
+// kernel launch, a few pitched copies (a page's planes each) or one
+// cuMemcpyBatchAsync, not one copy per block; Begin feeds one copier batch
+// in parts (stream.go).
 type CUDA struct {
 	dev     *cuda.Device
 	host    *cuda.HostRegion
