@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -27,7 +27,7 @@ func (d *dialFlags) register(fs *flag.FlagSet) {
 }
 
 func (d *dialFlags) admin(ctx context.Context) (pb.AdminServiceClient, context.Context, func(), error) {
-	conn, err := grpc.NewClient("unix://"+d.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := engineclient.Dial(d.socket)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("dial %s: %w", d.socket, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,13 +20,28 @@ import (
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// Dial connects to a peer's Unix socket.
+// Dial connects to a peer's Unix socket; a relative path is taken from the
+// working directory.
 func Dial(socket string) (*grpc.ClientConn, error) {
-	if socket == "" {
-		return nil, errors.New("dial: empty socket path")
+	target, err := Target(socket)
+	if err != nil {
+		return nil, err
 	}
-	return grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+}
+
+// Target is the gRPC target of a Unix socket path: "unix://" and the
+// absolute path ("unix://data/x.sock" would name host "data").
+func Target(socket string) (string, error) {
+	if socket == "" {
+		return "", errors.New("dial: empty socket path")
+	}
+	abs, err := filepath.Abs(socket)
+	if err != nil {
+		return "", fmt.Errorf("dial %s: %w", socket, err)
+	}
+	return "unix://" + abs, nil
 }
 
 // Shm is a shared-memory file mapped into this process: the engine's side
