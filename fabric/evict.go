@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -27,11 +28,25 @@ func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, erro
 		slot, err := s.pool.Alloc(size)
 		if !errors.Is(err, dram.ErrFull) {
 			s.mu.Unlock()
+			if err == nil && s.ssd != nil && s.flushLow() {
+				s.wakeFlusher() // make room ahead of the next saves (flush.go)
+			}
 			return slot, err
 		}
 		dropped, demote := s.pickVictimsLocked()
 		s.mu.Unlock()
-		if !dropped && (len(demote) == 0 || s.demoteBatch(ctx, demote) == 0) {
+		switch {
+		case dropped:
+		case len(demote) > 0 && s.demoteBatch(ctx, demote) > 0:
+		case s.demoting.Load() > 0:
+			// The candidates are another demotion's (the flusher's): it
+			// frees slots when its write lands; wait for it, not fail.
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		default:
 			return 0, errNoSpace // nothing could move: every candidate is pinned
 		}
 	}
@@ -92,6 +107,8 @@ func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
 // someone else pinned them meanwhile. It unpins every page it was given and
 // returns how many pages it moved.
 func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
+	s.demoting.Add(1)
+	defer s.demoting.Add(-1)
 	pages = s.sealForWrite(pages)
 	var reqs []ssd.WriteReq
 	var written []catalog.Entry

@@ -35,8 +35,13 @@ type pageStore struct {
 	m     *metrics
 	// sealWake nudges the sealer (seal.go) when pages await their checksum.
 	sealWake chan struct{}
+	// flushWake nudges the flusher (flush.go) when free DRAM runs low.
+	flushWake chan struct{}
 	// copying counts page copies in flight; the sealer waits for a gap.
 	copying atomic.Int64
+	// demoting counts demotion batches writing (evict.go): an allocation
+	// whose candidates they hold waits for them instead of failing.
+	demoting atomic.Int64
 	// phases times CUDA sessions' whole-request loads and saves (phases.go).
 	phases phaseTable
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
@@ -54,6 +59,7 @@ func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metri
 	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.sealWake = make(chan struct{}, 1)
+	s.flushWake = make(chan struct{}, 1)
 	m.reg.MustRegister(s.phases.collectors()...)
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
 		Name: "ssd_read_bytes_per_second", Help: "The SSD tier's measured read rate (moving average of read batches; 0 before the first)."},

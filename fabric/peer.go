@@ -145,6 +145,8 @@ func (p *Peer) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); p.reap(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); p.pages.runSealer(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); p.pages.runFlusher(ctx) }()
 	p.metricsBind = metricsAddr
 	close(p.ready)
 	p.log.Info().Str("socket", p.cfg.Socket).Str("metrics", metricsAddr).Str("version", Version).Msg("serving")

@@ -459,3 +459,31 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	rates.at.Store(time.Now().Add(-2 * ssdRateTTL).UnixNano())
 	want("stale measurement", lookup(fast.SessionId), 4, 2, 2, 0)
 }
+
+// TestFlusherKeepsRoomFree: with an SSD tier, once saves fill DRAM past its
+// reserve the flusher demotes the oldest pages in the background until an
+// eighth of the pool is free again, so the next save need not wait for the
+// disk; every page stays findable.
+func TestFlusherKeepsRoomFree(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 512, 128 // 64 KiB pages: 64 fit in DRAM
+	e := tp.engine(f)
+	keys := randKeys(60)
+	src := refs(keys, 0, 4)
+	for i := 0; i < len(keys); i += 10 {
+		okOp(t)(e.Save(ctx(t), src[i:i+10], pb.Durability_DURABILITY_DRAM))
+	}
+	pool := tp.p.pages.pool
+	waitFor(t, "the flusher to free an eighth of DRAM", 10*time.Second, func() bool {
+		st := pool.Stats()
+		return st.CapacityBytes-st.UsedBytes >= st.CapacityBytes/flushReserve
+	})
+	if got := tp.metric("orbitkv_tiers_demoted_pages_total"); got == "orbitkv_tiers_demoted_pages_total 0" {
+		t.Fatal("room was made without demoting")
+	}
+	look, err := e.Lookup(ctx(t), keys, false)
+	if err != nil || look.HitPages != 60 || look.Tiers.Ssd == 0 {
+		t.Fatalf("lookup after flushing: %v %v; want all 60 found, some on SSD", look, err)
+	}
+}
