@@ -17,17 +17,24 @@ import (
 // gets lookups that stop at the first SSD-only page while the measured SSD
 // read rate is below that break-even.
 
-// ssdRateTTL is how long a measured SSD read rate is trusted. Past it (or
-// before any read) lookups include SSD pages again, and the next SSD read
-// measures the disk anew: at most about one slow restore per TTL when the
-// disk stays slow, and a disk that got faster is noticed.
+// ssdRateTTL is how long a measured SSD read rate is trusted. Past it one
+// lookup (a probe) includes SSD pages again, so that the next SSD read
+// measures the disk anew, while the others keep to the last rate: about
+// one slow restore per TTL when the disk stays slow, and a disk that got
+// faster is noticed. Before any read every lookup includes SSD pages.
 const ssdRateTTL = 10 * time.Second
+
+// ssdProbeEvery is how often a stale rate lets a probe through: a probe's
+// lookup may never lead to a read (the engine computes the prompt after
+// all), so another one goes after this long.
+const ssdProbeEvery = time.Second
 
 // ssdRate is an exponentially weighted average of the SSD tier's read
 // throughput, bytes per second, over read batches.
 type ssdRate struct {
-	bits atomic.Uint64 // math.Float64bits of the rate
-	at   atomic.Int64  // unix nanoseconds of the last sample; 0 = none
+	bits  atomic.Uint64 // math.Float64bits of the rate
+	at    atomic.Int64  // unix nanoseconds of the last sample; 0 = none
+	probe atomic.Int64  // unix nanoseconds of the last probe let through
 }
 
 // note records a read batch of n bytes that took d.
@@ -52,6 +59,23 @@ func (r *ssdRate) get() (float64, bool) {
 	return math.Float64frombits(r.bits.Load()), true
 }
 
+// forLookup returns the rate a lookup should judge by, or false when the
+// lookup should include SSD pages: nothing measured yet, or the rate is
+// stale and this lookup is the probe that gets it measured again.
+func (r *ssdRate) forLookup() (float64, bool) {
+	if rate, fresh := r.get(); fresh {
+		return rate, true
+	}
+	if r.at.Load() == 0 {
+		return 0, false
+	}
+	now := time.Now().UnixNano()
+	if p := r.probe.Load(); now-p > int64(ssdProbeEvery) && r.probe.CompareAndSwap(p, now) {
+		return 0, false
+	}
+	return math.Float64frombits(r.bits.Load()), true
+}
+
 // cutSlowSSD returns how many leading pages of a hit chain the session
 // should restore: all of them, unless it declared a recompute rate and the
 // fresh SSD read rate makes an SSD-only page slower to restore than to
@@ -60,8 +84,8 @@ func (s *pageStore) cutSlowSSD(sess *session, chain []pagekey.Key) int {
 	if sess.recompute <= 0 || len(chain) == 0 || s.ssd == nil {
 		return len(chain)
 	}
-	rate, fresh := s.ssdReads.get()
-	if !fresh || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/sess.recompute {
+	rate, judge := s.ssdReads.forLookup()
+	if !judge || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/sess.recompute {
 		return len(chain)
 	}
 	for i, k := range chain {
