@@ -408,20 +408,32 @@ class Session:
         if self.lost is not None:
             self._reopen(self.id, str(self.lost), wait=False)
 
-    def _call(self, action: str, method: str, make_req: Callable[[str], Any]) -> tuple[Any, str]:
+    def _call(self, action: str, method: str, make_req: Callable[[str], Any],
+              timeout: Optional[float] = None) -> tuple[Any, str]:
         """One RPC on behalf of this session: (response, session id used). A
         NotFound for which a probe shows the session itself is unknown (the
         peer restarted) reopens the session and retries once."""
         self._check()
         sid = self.id
         try:
-            return self.client.call(action, method, make_req(sid)), sid
+            return self.client.call(action, method, make_req(sid), timeout=timeout), sid
         except errors.NotFound:
             if not self._gone(sid):
                 raise
         self._reopen(sid, f"{action}: session unknown to the peer")
         sid = self.id
-        return self.client.call(action, method, make_req(sid)), sid
+        return self.client.call(action, method, make_req(sid), timeout=timeout), sid
+
+    def _op(self, h: Any, sid: str, kind: str, n: int) -> "Op":
+        op = Op(self, sid, h.op_id, kind, n)
+        if h.HasField("status") and h.status.done:  # a call that waited: the result is here
+            op._result = _op_result(h.op_id, h.status)
+        return op
+
+    def _wait_timeout(self, wait: bool, deadline_ms: int) -> Optional[float]:
+        # A call that waits lasts as long as its operation may (the peer ends
+        # the operation before the call's deadline), plus the usual margin.
+        return self.client.timeout + (deadline_ms or _DEFAULT_OP_MS) / 1000.0 if wait else None
 
     # calls -----------------------------------------------------------------
 
@@ -432,14 +444,19 @@ class Session:
         return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms,
                             r.recompute_pages)
 
-    def save(self, pages: Iterable[PageRef], *, durability: Durability = Durability.DRAM, deadline_ms: int = 0) -> "Op":
+    def save(self, pages: Iterable[PageRef], *, durability: Durability = Durability.DRAM, deadline_ms: int = 0,
+             wait: bool = False) -> "Op":
+        """Saves pages. ``wait``: the call returns once the save is done (one
+        RPC instead of Save then Wait; the returned Op already holds the
+        result, and its ``wait`` returns at once)."""
         refs = [p.to_proto() for p in pages]
         h, sid = self._call("save", "Save", lambda sid: engine_pb2.SaveRequest(
-            session_id=sid, pages=refs, durability=int(durability), deadline_ms=deadline_ms))
-        return Op(self, sid, h.op_id, "save", len(refs))
+            session_id=sid, pages=refs, durability=int(durability), deadline_ms=deadline_ms, wait=wait),
+            timeout=self._wait_timeout(wait, deadline_ms))
+        return self._op(h, sid, "save", len(refs))
 
     def load(self, pages: Iterable[PageRef], *, lease_id: str = "", deadline_ms: int = 0,
-             layerwise: bool = False) -> "Op":
+             layerwise: bool = False, wait: bool = False) -> "Op":
         """Loads pages into this session's blocks. ``lease_id`` may come from
         any session of the peer (the scheduler's lookup-only one).
 
@@ -448,11 +465,14 @@ class Session:
         in place; the call returns once all of it is enqueued on the device,
         so the engine can make its stream wait on the events right away. One
         layer-wise load per session at a time; enqueue the waits on one
-        load's events before starting the next (the events are reused)."""
+        load's events before starting the next (the events are reused).
+
+        ``wait`` (not with ``layerwise``): as for ``save``."""
         refs = [p.to_proto() for p in pages]
         h, sid = self._call("load", "Load", lambda sid: engine_pb2.LoadRequest(
-            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms, layerwise=layerwise))
-        return Op(self, sid, h.op_id, "load", len(refs))
+            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms, layerwise=layerwise, wait=wait),
+            timeout=self._wait_timeout(wait, deadline_ms))
+        return self._op(h, sid, "load", len(refs))
 
     def release(self, lease_id: str) -> None:
         if not lease_id:
@@ -476,6 +496,14 @@ class Session:
             log.info("orbitkv close session %s: %s", self.id, e)
 
 
+def _op_result(op_id: str, st: Any) -> OpResult:
+    pages = tuple(PageResult(PageCode(p.code), Tier(p.tier), p.message) for p in st.pages)
+    return OpResult(op_id, st.done, pages)
+
+
+_DEFAULT_OP_MS = 30000  # the peer's default operation deadline (--op-deadline)
+
+
 class Op:
     """A save or load running in the peer."""
 
@@ -485,13 +513,15 @@ class Op:
         self.op_id = op_id
         self.kind = kind
         self.num_pages = num_pages
+        self._result: Optional[OpResult] = None  # set when the call waited
 
     def _wait_once(self, timeout_ms: int) -> OpResult:
+        if self._result is not None:
+            return self._result
         req = engine_pb2.WaitRequest(session_id=self.session_id, op_id=self.op_id, timeout_ms=timeout_ms)
         rpc_timeout = self.session.client.timeout + timeout_ms / 1000.0
         st = self.session.client.call(f"wait {self.kind}", "Wait", req, timeout=rpc_timeout)
-        pages = tuple(PageResult(PageCode(p.code), Tier(p.tier), p.message) for p in st.pages)
-        return OpResult(self.op_id, st.done, pages)
+        return _op_result(self.op_id, st)
 
     def poll(self) -> OpResult:
         """Returns the current status without waiting."""

@@ -98,3 +98,15 @@ def test_control_session_declares_recompute_rate(worker):
         assert lk.hit_pages == 2 and lk.dram == 2
     finally:
         ctl.close()
+
+
+def test_waiting_save_and_load_answer_with_their_results(worker):
+    """save/load(wait=True): one call each; the Op already holds the finished result."""
+    peer, c, s = worker
+    ks = keys.chain(s.layout.fingerprint(), PT, list(range(500, 500 + 2 * PT)))
+    op = s.save([PageRef(ks[0], (0, 1)), PageRef(ks[1], (2, 3))], wait=True)
+    assert op._result is not None and op._result.done and op._result.ok
+    assert op.wait(0).ok  # no Wait call needed (and the peer forgot the op)
+    op = s.load([PageRef(ks[0], (6, 7)), PageRef(ks[1], (8, 9))], wait=True)
+    res = op.wait(0)
+    assert op._result is not None and res.ok and len(res.pages) == 2

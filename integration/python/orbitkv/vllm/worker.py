@@ -323,12 +323,12 @@ class WorkerHalf:
             return OpResult("", True, ())
         try:
             try:
-                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms)
+                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, wait=True)
             except (errors.NotFound, errors.InvalidRequest, errors.FailedPrecondition) as e:
                 if not lease:
                     raise
                 log.info("load with lease %s refused (%s); retrying without it", lease, e)
-                op = self.session.load(refs, deadline_ms=self.cfg.load_deadline_ms)
+                op = self.session.load(refs, deadline_ms=self.cfg.load_deadline_ms, wait=True)
             return self._wait(op, self.cfg.load_deadline_ms)
         except errors.OrbitKVError as e:
             log.warning("orbitkv load for %s failed, recomputing: %s", spec.req_id, e)
@@ -348,7 +348,8 @@ class WorkerHalf:
         if ready is not None:
             ready.synchronize()  # on the save thread: the step does not block
         try:
-            op = self.session.save(_refs(spec, self.rank), durability=dur, deadline_ms=self.cfg.save_deadline_ms)
+            op = self.session.save(_refs(spec, self.rank), durability=dur, deadline_ms=self.cfg.save_deadline_ms,
+                                   wait=True)
             res = self._wait(op, self.cfg.save_deadline_ms)
             if not res.ok:
                 log.info("orbitkv save for %s: %d of %d pages not saved", spec.req_id, len(res.failed_indices()), len(spec))
