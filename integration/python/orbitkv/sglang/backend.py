@@ -191,7 +191,8 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             return [False] * len(keys_)
         refs = [PageRef(self.key(k), (b,)) for k, b in zip(keys_, blocks)]
         try:
-            op = s.load(refs, deadline_ms=self.deadline_ms) if load else s.save(refs, deadline_ms=self.deadline_ms)
+            op = (s.load(refs, deadline_ms=self.deadline_ms, wait=True) if load
+                  else s.save(refs, deadline_ms=self.deadline_ms, wait=True))
             res: OpResult = op.wait(self.deadline_ms / 1000.0 + 2.0)
         except errors.OrbitKVError as e:
             log.warning("orbitkv %s of %d pages failed: %s", "load" if load else "save", len(refs), e)
