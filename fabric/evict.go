@@ -37,7 +37,10 @@ func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, erro
 		s.mu.Unlock()
 		switch {
 		case dropped:
-		case len(demote) > 0 && s.demoteBatch(ctx, demote) > 0:
+		case len(demote) > 0:
+			if s.demoteBatch(ctx, demote) == 0 {
+				return 0, errNoSpace // our own write moved nothing: the SSD refused
+			}
 		case s.demoting.Load() > 0:
 			// The candidates are another demotion's (the flusher's): it
 			// frees slots when its write lands; wait for it, not fail.

@@ -43,16 +43,19 @@ func (s *pageStore) runFlusher(ctx context.Context) {
 	}
 	t := time.NewTicker(flushTick)
 	defer t.Stop()
+	wake := s.flushWake
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.flushWake:
+		case <-wake:
 		case <-t.C:
 		}
+		wake = s.flushWake
 		for ctx.Err() == nil && s.flushLow() {
 			if !s.flushOnce(ctx) {
-				break // every candidate pinned, or the SSD refused: try again later
+				wake = nil // every candidate pinned, or the SSD refused: wait for the tick
+				break
 			}
 		}
 	}

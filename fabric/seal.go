@@ -167,6 +167,12 @@ func (s *pageStore) sealForWrite(entries []catalog.Entry) []catalog.Entry {
 	for i, e := range entries {
 		if _, pending := s.mu.unsealed[e.Key]; pending {
 			todo = append(todo, i)
+			continue
+		}
+		// Sealed since the caller copied the entry (the sealer may run
+		// between picking a victim and writing it): take the sum it recorded.
+		if cur, ok := s.cat.Get(e.Key); ok && cur.Generation == e.Generation && cur.DRAMSlot == e.DRAMSlot {
+			entries[i].Checksum = cur.Checksum
 		}
 	}
 	s.mu.Unlock()

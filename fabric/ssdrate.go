@@ -43,7 +43,9 @@ func (r *ssdRate) note(n uint64, d time.Duration) {
 		return
 	}
 	sample := float64(n) / d.Seconds()
-	if old := math.Float64frombits(r.bits.Load()); r.at.Load() != 0 && old > 0 {
+	// Blend with a fresh average; a stale one (a probe after a quiet spell)
+	// is replaced, so a disk that got faster is believed at once.
+	if old, fresh := r.get(); fresh && old > 0 {
 		sample = 0.7*old + 0.3*sample
 	}
 	r.bits.Store(math.Float64bits(sample))
@@ -84,14 +86,19 @@ func (s *pageStore) cutSlowSSD(sess *session, chain []pagekey.Key) int {
 	if sess.recompute <= 0 || len(chain) == 0 || s.ssd == nil {
 		return len(chain)
 	}
+	first := len(chain) // the first page held only on SSD
+	for i, k := range chain {
+		if e, ok := s.cat.Get(k); !ok || e.DRAMSlot < 0 {
+			first = i
+			break
+		}
+	}
+	if first == len(chain) {
+		return first // all in DRAM: nothing to judge (and no probe spent)
+	}
 	rate, judge := s.ssdReads.forLookup()
 	if !judge || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/sess.recompute {
 		return len(chain)
 	}
-	for i, k := range chain {
-		if e, ok := s.cat.Get(k); !ok || e.DRAMSlot < 0 {
-			return i
-		}
-	}
-	return len(chain)
+	return first
 }

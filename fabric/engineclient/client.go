@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,17 +30,14 @@ func Dial(socket string) (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
 }
 
-// Target is the gRPC target of a Unix socket path: "unix://" and the
-// absolute path ("unix://data/x.sock" would name host "data").
+// Target is the gRPC target of a Unix socket path, relative or absolute:
+// "unix:" and the path ("unix://data/x.sock" would name host "data"; making
+// the path absolute could push it past the 107 bytes a socket path may have).
 func Target(socket string) (string, error) {
 	if socket == "" {
-		return "", errors.New("dial: empty socket path")
+		return "", errors.New("empty socket path")
 	}
-	abs, err := filepath.Abs(socket)
-	if err != nil {
-		return "", fmt.Errorf("dial %s: %w", socket, err)
-	}
-	return "unix://" + abs, nil
+	return "unix:" + socket, nil
 }
 
 // Shm is a shared-memory file mapped into this process: the engine's side

@@ -468,6 +468,8 @@ class Session:
         load's events before starting the next (the events are reused).
 
         ``wait`` (not with ``layerwise``): as for ``save``."""
+        if wait and layerwise:
+            raise ValueError("a layer-wise load answers once enqueued; it cannot also wait")
         refs = [p.to_proto() for p in pages]
         h, sid = self._call("load", "Load", lambda sid: engine_pb2.LoadRequest(
             session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms, layerwise=layerwise, wait=wait),
