@@ -29,20 +29,25 @@
 //
 // A Copier moves a batch of Segments between a HostRegion (an mmapped,
 // pre-faulted region registered with cuMemHostRegister) and device memory, in
-// one of four ways (Method): one cuMemcpyAsync per segment on one stream (the
+// one of five ways (Method): one cuMemcpyAsync per segment on one stream (the
 // naive baseline), the same spread over several streams, one
-// cuMemcpyBatchAsync call (CUDA 12.8+ drivers), or a gather/scatter kernel
+// cuMemcpyBatchAsync call (CUDA 12.8+ drivers), a gather/scatter kernel
 // shipped as PTX (kernels/copy.ptx, embedded) that reads or writes the
-// mapped pinned host memory directly. A Copier runs one batch at a time;
-// use one Copier per concurrent batch.
+// mapped pinned host memory directly, or pitched copies: runs of segments
+// at constant strides (a page's planes) folded into cuMemcpy2DAsync calls
+// (plan.go rects). A Copier runs one batch at a time (a copy-engine batch
+// takes more segments behind it: Pending.Add); use one Copier per
+// concurrent batch.
 //
 // Measured on an H200 (PCIe gen5 x16, CUDA 13.0 driver) with Qwen3-8B pages
 // (72 segments of 128 KiB each) scattered over a 16 GiB pool, against one
 // contiguous pinned copy of the same bytes (55 GB/s each way), in three runs:
 // per-segment copies 46–49% on one stream and no better on 2–8 (the enqueue
 // is the limit); cuMemcpyBatchAsync 72–86% on one stream, 83–92% on 2,
-// 90–95% on 4; the kernel 92% restore and 94–95% save every time. MethodAuto
-// picks the kernel, and cuMemcpyBatchAsync where the kernel cannot run.
+// 90–95% on 4; the kernel 92% restore and 94–95% save every time; pitched
+// copies of whole pages 96–97% both ways (a later session). MethodAuto takes
+// pitched copies for a batch that folds (at least 4 segments per 2D copy),
+// else the kernel, and cuMemcpyBatchAsync where the kernel cannot run.
 // `orbitkv bench gpu` (cmd/orbitkv/bench_gpu.go) measures it again.
 //
 // # Memory ownership
