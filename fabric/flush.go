@@ -22,8 +22,7 @@ const flushTick = 50 * time.Millisecond
 
 // flushLow reports whether free DRAM is below the reserve.
 func (s *pageStore) flushLow() bool {
-	st := s.pool.Stats()
-	return st.CapacityBytes-st.UsedBytes < st.CapacityBytes/flushReserve
+	return s.pool.FreeBytes() < s.pool.Stats().CapacityBytes/flushReserve
 }
 
 // wakeFlusher nudges the flusher; it never blocks.

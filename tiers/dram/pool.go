@@ -119,6 +119,22 @@ func (p *Pool) Region() []byte { return p.mem }
 // SlotBytes is the slot size that holds dataLen bytes of page data.
 func SlotBytes(dataLen uint64) uint64 { return page.AlignUp(dataLen) }
 
+// FreeBytes is what the pool can still hand out: whole free slabs, and the
+// free slots of slabs already cut into one slot size. Unlike Capacity less
+// Used it leaves out slab tails too small for a slot (with pages over half a
+// slab, up to half the pool).
+func (p *Pool) FreeBytes() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := uint64(len(p.mu.free)) * p.slabBytes
+	for sz, slabs := range p.mu.classes {
+		for _, si := range slabs {
+			n += uint64(len(p.mu.slabs[si].free)) * sz
+		}
+	}
+	return n
+}
+
 // Alloc returns a free slot for dataLen bytes of page data.
 func (p *Pool) Alloc(dataLen uint64) (Slot, error) {
 	sz := SlotBytes(dataLen)

@@ -125,3 +125,31 @@ func TestRandomAgainstModel(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeBytes counts what can still be allocated: whole free slabs and
+// free slots, never the tail of a slab too small for its slot size.
+func TestFreeBytes(t *testing.T) {
+	p := newPool(t, 3, 64<<10)
+	if got := p.FreeBytes(); got != 3*64<<10 {
+		t.Fatalf("empty pool: %d free, want %d", got, 3*64<<10)
+	}
+	big, err := p.Alloc(36 << 10) // 40 KiB slots: one per slab, 24 KiB of tail
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.FreeBytes(); got != 2*64<<10 {
+		t.Fatalf("one big slot: %d free, want %d (its slab's tail is not free)", got, 2*64<<10)
+	}
+	small, err := p.Alloc(10000) // 12 KiB slots: 5 per slab
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.FreeBytes(); got != 64<<10+4*12288 {
+		t.Fatalf("plus one small slot: %d free, want %d", got, 64<<10+4*12288)
+	}
+	p.Free(big)
+	p.Free(small)
+	if got := p.FreeBytes(); got != 3*64<<10 {
+		t.Fatalf("all freed: %d free, want %d", got, 3*64<<10)
+	}
+}
