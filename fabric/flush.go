@@ -69,5 +69,15 @@ func (s *pageStore) flushOnce(ctx context.Context) bool {
 	if dropped {
 		return true
 	}
-	return len(demote) > 0 && s.demoteBatch(ctx, demote) > 0
+	if len(demote) == 0 {
+		return false
+	}
+	// Checksum pending victims on this goroutine alone (background work,
+	// like the sealer's), so demoteBatch finds them sealed.
+	demote = s.sealEntries(demote, func(n int, fn func(i int)) {
+		for i := range n {
+			fn(i)
+		}
+	})
+	return s.demoteBatch(ctx, demote) > 0
 }

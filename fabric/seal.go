@@ -162,6 +162,12 @@ func (s *pageStore) recordSealLocked(e catalog.Entry, sum uint32) {
 // sealForWrite returns entries with their checksums, computing the pending
 // ones inline from their DRAM slots. The pages must be pinned in DRAM.
 func (s *pageStore) sealForWrite(entries []catalog.Entry) []catalog.Entry {
+	return s.sealEntries(entries, parallel)
+}
+
+// sealEntries is sealForWrite with the checksums spread by each (parallel,
+// or one at a time for background work).
+func (s *pageStore) sealEntries(entries []catalog.Entry, each func(n int, fn func(i int))) []catalog.Entry {
 	s.mu.Lock()
 	var todo []int
 	for i, e := range entries {
@@ -179,7 +185,7 @@ func (s *pageStore) sealForWrite(entries []catalog.Entry) []catalog.Entry {
 	if len(todo) == 0 {
 		return entries
 	}
-	parallel(len(todo), func(j int) {
+	each(len(todo), func(j int) {
 		e := &entries[todo[j]]
 		e.Checksum = crc32.Checksum(s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size], castagnoli)
 	})
