@@ -100,11 +100,15 @@ func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, e
 		lo := 0
 		for g, hi := range ends {
 			if hi > lo {
-				gm := m
+				var err error
 				if c.auto && c.foldsRange(lo, hi) {
-					gm = MethodPitched // e.g. one layer of consecutive pages in consecutive blocks
+					// e.g. one layer of consecutive pages in consecutive blocks:
+					// the rectangles foldsRange built, as 2D copies
+					err = c.rectsLocked(dir, hi-lo)
+				} else {
+					err = c.engineLocked(m, dir, lo, hi)
 				}
-				if err := c.engineLocked(gm, dir, lo, hi); err != nil {
+				if err != nil {
 					return err
 				}
 			}

@@ -68,14 +68,16 @@ func (c *clock) lap(phase int) {
 type GPUPhases struct {
 	Ops   map[string]int64
 	Phase map[string]map[string]time.Duration
+	Order map[string][]string // each operation's phase names, in the order it passes them
 }
 
 // GPUPhases returns the phase table since the peer started.
 func (p *Peer) GPUPhases() GPUPhases {
 	t := &p.pages.phases
-	out := GPUPhases{Ops: map[string]int64{}, Phase: map[string]map[string]time.Duration{}}
+	out := GPUPhases{Ops: map[string]int64{}, Phase: map[string]map[string]time.Duration{}, Order: map[string][]string{}}
 	for op := range nGPUOps {
 		out.Ops[gpuOpNames[op]] = t.ops[op].Load()
+		out.Order[gpuOpNames[op]] = gpuPhaseNames[op][:]
 		m := map[string]time.Duration{}
 		for ph := range nPhases {
 			m[gpuPhaseNames[op][ph]] = time.Duration(t.nanos[op][ph].Load())

@@ -366,8 +366,7 @@ func phaseLine(w io.Writer, what string, a, b fabric.GPUPhases, seen []time.Dura
 	}
 	var inside time.Duration
 	var parts []string
-	order := map[string][]string{"load": {"pin", "plan", "copy", "finish"}, "save": {"alloc", "plan", "copy", "finish"}}[op]
-	for _, ph := range order {
+	for _, ph := range b.Order[op] {
 		d := (b.Phase[op][ph] - a.Phase[op][ph]) / time.Duration(n)
 		inside += d
 		parts = append(parts, fmt.Sprintf("%s %.3f", ph, d.Seconds()*1e3))
