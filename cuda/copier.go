@@ -296,12 +296,7 @@ func (c *Copier) engineMethod() Method {
 func (c *Copier) enqueueLocked(dir Direction, h *HostRegion) (Method, error) {
 	m := c.method
 	if c.auto && c.folds(dir, h) {
-		// A page's planes at constant strides: 2D copies, the segments
-		// already lowered and folded by folds.
-		if err := c.rectsLocked(dir, len(c.mu.segs)); err != nil {
-			return MethodPitched, err
-		}
-		return MethodPitched, c.joinLocked(c.done)
+		m = MethodPitched // a page's planes at constant strides: 2D copies
 	}
 	var chunks uint32
 	if m == MethodKernel {
@@ -396,15 +391,7 @@ func (c *Copier) pitchedLocked(dir Direction, lo, hi int) error {
 		return nil
 	}
 	c.mu.rects = rects(c.mu.rects[:0], c.mu.segs[lo:hi], c.maxPitch)
-	return c.rectsLocked(dir, hi-lo)
-}
-
-// rectsLocked enqueues c.mu.rects (folded from n segments) over the streams.
-func (c *Copier) rectsLocked(dir Direction, n int) error {
 	rs := c.mu.rects
-	if len(rs) == 0 {
-		return nil
-	}
 	ss := make([]C.CUstream, len(c.streams))
 	for i, s := range c.streams {
 		ss[i] = s.s
@@ -414,7 +401,7 @@ func (c *Copier) rectsLocked(dir Direction, n int) error {
 	runtime.KeepAlive(rs)
 	runtime.KeepAlive(ss)
 	if r != 0 {
-		return cudaErr(fmt.Sprintf("cuMemcpy2DAsync %d of %d (from %d segments)", int(failed), len(rs), n), r)
+		return cudaErr(fmt.Sprintf("cuMemcpy2DAsync %d of %d (from %d segments)", int(failed), len(rs), hi-lo), r)
 	}
 	return nil
 }

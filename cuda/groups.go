@@ -100,15 +100,11 @@ func (c *Copier) enqueueGroupsLocked(dir Direction, h *HostRegion, ends []int, e
 		lo := 0
 		for g, hi := range ends {
 			if hi > lo {
-				var err error
+				gm := m
 				if c.auto && c.foldsRange(lo, hi) {
-					// e.g. one layer of consecutive pages in consecutive blocks:
-					// the rectangles foldsRange built, as 2D copies
-					err = c.rectsLocked(dir, hi-lo)
-				} else {
-					err = c.engineLocked(m, dir, lo, hi)
+					gm = MethodPitched // e.g. one layer of consecutive pages in consecutive blocks
 				}
-				if err != nil {
+				if err := c.engineLocked(gm, dir, lo, hi); err != nil {
 					return err
 				}
 			}
