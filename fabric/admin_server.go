@@ -158,8 +158,10 @@ func (s *pageStore) evictOne(ctx context.Context, tier catalog.Tier, k pagekey.K
 	case tier == catalog.TierDRAM && e.DRAMSlot >= 0 && !s.mu.dram.Pinned(k):
 		if !e.OnSSD && s.ssd != nil {
 			s.mu.dram.Pin(k)
+			s.demoting.Add(1) // in flight from the pin on (allocDRAM waits for it)
 			s.mu.Unlock()
 			s.demoteBatch(ctx, []catalog.Entry{e})
+			s.demoting.Add(-1)
 			s.mu.Lock()
 			e, ok = s.cat.Get(k)
 			return ok && e.DRAMSlot < 0, nil

@@ -20,6 +20,7 @@ const evictBatch = 16
 // least recently used unpinned pages: copies already on SSD (or with no SSD
 // tier) are dropped at once; the others are demoted in batches first.
 func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
+	failed := 0 // our own demotions that moved nothing
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, err
@@ -38,20 +39,44 @@ func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, erro
 		switch {
 		case dropped:
 		case len(demote) > 0:
-			if s.demoteBatch(ctx, demote) == 0 {
-				return 0, errNoSpace // our own write moved nothing: the SSD refused
+			n := s.demoteBatch(ctx, demote)
+			s.demoting.Add(-1) // counted by pickVictimsLocked
+			if n > 0 {
+				break
+			}
+			// Our own write moved nothing (the SSD full of pages others
+			// hold, or refusing): another demotion in flight may still free
+			// room, but a disk that keeps refusing must fail us soon.
+			if failed++; failed > maxFailedDemotions || s.demoting.Load() == 0 {
+				return 0, errNoSpace
+			}
+			if err := sleepCtx(ctx, time.Millisecond); err != nil {
+				return 0, err
 			}
 		case s.demoting.Load() > 0:
 			// The candidates are another demotion's (the flusher's): it
 			// frees slots when its write lands; wait for it, not fail.
-			select {
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-time.After(time.Millisecond):
+			if err := sleepCtx(ctx, time.Millisecond); err != nil {
+				return 0, err
 			}
 		default:
 			return 0, errNoSpace // nothing could move: every candidate is pinned
 		}
+	}
+}
+
+// maxFailedDemotions is how many of its own demotions an allocation lets
+// fail (while others are writing) before it reports no space.
+const maxFailedDemotions = 3
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -80,6 +105,11 @@ func (s *pageStore) pickVictimsLocked() (dropped bool, demote []catalog.Entry) {
 			s.mu.dram.Unpin(e.Key)
 		}
 		demote = nil
+	}
+	if len(demote) > 0 {
+		// In flight from the pins on: an allocation that finds every
+		// candidate pinned by us waits rather than fails (allocDRAM).
+		s.demoting.Add(1)
 	}
 	return dropped, demote
 }
@@ -110,8 +140,6 @@ func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
 // someone else pinned them meanwhile. It unpins every page it was given and
 // returns how many pages it moved.
 func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
-	s.demoting.Add(1)
-	defer s.demoting.Add(-1)
 	pages = s.sealForWrite(pages)
 	var reqs []ssd.WriteReq
 	var written []catalog.Entry

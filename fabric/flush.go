@@ -72,6 +72,7 @@ func (s *pageStore) flushOnce(ctx context.Context) bool {
 	if len(demote) == 0 {
 		return false
 	}
+	defer s.demoting.Add(-1) // counted by pickVictimsLocked
 	// Checksum pending victims on this goroutine alone (background work,
 	// like the sealer's), so demoteBatch finds them sealed.
 	demote = s.sealEntries(demote, func(n int, fn func(i int)) {

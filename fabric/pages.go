@@ -39,8 +39,9 @@ type pageStore struct {
 	flushWake chan struct{}
 	// copying counts page copies in flight; the sealer waits for a gap.
 	copying atomic.Int64
-	// demoting counts demotion batches writing (evict.go): an allocation
-	// whose candidates they hold waits for them instead of failing.
+	// demoting counts demotions in flight, from their victims' pins to the
+	// end of the write (evict.go): an allocation whose candidates they hold
+	// waits for them instead of failing.
 	demoting atomic.Int64
 	// phases times CUDA sessions' whole-request loads and saves (phases.go).
 	phases phaseTable
