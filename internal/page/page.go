@@ -50,10 +50,26 @@ func (e *CorruptError) Error() string {
 	return fmt.Sprintf("page %s corrupt: %s", e.Key, e.Reason)
 }
 
+// WireSize is the size of a header sent over the network: its meaningful
+// bytes, without the padding to an O_DIRECT block.
+const WireSize = encodedLen
+
 // Encode writes h into dst, which must hold HeaderSize bytes.
 func (h Header) Encode(dst []byte) {
 	_ = dst[HeaderSize-1]
 	clear(dst[:HeaderSize])
+	h.put(dst)
+}
+
+// EncodeWire writes h into dst[:WireSize], the form the network carries;
+// Decode reads it back.
+func (h Header) EncodeWire(dst []byte) {
+	_ = dst[WireSize-1]
+	clear(dst[:WireSize])
+	h.put(dst)
+}
+
+func (h Header) put(dst []byte) {
 	copy(dst, magic)
 	binary.LittleEndian.PutUint16(dst[8:], version)
 	copy(dst[12:], h.Key[:])

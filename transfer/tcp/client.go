@@ -1,0 +1,248 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/page"
+)
+
+// DefaultDeadline bounds a Fetch whose context has no deadline.
+const DefaultDeadline = 30 * time.Second
+
+// deadlineSlack is how close to its deadline a broken request counts as
+// ended by the deadline.
+const deadlineSlack = 20 * time.Millisecond
+
+// maxIdle is how many idle connections the client keeps per address.
+const maxIdle = 8
+
+// Client fetches pages from Servers. It keeps idle connections per address
+// for reuse. It is safe for concurrent use; each Fetch uses a connection of
+// its own.
+type Client struct {
+	tls *tls.Config
+
+	received atomic.Uint64
+
+	mu     sync.Mutex
+	idle   map[string][]*conn
+	closed bool
+}
+
+// NewClient returns a client; tlsCfg nil dials plain TCP.
+func NewClient(tlsCfg *tls.Config) *Client {
+	return &Client{tls: tlsCfg, idle: map[string][]*conn{}}
+}
+
+// ReceivedBytes is the page bytes received and verified so far.
+func (c *Client) ReceivedBytes() uint64 { return c.received.Load() }
+
+type conn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// Fetch asks addr for wants and reads page i into dst[i], whose length must
+// be wants[i].Size. It returns one error per page: nil means dst[i] holds the
+// page's bytes, checked against the checksum the server sent; ErrNotFound,
+// a *page.CorruptError or the connection's error otherwise. Fetch returns
+// by ctx's deadline (DefaultDeadline without one).
+func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]byte) []error {
+	errs := make([]error, len(wants))
+	if err := checkFetch(wants, dst); err != nil {
+		return fill(errs, 0, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultDeadline)
+		defer cancel()
+	}
+	for attempt := 0; ; attempt++ {
+		cn, reused, err := c.get(ctx, addr)
+		if err != nil {
+			return fill(errs, 0, err)
+		}
+		got, err := c.exchange(ctx, cn, wants, dst, errs)
+		if err == nil {
+			c.put(addr, cn)
+			return errs
+		}
+		cn.Close()
+		// A reused connection the server closed while idle fails before any
+		// answer: ask again once on a fresh one.
+		if got == 0 && reused && attempt == 0 && ctx.Err() == nil {
+			continue
+		}
+		// The server ends a request at the same deadline; whichever side
+		// noticed first, the cause is the deadline.
+		if cause := ctx.Err(); cause != nil {
+			err = fmt.Errorf("%w (%w)", cause, err)
+		} else if dl, _ := ctx.Deadline(); time.Until(dl) < deadlineSlack {
+			err = fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
+		}
+		return fill(errs, got, err)
+	}
+}
+
+func checkFetch(wants []Want, dst [][]byte) error {
+	if len(wants) == 0 || len(wants) > MaxPages || len(dst) != len(wants) {
+		return fmt.Errorf("fetch of %d pages into %d buffers (1..%d)", len(wants), len(dst), MaxPages)
+	}
+	for i, w := range wants {
+		if uint64(len(dst[i])) != w.Size || w.Size == 0 || w.Size > MaxPageBytes {
+			return fmt.Errorf("page %s: %d bytes into a buffer of %d", w.Key, w.Size, len(dst[i]))
+		}
+	}
+	return nil
+}
+
+func fill(errs []error, from int, err error) []error {
+	for i := from; i < len(errs); i++ {
+		if errs[i] == nil {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
+// exchange sends one request and reads its answer. It returns how many pages
+// were received and the connection's error, if any; per-page errors go to
+// errs. Checksums are verified on another goroutine while the next page is
+// read.
+func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, errs []error) (int, error) {
+	deadline, _ := ctx.Deadline()
+	cn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { cn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := cn.Write(appendRequest(nil, time.Until(deadline), wants)); err != nil {
+		return 0, fmt.Errorf("send request: %w", err)
+	}
+	type received struct {
+		i int
+		h page.Header
+	}
+	verify := make(chan received, len(wants))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for r := range verify {
+			if err := r.h.Verify(dst[r.i]); err != nil {
+				errs[r.i] = err
+				continue
+			}
+			c.received.Add(r.h.Length)
+		}
+	}()
+	defer wg.Wait()
+	defer close(verify)
+	var hb [1 + page.WireSize]byte
+	for i, w := range wants {
+		if _, err := io.ReadFull(cn.r, hb[:1]); err != nil {
+			return i, fmt.Errorf("read answer: %w", err)
+		}
+		switch hb[0] {
+		case statusOK:
+		case statusNotFound:
+			errs[i] = ErrNotFound
+			continue
+		default:
+			return i, fmt.Errorf("%w: status %d", ErrProtocol, hb[0])
+		}
+		if _, err := io.ReadFull(cn.r, hb[1:]); err != nil {
+			return i, fmt.Errorf("read page header: %w", err)
+		}
+		h, err := page.Decode(hb[1:])
+		if err != nil {
+			return i, err
+		}
+		if h.Key != w.Key || h.Layout != w.Layout || h.Length != w.Size {
+			return i, fmt.Errorf("%w: asked for page %s (%d bytes), got %s (%d bytes)", ErrProtocol, w.Key, w.Size, h.Key, h.Length)
+		}
+		if _, err := io.ReadFull(cn.r, dst[i]); err != nil {
+			return i, fmt.Errorf("read page %s: %w", w.Key, err)
+		}
+		verify <- received{i, h}
+	}
+	return len(wants), nil
+}
+
+// get returns an idle connection to addr or dials one.
+func (c *Client) get(ctx context.Context, addr string) (*conn, bool, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, net.ErrClosed
+	}
+	if l := c.idle[addr]; len(l) > 0 {
+		cn := l[len(l)-1]
+		c.idle[addr] = l[:len(l)-1]
+		c.mu.Unlock()
+		return cn, true, nil
+	}
+	c.mu.Unlock()
+	d := net.Dialer{KeepAlive: 30 * time.Second}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, false, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	nc := raw
+	if c.tls != nil {
+		tc := tls.Client(raw, c.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, false, fmt.Errorf("tls handshake with %s: %w", addr, err)
+		}
+		nc = tc
+	}
+	return &conn{Conn: nc, r: bufio.NewReaderSize(nc, 256<<10)}, false, nil
+}
+
+// put keeps a connection for reuse, or closes it.
+func (c *Client) put(addr string, cn *conn) {
+	cn.SetDeadline(time.Time{})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || len(c.idle[addr]) >= maxIdle {
+		cn.Close()
+		return
+	}
+	c.idle[addr] = append(c.idle[addr], cn)
+}
+
+// Forget closes the idle connections to addr (a peer that left).
+func (c *Client) Forget(addr string) {
+	c.mu.Lock()
+	l := c.idle[addr]
+	delete(c.idle, addr)
+	c.mu.Unlock()
+	for _, cn := range l {
+		cn.Close()
+	}
+}
+
+// Close closes every idle connection; later Fetches fail.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	idle := c.idle
+	c.idle = map[string][]*conn{}
+	c.mu.Unlock()
+	for _, l := range idle {
+		for _, cn := range l {
+			cn.Close()
+		}
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package tcp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/page"
+)
+
+// Page is one page a Source serves: its header (checksum included) and its
+// bytes. Data nil means the page is not held as asked.
+type Page struct {
+	Header page.Header
+	Data   []byte
+}
+
+// Source is what a Server serves. Open returns one Page per want, in order,
+// and a release function the server calls once the bytes have been written
+// or the write failed; until then the Data must stay valid and unchanged
+// (the peer pins the pages). Open must return by ctx's deadline.
+type Source interface {
+	Open(ctx context.Context, wants []Want) ([]Page, func())
+}
+
+// IdleTimeout is how long a server keeps a connection that sends nothing.
+const IdleTimeout = 2 * time.Minute
+
+// handshakeTimeout bounds a TLS handshake.
+const handshakeTimeout = 10 * time.Second
+
+// ServerStats counts what a server sent.
+type ServerStats struct {
+	Requests, Pages, Missing, Bytes uint64
+}
+
+// Server answers fetch requests from a Source.
+type Server struct {
+	src Source
+	tls *tls.Config
+	// OnError, if set, is told about connections that ended with an error
+	// other than the client going away.
+	OnError func(remote string, err error)
+
+	requests, pages, missing, bytes atomic.Uint64
+
+	mu     sync.Mutex
+	lis    []net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewServer returns a server of src; tlsCfg nil serves plain TCP.
+func NewServer(src Source, tlsCfg *tls.Config) *Server {
+	return &Server{src: src, tls: tlsCfg, conns: map[net.Conn]struct{}{}}
+}
+
+// ErrServerClosed is returned by Serve after Close.
+var ErrServerClosed = errors.New("tcp data plane: server closed")
+
+// Serve accepts connections on lis until Close; it always returns an error.
+func (s *Server) Serve(lis net.Listener) error {
+	if !s.track(lis) {
+		lis.Close()
+		return ErrServerClosed
+	}
+	for {
+		c, err := lis.Accept()
+		if err != nil {
+			if s.isClosed() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		if !s.addConn(c) {
+			c.Close()
+			return ErrServerClosed
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer s.dropConn(c)
+			s.serveConn(c)
+		}()
+	}
+}
+
+func (s *Server) track(lis net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.lis = append(s.lis, lis)
+	return true
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *Server) addConn(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) dropConn(c net.Conn) {
+	c.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// Close stops the listeners, closes every connection and waits for their
+// goroutines (and so for every Source release) to finish.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for _, l := range s.lis {
+		l.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() ServerStats {
+	return ServerStats{Requests: s.requests.Load(), Pages: s.pages.Load(), Missing: s.missing.Load(), Bytes: s.bytes.Load()}
+}
+
+func (s *Server) serveConn(raw net.Conn) {
+	c := raw
+	if s.tls != nil {
+		tc := tls.Server(raw, s.tls)
+		raw.SetDeadline(time.Now().Add(handshakeTimeout))
+		if err := tc.Handshake(); err != nil {
+			s.report(raw, fmt.Errorf("tls handshake: %w", err))
+			return
+		}
+		c = tc
+	}
+	for {
+		if err := s.serveRequest(c); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.report(raw, err)
+			}
+			return
+		}
+	}
+}
+
+func (s *Server) report(c net.Conn, err error) {
+	if s.OnError != nil {
+		s.OnError(c.RemoteAddr().String(), err)
+	}
+}
+
+// serveRequest reads one request and writes its answer.
+func (s *Server) serveRequest(c net.Conn) error {
+	c.SetReadDeadline(time.Now().Add(IdleTimeout))
+	var head [reqHeadSize]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		return err
+	}
+	deadline, n, err := parseHead(head[:])
+	if err != nil {
+		return err
+	}
+	until := time.Now().Add(deadline)
+	c.SetDeadline(until)
+	body := make([]byte, n*wantSize)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return fmt.Errorf("read request: %w", err)
+	}
+	wants, err := parseWants(body, n)
+	if err != nil {
+		return err
+	}
+	s.requests.Add(1)
+	ctx, cancel := context.WithDeadline(context.Background(), until)
+	defer cancel()
+	pages, release := s.src.Open(ctx, wants)
+	defer release()
+	if len(pages) != len(wants) {
+		return fmt.Errorf("source answered %d pages for %d", len(pages), len(wants))
+	}
+	bufs := s.answer(wants, pages)
+	_, err = bufs.WriteTo(c)
+	if err != nil {
+		return fmt.Errorf("write answer: %w", err)
+	}
+	return nil
+}
+
+// answer lays out the response: a status byte and header per page, then its
+// bytes straight from the Source's memory (writev on plain TCP).
+func (s *Server) answer(wants []Want, pages []Page) net.Buffers {
+	heads := make([]byte, len(pages)*(1+page.WireSize))
+	bufs := make(net.Buffers, 0, 2*len(pages))
+	off := 0
+	for i, p := range pages {
+		w := wants[i]
+		if p.Data == nil || uint64(len(p.Data)) != w.Size || p.Header.Length != w.Size || p.Header.Key != w.Key || p.Header.Layout != w.Layout {
+			heads[off] = statusNotFound
+			bufs = append(bufs, heads[off:off+1])
+			off++
+			s.missing.Add(1)
+			continue
+		}
+		heads[off] = statusOK
+		p.Header.EncodeWire(heads[off+1:])
+		bufs = append(bufs, heads[off:off+1+page.WireSize], p.Data)
+		off += 1 + page.WireSize
+		s.pages.Add(1)
+		s.bytes.Add(w.Size)
+	}
+	return bufs
+}
