@@ -17,13 +17,23 @@ type Options struct {
 	// benchmarks only: an acknowledged SSD page may be lost by a crash.
 	NoSync bool
 	// OnChange, if set, is called after each committed change, in commit
-	// order, with the entry as stored (deleted=false) or as it was before
-	// removal (deleted=true). It is the hook for the gossip change feed. It
-	// runs synchronously with the catalog's writer lock held: it must be
-	// quick (enqueue and return) and must not call Put, Update, Delete or
-	// Close. Reads (Get, Lookup, Range) are allowed.
-	OnChange func(e Entry, deleted bool)
+	// order, with the entry as stored (Added, Updated) or as it was before
+	// removal (Deleted). It is the hook for the gossip change feed. It runs
+	// synchronously with the catalog's writer lock held: it must be quick
+	// (enqueue and return) and must not call Put, Update, Delete or Close.
+	// Reads (Get, Lookup, Range) are allowed.
+	OnChange func(e Entry, ch Change)
 }
+
+// Change says what a commit did to an entry.
+type Change uint8
+
+// Changes reported to Options.OnChange.
+const (
+	Added   Change = iota + 1 // the key was absent
+	Updated                   // the key was present and stays
+	Deleted                   // the key left the catalog
+)
 
 // Errors returned by the catalog.
 var (
@@ -39,7 +49,7 @@ type Catalog struct {
 	layouts layoutTable
 	count   atomic.Int64
 
-	onChange func(Entry, bool)
+	onChange func(Entry, Change)
 	store    *store // nil when in memory only
 
 	// writer serializes Put, Update, Delete and Close: the Pebble commit

@@ -169,14 +169,17 @@ func TestRange(t *testing.T) {
 
 func TestOnChange(t *testing.T) {
 	type ev struct {
-		k       pagekey.Key
-		deleted bool
+		k  pagekey.Key
+		ch Change
 	}
 	var got []ev
-	c := mustOpen(t, Options{Dir: t.TempDir(), OnChange: func(e Entry, deleted bool) {
-		got = append(got, ev{e.Key, deleted})
+	c := mustOpen(t, Options{Dir: t.TempDir(), OnChange: func(e Entry, ch Change) {
+		got = append(got, ev{e.Key, ch})
 	}})
 	if err := c.Put(dramEntry(1), ssdEntry(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put(ssdEntry(2)); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := c.Update(key(1), func(e *Entry) bool { return false }); err != nil {
@@ -185,7 +188,7 @@ func TestOnChange(t *testing.T) {
 	if err := c.Delete(key(2), key(3)); err != nil {
 		t.Fatal(err)
 	}
-	want := []ev{{key(1), false}, {key(2), false}, {key(1), true}, {key(2), true}}
+	want := []ev{{key(1), Added}, {key(2), Added}, {key(2), Updated}, {key(1), Deleted}, {key(2), Deleted}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("OnChange calls = %v, want %v", got, want)
 	}

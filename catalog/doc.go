@@ -46,5 +46,13 @@
 // # Change feed
 //
 // Options.OnChange, when set, is called after every committed change, in
-// commit order. It is the hook for gossiping catalog changes to other peers.
+// commit order, saying whether the key was Added, Updated or Deleted. It is
+// the hook for gossiping catalog changes to other peers.
+//
+// # Remote index
+//
+// Remote (remote.go) is what this peer has heard of other peers' pages:
+// per key, its layout, size and the set of peers that announced it. It is
+// filled by the fabric's gossip, never persisted (a restarted peer asks the
+// others again), and extends a local Lookup with pages held elsewhere.
 package catalog

@@ -10,6 +10,7 @@ import (
 type change struct {
 	e       Entry
 	deleted bool
+	added   bool // set by apply: the key was absent before
 }
 
 // Put inserts or replaces entries (keyed by Entry.Key) in one Pebble batch
@@ -81,12 +82,19 @@ func (c *Catalog) commitLocked(changes []change) error {
 			return err
 		}
 	}
-	for _, ch := range changes {
-		c.apply(ch)
+	for i := range changes {
+		changes[i].added = c.apply(changes[i])
 	}
 	if c.onChange != nil {
 		for _, ch := range changes {
-			c.onChange(ch.e, ch.deleted)
+			kind := Updated
+			switch {
+			case ch.deleted:
+				kind = Deleted
+			case ch.added:
+				kind = Added
+			}
+			c.onChange(ch.e, kind)
 		}
 	}
 	return nil
@@ -124,7 +132,8 @@ func (c *Catalog) persisted(k pagekey.Key) bool {
 	return ok && e.OnSSD
 }
 
-func (c *Catalog) apply(ch change) {
+// apply changes the in-memory index; it reports whether it added a key.
+func (c *Catalog) apply(ch change) bool {
 	h := c.hash.hash(ch.e.Key)
 	s := &c.shards[shardOf(h)]
 	if ch.deleted {
@@ -134,7 +143,7 @@ func (c *Catalog) apply(ch change) {
 		if removed {
 			c.count.Add(-1)
 		}
-		return
+		return false
 	}
 	r := toRecord(ch.e, &c.layouts)
 	s.mu.Lock()
@@ -143,6 +152,7 @@ func (c *Catalog) apply(ch change) {
 	if added {
 		c.count.Add(1)
 	}
+	return added
 }
 
 // lastWins drops every change whose key is changed again later in the list,
