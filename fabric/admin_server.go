@@ -172,3 +172,11 @@ func (s *pageStore) evictOne(ctx context.Context, tier catalog.Tier, k pagekey.K
 	}
 	return false, nil
 }
+
+func (s *adminServer) Peers(context.Context, *pb.PeersRequest) (*pb.PeersResponse, error) {
+	c := s.p.cluster
+	if c == nil {
+		return &pb.PeersResponse{}, nil
+	}
+	return &pb.PeersResponse{Clustered: true, Cluster: c.name, Peers: c.peers(uint64(s.p.cat.Len()))}, nil
+}

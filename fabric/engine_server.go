@@ -72,7 +72,7 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 		return nil, toStatus(err)
 	}
 	res := s.p.lookup(sess, keys, r.Lease, min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL))
-	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd)},
+	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd), Remote: uint32(res.remote)},
 		RecomputePages: uint32(res.recompute)}
 	if res.lease != nil {
 		if !sess.addLease(res.lease) {

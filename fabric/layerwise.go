@@ -80,6 +80,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 		answer()
 	}
 	defer unlock()
+	s.fetchRemote(ctx, sess, reqs, res)
 	items := s.pinForLoad(sess, reqs, res)
 	var stuck []*loadItem // set when the copy got stuck: the device may still read their slots
 	defer func() { s.releaseLoads(items, stuck) }()

@@ -22,6 +22,7 @@ type lookupResult struct {
 	hit        int
 	dram, ssd  int
 	lease      *lease
+	remote     int // pages of the hit only members hold (fetched at load)
 	budgetHits int // pages cut from the hit by the query budget
 	recompute  int // pages cut because the SSD is slower than the engine (ssdrate.go)
 }
@@ -39,6 +40,9 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 	defer func() { p.recordLookup(len(keys), out.hit); p.m.lookupRecompute.Add(float64(out.recompute)) }()
 	if !take || res.Hit == 0 {
 		out.dram, out.ssd = res.DRAM, res.SSD
+		if out.recompute == 0 {
+			p.extendRemote(sess, keys, &out)
+		}
 		return out
 	}
 	l := &lease{id: newID("l-"), expires: time.Now().Add(ttl)}
@@ -81,7 +85,24 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 		p.m.leases.Inc()
 		p.m.queryBytes.Add(float64(l.bytes))
 	}
+	if out.hit == res.Hit && out.recompute == 0 {
+		p.extendRemote(sess, keys, &out)
+	}
 	return out
+}
+
+// extendRemote extends a lookup's hit, which holds the whole local prefix,
+// with the pages that follow it on live members. They are not leased here:
+// the load fetches them (remote.go), and one gone meanwhile fails its
+// blocks, which the engine recomputes.
+func (p *Peer) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult) {
+	c := p.cluster
+	if c == nil || out.hit >= len(keys) {
+		return
+	}
+	from := c.remote.Extend(keys[out.hit:], sess.fp, sess.pageBytes, c.alive)
+	out.remote = len(from)
+	out.hit += len(from)
 }
 
 // budgetLeftLocked is what the query budget still allows; pages.mu is held.

@@ -50,6 +50,7 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 	if sess.gpu != nil {
 		clk = s.phases.start(gpuLoad)
 	}
+	s.fetchRemote(ctx, sess, reqs, res)
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
 	if sess.gpu != nil {
@@ -73,13 +74,16 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 	s.unpinLoads(items)
 }
 
-// pinForLoad resolves every page and pins it where it is.
+// pinForLoad resolves every page still pending and pins it where it is.
 func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) []*loadItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	items := make([]*loadItem, 0, len(reqs))
 	for i := len(reqs) - 1; i >= 0; i-- { // tail first: see commitSaves
 		r := reqs[i]
+		if res[i].Code != codePending {
+			continue // failed already (a remote fetch)
+		}
 		e, ok := s.cat.Get(r.Key)
 		switch {
 		case !ok:

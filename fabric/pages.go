@@ -47,7 +47,9 @@ type pageStore struct {
 	phases phaseTable
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
 	ssdReads ssdRate
-	mu       struct {
+	// cluster is nil when the peer runs standalone (remote.go).
+	cluster *cluster
+	mu      struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU
 		gen       uint64

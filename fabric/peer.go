@@ -36,6 +36,7 @@ type Peer struct {
 	sessions *sessions
 	m        *metrics
 	gpu      *gpuState // nil without a usable GPU (see gpu.go)
+	cluster  *cluster  // nil when standalone (cluster.go)
 
 	// budget is the effective query budget: the configured one, capped at
 	// half the DRAM pool so leases can never pin every slot and stall saves.
@@ -70,6 +71,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.pages = newPageStore(p.cat, p.pool, p.ssd, p.m)
+	p.pages.cluster = p.cluster
 	gpu, err := openGPU(p.cfg, p.pages.dramR, log)
 	if err != nil {
 		p.closeTiers()
@@ -112,9 +114,19 @@ func (p *Peer) openTiers() error {
 		}
 		return float64(p.ssd.Stats().InFlight)
 	})
-	p.cat, err = catalog.Open(catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")})
+	opts := catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")}
+	if p.cfg.ClusterAddr != "" {
+		if p.cluster, err = newCluster(p.cfg, p.m.reg, p.log); err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+		opts.OnChange = p.cluster.announce
+	}
+	p.cat, err = catalog.Open(opts)
 	if err != nil {
 		return fmt.Errorf("catalog: %w", err)
+	}
+	if p.cluster != nil {
+		p.cluster.cat = p.cat
 	}
 	return nil
 }
@@ -141,6 +153,15 @@ func (p *Peer) Run(ctx context.Context) error {
 		wg.Wait()
 		return err
 	}
+	stopCluster := func() {}
+	if p.cluster != nil {
+		if stopCluster, err = p.cluster.start(ctx, p.cfg, p.pages); err != nil {
+			stopMetrics()
+			srv.Stop()
+			wg.Wait()
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
 	wg.Add(1)
 	go func() { defer wg.Done(); p.reap(ctx) }()
 	wg.Add(1)
@@ -155,6 +176,7 @@ func (p *Peer) Run(ctx context.Context) error {
 	case err = <-errc:
 	}
 	p.log.Info().Msg("shutting down")
+	stopCluster() // leave first: members stop offering our pages
 	cancel()
 	stopMetrics()
 	p.closeSessions()

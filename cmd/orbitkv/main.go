@@ -29,6 +29,8 @@ func commands() []command {
 		{"serve", "run the peer", runServe},
 		{"status", "report a running peer's health and tiers", runStatus},
 		{"catalog", "catalog lookup KEY...: look up a chain of page keys", runCatalog},
+		{"peers", "list the cluster's members as the local peer sees them", runPeers},
+		{"pki", "pki init | pki issue: make the cluster's CA, gossip key and peer certificates", runPKI},
 		{"bench", "bench tiers|lookup|ssd: benchmarks with their baselines", runBench},
 		{"sim", "sim --trace PATH: replay a request trace against the tiers in virtual time", runSim},
 		{"version", "print the version", func(context.Context, []string, io.Writer) error { fmt.Println(version()); return nil }},

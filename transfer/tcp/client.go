@@ -50,15 +50,33 @@ type conn struct {
 	r *bufio.Reader
 }
 
+// Result is one page's outcome of a Fetch.
+type Result struct {
+	// Header is the page's header as the server sent it (checksum
+	// included); set when Err is nil.
+	Header page.Header
+	// Err nil means the destination holds the page's bytes, checked against
+	// the header's checksum; else ErrNotFound, a *page.CorruptError or the
+	// connection's error.
+	Err error
+}
+
 // Fetch asks addr for wants and reads page i into dst[i], whose length must
-// be wants[i].Size. It returns one error per page: nil means dst[i] holds the
-// page's bytes, checked against the checksum the server sent; ErrNotFound,
-// a *page.CorruptError or the connection's error otherwise. Fetch returns
-// by ctx's deadline (DefaultDeadline without one).
-func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]byte) []error {
+// be wants[i].Size, returning one Result per page. It returns by ctx's
+// deadline (DefaultDeadline without one).
+func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]byte) []Result {
+	res := make([]Result, len(wants))
 	errs := make([]error, len(wants))
+	defer func() {
+		for i := range res {
+			if res[i].Err = errs[i]; errs[i] != nil {
+				res[i].Header = page.Header{}
+			}
+		}
+	}()
 	if err := checkFetch(wants, dst); err != nil {
-		return fill(errs, 0, err)
+		fill(errs, 0, err)
+		return res
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -68,12 +86,13 @@ func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]b
 	for attempt := 0; ; attempt++ {
 		cn, reused, err := c.get(ctx, addr)
 		if err != nil {
-			return fill(errs, 0, err)
+			fill(errs, 0, err)
+			return res
 		}
-		got, err := c.exchange(ctx, cn, wants, dst, errs)
+		got, err := c.exchange(ctx, cn, wants, dst, res, errs)
 		if err == nil {
 			c.put(addr, cn)
-			return errs
+			return res
 		}
 		cn.Close()
 		// A reused connection the server closed while idle fails before any
@@ -88,7 +107,8 @@ func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]b
 		} else if dl, _ := ctx.Deadline(); time.Until(dl) < deadlineSlack {
 			err = fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 		}
-		return fill(errs, got, err)
+		fill(errs, got, err)
+		return res
 	}
 }
 
@@ -115,9 +135,9 @@ func fill(errs []error, from int, err error) []error {
 
 // exchange sends one request and reads its answer. It returns how many pages
 // were received and the connection's error, if any; per-page errors go to
-// errs. Checksums are verified on another goroutine while the next page is
+// errs, headers to res. Checksums are verified on another goroutine while the next page is
 // read.
-func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, errs []error) (int, error) {
+func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error) (int, error) {
 	deadline, _ := ctx.Deadline()
 	cn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { cn.SetDeadline(time.Unix(1, 0)) })
@@ -170,6 +190,7 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 		if _, err := io.ReadFull(cn.r, dst[i]); err != nil {
 			return i, fmt.Errorf("read page %s: %w", w.Key, err)
 		}
+		res[i].Header = h
 		verify <- received{i, h}
 	}
 	return len(wants), nil

@@ -123,7 +123,7 @@ func TestFetchPagesInOrderWithMissing(t *testing.T) {
 	defer c.Close()
 	for round := range 2 { // the second round reuses the connection
 		dst := buffers(ask)
-		errs := c.Fetch(ctxFor(t, 5*time.Second), addr, ask, dst)
+		errs := errsOf(c.Fetch(ctxFor(t, 5*time.Second), addr, ask, dst))
 		for i, w := range ask {
 			switch {
 			case i == 1 || i == 2:
@@ -160,7 +160,11 @@ func TestCorruptPageFailsAloneAndConnectionSurvives(t *testing.T) {
 	c := NewClient(nil)
 	defer c.Close()
 	ask := []Want{a, b, c3}
-	errs := c.Fetch(ctxFor(t, 5*time.Second), addr, ask, buffers(ask))
+	got := c.Fetch(ctxFor(t, 5*time.Second), addr, ask, buffers(ask))
+	errs := errsOf(got)
+	if got[0].Header.Checksum != src.pages[a.Key].Header.Checksum || got[0].Header.Generation != 1 {
+		t.Errorf("header of page 0: %+v", got[0].Header)
+	}
 	var ce *page.CorruptError
 	if errs[0] != nil || errs[2] != nil || !errors.As(errs[1], &ce) || ce.Key != b.Key {
 		t.Fatalf("errs %v", errs)
@@ -168,7 +172,7 @@ func TestCorruptPageFailsAloneAndConnectionSurvives(t *testing.T) {
 	if got := c.ReceivedBytes(); got != a.Size+c3.Size {
 		t.Errorf("received %d verified bytes, want %d", got, a.Size+c3.Size)
 	}
-	if errs := c.Fetch(ctxFor(t, 5*time.Second), addr, []Want{a}, buffers([]Want{a})); errs[0] != nil {
+	if errs := errsOf(c.Fetch(ctxFor(t, 5*time.Second), addr, []Want{a}, buffers([]Want{a}))); errs[0] != nil {
 		t.Errorf("fetch after a corrupt page: %v", errs[0])
 	}
 }
@@ -181,7 +185,7 @@ func TestFetchEndsAtItsDeadline(t *testing.T) {
 	c := NewClient(nil)
 	defer c.Close()
 	start := time.Now()
-	errs := c.Fetch(ctxFor(t, 200*time.Millisecond), addr, []Want{w}, buffers([]Want{w}))
+	errs := errsOf(c.Fetch(ctxFor(t, 200*time.Millisecond), addr, []Want{w}, buffers([]Want{w})))
 	if errs[0] == nil || !errors.Is(errs[0], context.DeadlineExceeded) {
 		t.Errorf("err %v, want deadline exceeded", errs[0])
 	}
@@ -202,7 +206,7 @@ func TestBadInputIsRefusedBeforeTheNetwork(t *testing.T) {
 	defer c.Close()
 	w := Want{Key: pagekey.Key{1}, Size: 10}
 	for name, dst := range map[string][][]byte{"short buffer": {make([]byte, 9)}, "no buffer": nil} {
-		errs := c.Fetch(context.Background(), "127.0.0.1:1", []Want{w}, dst)
+		errs := errsOf(c.Fetch(context.Background(), "127.0.0.1:1", []Want{w}, dst))
 		if errs[0] == nil || !strings.Contains(errs[0].Error(), "buffer") {
 			t.Errorf("%s: %v", name, errs[0])
 		}
@@ -261,14 +265,14 @@ func TestMutualTLS(t *testing.T) {
 	good := NewClient(member.Client)
 	defer good.Close()
 	dst := buffers([]Want{w})
-	if errs := good.Fetch(ctxFor(t, 5*time.Second), addr, []Want{w}, dst); errs[0] != nil || !bytes.Equal(dst[0], src.pages[w.Key].Data) {
+	if errs := errsOf(good.Fetch(ctxFor(t, 5*time.Second), addr, []Want{w}, dst)); errs[0] != nil || !bytes.Equal(dst[0], src.pages[w.Key].Data) {
 		t.Fatalf("member fetch: %v", errs[0])
 	}
 	noCert := member.Client.Clone()
 	noCert.Certificates = nil
 	for name, cfg := range map[string]*tls.Config{"other CA": intruder.Client, "no certificate": noCert, "plain TCP": nil} {
 		c := NewClient(cfg)
-		errs := c.Fetch(ctxFor(t, 5*time.Second), addr, []Want{w}, buffers([]Want{w}))
+		errs := errsOf(c.Fetch(ctxFor(t, 5*time.Second), addr, []Want{w}, buffers([]Want{w})))
 		if errs[0] == nil {
 			t.Errorf("%s: fetched a page from a mutual-TLS server", name)
 		}
@@ -279,7 +283,7 @@ func TestMutualTLS(t *testing.T) {
 	}
 	// A member client refuses a server of another cluster.
 	_, rogue := serve(t, src, intruder.Server)
-	if errs := good.Fetch(ctxFor(t, 5*time.Second), rogue, []Want{w}, buffers([]Want{w})); errs[0] == nil {
+	if errs := errsOf(good.Fetch(ctxFor(t, 5*time.Second), rogue, []Want{w}, buffers([]Want{w}))); errs[0] == nil {
 		t.Error("member fetched from a server of another CA")
 	}
 }
@@ -334,9 +338,10 @@ func FuzzClientAnswer(f *testing.F) {
 		w := Want{Key: h.Key, Layout: layout, Size: 64}
 		dst := [][]byte{make([]byte, 64)}
 		errs := []error{nil}
+		res := make([]Result, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		got, err := c.exchange(ctx, cn, []Want{w}, dst, errs)
+		got, err := c.exchange(ctx, cn, []Want{w}, dst, res, errs)
 		client.Close()
 		if err == nil && got == 1 && errs[0] == nil && !bytes.Equal(dst[0], data) {
 			t.Fatalf("reported a fetched page whose bytes differ: %x", dst[0])
@@ -347,3 +352,11 @@ func FuzzClientAnswer(f *testing.F) {
 func io_ReadFull(c net.Conn, b []byte) (int, error) { return io.ReadFull(c, b) }
 
 func bufioReader(c net.Conn) *bufio.Reader { return bufio.NewReader(c) }
+
+func errsOf(res []Result) []error {
+	errs := make([]error, len(res))
+	for i, r := range res {
+		errs[i] = r.Err
+	}
+	return errs
+}

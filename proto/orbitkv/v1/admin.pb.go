@@ -523,6 +523,210 @@ func (x *DrainResponse) GetDetail() string {
 	return ""
 }
 
+type PeersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeersRequest) Reset() {
+	*x = PeersRequest{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeersRequest) ProtoMessage() {}
+
+func (x *PeersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeersRequest.ProtoReflect.Descriptor instead.
+func (*PeersRequest) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+type PeerInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	GossipAddr    string                 `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"` // memberlist
+	PeerAddr      string                 `protobuf:"bytes,3,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`       // peer gRPC service
+	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // TCP data plane
+	State         string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`                             // alive, suspect, dead, left
+	Self          bool                   `protobuf:"varint,6,opt,name=self,proto3" json:"self,omitempty"`
+	Pages         uint64                 `protobuf:"varint,7,opt,name=pages,proto3" json:"pages,omitempty"` // pages this peer knows it holds (itself: its catalog)
+	Incarnation   uint64                 `protobuf:"varint,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	SyncedUnixMs  int64                  `protobuf:"varint,9,opt,name=synced_unix_ms,json=syncedUnixMs,proto3" json:"synced_unix_ms,omitempty"` // last full snapshot taken from it (0: none yet)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerInfo) Reset() {
+	*x = PeerInfo{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerInfo) ProtoMessage() {}
+
+func (x *PeerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerInfo.ProtoReflect.Descriptor instead.
+func (*PeerInfo) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PeerInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PeerInfo) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
+func (x *PeerInfo) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
+func (x *PeerInfo) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *PeerInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PeerInfo) GetSelf() bool {
+	if x != nil {
+		return x.Self
+	}
+	return false
+}
+
+func (x *PeerInfo) GetPages() uint64 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *PeerInfo) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *PeerInfo) GetSyncedUnixMs() int64 {
+	if x != nil {
+		return x.SyncedUnixMs
+	}
+	return 0
+}
+
+type PeersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Clustered     bool                   `protobuf:"varint,1,opt,name=clustered,proto3" json:"clustered,omitempty"` // false: the peer runs standalone
+	Cluster       string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`      // this peer's name
+	Peers         []*PeerInfo            `protobuf:"bytes,3,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeersResponse) Reset() {
+	*x = PeersResponse{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeersResponse) ProtoMessage() {}
+
+func (x *PeersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeersResponse.ProtoReflect.Descriptor instead.
+func (*PeersResponse) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PeersResponse) GetClustered() bool {
+	if x != nil {
+		return x.Clustered
+	}
+	return false
+}
+
+func (x *PeersResponse) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *PeersResponse) GetPeers() []*PeerInfo {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
 var File_orbitkv_v1_admin_proto protoreflect.FileDescriptor
 
 const file_orbitkv_v1_admin_proto_rawDesc = "" +
@@ -562,9 +766,26 @@ const file_orbitkv_v1_admin_proto_rawDesc = "" +
 	"timeout_ms\x18\x01 \x01(\rR\ttimeoutMs\";\n" +
 	"\rDrainResponse\x12\x12\n" +
 	"\x04idle\x18\x01 \x01(\bR\x04idle\x12\x16\n" +
-	"\x06detail\x18\x02 \x01(\tR\x06detail2\xa1\x02\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\"\x0e\n" +
+	"\fPeersRequest\"\x81\x02\n" +
+	"\bPeerInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vgossip_addr\x18\x02 \x01(\tR\n" +
+	"gossipAddr\x12\x1b\n" +
+	"\tpeer_addr\x18\x03 \x01(\tR\bpeerAddr\x12\x1b\n" +
+	"\tdata_addr\x18\x04 \x01(\tR\bdataAddr\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12\x12\n" +
+	"\x04self\x18\x06 \x01(\bR\x04self\x12\x14\n" +
+	"\x05pages\x18\a \x01(\x04R\x05pages\x12 \n" +
+	"\vincarnation\x18\b \x01(\x04R\vincarnation\x12$\n" +
+	"\x0esynced_unix_ms\x18\t \x01(\x03R\fsyncedUnixMs\"s\n" +
+	"\rPeersResponse\x12\x1c\n" +
+	"\tclustered\x18\x01 \x01(\bR\tclustered\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12*\n" +
+	"\x05peers\x18\x03 \x03(\v2\x14.orbitkv.v1.PeerInfoR\x05peers2\xdf\x02\n" +
 	"\fAdminService\x12?\n" +
-	"\x06Status\x12\x19.orbitkv.v1.StatusRequest\x1a\x1a.orbitkv.v1.StatusResponse\x12T\n" +
+	"\x06Status\x12\x19.orbitkv.v1.StatusRequest\x1a\x1a.orbitkv.v1.StatusResponse\x12<\n" +
+	"\x05Peers\x12\x18.orbitkv.v1.PeersRequest\x1a\x19.orbitkv.v1.PeersResponse\x12T\n" +
 	"\rCatalogLookup\x12 .orbitkv.v1.CatalogLookupRequest\x1a!.orbitkv.v1.CatalogLookupResponse\x12<\n" +
 	"\x05Evict\x12\x18.orbitkv.v1.EvictRequest\x1a\x19.orbitkv.v1.EvictResponse\x12<\n" +
 	"\x05Drain\x12\x18.orbitkv.v1.DrainRequest\x1a\x19.orbitkv.v1.DrainResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
@@ -581,7 +802,7 @@ func file_orbitkv_v1_admin_proto_rawDescGZIP() []byte {
 	return file_orbitkv_v1_admin_proto_rawDescData
 }
 
-var file_orbitkv_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_orbitkv_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_orbitkv_v1_admin_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 0: orbitkv.v1.StatusRequest
 	(*TierStatus)(nil),            // 1: orbitkv.v1.TierStatus
@@ -592,26 +813,32 @@ var file_orbitkv_v1_admin_proto_goTypes = []any{
 	(*EvictResponse)(nil),         // 6: orbitkv.v1.EvictResponse
 	(*DrainRequest)(nil),          // 7: orbitkv.v1.DrainRequest
 	(*DrainResponse)(nil),         // 8: orbitkv.v1.DrainResponse
-	(Tier)(0),                     // 9: orbitkv.v1.Tier
+	(*PeersRequest)(nil),          // 9: orbitkv.v1.PeersRequest
+	(*PeerInfo)(nil),              // 10: orbitkv.v1.PeerInfo
+	(*PeersResponse)(nil),         // 11: orbitkv.v1.PeersResponse
+	(Tier)(0),                     // 12: orbitkv.v1.Tier
 }
 var file_orbitkv_v1_admin_proto_depIdxs = []int32{
-	9, // 0: orbitkv.v1.TierStatus.tier:type_name -> orbitkv.v1.Tier
-	1, // 1: orbitkv.v1.StatusResponse.tiers:type_name -> orbitkv.v1.TierStatus
-	9, // 2: orbitkv.v1.CatalogLookupResponse.tiers:type_name -> orbitkv.v1.Tier
-	9, // 3: orbitkv.v1.EvictRequest.tier:type_name -> orbitkv.v1.Tier
-	0, // 4: orbitkv.v1.AdminService.Status:input_type -> orbitkv.v1.StatusRequest
-	3, // 5: orbitkv.v1.AdminService.CatalogLookup:input_type -> orbitkv.v1.CatalogLookupRequest
-	5, // 6: orbitkv.v1.AdminService.Evict:input_type -> orbitkv.v1.EvictRequest
-	7, // 7: orbitkv.v1.AdminService.Drain:input_type -> orbitkv.v1.DrainRequest
-	2, // 8: orbitkv.v1.AdminService.Status:output_type -> orbitkv.v1.StatusResponse
-	4, // 9: orbitkv.v1.AdminService.CatalogLookup:output_type -> orbitkv.v1.CatalogLookupResponse
-	6, // 10: orbitkv.v1.AdminService.Evict:output_type -> orbitkv.v1.EvictResponse
-	8, // 11: orbitkv.v1.AdminService.Drain:output_type -> orbitkv.v1.DrainResponse
-	8, // [8:12] is the sub-list for method output_type
-	4, // [4:8] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	12, // 0: orbitkv.v1.TierStatus.tier:type_name -> orbitkv.v1.Tier
+	1,  // 1: orbitkv.v1.StatusResponse.tiers:type_name -> orbitkv.v1.TierStatus
+	12, // 2: orbitkv.v1.CatalogLookupResponse.tiers:type_name -> orbitkv.v1.Tier
+	12, // 3: orbitkv.v1.EvictRequest.tier:type_name -> orbitkv.v1.Tier
+	10, // 4: orbitkv.v1.PeersResponse.peers:type_name -> orbitkv.v1.PeerInfo
+	0,  // 5: orbitkv.v1.AdminService.Status:input_type -> orbitkv.v1.StatusRequest
+	9,  // 6: orbitkv.v1.AdminService.Peers:input_type -> orbitkv.v1.PeersRequest
+	3,  // 7: orbitkv.v1.AdminService.CatalogLookup:input_type -> orbitkv.v1.CatalogLookupRequest
+	5,  // 8: orbitkv.v1.AdminService.Evict:input_type -> orbitkv.v1.EvictRequest
+	7,  // 9: orbitkv.v1.AdminService.Drain:input_type -> orbitkv.v1.DrainRequest
+	2,  // 10: orbitkv.v1.AdminService.Status:output_type -> orbitkv.v1.StatusResponse
+	11, // 11: orbitkv.v1.AdminService.Peers:output_type -> orbitkv.v1.PeersResponse
+	4,  // 12: orbitkv.v1.AdminService.CatalogLookup:output_type -> orbitkv.v1.CatalogLookupResponse
+	6,  // 13: orbitkv.v1.AdminService.Evict:output_type -> orbitkv.v1.EvictResponse
+	8,  // 14: orbitkv.v1.AdminService.Drain:output_type -> orbitkv.v1.DrainResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_orbitkv_v1_admin_proto_init() }
@@ -626,7 +853,7 @@ func file_orbitkv_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_orbitkv_v1_admin_proto_rawDesc), len(file_orbitkv_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

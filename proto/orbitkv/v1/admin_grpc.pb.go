@@ -22,6 +22,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	AdminService_Status_FullMethodName        = "/orbitkv.v1.AdminService/Status"
+	AdminService_Peers_FullMethodName         = "/orbitkv.v1.AdminService/Peers"
 	AdminService_CatalogLookup_FullMethodName = "/orbitkv.v1.AdminService/CatalogLookup"
 	AdminService_Evict_FullMethodName         = "/orbitkv.v1.AdminService/Evict"
 	AdminService_Drain_FullMethodName         = "/orbitkv.v1.AdminService/Drain"
@@ -33,6 +34,8 @@ const (
 type AdminServiceClient interface {
 	// Status reports health and tier usage.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Peers lists the cluster's members as this peer sees them.
+	Peers(ctx context.Context, in *PeersRequest, opts ...grpc.CallOption) (*PeersResponse, error)
 	// CatalogLookup looks up a key chain without a session.
 	CatalogLookup(ctx context.Context, in *CatalogLookupRequest, opts ...grpc.CallOption) (*CatalogLookupResponse, error)
 	// Evict drops pages from a tier (all unleased pages when keys is empty).
@@ -53,6 +56,16 @@ func (c *adminServiceClient) Status(ctx context.Context, in *StatusRequest, opts
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatusResponse)
 	err := c.cc.Invoke(ctx, AdminService_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Peers(ctx context.Context, in *PeersRequest, opts ...grpc.CallOption) (*PeersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeersResponse)
+	err := c.cc.Invoke(ctx, AdminService_Peers_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +108,8 @@ func (c *adminServiceClient) Drain(ctx context.Context, in *DrainRequest, opts .
 type AdminServiceServer interface {
 	// Status reports health and tier usage.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Peers lists the cluster's members as this peer sees them.
+	Peers(context.Context, *PeersRequest) (*PeersResponse, error)
 	// CatalogLookup looks up a key chain without a session.
 	CatalogLookup(context.Context, *CatalogLookupRequest) (*CatalogLookupResponse, error)
 	// Evict drops pages from a tier (all unleased pages when keys is empty).
@@ -113,6 +128,9 @@ type UnimplementedAdminServiceServer struct{}
 
 func (UnimplementedAdminServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAdminServiceServer) Peers(context.Context, *PeersRequest) (*PeersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Peers not implemented")
 }
 func (UnimplementedAdminServiceServer) CatalogLookup(context.Context, *CatalogLookupRequest) (*CatalogLookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CatalogLookup not implemented")
@@ -158,6 +176,24 @@ func _AdminService_Status_Handler(srv interface{}, ctx context.Context, dec func
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).Status(ctx, req.(*StatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Peers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Peers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Peers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Peers(ctx, req.(*PeersRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -226,6 +262,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _AdminService_Status_Handler,
+		},
+		{
+			MethodName: "Peers",
+			Handler:    _AdminService_Peers_Handler,
 		},
 		{
 			MethodName: "CatalogLookup",

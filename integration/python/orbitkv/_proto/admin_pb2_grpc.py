@@ -19,6 +19,11 @@ class AdminServiceStub(object):
                 request_serializer=orbitkv_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
                 response_deserializer=orbitkv_dot_v1_dot_admin__pb2.StatusResponse.FromString,
                 )
+        self.Peers = channel.unary_unary(
+                '/orbitkv.v1.AdminService/Peers',
+                request_serializer=orbitkv_dot_v1_dot_admin__pb2.PeersRequest.SerializeToString,
+                response_deserializer=orbitkv_dot_v1_dot_admin__pb2.PeersResponse.FromString,
+                )
         self.CatalogLookup = channel.unary_unary(
                 '/orbitkv.v1.AdminService/CatalogLookup',
                 request_serializer=orbitkv_dot_v1_dot_admin__pb2.CatalogLookupRequest.SerializeToString,
@@ -41,6 +46,13 @@ class AdminServiceServicer(object):
 
     def Status(self, request, context):
         """Status reports health and tier usage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Peers(self, request, context):
+        """Peers lists the cluster's members as this peer sees them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,6 +86,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=orbitkv_dot_v1_dot_admin__pb2.StatusRequest.FromString,
                     response_serializer=orbitkv_dot_v1_dot_admin__pb2.StatusResponse.SerializeToString,
+            ),
+            'Peers': grpc.unary_unary_rpc_method_handler(
+                    servicer.Peers,
+                    request_deserializer=orbitkv_dot_v1_dot_admin__pb2.PeersRequest.FromString,
+                    response_serializer=orbitkv_dot_v1_dot_admin__pb2.PeersResponse.SerializeToString,
             ),
             'CatalogLookup': grpc.unary_unary_rpc_method_handler(
                     servicer.CatalogLookup,
@@ -114,6 +131,23 @@ class AdminService(object):
         return grpc.experimental.unary_unary(request, target, '/orbitkv.v1.AdminService/Status',
             orbitkv_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
             orbitkv_dot_v1_dot_admin__pb2.StatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Peers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/orbitkv.v1.AdminService/Peers',
+            orbitkv_dot_v1_dot_admin__pb2.PeersRequest.SerializeToString,
+            orbitkv_dot_v1_dot_admin__pb2.PeersResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

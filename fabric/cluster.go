@@ -1,0 +1,582 @@
+package fabric
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pki"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+// The cluster: membership by memberlist, the shared catalog by announcement.
+//
+// Each peer announces its own catalog changes (a page Added: have; Deleted:
+// drop) to every live member directly, as small UDP messages numbered by a
+// per-peer sequence, within milliseconds of the commit. Receivers keep a
+// Remote index of who holds what. A receiver that finds a hole in a
+// member's sequence (a lost packet, a member it just met, a restarted
+// member: a new incarnation) asks that member for a Snapshot of its
+// catalog over the peer gRPC service and applies the announcements after
+// the snapshot's sequence on top. Every second a peer that announced
+// something sends its last sequence number, and memberlist's push/pull
+// carries it too, so a lost tail is noticed. A member that leaves or fails
+// takes its pages out of the index at once.
+//
+// Pages move on the data plane (transfer/tcp); remote.go fetches them.
+
+// Timings of the catalog dissemination.
+const (
+	syncTick       = 100 * time.Millisecond // how often holes are looked for
+	gapGrace       = 500 * time.Millisecond // a hole may fill (reordering) before a sync
+	behindGrace    = time.Second            // a member's later sequence seen, nothing arrived
+	heartbeatEvery = time.Second
+	snapshotChunk  = 16384 // entries per SnapshotChunk
+	maxEarly       = 1 << 16
+	maxPendingOut  = 1 << 20
+	syncDeadline   = 2 * time.Minute
+	maxSyncs       = 2
+)
+
+// cluster is this peer's membership and view of the shared catalog.
+type cluster struct {
+	name        string
+	incarnation uint64
+	log         zerolog.Logger
+	cat         *catalog.Catalog
+	remote      *catalog.Remote
+	m           *clusterMetrics
+	tls         *pki.Configs // nil: plain TCP
+
+	ml       *memberlist.Memberlist
+	data     *tcp.Client
+	dataSrv  *tcp.Server
+	peerSrv  *grpc.Server
+	peerAddr string // advertised
+	dataAddr string // advertised
+
+	out struct {
+		sync.Mutex
+		seq     uint64 // last sequence number given
+		sent    uint64 // last sequence number sent
+		beat    uint64 // sequence number of the last heartbeat
+		pending []announcement
+	}
+	wake chan struct{}
+
+	mu      sync.Mutex
+	origins map[string]*origin
+	ids     [catalog.MaxOrigins]bool
+	conns   map[string]*grpc.ClientConn // peer service, by address
+
+	syncs chan struct{} // semaphore of running syncs
+	wg    sync.WaitGroup
+}
+
+// origin is what this peer tracks of one other member.
+type origin struct {
+	name               string
+	id                 int
+	incarnation        uint64
+	gossipAddr         string
+	peerAddr, dataAddr string
+	state              string
+
+	applied     uint64                  // every announcement ≤ applied is in the index
+	synced      bool                    // a snapshot of this incarnation was applied
+	early       map[uint64]announcement // announcements after a hole, by sequence
+	gapSince    time.Time
+	known       uint64 // the highest sequence heard of
+	behindSince time.Time
+	syncing     bool
+	syncedAt    time.Time
+	nextTry     time.Time
+	failures    int
+}
+
+// announce is the catalog's OnChange hook: it numbers the change and queues
+// it for the sender. It runs under the catalog's writer lock and never
+// blocks.
+func (c *cluster) announce(e catalog.Entry, ch catalog.Change) {
+	a, ok := announceOf(e, ch)
+	if !ok {
+		return
+	}
+	c.out.Lock()
+	c.out.seq++
+	if len(c.out.pending) >= maxPendingOut {
+		// The sender fell far behind: drop the oldest. Receivers see the
+		// hole in the sequence and take a snapshot.
+		c.out.pending = slices.Delete(c.out.pending, 0, len(c.out.pending)/2)
+	}
+	c.out.pending = append(c.out.pending, a)
+	c.out.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// currentSeq is the last sequence number given to a change.
+func (c *cluster) currentSeq() uint64 {
+	c.out.Lock()
+	defer c.out.Unlock()
+	return c.out.seq
+}
+
+// runSender sends queued announcements to every live member, and a
+// heartbeat with the last sequence number once a second.
+func (c *cluster) runSender(ctx context.Context) {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+			c.sendPending()
+		case <-t.C:
+			c.sendHeartbeat()
+		}
+	}
+}
+
+func (c *cluster) sendPending() {
+	c.out.Lock()
+	anns := c.out.pending
+	first := c.out.seq - uint64(len(anns)) + 1
+	c.out.pending = nil
+	c.out.sent = c.out.seq
+	c.out.Unlock()
+	if len(anns) == 0 {
+		return
+	}
+	msgs := encodeAnnouncements(c.name, c.incarnation, first, anns)
+	c.broadcast(msgs)
+	c.m.announced.Add(float64(len(anns)))
+}
+
+func (c *cluster) sendHeartbeat() {
+	c.out.Lock()
+	seq := c.out.sent
+	if seq == c.out.beat {
+		c.out.Unlock()
+		return
+	}
+	c.out.beat = seq
+	c.out.Unlock()
+	c.broadcast([][]byte{encodeState(c.name, c.incarnation, seq)})
+}
+
+func (c *cluster) broadcast(msgs [][]byte) {
+	for _, n := range c.ml.Members() {
+		if n.Name == c.name {
+			continue
+		}
+		for _, msg := range msgs {
+			if err := c.ml.SendBestEffort(n, msg); err != nil {
+				c.m.sendErrors.Inc()
+				c.log.Debug().Err(err).Str("to", n.Name).Msg("announcement not sent")
+			}
+		}
+	}
+}
+
+// receive handles a member's announcement or state message.
+func (c *cluster) receive(msg []byte) {
+	h, body, err := decodeHead(msg)
+	if err != nil {
+		c.m.badMessages.Inc()
+		c.log.Warn().Err(err).Msg("gossip message dropped")
+		return
+	}
+	var anns []announcement
+	if h.kind == msgAnnounce {
+		if anns, err = decodeAnnouncements(body); err != nil {
+			c.m.badMessages.Inc()
+			c.log.Warn().Err(err).Str("from", h.name).Msg("gossip message dropped")
+			return
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	o := c.origins[h.name]
+	if o == nil || o.incarnation != h.incarnation {
+		return // not met yet, or an old or new life of it: membership and a snapshot sort it out
+	}
+	last := h.seq
+	if len(anns) > 0 {
+		last = h.seq + uint64(len(anns)) - 1
+	}
+	o.known = max(o.known, last)
+	for i, a := range anns {
+		c.m.received.Inc()
+		c.admitLocked(o, h.seq+uint64(i), a)
+	}
+	c.checkBehindLocked(o)
+}
+
+// admitLocked applies announcement seq of o, or keeps it until the hole
+// before it is filled by a snapshot.
+func (c *cluster) admitLocked(o *origin, seq uint64, a announcement) {
+	switch {
+	case o.synced && seq <= o.applied:
+		return // a duplicate (memberlist may deliver twice)
+	case o.synced && seq == o.applied+1:
+		c.applyLocked(o, a)
+		o.applied = seq
+		c.drainEarlyLocked(o)
+		return
+	}
+	if len(o.early) >= maxEarly {
+		o.early = nil // too far behind to catch up by announcements: a snapshot will
+	}
+	if o.early == nil {
+		o.early = map[uint64]announcement{}
+	}
+	o.early[seq] = a
+	if o.gapSince.IsZero() {
+		o.gapSince = time.Now()
+	}
+}
+
+func (c *cluster) applyLocked(o *origin, a announcement) {
+	if a.op == opHave {
+		if err := c.remote.Add(o.id, a.key, a.layout, a.size); err != nil {
+			c.log.Warn().Err(err).Str("origin", o.name).Msg("announcement not indexed")
+		}
+		return
+	}
+	c.remote.Remove(o.id, a.key)
+}
+
+// drainEarlyLocked applies kept announcements that now follow on.
+func (c *cluster) drainEarlyLocked(o *origin) {
+	for seq := range o.early {
+		if seq <= o.applied {
+			delete(o.early, seq)
+		}
+	}
+	for {
+		a, ok := o.early[o.applied+1]
+		if !ok {
+			break
+		}
+		delete(o.early, o.applied+1)
+		c.applyLocked(o, a)
+		o.applied++
+	}
+	if len(o.early) == 0 {
+		o.gapSince = time.Time{}
+	}
+}
+
+func (c *cluster) checkBehindLocked(o *origin) {
+	switch {
+	case o.synced && o.applied >= o.known:
+		o.behindSince = time.Time{}
+	case o.behindSince.IsZero():
+		o.behindSince = time.Now()
+	}
+}
+
+// needsSyncLocked says whether o's part of the index must be rebuilt from
+// a snapshot now.
+func needsSyncLocked(o *origin, now time.Time) bool {
+	if o.syncing || o.state != "alive" || now.Before(o.nextTry) {
+		return false
+	}
+	return !o.synced ||
+		!o.gapSince.IsZero() && now.Sub(o.gapSince) > gapGrace ||
+		!o.behindSince.IsZero() && now.Sub(o.behindSince) > behindGrace
+}
+
+// runSyncer starts snapshot syncs of members whose part of the index is
+// incomplete.
+func (c *cluster) runSyncer(ctx context.Context) {
+	t := time.NewTicker(syncTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			var due []*origin
+			for _, o := range c.origins {
+				if needsSyncLocked(o, now) {
+					o.syncing = true
+					due = append(due, o)
+				}
+			}
+			c.mu.Unlock()
+			for _, o := range due {
+				select {
+				case c.syncs <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+				c.wg.Add(1)
+				go func() {
+					defer c.wg.Done()
+					defer func() { <-c.syncs }()
+					c.sync(ctx, o)
+				}()
+			}
+		}
+	}
+}
+
+// sync rebuilds o's part of the index from its snapshot.
+func (c *cluster) sync(ctx context.Context, o *origin) {
+	start := time.Now()
+	c.mu.Lock()
+	o.synced = false // announcements wait in early until the snapshot is in
+	inc, addr := o.incarnation, o.peerAddr
+	c.mu.Unlock()
+	seq, n, err := c.pullSnapshot(ctx, o, inc, addr)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	o.syncing = false
+	if err != nil {
+		o.failures++
+		o.nextTry = time.Now().Add(min(time.Duration(o.failures)*time.Second, 30*time.Second))
+		c.m.syncs.WithLabelValues("failed").Inc()
+		c.log.Warn().Err(err).Str("origin", o.name).Int("failures", o.failures).Msg("catalog snapshot failed")
+		return
+	}
+	if o.incarnation != inc || c.origins[o.name] != o {
+		return // it restarted or left meanwhile
+	}
+	o.failures, o.applied, o.synced, o.syncedAt = 0, seq, true, time.Now()
+	o.known = max(o.known, seq)
+	c.drainEarlyLocked(o)
+	c.checkBehindLocked(o)
+	c.m.syncs.WithLabelValues("ok").Inc()
+	c.log.Info().Str("origin", o.name).Int("pages", n).Uint64("seq", seq).Dur("took", time.Since(start)).Msg("catalog snapshot applied")
+}
+
+// pullSnapshot streams o's snapshot into the index, replacing what o had
+// there. It returns the sequence number the snapshot includes.
+func (c *cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr string) (uint64, int, error) {
+	cc, err := c.peerConn(addr)
+	if err != nil {
+		return 0, 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, syncDeadline)
+	defer cancel()
+	stream, err := pb.NewPeerServiceClient(cc).Snapshot(ctx, &pb.SnapshotRequest{From: c.name})
+	if err != nil {
+		return 0, 0, fmt.Errorf("snapshot from %s: %w", addr, err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return 0, 0, fmt.Errorf("snapshot from %s: %w", addr, err)
+	}
+	if first.Origin != o.name || first.Incarnation != inc {
+		return 0, 0, fmt.Errorf("snapshot from %s is of %s/%d, want %s/%d", addr, first.Origin, first.Incarnation, o.name, inc)
+	}
+	c.remote.DropOrigin(o.id)
+	n := 0
+	for chunk := first; ; {
+		anns, err := decodeSnapshotEntries(chunk.Entries)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, a := range anns {
+			if err := c.remote.Add(o.id, a.key, a.layout, a.size); err != nil {
+				return 0, 0, err
+			}
+		}
+		n += len(anns)
+		if chunk, err = stream.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return first.Seq, n, nil
+			}
+			return 0, 0, fmt.Errorf("snapshot from %s: %w", addr, err)
+		}
+	}
+}
+
+// memberUp records a member that joined or changed (a restart brings a new
+// incarnation: its old pages leave the index and a snapshot is due).
+func (c *cluster) memberUp(n *memberlist.Node) {
+	if n.Name == c.name {
+		return
+	}
+	meta, err := decodeMeta(n.Meta)
+	if err != nil {
+		c.log.Warn().Err(err).Str("member", n.Name).Msg("member without usable metadata ignored")
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	o := c.origins[n.Name]
+	if o == nil {
+		id := c.freeIDLocked()
+		if id < 0 {
+			c.log.Error().Str("member", n.Name).Int("max", catalog.MaxOrigins).Msg("too many members: its pages are not indexed")
+			return
+		}
+		o = &origin{name: n.Name, id: id}
+		c.origins[n.Name] = o
+		c.log.Info().Str("member", n.Name).Str("data", meta.dataAddr).Msg("member joined")
+	}
+	if o.incarnation != meta.incarnation {
+		c.remote.DropOrigin(o.id)
+		o.incarnation, o.applied, o.known, o.synced, o.early = meta.incarnation, 0, 0, false, nil
+		o.gapSince, o.behindSince, o.nextTry, o.failures = time.Time{}, time.Time{}, time.Time{}, 0
+	}
+	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	o.peerAddr, o.dataAddr, o.state = meta.peerAddr, meta.dataAddr, "alive"
+	c.m.members.Set(float64(len(c.origins) + 1))
+}
+
+// memberDown forgets a member that left or failed, with its pages.
+func (c *cluster) memberDown(n *memberlist.Node) {
+	c.mu.Lock()
+	o := c.origins[n.Name]
+	if o == nil {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.origins, n.Name)
+	c.ids[o.id] = false
+	c.m.members.Set(float64(len(c.origins) + 1))
+	c.mu.Unlock()
+	dropped := c.remote.DropOrigin(o.id)
+	c.data.Forget(o.dataAddr)
+	c.log.Warn().Str("member", n.Name).Int("pages_dropped", dropped).Msg("member left or failed; its pages are no longer offered")
+}
+
+func (c *cluster) freeIDLocked() int {
+	for i, used := range c.ids {
+		if !used {
+			c.ids[i] = true
+			return i
+		}
+	}
+	return -1
+}
+
+// receiveState handles a member's last sequence number (heartbeat, push/pull).
+func (c *cluster) receiveState(buf []byte) {
+	h, _, err := decodeHead(buf)
+	if err != nil || h.kind != msgState {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if o := c.origins[h.name]; o != nil && o.incarnation == h.incarnation {
+		o.known = max(o.known, h.seq)
+		c.checkBehindLocked(o)
+	}
+}
+
+// alive says whether origin id is a live member.
+func (c *cluster) alive(id int) bool {
+	_, ok := c.dataAddrOf(id)
+	return ok
+}
+
+// dataAddrOf returns the data address of origin id, if it is alive.
+func (c *cluster) dataAddrOf(id int) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.origins {
+		if o.id == id && o.state == "alive" {
+			return o.dataAddr, true
+		}
+	}
+	return "", false
+}
+
+// meta is what a member publishes in memberlist's node metadata.
+type meta struct {
+	incarnation        uint64
+	peerAddr, dataAddr string
+}
+
+func (m meta) encode() []byte {
+	b := []byte{gossipV1}
+	b = binary.LittleEndian.AppendUint64(b, m.incarnation)
+	for _, s := range []string{m.peerAddr, m.dataAddr} {
+		b = append(b, byte(len(s)))
+		b = append(b, s...)
+	}
+	return b
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	var m meta
+	if len(b) < 9 || b[0] != gossipV1 {
+		return m, fmt.Errorf("%w: metadata of %d bytes", errGossip, len(b))
+	}
+	m.incarnation = binary.LittleEndian.Uint64(b[1:])
+	b = b[9:]
+	var addrs [2]string
+	for i := range addrs {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return m, fmt.Errorf("%w: metadata truncated", errGossip)
+		}
+		addrs[i], b = string(b[1:1+int(b[0])]), b[1+int(b[0]):]
+		if _, _, err := net.SplitHostPort(addrs[i]); err != nil {
+			return m, fmt.Errorf("%w: address %q: %v", errGossip, addrs[i], err)
+		}
+	}
+	m.peerAddr, m.dataAddr = addrs[0], addrs[1]
+	return m, nil
+}
+
+func newIncarnation() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return uint64(time.Now().UnixNano())
+	}
+	return binary.LittleEndian.Uint64(b[:]) | 1
+}
+
+// peers lists this peer and the members it tracks, sorted by name.
+func (c *cluster) peers(ownPages uint64) []*pb.PeerInfo {
+	self := &pb.PeerInfo{Name: c.name, PeerAddr: c.peerAddr, DataAddr: c.dataAddr, State: "alive", Self: true,
+		Pages: ownPages, Incarnation: c.incarnation}
+	if c.ml != nil {
+		self.GossipAddr = c.ml.LocalNode().Address()
+	}
+	out := []*pb.PeerInfo{self}
+	c.mu.Lock()
+	var os []*origin
+	for _, o := range c.origins {
+		os = append(os, o)
+	}
+	infos := make([]*pb.PeerInfo, len(os))
+	for i, o := range os {
+		infos[i] = &pb.PeerInfo{Name: o.name, GossipAddr: o.gossipAddr, PeerAddr: o.peerAddr, DataAddr: o.dataAddr,
+			State: o.state, Incarnation: o.incarnation}
+		if !o.syncedAt.IsZero() {
+			infos[i].SyncedUnixMs = o.syncedAt.UnixMilli()
+		}
+	}
+	c.mu.Unlock()
+	for i, o := range os {
+		infos[i].Pages = uint64(c.remote.Count(o.id))
+	}
+	out = append(out, infos...)
+	slices.SortFunc(out[1:], func(a, b *pb.PeerInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}

@@ -1,0 +1,403 @@
+package fabric
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pki"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+// clusterMetrics are the fabric's cluster series.
+type clusterMetrics struct {
+	members                         prometheus.Gauge
+	announced, received, sendErrors prometheus.Counter
+	badMessages                     prometheus.Counter
+	syncs                           *prometheus.CounterVec
+	fetchPages                      *prometheus.CounterVec
+	fetchBytes                      prometheus.Counter
+}
+
+func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *clusterMetrics {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "orbitkv", Subsystem: "cluster", Name: name, Help: help}
+	}
+	m := &clusterMetrics{
+		members:     prometheus.NewGauge(prometheus.GaugeOpts(opts("members", "Live members of the cluster, this peer included."))),
+		announced:   prometheus.NewCounter(prometheus.CounterOpts(opts("announced_total", "Catalog changes this peer announced."))),
+		received:    prometheus.NewCounter(prometheus.CounterOpts(opts("announcements_received_total", "Catalog changes received from members."))),
+		sendErrors:  prometheus.NewCounter(prometheus.CounterOpts(opts("send_errors_total", "Announcement messages that could not be sent."))),
+		badMessages: prometheus.NewCounter(prometheus.CounterOpts(opts("bad_messages_total", "Gossip messages dropped as malformed."))),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts(opts("snapshot_syncs_total", "Catalog snapshots pulled from members, by result.")),
+			[]string{"result"}),
+		fetchPages: prometheus.NewCounterVec(prometheus.CounterOpts(opts("fetched_pages_total", "Pages fetched from members for loads, by result.")),
+			[]string{"result"}),
+		fetchBytes: prometheus.NewCounter(prometheus.CounterOpts(opts("fetched_bytes_total", "Page bytes fetched from members and verified."))),
+	}
+	reg.MustRegister(m.members, m.announced, m.received, m.sendErrors, m.badMessages, m.syncs, m.fetchPages, m.fetchBytes,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("remote_pages", "Pages other members announced (distinct keys).")),
+			func() float64 { return float64(remote.Len()) }))
+	return m
+}
+
+// newCluster prepares the cluster state before the catalog opens (the
+// catalog's change feed goes to announce). Nothing listens yet.
+func newCluster(cfg Config, reg *prometheus.Registry, log zerolog.Logger) (*cluster, error) {
+	name, err := nodeName(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{
+		name: name, incarnation: newIncarnation(), log: log.With().Str("node", name).Logger(),
+		remote: catalog.NewRemote(), origins: map[string]*origin{}, conns: map[string]*grpc.ClientConn{},
+		wake: make(chan struct{}, 1), syncs: make(chan struct{}, maxSyncs),
+	}
+	if cfg.TLSCert != "" {
+		t, err := pki.LoadFiles(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA)
+		if err != nil {
+			return nil, err
+		}
+		c.tls = &t
+	}
+	c.m = newClusterMetrics(reg, c.remote)
+	c.m.members.Set(1)
+	c.data = tcp.NewClient(c.clientTLS())
+	return c, nil
+}
+
+// nodeName is the configured node name, or one kept in the data directory:
+// the host name and a random suffix, so that peers sharing a host name (one
+// per network namespace, containers) stay apart and a restart keeps it.
+func nodeName(cfg Config) (string, error) {
+	if cfg.NodeName != "" {
+		return cfg.NodeName, nil
+	}
+	path := filepath.Join(cfg.DataDir, "node-name")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	host, _ := os.Hostname()
+	name := fmt.Sprintf("%s-%06x", host, newIncarnation()&0xffffff)
+	if err := os.WriteFile(path, []byte(name+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("node name: %w", err)
+	}
+	return name, nil
+}
+
+// start listens on the peer and data addresses, joins the cluster and runs
+// the sender and the syncer until ctx ends; stop leaves and closes.
+func (c *cluster) start(ctx context.Context, cfg Config, src tcp.Source) (stop func(), err error) {
+	peerLis, err := net.Listen("tcp", cfg.PeerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("peer listener: %w", err)
+	}
+	dataLis, err := net.Listen("tcp", cfg.DataAddr)
+	if err != nil {
+		peerLis.Close()
+		return nil, fmt.Errorf("data plane listener: %w", err)
+	}
+	var opts []grpc.ServerOption
+	if c.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(c.tls.Server)))
+	}
+	c.dataSrv = tcp.NewServer(src, c.serverTLS())
+	c.dataSrv.OnError = func(remote string, err error) {
+		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
+	}
+	c.peerSrv = grpc.NewServer(opts...)
+	pb.RegisterPeerServiceServer(c.peerSrv, &peerServer{c: c})
+	c.wg.Add(2)
+	go func() { defer c.wg.Done(); c.peerSrv.Serve(peerLis) }()
+	go func() { defer c.wg.Done(); c.dataSrv.Serve(dataLis) }()
+
+	ml, err := c.createMemberlist(cfg, peerLis.Addr(), dataLis.Addr())
+	if err != nil {
+		c.peerSrv.Stop()
+		c.dataSrv.Close()
+		c.wg.Wait()
+		return nil, err
+	}
+	c.ml = ml
+	ctx, cancel := context.WithCancel(ctx)
+	c.wg.Add(3)
+	go func() { defer c.wg.Done(); c.runSender(ctx) }()
+	go func() { defer c.wg.Done(); c.runSyncer(ctx) }()
+	go func() { defer c.wg.Done(); c.joinLoop(ctx, splitList(cfg.ClusterJoin)) }()
+	c.log.Info().Str("gossip", ml.LocalNode().Address()).Str("peer", c.peerAddr).Str("data", c.dataAddr).
+		Bool("mtls", c.tls != nil).Bool("gossip_encrypted", cfg.ClusterKeyFile != "").Msg("cluster member")
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			if err := ml.Leave(time.Second); err != nil {
+				c.log.Warn().Err(err).Msg("leave")
+			}
+			ml.Shutdown()
+			c.peerSrv.Stop()
+			c.dataSrv.Close()
+			c.data.Close()
+			c.wg.Wait()
+			c.mu.Lock()
+			for _, cc := range c.conns {
+				cc.Close()
+			}
+			c.mu.Unlock()
+		})
+	}, nil
+}
+
+func (c *cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist.Memberlist, error) {
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = c.name
+	host, port, err := splitHostPort(cfg.ClusterAddr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster-addr: %w", err)
+	}
+	mc.BindAddr, mc.BindPort = host, port
+	if cfg.ClusterAdvertise != "" {
+		ah, ap, err := splitHostPort(cfg.ClusterAdvertise)
+		if err != nil {
+			return nil, fmt.Errorf("cluster-advertise: %w", err)
+		}
+		mc.AdvertiseAddr, mc.AdvertisePort = ah, ap
+	}
+	if cfg.ClusterKeyFile != "" {
+		key, err := readClusterKey(cfg.ClusterKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		mc.SecretKey = key
+	}
+	mc.PushPullInterval = 5 * time.Second
+	mc.DeadNodeReclaimTime = 10 * time.Second // a peer restarted elsewhere may take its name back
+	mc.Logger = log.New(memberlistLog{c.log}, "", 0)
+	d := &mlDelegate{c: c}
+	mc.Delegate, mc.Events = d, d
+	// The advertised addresses of the peer service and data plane take the
+	// host others reach the gossip at when they listen on every address.
+	c.peerAddr, c.dataAddr = peer.String(), data.String()
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("memberlist: %w", err)
+	}
+	adv := ml.LocalNode().Addr.String()
+	c.mu.Lock()
+	c.peerAddr, c.dataAddr = advertised(peer, adv), advertised(data, adv)
+	c.mu.Unlock()
+	if c.peerAddr != peer.String() || c.dataAddr != data.String() {
+		if err := ml.UpdateNode(5 * time.Second); err != nil {
+			c.log.Warn().Err(err).Msg("republishing the advertised addresses")
+		}
+	}
+	return ml, nil
+}
+
+// advertised replaces an unspecified listen host by the gossip's host.
+func advertised(a net.Addr, host string) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || !ta.IP.IsUnspecified() {
+		return a.String()
+	}
+	return net.JoinHostPort(host, strconv.Itoa(ta.Port))
+}
+
+// joinLoop joins through the seeds, retrying every second until one
+// answers (seeds may start later than this peer).
+func (c *cluster) joinLoop(ctx context.Context, seeds []string) {
+	if len(seeds) == 0 {
+		return
+	}
+	for wait := time.Duration(0); ; wait = time.Second {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		n, err := c.ml.Join(seeds)
+		if n > 0 {
+			c.log.Info().Int("contacted", n).Msg("joined the cluster")
+			return
+		}
+		c.log.Warn().Err(err).Strs("seeds", seeds).Msg("no seed answered; retrying")
+	}
+}
+
+func (c *cluster) peerConn(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc := c.conns[addr]; cc != nil {
+		return cc, nil
+	}
+	creds := insecure.NewCredentials()
+	if c.tls != nil {
+		creds = credentials.NewTLS(c.tls.Client)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("peer %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// readClusterKey reads the gossip encryption key: 16, 24 or 32 bytes,
+// base64 in the file (`orbitkv pki init` writes one).
+func readClusterKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cluster key: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("cluster key %s: not base64: %w", path, err)
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("cluster key %s: %d bytes, want 16, 24 or 32", path, n)
+	}
+	return key, nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q", p)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, port, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// mlDelegate connects memberlist to the cluster.
+type mlDelegate struct{ c *cluster }
+
+func (d *mlDelegate) NodeMeta(limit int) []byte {
+	d.c.mu.Lock()
+	defer d.c.mu.Unlock()
+	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr}.encode()
+	if len(b) > limit {
+		d.c.log.Error().Int("bytes", len(b)).Int("limit", limit).Msg("node metadata too long")
+		return nil
+	}
+	return b
+}
+
+// NotifyMsg gets a member's message; memberlist reuses the buffer.
+func (d *mlDelegate) NotifyMsg(b []byte) { d.c.receive(append([]byte(nil), b...)) }
+
+func (d *mlDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+
+func (d *mlDelegate) LocalState(join bool) []byte {
+	return encodeState(d.c.name, d.c.incarnation, d.c.currentSeq())
+}
+
+func (d *mlDelegate) MergeRemoteState(buf []byte, join bool) { d.c.receiveState(buf) }
+
+func (d *mlDelegate) NotifyJoin(n *memberlist.Node)   { d.c.memberUp(n) }
+func (d *mlDelegate) NotifyUpdate(n *memberlist.Node) { d.c.memberUp(n) }
+func (d *mlDelegate) NotifyLeave(n *memberlist.Node)  { d.c.memberDown(n) }
+
+// memberlistLog sends memberlist's log lines to zerolog: warnings and
+// errors as such, the rest at debug.
+type memberlistLog struct{ log zerolog.Logger }
+
+func (w memberlistLog) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	switch {
+	case strings.Contains(line, "[ERR]"):
+		w.log.Error().Str("memberlist", line).Send()
+	case strings.Contains(line, "[WARN]"):
+		w.log.Warn().Str("memberlist", line).Send()
+	default:
+		w.log.Debug().Str("memberlist", line).Send()
+	}
+	return len(p), nil
+}
+
+// peerServer is the PeerService.
+type peerServer struct {
+	pb.UnimplementedPeerServiceServer
+	c *cluster
+}
+
+// Snapshot streams the catalog: the sequence number is read before the
+// catalog, so every change up to it is in what follows (changes after it
+// may be too; their announcements apply on top idempotently).
+func (s *peerServer) Snapshot(req *pb.SnapshotRequest, stream pb.PeerService_SnapshotServer) error {
+	c := s.c
+	chunk := &pb.SnapshotChunk{Origin: c.name, Incarnation: c.incarnation, Seq: c.currentSeq()}
+	buf := make([]byte, 0, snapshotChunk*snapshotEntrySize)
+	var sendErr error
+	c.cat.Range(func(e catalog.Entry) bool {
+		if e.Tier() == catalog.TierNone {
+			return true
+		}
+		buf = appendSnapshotEntry(buf, e)
+		if len(buf) < cap(buf) {
+			return true
+		}
+		chunk.Entries = buf
+		if sendErr = stream.Send(chunk); sendErr != nil {
+			return false
+		}
+		// gRPC may read a sent message lazily: a new buffer each chunk.
+		chunk, buf = &pb.SnapshotChunk{}, make([]byte, 0, snapshotChunk*snapshotEntrySize)
+		return true
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	chunk.Entries = buf
+	return stream.Send(chunk)
+}
+
+var errStandalone = errors.New("the peer runs standalone (no --cluster-addr)")
+
+func (c *cluster) clientTLS() *tls.Config {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls.Client
+}
+
+func (c *cluster) serverTLS() *tls.Config {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls.Server
+}
