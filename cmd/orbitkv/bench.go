@@ -12,8 +12,8 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
 		"ssd":    runBenchSSD,
 		"tiers":  runBenchTiers,
-		"lookup": runBenchLookup,
-		"gpu":    runBenchGPU, "serving": runBenchServing, "report": runBenchReport,
+		"lookup": runBenchLookup, "fabric": runBenchFabric,
+		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport,
 	})
 }
 

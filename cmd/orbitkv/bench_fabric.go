@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/dram"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+// bench fabric: page fetches over the TCP data plane between two hosts
+// (network namespaces on one machine, scripts/bench-fabric-netns.sh), from
+// one DRAM pool into another, beside iperf3 on the same link in the same run.
+func runBenchFabric(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench fabric", flag.ContinueOnError)
+	serve := fs.String("serve", "", "serve synthetic pages on this address until interrupted")
+	fetch := fs.String("fetch", "", "fetch pages from a --serve side at this address")
+	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (empty: none)")
+	pageBytes := fs.Uint64("page-bytes", 2<<20, "page data bytes (Qwen3-8B, 64 tokens: 9437184)")
+	pages := fs.Int("pages", 256, "pages the server holds")
+	batch := fs.Int("batch", 32, "pages per fetch request")
+	streams := fs.Int("streams", 1, "fetches in flight (connections)")
+	rounds := fs.Int("rounds", 5, "measured rounds of --seconds each")
+	seconds := fs.Float64("seconds", 2, "length of a round")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case *serve != "":
+		return benchFabricServe(ctx, out, *serve, *pageBytes, *pages)
+	case *fetch != "":
+		return benchFabricFetch(ctx, out, *fetch, *iperf, *pageBytes, *pages, *batch, *streams, *rounds, time.Duration(*seconds*float64(time.Second)))
+	}
+	return errors.New("bench fabric: give --serve ADDR or --fetch ADDR")
+}
+
+// benchPages are n pages of one size in a pre-faulted DRAM pool.
+type benchPages struct {
+	pool  *dram.Pool
+	slots []dram.Slot
+	wants []tcp.Want
+	hdrs  map[pagekey.Key]page.Header
+	index map[pagekey.Key]int
+}
+
+var benchLayout = pagekey.Fingerprint{'b', 'e', 'n', 'c', 'h'}
+
+// benchKey is page i's key: both sides derive it, so no catalog is needed.
+func benchKey(i int) pagekey.Key {
+	var k pagekey.Key
+	binary.LittleEndian.PutUint64(k[:], uint64(i)+1)
+	copy(k[8:], "fabric")
+	return k
+}
+
+func newBenchPages(pageBytes uint64, n int, fill bool) (*benchPages, error) {
+	slab := max(64<<20, dram.SlotBytes(pageBytes))
+	pool, err := dram.New(dram.Config{Bytes: (uint64(n)*dram.SlotBytes(pageBytes)/slab + 2) * slab, SlabBytes: slab})
+	if err != nil {
+		return nil, err
+	}
+	b := &benchPages{pool: pool, hdrs: map[pagekey.Key]page.Header{}, index: map[pagekey.Key]int{}}
+	for i := range n {
+		s, err := pool.Alloc(pageBytes)
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		k := benchKey(i)
+		b.slots = append(b.slots, s)
+		b.wants = append(b.wants, tcp.Want{Key: k, Layout: benchLayout, Size: pageBytes})
+		b.index[k] = i
+		if fill {
+			data := pool.Bytes(s)[:pageBytes]
+			rand.Read(data)
+			b.hdrs[k] = page.Header{Key: k, Layout: benchLayout, Length: pageBytes, Checksum: page.Checksum(data), Generation: 1}
+		}
+	}
+	return b, nil
+}
+
+// Open serves the bench pages (tcp.Source).
+func (b *benchPages) Open(_ context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
+	out := make([]tcp.Page, len(wants))
+	for i, w := range wants {
+		if j, ok := b.index[w.Key]; ok {
+			out[i] = tcp.Page{Header: b.hdrs[w.Key], Data: b.pool.Bytes(b.slots[j])[:w.Size]}
+		}
+	}
+	return out, func() {}
+}
+
+func benchFabricServe(ctx context.Context, out io.Writer, addr string, pageBytes uint64, n int) error {
+	b, err := newBenchPages(pageBytes, n, true)
+	if err != nil {
+		return err
+	}
+	defer b.pool.Close()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := tcp.NewServer(b, nil)
+	go func() { <-ctx.Done(); srv.Close() }()
+	fmt.Fprintf(out, "serving %d pages of %d bytes on %s\n", n, pageBytes, lis.Addr())
+	if err := srv.Serve(lis); !errors.Is(err, tcp.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func benchFabricFetch(ctx context.Context, out io.Writer, addr, iperfHost string, pageBytes uint64, n, batch, streams, rounds int, round time.Duration) error {
+	dst, err := newBenchPages(pageBytes, n, false)
+	if err != nil {
+		return err
+	}
+	defer dst.pool.Close()
+	c := tcp.NewClient(nil)
+	defer c.Close()
+	batch = min(batch, n)
+	fmt.Fprintf(out, "bench fabric: %d pages of %d bytes at %s, %d per request, %d stream(s), %d rounds of %v\n",
+		n, pageBytes, addr, batch, streams, rounds, round)
+	// One warm-up round opens the connections and faults nothing new.
+	if _, err := fetchRound(ctx, c, addr, dst, batch, streams, round/2); err != nil {
+		return err
+	}
+	var rates []float64
+	for r := range rounds {
+		gb, err := fetchRound(ctx, c, addr, dst, batch, streams, round)
+		if err != nil {
+			return err
+		}
+		rates = append(rates, gb)
+		fmt.Fprintf(out, "  round %d: %.2f GB/s (%.1f Gbit/s)\n", r+1, gb, gb*8)
+	}
+	fetch := median(rates)
+	fmt.Fprintf(out, "fetch (verified, into a DRAM pool): median %.2f GB/s = %.1f Gbit/s\n", fetch, fetch*8)
+	if iperfHost == "" {
+		return nil
+	}
+	base, err := iperf3(ctx, iperfHost, streams, time.Duration(rounds)*round)
+	if err != nil {
+		return fmt.Errorf("iperf3 baseline: %w", err)
+	}
+	fmt.Fprintf(out, "iperf3 -c %s -P %d: %.1f Gbit/s\nfetch / iperf3: %.0f%%\n", iperfHost, streams, base, 100*fetch*8/base)
+	return nil
+}
+
+// fetchRound fetches batches of pages on streams connections for d and
+// returns the verified rate in GB/s.
+func fetchRound(ctx context.Context, c *tcp.Client, addr string, dst *benchPages, batch, streams int, d time.Duration) (float64, error) {
+	start := time.Now()
+	before := c.ReceivedBytes()
+	var wg sync.WaitGroup
+	errc := make(chan error, streams)
+	for s := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := s * batch; time.Since(start) < d; i += streams * batch {
+				lo := i % len(dst.wants)
+				hi := min(lo+batch, len(dst.wants))
+				bufs := make([][]byte, hi-lo)
+				for j := range bufs {
+					bufs[j] = dst.pool.Bytes(dst.slots[lo+j])[:dst.wants[lo+j].Size]
+				}
+				fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				res := c.Fetch(fctx, addr, dst.wants[lo:hi], bufs)
+				cancel()
+				for _, r := range res {
+					if r.Err != nil {
+						errc <- r.Err
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return 0, err
+	default:
+	}
+	return gbps(c.ReceivedBytes()-before, time.Since(start)), nil
+}
+
+// iperf3 runs the iperf3 client against host and returns the received
+// rate in Gbit/s.
+func iperf3(ctx context.Context, host string, streams int, d time.Duration) (float64, error) {
+	secs := max(1, int(d.Seconds()))
+	cmd := exec.CommandContext(ctx, "iperf3", "-c", host, "-J", "-P", fmt.Sprint(streams), "-t", fmt.Sprint(secs))
+	b, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("%v: %s", err, strings.TrimSpace(string(b)))
+	}
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return 0, err
+	}
+	return r.End.SumReceived.BitsPerSecond / 1e9, nil
+}
