@@ -60,9 +60,18 @@ type proc struct {
 // startPeer runs `orbitkv serve` on dataDir and waits for its "serving" line.
 func startPeer(t *testing.T, dataDir string, extra ...string) *proc {
 	t.Helper()
+	return startPeerIn(t, "", dataDir, extra...)
+}
+
+// startPeerIn is startPeer inside network namespace ns ("" for this one).
+func startPeerIn(t *testing.T, ns, dataDir string, extra ...string) *proc {
+	t.Helper()
 	args := append([]string{"serve", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0",
 		"--dram-bytes", "32MiB", "--dram-slab-bytes", "4MiB", "--ssd-bytes", "128MiB", "--ssd-file-bytes", "64MiB"}, extra...)
 	cmd := exec.Command(binPath, args...)
+	if ns != "" { // ip netns exec execs the peer: the process is the peer's
+		cmd = exec.Command("ip", append([]string{"netns", "exec", ns, binPath}, args...)...)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
