@@ -20,4 +20,10 @@
 //     checksummed before they are written.
 //   - Gauges (leases, query bytes, in-flight operations, SSD queue, unsealed
 //     pages) return to zero when the peer is idle.
+//
+// With Config.ClusterAddr the peer is a cluster member (cluster.go: membership
+// and catalog announcements; cluster_run.go: listeners, memberlist, the peer
+// gRPC service; remote.go: fetching members' pages at load and serving ours).
+// A page fetched from a member is verified on receipt and then is this
+// peer's own, like a saved one.
 package fabric
