@@ -17,7 +17,7 @@ import (
 // dir and returns a config setter using them.
 type clusterCreds struct{ cert, key, ca, gossipKey string }
 
-func writeCreds(t *testing.T, dir string, gossipKey []byte) clusterCreds {
+func writeCreds(t testing.TB, dir string, gossipKey []byte) clusterCreds {
 	t.Helper()
 	ca, err := pki.NewCA("test cluster", time.Hour)
 	if err != nil {
@@ -38,7 +38,7 @@ func writeCreds(t *testing.T, dir string, gossipKey []byte) clusterCreds {
 	return c
 }
 
-func clusterConfig(t *testing.T, creds clusterCreds, join string) Config {
+func clusterConfig(t testing.TB, creds clusterCreds, join string) Config {
 	cfg := smallConfig(t.TempDir())
 	cfg.ClusterAddr, cfg.ClusterJoin = "127.0.0.1:0", join
 	cfg.ClusterKeyFile, cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = creds.gossipKey, creds.cert, creds.key, creds.ca

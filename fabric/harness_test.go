@@ -20,7 +20,7 @@ import (
 
 // testPeer is a peer serving on a socket in a temp dir.
 type testPeer struct {
-	t     *testing.T
+	t     testing.TB
 	p     *Peer
 	cfg   Config
 	conn  *grpc.ClientConn
@@ -41,7 +41,7 @@ func smallConfig(dir string) Config {
 	return cfg
 }
 
-func startPeer(t *testing.T, cfg Config) *testPeer {
+func startPeer(t testing.TB, cfg Config) *testPeer {
 	t.Helper()
 	p, err := New(cfg, zerolog.New(io.Discard))
 	if err != nil {
@@ -110,7 +110,7 @@ func (tp *testPeer) engine(f engineclient.Flash) *engine {
 	return &engine{Engine: e, f: f, shm: shm}
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c
@@ -184,11 +184,11 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 }
 
 // okOp returns a checker for an operation's (status, error) pair.
-func okOp(t *testing.T) func(*pb.OpStatus, error) {
+func okOp(t testing.TB) func(*pb.OpStatus, error) {
 	return func(st *pb.OpStatus, err error) { mustOK(t, st, err) }
 }
 
-func mustOK(t *testing.T, st *pb.OpStatus, err error) {
+func mustOK(t testing.TB, st *pb.OpStatus, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
