@@ -41,6 +41,16 @@ func (h Holders) First() int {
 	return -1
 }
 
+// Next returns the lowest origin in h above o, or -1.
+func (h Holders) Next(o int) int {
+	for o++; o < MaxOrigins; o++ {
+		if h.Has(o) {
+			return o
+		}
+	}
+	return -1
+}
+
 // RemotePage is what the index knows of one page held elsewhere.
 type RemotePage struct {
 	Layout  pagekey.Fingerprint

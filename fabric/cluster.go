@@ -63,12 +63,13 @@ type cluster struct {
 	m           *clusterMetrics
 	tls         *pki.Configs // nil: plain TCP
 
-	ml       *memberlist.Memberlist
-	data     *tcp.Client
-	dataSrv  *tcp.Server
-	peerSrv  *grpc.Server
-	peerAddr string // advertised
-	dataAddr string // advertised
+	ml         *memberlist.Memberlist
+	data       *tcp.Client
+	dataSrv    *tcp.Server
+	peerSrv    *grpc.Server
+	peerAddr   string // advertised; guarded by mu
+	dataAddr   string // advertised; guarded by mu
+	gossipAddr string // guarded by mu
 
 	out struct {
 		sync.Mutex
@@ -98,7 +99,8 @@ type origin struct {
 	state              string
 
 	applied     uint64                  // every announcement ≤ applied is in the index
-	synced      bool                    // a snapshot of this incarnation was applied
+	synced      bool                    // the index holds a snapshot plus every announcement since
+	current     bool                    // a snapshot of this incarnation was applied (lookups may offer its pages)
 	early       map[uint64]announcement // announcements after a hole, by sequence
 	gapSince    time.Time
 	known       uint64 // the highest sequence heard of
@@ -172,12 +174,10 @@ func (c *cluster) sendPending() {
 }
 
 func (c *cluster) sendHeartbeat() {
+	// Every second, changed or not: one lost heartbeat must not hide a
+	// lost last announcement until the next push/pull.
 	c.out.Lock()
 	seq := c.out.sent
-	if seq == c.out.beat {
-		c.out.Unlock()
-		return
-	}
 	c.out.beat = seq
 	c.out.Unlock()
 	c.broadcast([][]byte{encodeState(c.name, c.incarnation, seq)})
@@ -363,7 +363,7 @@ func (c *cluster) sync(ctx context.Context, o *origin) {
 	if o.incarnation != inc || c.origins[o.name] != o {
 		return // it restarted or left meanwhile
 	}
-	o.failures, o.applied, o.synced, o.syncedAt = 0, seq, true, time.Now()
+	o.failures, o.applied, o.synced, o.current, o.syncedAt = 0, seq, true, true, time.Now()
 	o.known = max(o.known, seq)
 	c.drainEarlyLocked(o)
 	c.checkBehindLocked(o)
@@ -391,26 +391,34 @@ func (c *cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr 
 	if first.Origin != o.name || first.Incarnation != inc {
 		return 0, 0, fmt.Errorf("snapshot from %s is of %s/%d, want %s/%d", addr, first.Origin, first.Incarnation, o.name, inc)
 	}
-	c.remote.DropOrigin(o.id)
-	n := 0
+	var all []announcement
 	for chunk := first; ; {
 		anns, err := decodeSnapshotEntries(chunk.Entries)
 		if err != nil {
 			return 0, 0, err
 		}
-		for _, a := range anns {
-			if err := c.remote.Add(o.id, a.key, a.layout, a.size); err != nil {
-				return 0, 0, err
-			}
-		}
-		n += len(anns)
+		all = append(all, anns...)
 		if chunk, err = stream.Recv(); err != nil {
 			if errors.Is(err, io.EOF) {
-				return first.Seq, n, nil
+				break
 			}
 			return 0, 0, fmt.Errorf("snapshot from %s: %w", addr, err)
 		}
 	}
+	// Replace o's part of the index in one step, and only while o is still
+	// this life of the member: its id may have gone to another member.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.origins[o.name] != o || o.incarnation != inc {
+		return 0, 0, fmt.Errorf("snapshot from %s: the member left or restarted meanwhile", addr)
+	}
+	c.remote.DropOrigin(o.id)
+	for _, a := range all {
+		if err := c.remote.Add(o.id, a.key, a.layout, a.size); err != nil {
+			return 0, 0, err
+		}
+	}
+	return first.Seq, len(all), nil
 }
 
 // memberUp records a member that joined or changed (a restart brings a new
@@ -438,8 +446,11 @@ func (c *cluster) memberUp(n *memberlist.Node) {
 		c.log.Info().Str("member", n.Name).Str("data", meta.dataAddr).Msg("member joined")
 	}
 	if o.incarnation != meta.incarnation {
-		c.remote.DropOrigin(o.id)
+		// A new life: lookups stop offering its pages at once (usable needs
+		// a snapshot of this incarnation); the snapshot replaces them. No
+		// scan of the index here: memberlist holds its node lock.
 		o.incarnation, o.applied, o.known, o.synced, o.early = meta.incarnation, 0, 0, false, nil
+		o.current = false
 		o.gapSince, o.behindSince, o.nextTry, o.failures = time.Time{}, time.Time{}, time.Time{}, 0
 	}
 	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
@@ -456,12 +467,18 @@ func (c *cluster) memberDown(n *memberlist.Node) {
 		return
 	}
 	delete(c.origins, n.Name)
-	c.ids[o.id] = false
 	c.m.members.Set(float64(len(c.origins) + 1))
 	c.mu.Unlock()
-	dropped := c.remote.DropOrigin(o.id)
-	c.data.Forget(o.dataAddr)
-	c.log.Warn().Str("member", n.Name).Int("pages_dropped", dropped).Msg("member left or failed; its pages are no longer offered")
+	// The index scan runs off memberlist's callback (it holds its node
+	// lock); the id is reused only after it.
+	go func() {
+		dropped := c.remote.DropOrigin(o.id)
+		c.mu.Lock()
+		c.ids[o.id] = false
+		c.mu.Unlock()
+		c.data.Forget(o.dataAddr)
+		c.log.Warn().Str("member", n.Name).Int("pages_dropped", dropped).Msg("member left or failed; its pages are no longer offered")
+	}()
 }
 
 func (c *cluster) freeIDLocked() int {
@@ -488,10 +505,17 @@ func (c *cluster) receiveState(buf []byte) {
 	}
 }
 
-// alive says whether origin id is a live member.
-func (c *cluster) alive(id int) bool {
-	_, ok := c.dataAddrOf(id)
-	return ok
+// usable says whether origin id is a live member whose pages this peer has
+// a snapshot of (its current life).
+func (c *cluster) usable(id int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.origins {
+		if o.id == id {
+			return o.state == "alive" && o.current
+		}
+	}
+	return false
 }
 
 // dataAddrOf returns the data address of origin id, if it is alive.
@@ -553,13 +577,10 @@ func newIncarnation() uint64 {
 
 // peers lists this peer and the members it tracks, sorted by name.
 func (c *cluster) peers(ownPages uint64) []*pb.PeerInfo {
-	self := &pb.PeerInfo{Name: c.name, PeerAddr: c.peerAddr, DataAddr: c.dataAddr, State: "alive", Self: true,
-		Pages: ownPages, Incarnation: c.incarnation}
-	if c.ml != nil {
-		self.GossipAddr = c.ml.LocalNode().Address()
-	}
-	out := []*pb.PeerInfo{self}
 	c.mu.Lock()
+	self := &pb.PeerInfo{Name: c.name, PeerAddr: c.peerAddr, DataAddr: c.dataAddr, State: "alive", Self: true,
+		Pages: ownPages, Incarnation: c.incarnation, GossipAddr: c.gossipAddr}
+	out := []*pb.PeerInfo{self}
 	var os []*origin
 	for _, o := range c.origins {
 		os = append(os, o)

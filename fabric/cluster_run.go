@@ -143,7 +143,10 @@ func (c *cluster) start(ctx context.Context, cfg Config, src tcp.Source) (stop f
 	go func() { defer c.wg.Done(); c.runSender(ctx) }()
 	go func() { defer c.wg.Done(); c.runSyncer(ctx) }()
 	go func() { defer c.wg.Done(); c.joinLoop(ctx, splitList(cfg.ClusterJoin)) }()
-	c.log.Info().Str("gossip", ml.LocalNode().Address()).Str("peer", c.peerAddr).Str("data", c.dataAddr).
+	c.mu.Lock()
+	peerAddr, dataAddr := c.peerAddr, c.dataAddr
+	c.mu.Unlock()
+	c.log.Info().Str("gossip", ml.LocalNode().Address()).Str("peer", peerAddr).Str("data", dataAddr).
 		Bool("mtls", c.tls != nil).Bool("gossip_encrypted", cfg.ClusterKeyFile != "").Msg("cluster member")
 	var once sync.Once
 	return func() {
@@ -160,6 +163,10 @@ func (c *cluster) start(ctx context.Context, cfg Config, src tcp.Source) (stop f
 			c.mu.Lock()
 			for _, cc := range c.conns {
 				cc.Close()
+			}
+			// Lookups stop offering members' pages: the client is closed.
+			for _, o := range c.origins {
+				o.state = "left"
 			}
 			c.mu.Unlock()
 		})
@@ -195,7 +202,9 @@ func (c *cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist
 	mc.Delegate, mc.Events = d, d
 	// The advertised addresses of the peer service and data plane take the
 	// host others reach the gossip at when they listen on every address.
+	c.mu.Lock()
 	c.peerAddr, c.dataAddr = peer.String(), data.String()
+	c.mu.Unlock()
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("memberlist: %w", err)
@@ -203,8 +212,10 @@ func (c *cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist
 	adv := ml.LocalNode().Addr.String()
 	c.mu.Lock()
 	c.peerAddr, c.dataAddr = advertised(peer, adv), advertised(data, adv)
+	c.gossipAddr = ml.LocalNode().Address()
+	republish := c.peerAddr != peer.String() || c.dataAddr != data.String()
 	c.mu.Unlock()
-	if c.peerAddr != peer.String() || c.dataAddr != data.String() {
+	if republish {
 		if err := ml.UpdateNode(5 * time.Second); err != nil {
 			c.log.Warn().Err(err).Msg("republishing the advertised addresses")
 		}

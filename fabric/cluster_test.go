@@ -178,3 +178,29 @@ func TestClusterRefusesOtherKeys(t *testing.T) {
 		t.Fatalf("intruder lookup: %v %v", look, err)
 	}
 }
+
+// TestClusterConfigRefusesOpenClusters: a cluster without mutual TLS or a
+// gossip key needs --cluster-insecure; half a TLS configuration and an
+// over-long node name are refused.
+func TestClusterConfigRefusesOpenClusters(t *testing.T) {
+	creds := writeCreds(t, t.TempDir(), bytes.Repeat([]byte{4}, 16))
+	for name, tc := range map[string]struct {
+		edit func(*Config)
+		want string // "" = valid
+	}{
+		"secure":          {func(*Config) {}, ""},
+		"no tls":          {func(c *Config) { c.TLSCert, c.TLSKey, c.TLSCA = "", "", "" }, "--cluster-insecure"},
+		"no gossip key":   {func(c *Config) { c.ClusterKeyFile = "" }, "--cluster-insecure"},
+		"insecure, asked": {func(c *Config) { c.TLSCert, c.TLSKey, c.TLSCA, c.ClusterKeyFile, c.ClusterInsecure = "", "", "", "", true }, ""},
+		"half tls":        {func(c *Config) { c.TLSKey = "" }, "all of --tls-cert"},
+		"long name":       {func(c *Config) { c.NodeName = strings.Repeat("n", 201) }, "node-name"},
+		"no cluster addr": {func(c *Config) { c.ClusterAddr = "" }, "needs --cluster-addr"},
+	} {
+		cfg := clusterConfig(t, creds, "")
+		tc.edit(&cfg)
+		err := cfg.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+}

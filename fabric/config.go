@@ -55,6 +55,9 @@ type Config struct {
 	TLSCert          string // this peer's certificate (PEM): mutual TLS on the peer service and data plane
 	TLSKey           string // its private key (PEM)
 	TLSCA            string // the cluster CA (PEM)
+	// ClusterInsecure allows a cluster without mutual TLS or without a gossip
+	// key: anyone who reaches the ports can then read pages or join.
+	ClusterInsecure bool
 }
 
 // DefaultConfig returns the embedded default `make run` uses.
@@ -110,6 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "peer certificate (PEM) for mutual TLS between peers")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "private key of --tls-cert (PEM)")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "cluster CA certificate (PEM)")
+	fs.BoolVar(&c.ClusterInsecure, "cluster-insecure", c.ClusterInsecure, "allow a cluster without mutual TLS or gossip encryption (trusted test networks only)")
 	fs.BoolVar(&c.CUDALayerGates, "cuda-layer-gates", c.CUDALayerGates, "gate layer-wise loads (answer once layer events are armed, enqueue the copies after; copy engines) where the driver has stream memory ops")
 }
 
@@ -187,8 +191,17 @@ func (c *Config) validateCluster() []error {
 			errs = append(errs, fmt.Errorf("%s %q: %w", name, v, err))
 		}
 	}
-	if set := btoi(c.TLSCert != "") + btoi(c.TLSKey != "") + btoi(c.TLSCA != ""); set != 0 && set != 3 {
+	set := btoi(c.TLSCert != "") + btoi(c.TLSKey != "") + btoi(c.TLSCA != "")
+	if set != 0 && set != 3 {
 		errs = append(errs, errors.New("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca"))
+	}
+	if (set == 0 || c.ClusterKeyFile == "") && !c.ClusterInsecure {
+		errs = append(errs, errors.New("a cluster needs --tls-cert, --tls-key, --tls-ca and --cluster-key-file "+
+			"(orbitkv pki init / issue make them); without them anyone reaching the ports reads pages or joins: "+
+			"--cluster-insecure allows that on a trusted test network"))
+	}
+	if len(c.NodeName) > maxNameLen {
+		errs = append(errs, fmt.Errorf("node-name of %d bytes, at most %d", len(c.NodeName), maxNameLen))
 	}
 	return errs
 }

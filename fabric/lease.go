@@ -100,7 +100,7 @@ func (p *Peer) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult
 	if c == nil || out.hit >= len(keys) {
 		return
 	}
-	from := c.remote.Extend(keys[out.hit:], sess.fp, sess.pageBytes, c.alive)
+	from := c.remote.Extend(keys[out.hit:], sess.fp, sess.pageBytes, c.usable)
 	out.remote = len(from)
 	out.hit += len(from)
 }

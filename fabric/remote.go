@@ -41,7 +41,9 @@ func (s *pageStore) fetchRemote(ctx context.Context, sess *session, reqs []pageR
 		}
 		o := prev
 		if !p.Holders.Has(o) {
-			o = p.Holders.First()
+			if o = pickUsable(p.Holders, c.usable); o < 0 {
+				continue // no live holder: the load reports the page not found
+			}
 		}
 		byOrigin[o] = append(byOrigin[o], i)
 		prev = o
@@ -63,6 +65,7 @@ func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, re
 	addr, ok := c.dataAddrOf(origin)
 	if !ok {
 		for _, i := range idx {
+			c.remote.Remove(origin, reqs[i].Key)
 			res[i] = notFound("page %s: its holder left the cluster", reqs[i].Key)
 		}
 		return
@@ -185,4 +188,14 @@ func (s *pageStore) pinForServe(wants []tcp.Want, res []pageResult) []*loadItem 
 		items = append(items, it)
 	}
 	return items
+}
+
+// pickUsable returns the lowest holder in h that usable accepts, or -1.
+func pickUsable(h catalog.Holders, usable func(int) bool) int {
+	for o := h.First(); o >= 0; o = h.Next(o) {
+		if usable(o) {
+			return o
+		}
+	}
+	return -1
 }

@@ -47,8 +47,13 @@ func (c *Client) ReceivedBytes() uint64 { return c.received.Load() }
 
 type conn struct {
 	net.Conn
-	r *bufio.Reader
+	r    *bufio.Reader
+	idle time.Time // when it was put back
 }
+
+// staleAfter is how long an idle connection is kept: less than the
+// server's IdleTimeout, so a reused connection is not one it closed.
+const staleAfter = IdleTimeout - 15*time.Second
 
 // Result is one page's outcome of a Fetch.
 type Result struct {
@@ -203,13 +208,20 @@ func (c *Client) get(ctx context.Context, addr string) (*conn, bool, error) {
 		c.mu.Unlock()
 		return nil, false, net.ErrClosed
 	}
-	if l := c.idle[addr]; len(l) > 0 {
+	var stale []*conn
+	for l := c.idle[addr]; len(l) > 0; l = c.idle[addr] {
 		cn := l[len(l)-1]
 		c.idle[addr] = l[:len(l)-1]
+		if time.Since(cn.idle) > staleAfter {
+			stale = append(stale, cn)
+			continue
+		}
 		c.mu.Unlock()
+		closeAll(stale)
 		return cn, true, nil
 	}
 	c.mu.Unlock()
+	closeAll(stale)
 	d := net.Dialer{KeepAlive: 30 * time.Second}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -233,6 +245,7 @@ func (c *Client) get(ctx context.Context, addr string) (*conn, bool, error) {
 // put keeps a connection for reuse, or closes it.
 func (c *Client) put(addr string, cn *conn) {
 	cn.SetDeadline(time.Time{})
+	cn.idle = time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || len(c.idle[addr]) >= maxIdle {
@@ -266,4 +279,10 @@ func (c *Client) Close() error {
 		}
 	}
 	return nil
+}
+
+func closeAll(l []*conn) {
+	for _, cn := range l {
+		cn.Close()
+	}
 }

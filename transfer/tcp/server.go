@@ -71,24 +71,27 @@ func (s *Server) Serve(lis net.Listener) error {
 		lis.Close()
 		return ErrServerClosed
 	}
+	backoff := time.Duration(0)
 	for {
 		c, err := lis.Accept()
 		if err != nil {
 			if s.isClosed() {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
-				continue
+			// Out of descriptors, a transient network error: keep serving
+			// (as net/http does), backing off up to a second.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if s.OnError != nil {
+				s.OnError(lis.Addr().String(), fmt.Errorf("accept: %w", err))
 			}
-			return err
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		if !s.addConn(c) {
 			c.Close()
 			return ErrServerClosed
 		}
-		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			defer s.dropConn(c)
@@ -120,6 +123,7 @@ func (s *Server) addConn(c net.Conn) bool {
 		return false
 	}
 	s.conns[c] = struct{}{}
+	s.wg.Add(1) // under mu: Close's Wait sees every connection it did not refuse
 	return true
 }
 
