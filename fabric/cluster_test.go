@@ -188,10 +188,12 @@ func TestClusterConfigRefusesOpenClusters(t *testing.T) {
 		edit func(*Config)
 		want string // "" = valid
 	}{
-		"secure":          {func(*Config) {}, ""},
-		"no tls":          {func(c *Config) { c.TLSCert, c.TLSKey, c.TLSCA = "", "", "" }, "--cluster-insecure"},
-		"no gossip key":   {func(c *Config) { c.ClusterKeyFile = "" }, "--cluster-insecure"},
-		"insecure, asked": {func(c *Config) { c.TLSCert, c.TLSKey, c.TLSCA, c.ClusterKeyFile, c.ClusterInsecure = "", "", "", "", true }, ""},
+		"secure":        {func(*Config) {}, ""},
+		"no tls":        {func(c *Config) { c.TLSCert, c.TLSKey, c.TLSCA = "", "", "" }, "--cluster-insecure"},
+		"no gossip key": {func(c *Config) { c.ClusterKeyFile = "" }, "--cluster-insecure"},
+		"insecure, asked": {func(c *Config) {
+			c.TLSCert, c.TLSKey, c.TLSCA, c.ClusterKeyFile, c.ClusterInsecure = "", "", "", "", true
+		}, ""},
 		"half tls":        {func(c *Config) { c.TLSKey = "" }, "all of --tls-cert"},
 		"long name":       {func(c *Config) { c.NodeName = strings.Repeat("n", 201) }, "node-name"},
 		"no cluster addr": {func(c *Config) { c.ClusterAddr = "" }, "needs --cluster-addr"},
