@@ -184,14 +184,22 @@ func (c *cluster) sendHeartbeat() {
 }
 
 func (c *cluster) broadcast(msgs [][]byte) {
-	for _, n := range c.ml.Members() {
-		if n.Name == c.name {
-			continue
+	// To the addresses this peer tracks, copied under its lock: the *Node
+	// values memberlist's Members returns are updated in place by its own
+	// goroutines (a data race to read them here).
+	c.mu.Lock()
+	var to []memberlist.Address
+	for _, o := range c.origins {
+		if o.state == "alive" && o.gossipAddr != "" {
+			to = append(to, memberlist.Address{Addr: o.gossipAddr, Name: o.name})
 		}
+	}
+	c.mu.Unlock()
+	for _, a := range to {
 		for _, msg := range msgs {
-			if err := c.ml.SendBestEffort(n, msg); err != nil {
+			if err := c.ml.SendToAddress(a, msg); err != nil {
 				c.m.sendErrors.Inc()
-				c.log.Debug().Err(err).Str("to", n.Name).Msg("announcement not sent")
+				c.log.Debug().Err(err).Str("to", a.Name).Msg("announcement not sent")
 			}
 		}
 	}
