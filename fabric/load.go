@@ -94,19 +94,26 @@ func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) 
 			continue
 		}
 		it := &loadItem{i: i, req: r, entry: e, tier: e.Tier()}
-		if e.DRAMSlot >= 0 {
-			s.mu.dram.Pin(r.Key)
-			s.mu.dram.Touch(r.Key)
-			it.slot, it.pinned = dram.Slot(e.DRAMSlot), &pinRef{}
-		} else {
-			s.mu.ssd.Pin(r.Key)
-			s.mu.ssd.Touch(r.Key)
-			it.pinned = &pinRef{ssd: true}
-		}
+		s.pinItemLocked(it)
 		items = append(items, it)
 	}
 	slices.Reverse(items)
 	return items
+}
+
+// pinItemLocked pins and touches an item's page in the LRU of the tier it
+// is read from; s.mu is held.
+func (s *pageStore) pinItemLocked(it *loadItem) {
+	k, e := it.req.Key, it.entry
+	if e.DRAMSlot >= 0 {
+		s.mu.dram.Pin(k)
+		s.mu.dram.Touch(k)
+		it.slot, it.pinned = dram.Slot(e.DRAMSlot), &pinRef{}
+		return
+	}
+	s.mu.ssd.Pin(k)
+	s.mu.ssd.Touch(k)
+	it.pinned = &pinRef{ssd: true}
 }
 
 // readFromSSD reads the SSD-resident items into fresh DRAM slots, verifying

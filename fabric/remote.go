@@ -8,7 +8,6 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
-	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -176,15 +175,7 @@ func (s *pageStore) pinForServe(wants []tcp.Want, res []pageResult) []*loadItem 
 			continue
 		}
 		it := &loadItem{i: i, req: pageReq{Key: w.Key}, entry: e, tier: e.Tier()}
-		if e.DRAMSlot >= 0 {
-			s.mu.dram.Pin(w.Key)
-			s.mu.dram.Touch(w.Key)
-			it.slot, it.pinned = dram.Slot(e.DRAMSlot), &pinRef{}
-		} else {
-			s.mu.ssd.Pin(w.Key)
-			s.mu.ssd.Touch(w.Key)
-			it.pinned = &pinRef{ssd: true}
-		}
+		s.pinItemLocked(it)
 		items = append(items, it)
 	}
 	return items
