@@ -33,8 +33,8 @@ import (
 // member's sequence (a lost packet, a member it just met, a restarted
 // member: a new incarnation) asks that member for a Snapshot of its
 // catalog over the peer gRPC service and applies the announcements after
-// the snapshot's sequence on top. Every second a peer that announced
-// something sends its last sequence number, and memberlist's push/pull
+// the snapshot's sequence on top. Every second each peer sends its last
+// sequence number, and memberlist's push/pull
 // carries it too, so a lost tail is noticed. A member that leaves or fails
 // takes its pages out of the index at once.
 //
@@ -75,7 +75,6 @@ type cluster struct {
 		sync.Mutex
 		seq     uint64 // last sequence number given
 		sent    uint64 // last sequence number sent
-		beat    uint64 // sequence number of the last heartbeat
 		pending []announcement
 	}
 	wake chan struct{}
@@ -178,7 +177,6 @@ func (c *cluster) sendHeartbeat() {
 	// lost last announcement until the next push/pull.
 	c.out.Lock()
 	seq := c.out.sent
-	c.out.beat = seq
 	c.out.Unlock()
 	c.broadcast([][]byte{encodeState(c.name, c.incarnation, seq)})
 }

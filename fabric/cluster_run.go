@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -396,8 +395,6 @@ func (s *peerServer) Snapshot(req *pb.SnapshotRequest, stream pb.PeerService_Sna
 	chunk.Entries = buf
 	return stream.Send(chunk)
 }
-
-var errStandalone = errors.New("the peer runs standalone (no --cluster-addr)")
 
 func (c *cluster) clientTLS() *tls.Config {
 	if c.tls == nil {

@@ -129,13 +129,13 @@ func checkFetch(wants []Want, dst [][]byte) error {
 	return nil
 }
 
-func fill(errs []error, from int, err error) []error {
+// fill sets err on every page from on that has no error yet.
+func fill(errs []error, from int, err error) {
 	for i := from; i < len(errs); i++ {
 		if errs[i] == nil {
 			errs[i] = err
 		}
 	}
-	return errs
 }
 
 // exchange sends one request and reads its answer. It returns how many pages
