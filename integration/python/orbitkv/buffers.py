@@ -258,35 +258,108 @@ def describe_planes(planes: Sequence[Sequence[Any]]) -> KVDescription:
 # --- engine layouts ----------------------------------------------------------
 
 
-def vllm_planes(kv_caches: Union[Mapping[str, Any], Sequence[Any]], layout: str = "auto") -> list[list[Any]]:
-    """Per-layer (K, V) planes of vLLM per-layer KV tensors, in layer order.
+# vLLM's per-layer KV tensors come in three shapes; each names the byte
+# layout of the pages it produces (part of every key's fingerprint, so pages
+# of different layouts never mix):
+#
+#   flash       (2, num_blocks, block_size, kv_heads, head_dim)     vLLM < 0.26, FLASH_ATTN
+#   flashinfer  (num_blocks, 2, block_size, kv_heads, head_dim)     vLLM < 0.26, FLASHINFER
+#   packed      logical (num_blocks, kv_heads, block_size, 2*head_dim), K and V packed
+#               into the last dim (vLLM >= 0.26, PR#44455); its strides say the
+#               physical order: (blocks, block_size, heads, 2*hd) for NHD, the
+#               logical order itself for HND.
+#
+# flash and flashinfer both yield K and V planes of (block_size, kv_heads,
+# head_dim) blocks: byte layout "vllm-flash" (the two are interchangeable). A
+# packed block is one dense run of bytes holding K and V interleaved per
+# (token, head); it is registered as its two halves (the peer copies
+# segments as opaque bytes), so a page holds the engine's block bytes
+# verbatim: byte layout "vllm-packed-nhd" or "vllm-packed-hnd". Anything else
+# (MLA caches, padded or sparse blocks) is refused: guessing is how LMCache
+# and Dynamo served wrong KV on vLLM 0.26.
 
-    ``flash``: (2, num_blocks, block_size, kv_heads, head_dim) (FlashAttention);
-    ``flashinfer``: (num_blocks, 2, block_size, kv_heads, head_dim).
-    ``auto`` picks by which of the first two dims is 2 (ambiguous only when
-    num_blocks == 2; pass the layout explicitly then).
-    """
+VLLM_BYTE_LAYOUTS = ("vllm-flash", "vllm-packed-nhd", "vllm-packed-hnd")
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmKV:
+    """Per-layer planes of vLLM KV tensors and the byte layout they make."""
+
+    planes: list
+    byte_layout: str
+
+
+def vllm_planes(kv_caches: Union[Mapping[str, Any], Sequence[Any]], layout: str = "auto") -> list[list[Any]]:
+    """Per-layer (K, V) planes of vLLM per-layer KV tensors, in layer order
+    (see vllm_kv for the byte layout they make)."""
+    return vllm_kv(kv_caches, layout).planes
+
+
+def vllm_kv(kv_caches: Union[Mapping[str, Any], Sequence[Any]], layout: str = "auto",
+            head_dim: Optional[int] = None, prefer: str = "vllm-packed-nhd") -> VllmKV:
+    """Planes and byte layout of vLLM's per-layer KV tensors. ``layout`` is
+    "auto" (from each tensor's rank and shape), "flash", "flashinfer" or
+    "packed"; ``head_dim`` (when known) checks a packed tensor's last dim;
+    ``prefer`` names a packed block whose order cannot be told from its
+    strides (one head or one token per block: NHD and HND are the same
+    bytes)."""
     tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
-    out = []
+    if not tensors:
+        raise BufferError_("no KV tensors")
+    out, names = [], set()
     for t in tensors:
         kind = layout if layout != "auto" else vllm_layout_of(t)
         if kind == "flash":
             out.append([t[0], t[1]])
+            names.add("vllm-flash")
         elif kind == "flashinfer":
             out.append([t[:, 0], t[:, 1]])
+            names.add("vllm-flash")
+        elif kind == "packed":
+            planes, name = _packed_halves(t, head_dim, prefer)
+            out.append(planes)
+            names.add(name)
         else:
-            raise BufferError_(f"unknown vLLM KV layout {kind!r}")
-    return out
+            raise BufferError_(f"unknown vLLM KV layout {kind!r} (want flash, flashinfer or packed)")
+    if len(names) != 1:
+        raise BufferError_(f"vLLM KV tensors mix byte layouts {sorted(names)}")
+    return VllmKV(out, names.pop())
 
 
 def vllm_layout_of(t: Any) -> str:
+    """The shape family of one vLLM KV tensor (see the table above)."""
+    if t.dim() == 4:
+        return "packed"
     if t.dim() != 5:
-        raise BufferError_(f"vLLM KV tensor must be 5-D (MLA is not supported), got shape {tuple(t.shape)}")
+        raise BufferError_(f"vLLM KV tensor must be 4-D (packed) or 5-D, got shape {tuple(t.shape)} (MLA is not supported)")
     if t.size(0) == 2 and t.size(1) != 2:
         return "flash"
     if t.size(1) == 2 and t.size(0) != 2:
         return "flashinfer"
-    raise BufferError_(f"ambiguous vLLM KV shape {tuple(t.shape)}: pass layout='flash' or 'flashinfer'")
+    raise BufferError_(f"ambiguous vLLM KV shape {tuple(t.shape)}: set kv_layout to 'flash' or 'flashinfer'")
+
+
+def _packed_halves(t: Any, head_dim: Optional[int], prefer: str) -> tuple[list[Any], str]:
+    """A packed (blocks, heads, block_size, 2*hd) tensor as two planes, the
+    first and second half of every block's bytes, and its byte layout."""
+    if t.dim() != 4:
+        raise BufferError_(f"packed vLLM KV tensor must be 4-D, got shape {tuple(t.shape)}")
+    if t.size(3) % 2 or (head_dim and t.size(3) != 2 * head_dim):
+        raise BufferError_(f"packed vLLM KV tensor {tuple(t.shape)}: last dim must be 2*head_dim"
+                           + (f" = {2 * head_dim}" if head_dim else ""))
+    if t.stride(3) != 1:
+        raise BufferError_(f"packed vLLM KV tensor {tuple(t.shape)}: the K|V dim is not innermost (strides {t.stride()})")
+    block_bytes, _ = _dense_block(t)
+    heads, tokens = t.size(1), t.size(2)
+    if heads > 1 and tokens > 1:
+        name = "vllm-packed-nhd" if t.stride(2) > t.stride(1) else "vllm-packed-hnd"
+    else:  # one head or one token per block: both orders are the same bytes
+        name = prefer if prefer.startswith("vllm-packed-") else "vllm-packed-nhd"
+    half = block_bytes // t.element_size() // 2
+    import torch  # the engine's torch; only needed for this view
+
+    view = torch.as_strided(t, (t.size(0), 2, half), (t.stride(0), half, 1), t.storage_offset())
+    return [view[:, 0], view[:, 1]], name
 
 
 def sglang_planes(k_buffers: Sequence[Any], v_buffers: Sequence[Any], page_size: int) -> list[list[Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from typing import Any, Optional
 
 try:  # pragma: no cover - exercised only where vLLM is installed
@@ -80,3 +81,43 @@ def block_ids_of(blocks: Any) -> list[int]:
     if isinstance(blocks, (tuple, list)) and blocks and isinstance(blocks[0], (tuple, list)):
         blocks = blocks[0]
     return [int(b) for b in blocks]
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version, "" without vLLM."""
+    if not HAVE_VLLM:
+        return ""
+    try:  # pragma: no cover
+        import vllm  # type: ignore
+
+        return str(getattr(vllm, "__version__", ""))
+    except Exception:
+        return ""
+
+
+def vllm_byte_layout() -> Optional[str]:
+    """The page byte layout the installed vLLM's attention backends allocate
+    (orbitkv.buffers names them): "vllm-flash" for the 5-D K/V caches of
+    vLLM < 0.26, "vllm-packed-nhd"/"-hnd" for the packed 4-D caches of
+    0.26 and later, by VLLM_KV_CACHE_LAYOUT (the connector asks for NHD).
+    None without vLLM. The worker checks its real tensors against this."""
+    if not HAVE_VLLM:
+        return None
+    try:  # pragma: no cover - exercised where vLLM is installed
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # type: ignore
+
+        rank = len(FlashAttentionBackend.get_kv_cache_shape(1, 16, 1, 1))
+    except Exception:
+        rank = 4 if _at_least(vllm_version(), (0, 26)) else 5
+    if rank == 5:
+        return "vllm-flash"
+    order = (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD").upper()
+    return "vllm-packed-hnd" if order == "HND" else "vllm-packed-nhd"
+
+
+def _at_least(version: str, want: tuple[int, ...]) -> bool:
+    nums = []
+    for part in version.split(".")[: len(want)]:
+        digits = "".join(c for c in part if c.isdigit())
+        nums.append(int(digits or 0))
+    return tuple(nums) >= want

@@ -27,7 +27,10 @@ Extra-config keys (all optional except ``socket``):
                     unknown). With it the peer leaves pages it holds only on SSD
                     to recompute while its measured SSD reads are slower than
                     this (a slow disk); DRAM hits are restored as always.
-  kv_layout         "auto" | "flash" | "flashinfer" (worker tensor layout)
+  kv_layout         "auto" | "flash" | "flashinfer" | "packed" (worker tensor shape;
+                    orbitkv.buffers). The page byte layout defaults to what the
+                    installed vLLM allocates (_compat.vllm_byte_layout); the worker
+                    refuses tensors whose bytes do not match it.
   layout            dict overriding Layout fields: model, revision, dtype,
                     num_layers, kv_heads, head_dim, tp_size, byte_layout
   model, revision, dtype, byte_layout   the same, as top-level keys
@@ -40,6 +43,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from orbitkv.keys import Layout
+from orbitkv.vllm._compat import vllm_byte_layout
 
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
 
@@ -112,6 +116,9 @@ def _from_vllm(vllm_config: Any) -> dict[str, Any]:
         out["tp_size"] = int(getattr(pc, "tensor_parallel_size", 1))
     if cc is not None and getattr(cc, "block_size", None):
         out["block_tokens"] = int(cc.block_size)
+    byte_layout = vllm_byte_layout()
+    if byte_layout:
+        out["byte_layout"] = byte_layout
     return out
 
 

@@ -43,6 +43,17 @@ def _tp_rank(cfg: ConnectorConfig) -> int:
         return 0
 
 
+def _warn_failure_policy(vllm_config: Any) -> None:
+    """vLLM fails a request whose external KV does not load unless
+    kv_load_failure_policy is "recompute"; with OrbitKV a failed load (a
+    page evicted or corrupt, the peer restarted) should cost recompute only."""
+    kvt = getattr(vllm_config, "kv_transfer_config", None)
+    if getattr(kvt, "kv_load_failure_policy", "recompute") != "recompute":
+        log.warning("orbitkv: kv_transfer_config.kv_load_failure_policy is %r: a page that fails to load "
+                    "fails its request; set \"kv_load_failure_policy\":\"recompute\" to recompute it instead",
+                    kvt.kv_load_failure_policy)
+
+
 class OrbitKVConnector(KVConnectorBase_V1):
     """vLLM V1 KV connector backed by the host's OrbitKV peer."""
 
@@ -54,11 +65,9 @@ class OrbitKVConnector(KVConnectorBase_V1):
         *,
         lookup_backend: Optional[LookupBackend] = None,
     ) -> None:
-        try:
-            super().__init__(vllm_config, role, kv_cache_config)
-        except TypeError:  # older vLLM: two-argument base constructor
-            super().__init__(vllm_config, role)  # type: ignore[call-arg]
+        self._init_base(vllm_config, role, kv_cache_config)
         self.cfg = load_config(vllm_config)
+        _warn_failure_policy(vllm_config)
         self._sched: Optional[SchedulerHalf] = None
         self._worker: Optional[WorkerHalf] = None
         self._control: Optional[ControlSession] = None
@@ -76,9 +85,29 @@ class OrbitKVConnector(KVConnectorBase_V1):
         else:
             self._worker = WorkerHalf(self.cfg, _tp_rank(self.cfg))
 
+    def _init_base(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        if isinstance(vllm_config, Mapping):
+            # Engines without vLLM pass the extra-config dict itself; vLLM's
+            # base constructor wants a VllmConfig, so set what it would.
+            self._connector_metadata = None
+            self._vllm_config, self._role, self._kv_cache_config = vllm_config, role, kv_cache_config
+            self._kv_transfer_config = None
+            return
+        try:
+            super().__init__(vllm_config, role, kv_cache_config)
+        except TypeError:  # older vLLM: two-argument base constructor
+            super().__init__(vllm_config, role)  # type: ignore[call-arg]
+
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
-        return "NHD"  # the page byte layout ("vllm-flash") assumes token-major blocks
+        return "NHD"  # token-major blocks: "vllm-flash" and "vllm-packed-nhd" pages
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
+        """Layer-wise loads wait inside attention (wait_for_layer_load), which a
+        full CUDA graph would not replay; whole-request loads run outside the
+        forward, so full graphs are fine."""
+        return bool((extra_config or {}).get("layerwise", False))
 
     # --- scheduler side ----------------------------------------------------------
 

@@ -127,7 +127,14 @@ class WorkerHalf:
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         self._layer_index = {name: i for i, name in enumerate(kv_caches)}
-        self.register_planes(buffers.vllm_planes(kv_caches, self.cfg.kv_layout))
+        want = self.layout.byte_layout
+        kv = buffers.vllm_kv(kv_caches, self.cfg.kv_layout, head_dim=self.layout.head_dim, prefer=want)
+        if kv.byte_layout != want:
+            t = next(iter(kv_caches.values()))
+            raise errors.BufferError_(
+                f"vLLM's KV tensors (shape {tuple(t.shape)}, strides {t.stride()}) hold {kv.byte_layout} pages, but "
+                f"pages are keyed as {want}: set kv_connector_extra_config byte_layout (or VLLM_KV_CACHE_LAYOUT) so they agree")
+        self.register_planes(kv.planes)
 
     def register_planes(self, planes: Sequence[Sequence[Any]]) -> None:
         """Registers per-layer (K, V) block-major planes (any engine)."""

@@ -1,0 +1,138 @@
+"""vLLM's KV tensor layouts, byte for byte through the peer.
+
+For every layout the worker half accepts (vLLM < 0.26: FlashAttention's
+(2, blocks, …) and FlashInfer's (blocks, 2, …); vLLM >= 0.26: K and V packed
+in the last dim, physically NHD or HND), pages saved from some blocks and
+restored into others must read back exactly, and blocks the load does not
+name must stay untouched. A tensor whose bytes do not match the byte layout
+the pages are keyed with is refused, not guessed at (LMCache and Dynamo
+served wrong KV by assuming the old layout on vLLM 0.26)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orbitkv import buffers, errors, keys
+from orbitkv.client import PageRef
+from orbitkv.vllm import OrbitKVConnector
+from orbitkv.vllm._compat import KVConnectorRole
+from tests.shm import shm_pool
+
+L, NB, BS, H, D, PT = 3, 24, 4, 2, 8, 8  # H == 2: the shape LMCache misread on vLLM 0.26
+BPP = PT // BS
+ELEMS = L * NB * BS * H * 2 * D
+
+
+def _flash(pool):  # (2, blocks, block, heads, dim) per layer
+    t = pool.view(L, 2, NB, BS, H, D)
+    return [t[i] for i in range(L)]
+
+
+def _flashinfer(pool):  # (blocks, 2, block, heads, dim) per layer
+    t = pool.view(L, NB, 2, BS, H, D)
+    return [t[i] for i in range(L)]
+
+
+def _packed_nhd(pool):  # logical (blocks, heads, block, 2*dim), memory (blocks, block, heads, 2*dim)
+    t = pool.view(L, NB, BS, H, 2 * D)
+    return [t[i].permute(0, 2, 1, 3) for i in range(L)]
+
+
+def _packed_hnd(pool):  # logical = memory (blocks, heads, block, 2*dim)
+    t = pool.view(L, NB, H, BS, 2 * D)
+    return [t[i] for i in range(L)]
+
+
+LAYOUTS = {
+    "flash": (_flash, "vllm-flash"),
+    "flashinfer": (_flashinfer, "vllm-flash"),
+    "packed-nhd": (_packed_nhd, "vllm-packed-nhd"),
+    "packed-hnd": (_packed_hnd, "vllm-packed-hnd"),
+}
+
+
+def _extra(socket, byte_layout):
+    return {
+        "socket": socket, "page_tokens": PT, "block_tokens": BS,
+        "layout": {"model": "orbitkv/layouts", "revision": "r0", "dtype": "fp32", "num_layers": L,
+                   "kv_heads": H, "head_dim": D, "tp_size": 1, "byte_layout": byte_layout},
+        "load_deadline_ms": 5000, "save_deadline_ms": 5000,
+    }
+
+
+def _block(layer_tensor, kind, b):
+    """Every element of block b of one layer, K and V, in a fixed order."""
+    if kind == "flash":
+        return torch.stack([layer_tensor[0, b], layer_tensor[1, b]]).flatten()
+    return layer_tensor[b].flatten()
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+def test_page_restored_into_other_blocks_reads_back_exactly(kind, peer):
+    make, byte_layout = LAYOUTS[kind]
+    with shm_pool(ELEMS * 4) as (_, raw):
+        pool = raw.view(torch.float32)
+        pool.copy_(torch.randn(ELEMS))
+        kv = {f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(make(pool))}
+        assert buffers.vllm_kv(kv).byte_layout == byte_layout
+        work = OrbitKVConnector(_extra(peer.socket, byte_layout), KVConnectorRole.WORKER, None)
+        try:
+            work.register_kv_caches(kv)
+            s = work.worker.session
+            ks = keys.chain(s.layout.fingerprint(), PT, list(range(3 * PT)))
+            src = [tuple(range(p * BPP, (p + 1) * BPP)) for p in range(3)]
+            dst = [tuple(range(12 + p * BPP, 12 + (p + 1) * BPP)) for p in range(3)]
+            assert s.save([PageRef(k, b) for k, b in zip(ks, src)]).wait(10).ok
+            want = {(l, d): _block(t, kind, s_).clone() for l, t in enumerate(kv.values())
+                    for sb, db in zip(src, dst) for s_, d in zip(sb, db)}
+            untouched = {l: _block(t, kind, NB - 1).clone() for l, t in enumerate(kv.values())}
+            for t in kv.values():  # poison the destinations
+                for db in dst:
+                    for d in db:
+                        _poison(t, kind, d)
+            assert s.load([PageRef(k, b) for k, b in zip(ks, dst)]).wait(10).ok
+            for (l, d), w in want.items():
+                got = _block(list(kv.values())[l], kind, d)
+                assert torch.equal(got, w), f"{kind}: layer {l} block {d} differs after restore"
+            for l, t in enumerate(kv.values()):
+                assert torch.equal(_block(t, kind, NB - 1), untouched[l]), f"{kind}: layer {l} last block was written"
+        finally:
+            work.shutdown()
+
+
+def _poison(t, kind, b):
+    if kind == "flash":
+        t[:, b].fill_(float("nan"))
+    else:
+        t[b].fill_(float("nan"))
+
+
+@pytest.mark.parametrize("kind,keyed", [("packed-nhd", "vllm-packed-hnd"), ("packed-hnd", "vllm-packed-nhd"),
+                                        ("packed-nhd", "vllm-flash"), ("flash", "vllm-packed-nhd")])
+def test_tensors_of_another_byte_layout_are_refused(kind, keyed, tmp_path):
+    make, _ = LAYOUTS[kind]
+    with shm_pool(ELEMS * 4) as (_, raw):
+        kv = {f"l{i}": t for i, t in enumerate(make(raw.view(torch.float32)))}
+        work = OrbitKVConnector(_extra(str(tmp_path / "none.sock"), keyed), KVConnectorRole.WORKER, None)
+        try:
+            with pytest.raises(errors.BufferError_, match="pages are keyed as " + keyed):
+                work.register_kv_caches(kv)
+        finally:
+            work.shutdown()
+
+
+@pytest.mark.parametrize("shape,why", [
+    ((NB, H, BS, 2 * D + 2), "2\\*head_dim"),  # padded content dim
+    ((NB, H, BS), "4-D .* or 5-D"),  # MLA-like
+    ((2, 2, BS, H, D), "ambiguous"),
+])
+def test_unknown_shapes_are_refused(shape, why):
+    with pytest.raises(errors.BufferError_, match=why):
+        buffers.vllm_kv([torch.zeros(shape)], head_dim=D)
+
+
+def test_packed_block_that_is_not_dense_is_refused():
+    t = torch.zeros(NB, H, 2 * BS, 2 * D)[:, :, ::2]  # every other token: gaps inside the block
+    with pytest.raises(errors.BufferError_, match="not dense"):
+        buffers.vllm_kv([t], head_dim=D)
