@@ -102,7 +102,7 @@ func (s *pageStore) pickVictimsLocked() (dropped bool, demote []catalog.Entry) {
 	}
 	if dropped {
 		for _, e := range demote {
-			s.mu.dram.Unpin(e.Key)
+			s.unpinDRAMLocked(e.Key)
 		}
 		demote = nil
 	}
@@ -171,7 +171,7 @@ func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int 
 		commit = append(commit, cur)
 	}
 	for _, e := range pages {
-		s.mu.dram.Unpin(e.Key)
+		s.unpinDRAMLocked(e.Key)
 	}
 	if err := s.cat.Put(commit...); err != nil {
 		for _, c := range commit {

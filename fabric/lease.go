@@ -121,7 +121,7 @@ func (p *Peer) releaseLease(l *lease) {
 		if l.onSSD[i] {
 			ps.mu.ssd.Unpin(k)
 		} else {
-			ps.mu.dram.Unpin(k)
+			ps.unpinDRAMLocked(k)
 		}
 	}
 	p.leasedBytes -= l.bytes

@@ -239,7 +239,7 @@ func (s *pageStore) unpinLoads(items []*loadItem) {
 			if it.pinned.ssd {
 				s.mu.ssd.Unpin(it.req.Key)
 			} else {
-				s.mu.dram.Unpin(it.req.Key)
+				s.unpinDRAMLocked(it.req.Key)
 			}
 		}
 		if it.owned {

@@ -53,7 +53,8 @@ type pageStore struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU
 		gen       uint64
-		unsealed  map[pagekey.Key]struct{} // DRAM pages whose checksum is pending
+		unsealed  map[pagekey.Key]struct{}    // DRAM pages whose checksum is pending
+		retired   map[pagekey.Key][]dram.Slot // replaced DRAM copies still pinned (retire.go)
 	}
 }
 
@@ -61,6 +62,7 @@ func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metri
 	s := &pageStore{cat: cat, pool: pool, ssd: st, m: m, dramR: transfer.HostRegion("dram", pool.Region())}
 	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
+	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.sealWake = make(chan struct{}, 1)
 	s.flushWake = make(chan struct{}, 1)
 	m.reg.MustRegister(s.phases.collectors()...)

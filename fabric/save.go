@@ -23,9 +23,9 @@ type saveItem struct {
 	slot  dram.Slot
 	entry catalog.Entry
 	loc   ssd.Loc
-	// merged: the entry is another save's DRAM copy plus our SSD copy; the
-	// DRAM slot is not ours to free.
-	merged bool
+	// replaces is the DRAM slot of the DRAM-only copy another save left,
+	// which our durable copy replaces (-1: none); see commitSaves.
+	replaces int64
 	// unsealed: the checksum is not computed yet (seal.go).
 	unsealed bool
 }
@@ -175,7 +175,12 @@ func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []p
 }
 
 // commitSaves records the saved pages in the catalog with one commit. A page
-// another save stored meanwhile keeps that copy; ours is freed.
+// another save stored meanwhile keeps that copy and ours is freed, except
+// that a durable copy replaces a DRAM-only one: the entry then names our
+// DRAM and SSD copies, our generation and checksum (the SSD header's), so
+// every copy it names holds the bytes its checksum covers even when the two
+// saves' bytes differ (nondeterministic KV). The replaced DRAM slot is
+// retired (retire.go): loads that pinned it finish from it first.
 func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -183,25 +188,20 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 	var fresh []*saveItem
 	committing := make(map[pagekey.Key]bool, len(items))
 	for _, it := range items {
+		it.replaces = -1
 		if committing[it.key] { // the same key twice in one batch: keep the first
 			res[it.i] = okResult(it.entry.Tier())
 			s.releaseLocked(it)
 			continue
 		}
 		committing[it.key] = true
-		e, ok := s.cat.Get(it.key)
-		switch {
-		case ok && (e.OnSSD || !it.entry.OnSSD):
-			res[it.i] = okResult(e.Tier())
-			s.releaseLocked(it)
-			continue
-		case ok:
-			// Another save left it in DRAM only; ours is durable. Keep their
-			// DRAM copy (it may be pinned) and add our SSD copy.
-			s.pool.Free(it.slot)
-			e.OnSSD, e.SSD, e.Checksum = true, it.entry.SSD, it.entry.Checksum // same key, same bytes
-			delete(s.mu.unsealed, e.Key)
-			it.entry, it.slot, it.merged = e, dram.Slot(e.DRAMSlot), true
+		if e, ok := s.cat.Get(it.key); ok {
+			if e.OnSSD || !it.entry.OnSSD || e.DRAMSlot < 0 {
+				res[it.i] = okResult(e.Tier())
+				s.releaseLocked(it)
+				continue
+			}
+			it.replaces = e.DRAMSlot // theirs is in DRAM only; ours is durable
 		}
 		entries = append(entries, it.entry)
 		fresh = append(fresh, it)
@@ -228,6 +228,10 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 	}
 	var unsealed []pagekey.Key
 	for _, it := range fresh {
+		if it.replaces >= 0 {
+			delete(s.mu.unsealed, it.key) // the replaced copy's sum is moot; ours is sealed
+			s.retireDRAMLocked(it.key, dram.Slot(it.replaces))
+		}
 		if it.unsealed {
 			unsealed = append(unsealed, it.key)
 		}
@@ -237,9 +241,7 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 }
 
 func (s *pageStore) releaseLocked(it *saveItem) {
-	if !it.merged {
-		s.pool.Free(it.slot)
-	}
+	s.pool.Free(it.slot)
 	if it.entry.OnSSD {
 		s.ssd.Free(it.loc)
 	}

@@ -12,8 +12,8 @@ import (
 
 // Sealing: a save acknowledged into DRAM only does not wait for the page's
 // CRC-32C; the page is "unsealed" until a background sealer computes it
-// from the page's DRAM slot (which never changes while the page lives
-// there). Whatever takes a page out of DRAM — demotion, SSD write-through,
+// from the page's DRAM slot (which never changes while the entry names
+// it). Whatever takes a page out of DRAM — demotion, SSD write-through,
 // a later network send — seals it first, inline if the sealer has not got
 // to it yet. So every page that leaves the peer's DRAM carries its checksum,
 // and the checksum, which costs as much CPU as the copy, stays off the
@@ -171,15 +171,17 @@ func (s *pageStore) sealEntries(entries []catalog.Entry, each func(n int, fn fun
 	s.mu.Lock()
 	var todo []int
 	for i, e := range entries {
-		if _, pending := s.mu.unsealed[e.Key]; pending {
-			todo = append(todo, i)
+		_, pending := s.mu.unsealed[e.Key]
+		if cur, ok := s.cat.Get(e.Key); !pending && ok && cur.Generation == e.Generation && cur.DRAMSlot == e.DRAMSlot {
+			// Sealed, perhaps since the caller copied the entry (the sealer
+			// may run between picking a victim and writing it): take its sum.
+			entries[i].Checksum = cur.Checksum
 			continue
 		}
-		// Sealed since the caller copied the entry (the sealer may run
-		// between picking a victim and writing it): take the sum it recorded.
-		if cur, ok := s.cat.Get(e.Key); ok && cur.Generation == e.Generation && cur.DRAMSlot == e.DRAMSlot {
-			entries[i].Checksum = cur.Checksum
-		}
+		// Pending, or no longer the entry's copy (a durable re-save
+		// replaced it, retire.go, and its sum was never recorded): sum the
+		// pinned slot itself.
+		todo = append(todo, i)
 	}
 	s.mu.Unlock()
 	if len(todo) == 0 {

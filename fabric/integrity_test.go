@@ -1,0 +1,131 @@
+package fabric
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+// Page integrity (issue 9): what a peer serves always matches what the
+// catalog records, whatever happened to the page's copies.
+
+// loadExpect loads keys into blocks from first on and checks each page is
+// OK and holds want[i].
+func loadExpect(t *testing.T, e *engine, keys [][]byte, first uint32, want [][]byte, when string) {
+	t.Helper()
+	dst := refs(keys, first, 4)
+	st, err := e.Load(ctx(t), dst)
+	if err != nil {
+		t.Fatalf("%s: load: %v", when, err)
+	}
+	for i, p := range st.Pages {
+		if p.Code != pb.PageCode_PAGE_OK {
+			t.Fatalf("%s: page %d: %v (%s), want OK", when, i, p.Code, p.Message)
+		}
+		if !bytes.Equal(want[i], e.page(dst[i].Blocks)) {
+			t.Fatalf("%s: page %d holds other bytes than the durable save's", when, i)
+		}
+	}
+}
+
+func pagesOf(e *engine, rs []*pb.PageRef) [][]byte {
+	out := make([][]byte, len(rs))
+	for i, r := range rs {
+		out[i] = e.page(r.Blocks)
+	}
+	return out
+}
+
+// TestResaveDRAMThenSSD saves pages with DRAM durability, then the same
+// keys again with SSD durability, from the same bytes and from other bytes
+// (nondeterministic KV). The SSD save's bytes are what every copy serves:
+// from DRAM, from SSD once the DRAM copy is evicted, and after a restart on
+// the same data dir. Before the fix the entry kept the first save's
+// generation (the SSD header has the second's), so the SSD copy loaded as
+// PAGE_CORRUPT, and with other bytes the DRAM copy disagreed with the
+// entry's checksum.
+func TestResaveDRAMThenSSD(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		secondFrom uint32 // first block of the SSD save's source
+	}{
+		{"same bytes", 0},
+		{"other bytes", 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := smallConfig(t.TempDir())
+			tp := startPeer(t, cfg)
+			e := tp.engine(tinyFlash)
+			keys := randKeys(3)
+			okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+			second := refs(keys, tc.secondFrom, 4)
+			okOp(t)(e.Save(ctx(t), second, pb.Durability_DURABILITY_SSD))
+			want := pagesOf(e, second)
+
+			loadExpect(t, e, keys, 40, want, "from dram")
+			if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+				t.Fatal(err)
+			}
+			if look, err := e.Lookup(ctx(t), keys, false); err != nil || look.Tiers.Ssd != 3 {
+				t.Fatalf("after evicting dram: %v %v, want 3 pages on ssd only", look, err)
+			}
+			loadExpect(t, e, keys, 40, want, "from ssd")
+			if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+				t.Fatal(err)
+			}
+			tp.shutdown()
+
+			tp2 := startPeer(t, cfg)
+			e2 := tp2.engine(tinyFlash)
+			loadExpect(t, e2, keys, 40, want, "after restart")
+		})
+	}
+}
+
+// TestResaveWhilePinned re-saves a DRAM page with SSD durability and other
+// bytes while a lease pins it: the new bytes are served at once, and the
+// replaced DRAM copy is freed when the lease goes (no slot leaks).
+func TestResaveWhilePinned(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(2)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	look, err := e.Lookup(ctx(t), keys, true)
+	if err != nil || look.HitPages != 2 || look.LeaseId == "" {
+		t.Fatalf("lookup with a lease: %v %v", look, err)
+	}
+	second := refs(keys, 16, 4)
+	okOp(t)(e.Save(ctx(t), second, pb.Durability_DURABILITY_SSD))
+	want := pagesOf(e, second)
+	loadExpect(t, e, keys, 40, want, "while leased")
+	if _, err := e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: look.LeaseId}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the replaced dram copies to be freed", 5*time.Second, func() bool {
+		return tp.p.pool.Stats().Slots == len(keys)
+	})
+	if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+		t.Fatal(err)
+	}
+	loadExpect(t, e, keys, 40, want, "from ssd")
+}
+
+// TestResaveServedToMember: a member fetching a page that was saved to DRAM
+// and then re-saved to SSD with other bytes gets the bytes and checksum of
+// one copy (before the fix: the old DRAM bytes under the new checksum,
+// rejected as corrupt).
+func TestResaveServedToMember(t *testing.T) {
+	creds := writeCreds(t, t.TempDir(), bytes.Repeat([]byte{5}, 32))
+	a := startPeer(t, clusterConfig(t, creds, ""))
+	b := startPeer(t, clusterConfig(t, creds, a.gossipAddr()))
+	waitFor(t, "two members", 10*time.Second, func() bool { return a.members() == 2 && b.members() == 2 })
+	ea, eb := a.engine(tinyFlash), b.engine(tinyFlash)
+	keys := randKeys(3)
+	okOp(t)(ea.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	second := refs(keys, 16, 4)
+	okOp(t)(ea.Save(ctx(t), second, pb.Durability_DURABILITY_SSD))
+	waitRemote(t, eb, keys, 3)
+	loadExpect(t, eb, keys, 40, pagesOf(ea, second), "remote fetch")
+}
