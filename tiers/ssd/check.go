@@ -65,10 +65,15 @@ func (s *Store) sync(ctx context.Context, reqs []WriteReq, errs []error) {
 	done := make(chan *op, len(files))
 	ops := make([]*op, len(files))
 	for j, f := range files {
-		ops[j] = &op{kind: opSync, fd: s.fds[f], req: j, done: done}
+		ops[j] = &op{kind: opSync, file: s.files[f], fd: s.files[f].Fd(), req: j, done: done}
 	}
 	ferrs := make([]error, len(files))
-	s.run(ctx, ops, ferrs, func(*op) {}, func(o *op) error {
+	s.run(ctx, ops, ferrs, func(o *op) error {
+		if err := o.file.Intercept(&Op{Point: BeforeSync}); err != nil {
+			return fmt.Errorf("fdatasync %s: %w", FileName(int(files[o.req])), err)
+		}
+		return nil
+	}, func(o *op) error {
 		if o.res < 0 {
 			return fmt.Errorf("fdatasync %s: %w", FileName(int(files[o.req])), syscallErr(o.res))
 		}

@@ -67,6 +67,9 @@ type Config struct {
 	QueueDepth int
 	// Sync says when writes become durable (default SyncBatch).
 	Sync SyncPolicy
+	// FS is the filesystem the page files live on (default OS); tests
+	// wrap it to inject faults (fs.go). Not a flag.
+	FS FS
 }
 
 // RegisterFlags registers the fields as -ssd-* flags on fs, with c's
@@ -85,6 +88,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.QueueDepth == 0 {
 		c.QueueDepth = DefaultQueueDepth
+	}
+	if c.FS == nil {
+		c.FS = OS
 	}
 	return c
 }

@@ -48,10 +48,10 @@ func (s *Store) Write(ctx context.Context, reqs []WriteReq) []error {
 	done := make(chan *op, len(reqs))
 	for i, r := range reqs {
 		if errs[i] = s.checkWrite(r); errs[i] == nil {
-			ops = append(ops, newOp(opWrite, s.fds[r.Loc.File], r.Loc, i, r.Data, done))
+			ops = append(ops, newOp(opWrite, s.files[r.Loc.File], r.Loc, i, r.Data, done))
 		}
 	}
-	s.run(ctx, ops, errs, func(o *op) { reqs[o.req].Header.Encode(s.ring.header(o.slot)) },
+	s.run(ctx, ops, errs, func(o *op) error { return s.prepWrite(o, reqs[o.req]) },
 		func(o *op) error { return s.finishWrite(o, reqs[o.req]) })
 	if s.cfg.Sync == SyncBatch {
 		s.sync(ctx, reqs, errs)
@@ -75,17 +75,17 @@ func (s *Store) Read(ctx context.Context, reqs []ReadReq) []error {
 	done := make(chan *op, len(reqs))
 	for i, r := range reqs {
 		if errs[i] = s.checkRead(r); errs[i] == nil {
-			ops = append(ops, newOp(opRead, s.fds[r.Loc.File], r.Loc, i, r.Dst, done))
+			ops = append(ops, newOp(opRead, s.files[r.Loc.File], r.Loc, i, r.Dst, done))
 		}
 	}
-	s.run(ctx, ops, errs, func(*op) {}, func(o *op) error { return s.finishRead(o, reqs[o.req]) })
+	s.run(ctx, ops, errs, func(*op) error { return nil }, func(o *op) error { return s.finishRead(o, reqs[o.req]) })
 	return errs
 }
 
 // newOp builds a header+data operation on loc; iov[0] is set to the slot's
 // header block when the op gets its slot.
-func newOp(kind opKind, fd int, loc Loc, req int, data []byte, done chan *op) *op {
-	o := &op{kind: kind, fd: fd, off: loc.Offset, niov: 1, want: int64(loc.Bytes), req: req, done: done}
+func newOp(kind opKind, f File, loc Loc, req int, data []byte, done chan *op) *op {
+	o := &op{kind: kind, file: f, fd: f.Fd(), off: loc.Offset, niov: 1, want: int64(loc.Bytes), req: req, done: done}
 	if len(data) > 0 {
 		o.iov[1] = unix.Iovec{Base: &data[0], Len: uint64(len(data))}
 		o.niov = 2
@@ -94,9 +94,10 @@ func newOp(kind opKind, fd int, loc Loc, req int, data []byte, done chan *op) *o
 }
 
 // run submits ops, at most QueueDepth in flight over all callers, and
-// waits for every submitted one. prep runs when an op has its slot, finish
-// when it completed, before the slot is released.
-func (s *Store) run(ctx context.Context, ops []*op, errs []error, prep func(*op), finish func(*op) error) {
+// waits for every submitted one. prep runs when an op has its slot (an
+// error fails the op unsubmitted), finish when it completed, before the
+// slot is released.
+func (s *Store) run(ctx context.Context, ops []*op, errs []error, prep func(*op) error, finish func(*op) error) {
 	next, pending := 0, 0
 	for next < len(ops) || pending > 0 {
 		if next < len(ops) && ctx.Err() != nil {
@@ -107,14 +108,19 @@ func (s *Store) run(ctx context.Context, ops []*op, errs []error, prep func(*op)
 		}
 		n := s.acquire(ctx, ops[next:], pending == 0)
 		if n > 0 {
+			submit := make([]*op, 0, n)
 			for _, o := range ops[next : next+n] {
 				if o.kind != opSync {
 					o.iov[0] = unix.Iovec{Base: &s.ring.header(o.slot)[0], Len: page.HeaderSize}
 				}
-				prep(o)
+				if errs[o.req] = prep(o); errs[o.req] != nil {
+					s.ring.free <- o.slot
+					continue
+				}
+				submit = append(submit, o)
 			}
-			s.ring.submit(ops[next : next+n])
-			next, pending = next+n, pending+n
+			s.ring.submit(submit)
+			next, pending = next+n, pending+len(submit)
 		}
 		if pending > 0 {
 			o := <-ops[0].done // the ops of a call share one channel
@@ -149,6 +155,28 @@ func (s *Store) acquire(ctx context.Context, ops []*op, block bool) int {
 	return len(ops)
 }
 
+// prepWrite encodes the page's header into the op's header block and lets
+// the file intercept the write (fs.go), which may shorten it.
+func (s *Store) prepWrite(o *op, r WriteReq) error {
+	block := s.ring.header(o.slot)
+	r.Header.Encode(block)
+	fop := &Op{Point: BeforeWrite, Loc: r.Loc, Header: block, Data: r.Data, Bytes: r.Loc.Bytes}
+	if err := o.file.Intercept(fop); err != nil {
+		return fmt.Errorf("write page %s at %+v: %w", r.Header.Key, r.Loc, err)
+	}
+	if fop.Bytes == r.Loc.Bytes {
+		return nil
+	}
+	if fop.Bytes == 0 || fop.Bytes > r.Loc.Bytes || fop.Bytes%page.Alignment != 0 {
+		return fmt.Errorf("write page %s: %w: intercepted to %d of %d bytes", r.Header.Key, ErrInvalid, fop.Bytes, r.Loc.Bytes)
+	}
+	o.iov[0].Len = min(fop.Bytes, page.HeaderSize)
+	if o.iov[1].Len = fop.Bytes - o.iov[0].Len; o.iov[1].Len == 0 {
+		o.niov = 1
+	}
+	return nil
+}
+
 func (s *Store) finishWrite(o *op, r WriteReq) error {
 	if err := result(o); err != nil {
 		return fmt.Errorf("write page %s at %+v: %w", r.Header.Key, r.Loc, err)
@@ -159,6 +187,13 @@ func (s *Store) finishWrite(o *op, r WriteReq) error {
 }
 
 func (s *Store) finishRead(o *op, r ReadReq) error {
+	if o.res >= 0 {
+		fop := &Op{Point: AfterRead, Loc: r.Loc, Header: s.ring.header(o.slot), Data: r.Dst, Bytes: uint64(o.res)}
+		if err := o.file.Intercept(fop); err != nil {
+			return fmt.Errorf("read page %s at %+v: %w", r.Want.Key, r.Loc, err)
+		}
+		o.res = int32(min(fop.Bytes, uint64(o.res)))
+	}
 	if err := result(o); err != nil {
 		return fmt.Errorf("read page %s at %+v: %w", r.Want.Key, r.Loc, err)
 	}

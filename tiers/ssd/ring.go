@@ -26,6 +26,7 @@ const (
 // kernel owns iov, the buffers it points to and the slot's header block.
 type op struct {
 	kind opKind
+	file File // the page file, told of the op at its Points (fs.go)
 	fd   int
 	off  uint64
 	iov  [2]unix.Iovec

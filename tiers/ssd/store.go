@@ -3,12 +3,9 @@ package ssd
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-
-	"golang.org/x/sys/unix"
 )
 
 // ErrClosed reports a call on a closed Store.
@@ -30,7 +27,7 @@ type Loc struct {
 // with O_DIRECT through one io_uring. It is safe for concurrent use.
 type Store struct {
 	cfg   Config
-	fds   []int
+	files []File
 	sizes []uint64
 	ring  *uring
 	mu    struct {
@@ -60,17 +57,17 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+	if err := cfg.FS.MkdirAll(cfg.Dir); err != nil {
 		return nil, fmt.Errorf("create ssd dir: %w", err)
 	}
 	s := &Store{cfg: cfg, sizes: cfg.fileSizes()}
 	for i, size := range s.sizes {
-		fd, err := openFile(filepath.Join(cfg.Dir, FileName(i)), size)
+		f, err := cfg.FS.OpenPageFile(filepath.Join(cfg.Dir, FileName(i)), size)
 		if err != nil {
 			s.closeFiles()
 			return nil, err
 		}
-		s.fds = append(s.fds, fd)
+		s.files = append(s.files, f)
 	}
 	ring, err := newURing(cfg.QueueDepth)
 	if err != nil {
@@ -82,25 +79,12 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// openFile opens path with O_DIRECT and preallocates size bytes.
-func openFile(path string, size uint64) (int, error) {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return -1, fmt.Errorf("open %s with O_DIRECT: %w", path, err)
-	}
-	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("preallocate %d bytes for %s: %w", size, path, err)
-	}
-	return fd, nil
-}
-
 func (s *Store) closeFiles() error {
 	var errs []error
-	for _, fd := range s.fds {
-		errs = append(errs, unix.Close(fd))
+	for _, f := range s.files {
+		errs = append(errs, f.Close())
 	}
-	s.fds = nil
+	s.files = nil
 	return errors.Join(errs...)
 }
 
