@@ -2,10 +2,16 @@ package fabric
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/page"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
 // Page integrity (issue 9): what a peer serves always matches what the
@@ -128,4 +134,76 @@ func TestResaveServedToMember(t *testing.T) {
 	okOp(t)(ea.Save(ctx(t), second, pb.Durability_DURABILITY_SSD))
 	waitRemote(t, eb, keys, 3)
 	loadExpect(t, eb, keys, 40, pagesOf(ea, second), "remote fetch")
+}
+
+// ssdOnly saves keys with SSD durability, evicts their DRAM copies and
+// returns their catalog entries.
+func ssdOnly(t *testing.T, tp *testPeer, e *engine, keys [][]byte) []catalog.Entry {
+	t.Helper()
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_SSD))
+	if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]catalog.Entry, len(keys))
+	for i, k := range keys {
+		ent, ok := tp.p.cat.Get(mustKey(t, k))
+		if !ok || !ent.OnSSD || ent.DRAMSlot >= 0 {
+			t.Fatalf("page %d should be on SSD only: %+v", i, ent)
+		}
+		out[i] = ent
+	}
+	return out
+}
+
+// rewriteSlot changes one data byte of an SSD slot and rewrites the slot's
+// header with the changed data's checksum, behind the peer's back: the slot
+// is self-consistent, but not the page the catalog recorded.
+func rewriteSlot(t *testing.T, tp *testPeer, loc catalog.SSDLoc) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(tp.cfg.DataDir, "ssd", ssd.FileName(int(loc.File))), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	slot := make([]byte, loc.Bytes)
+	if _, err := f.ReadAt(slot, int64(loc.Offset)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := page.Decode(slot[:page.HeaderSize])
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := slot[page.HeaderSize:]
+	data[h.Length/2] ^= 0x5a
+	h.Checksum = page.Checksum(data[:h.Length])
+	h.Encode(slot[:page.HeaderSize])
+	if _, err := f.WriteAt(slot, int64(loc.Offset)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSSDReadChecksCatalogSum (issue 9, finding 6): an SSD slot rewritten
+// consistently (data and header checksum changed together) is refused
+// against the catalog's checksum, reported corrupt, and dropped; before
+// the fix it was served with the wrong bytes.
+func TestSSDReadChecksCatalogSum(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(3)
+	ents := ssdOnly(t, tp, e, keys)
+	rewriteSlot(t, tp, ents[1].SSD)
+
+	st, err := e.Load(ctx(t), refs(keys, 40, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.Pages[1].Code; c != pb.PageCode_PAGE_CORRUPT {
+		t.Fatalf("rewritten page: %v (%s), want PAGE_CORRUPT", c, st.Pages[1].Message)
+	}
+	if _, ok := tp.p.cat.Get(mustKey(t, keys[1])); ok {
+		t.Fatal("the rewritten page is still in the catalog")
+	}
+	if !strings.HasSuffix(tp.metric("orbitkv_fabric_corrupt_pages_total"), " 1") {
+		t.Fatal("corrupt page not counted")
+	}
 }

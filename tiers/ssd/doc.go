@@ -27,7 +27,9 @@
 //   - SyncNone gives up durability: a nil error only means the device took
 //     the write; after a crash the page may be missing, stale or torn. Read
 //     still never serves it: the header (own CRC) must match the expected
-//     key, layout, length and generation, and the data its CRC-32C.
+//     key, layout, length, generation and checksum (the caller's record,
+//     not only the slot's own: a slot rewritten consistently fails), and
+//     the data that CRC-32C.
 //   - Every Read verifies; a failure is a *page.CorruptError for that page
 //     alone, and the other pages of the call are unaffected.
 //   - At most QueueDepth operations are in flight over all callers. Each
@@ -48,4 +50,14 @@
 //     rather than torn down under the reaper. The kernel may then still
 //     complete an operation into a buffer already handed back; a Store in
 //     that state should be closed and its pages re-verified on reopen.
+//
+// # Faults
+//
+// The Store reaches the filesystem only through Config.FS (fs.go): it opens
+// the page files there, and tells each File of every page operation at
+// named Points (before a write, before a sync, after a read). Tests wrap
+// OS with WithFaults to fail, stall, tear or corrupt an operation at one
+// of them; a fault is always the page's error (an errno, io.ErrShortWrite,
+// io.ErrUnexpectedEOF, or a *page.CorruptError from verification), never
+// a wrong byte returned as good.
 package ssd

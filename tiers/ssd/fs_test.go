@@ -75,6 +75,10 @@ func TestFaultsAtNamedPoints(t *testing.T) {
 			readErr: func(err error) bool { return errors.Is(err, io.ErrUnexpectedEOF) }},
 		{name: "flipped data", point: AfterRead,
 			fault: func(op *Op) error { op.Data[3] ^= 1; return nil }, readErr: isCorrupt},
+		// Issue 9, finding 6: data and header sum changed together.
+		{name: "consistent rewrite", point: AfterRead,
+			fault:   func(op *Op) error { return reseal(op.Header, op.Data) },
+			readErr: corruptWith("header checksum")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := &injector{point: tc.point, fault: tc.fault}

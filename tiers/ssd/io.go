@@ -24,7 +24,8 @@ type WriteReq struct {
 }
 
 // ReadReq reads one page into Dst (aligned, length page.AlignUp(Want.Length))
-// and checks that the slot holds the page Want describes.
+// and checks that the slot holds the page Want describes: its key, layout,
+// length, generation and checksum, all as the caller recorded them.
 type ReadReq struct {
 	Loc  Loc
 	Want page.Header
@@ -61,7 +62,7 @@ func (s *Store) Write(ctx context.Context, reqs []WriteReq) []error {
 
 // Read reads the pages, up to QueueDepth operations in flight. errs[i] is
 // nil only when page i's header matches Want (key, layout, length,
-// generation) and its data matches the header's checksum; a mismatch is a
+// generation, checksum) and its data matches that checksum; a mismatch is a
 // *page.CorruptError. When ctx ends, requests not yet submitted fail with
 // ctx.Err() at once; those already submitted are reaped (and verified)
 // before Read returns, since the kernel owns Dst until then.
@@ -218,7 +219,9 @@ func result(o *op) error {
 	return nil
 }
 
-// verify checks a read page against the header the caller expects.
+// verify checks a read page against the header the caller expects (the
+// catalog's record: DESIGN.md §7), checksum included, then the data
+// against that checksum.
 func verify(want page.Header, block, data []byte) error {
 	got, err := page.Decode(block)
 	if err != nil {
@@ -233,6 +236,10 @@ func verify(want page.Header, block, data []byte) error {
 		return &page.CorruptError{Key: want.Key, Reason: fmt.Sprintf("length %d, want %d", got.Length, want.Length)}
 	case got.Generation != want.Generation:
 		return &page.CorruptError{Key: want.Key, Reason: fmt.Sprintf("generation %d, want %d", got.Generation, want.Generation)}
+	case got.Checksum != want.Checksum:
+		// A slot rewritten consistently (data and header sum changed
+		// together) passes its own check; the caller's record catches it.
+		return &page.CorruptError{Key: want.Key, Reason: fmt.Sprintf("header checksum %08x, want %08x", got.Checksum, want.Checksum)}
 	}
 	return got.Verify(data[:got.Length])
 }
