@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/bytesize"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
 // Config configures a peer. Zero fields take the defaults of DefaultConfig.
@@ -24,6 +25,9 @@ type Config struct {
 	SSDFileBytes  bytesize.Size // size of each preallocated SSD file in bytes
 	SSDQueueDepth int           // io_uring submissions in flight per batch
 	SSDNoSync     bool          // skip fdatasync (benchmarks only: loses durability)
+	// SSDFS is the filesystem of the SSD page files (nil: the real one).
+	// Not a flag: fault tests wrap it (ssd.WithFaults).
+	SSDFS ssd.FS `json:"-"`
 
 	LeaseTTL         time.Duration // default lease lifetime
 	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once

@@ -153,6 +153,9 @@ func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int 
 		written = append(written, e)
 	}
 	errs := s.ssd.Write(ctx, reqs)
+	for _, err := range errs {
+		s.noteSSDError("write", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var commit []catalog.Entry

@@ -207,3 +207,63 @@ func TestSSDReadChecksCatalogSum(t *testing.T) {
 		t.Fatal("corrupt page not counted")
 	}
 }
+
+// TestTruncatedSSDFileDropsPages (issue 9, finding 5): pages whose SSD
+// slots a truncation cut off fail their load once with PAGE_IO_ERROR, then
+// leave the catalog (local lookups and a member's stop offering them), are
+// counted, and the peer's status turns unhealthy naming the SSD tier; the
+// pages before the cut still load.
+func TestTruncatedSSDFileDropsPages(t *testing.T) {
+	creds := writeCreds(t, t.TempDir(), bytes.Repeat([]byte{6}, 32))
+	a := startPeer(t, clusterConfig(t, creds, ""))
+	b := startPeer(t, clusterConfig(t, creds, a.gossipAddr()))
+	waitFor(t, "two members", 10*time.Second, func() bool { return a.members() == 2 && b.members() == 2 })
+	ea, eb := a.engine(tinyFlash), b.engine(tinyFlash)
+	keys := randKeys(5)
+	want := pagesOf(ea, refs(keys, 0, 4))
+	ents := ssdOnly(t, a, ea, keys)
+	waitRemote(t, eb, keys, 5)
+	for i := 1; i < len(ents); i++ {
+		if ents[i].SSD.File != ents[0].SSD.File || ents[i].SSD.Offset <= ents[i-1].SSD.Offset {
+			t.Fatalf("pages not laid out in one file in save order: %+v", ents)
+		}
+	}
+	path := filepath.Join(a.cfg.DataDir, "ssd", ssd.FileName(int(ents[0].SSD.File)))
+	if err := os.Truncate(path, int64(ents[2].SSD.Offset)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.admin.Status(ctx(t), &pb.StatusRequest{}); err != nil || !st.Healthy {
+		t.Fatalf("status before any read: %v %v, want healthy", st, err)
+	}
+
+	st, err := ea.Load(ctx(t), refs(keys, 40, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range st.Pages {
+		if wantCode := pb.PageCode_PAGE_IO_ERROR; i >= 2 && p.Code != wantCode {
+			t.Fatalf("page %d past the cut: %v (%s), want %v", i, p.Code, p.Message, wantCode)
+		}
+	}
+	loadExpect(t, ea, keys[:2], 40, want[:2], "before the cut")
+	if look, err := ea.Lookup(ctx(t), keys, false); err != nil || look.HitPages != 2 {
+		t.Fatalf("local lookup after the failed reads: %v %v, want 2 pages", look, err)
+	}
+	if st, err := ea.Load(ctx(t), refs(keys[2:], 40, 4)); err != nil || st.Pages[0].Code != pb.PageCode_PAGE_NOT_FOUND {
+		t.Fatalf("second load past the cut: %v %v, want PAGE_NOT_FOUND", st, err)
+	}
+	if got := a.metric(`orbitkv_tiers_ssd_dropped_pages_total{reason="io_error"}`); !strings.HasSuffix(got, " 3") {
+		t.Errorf("dropped pages metric: %q, want 3", got)
+	}
+	if got := a.metric(`orbitkv_tiers_ssd_errors_total{op="read"}`); !strings.HasSuffix(got, " 3") {
+		t.Errorf("ssd read errors metric: %q, want 3", got)
+	}
+	status, err := a.admin.Status(ctx(t), &pb.StatusRequest{})
+	if err != nil || status.Healthy || !strings.Contains(status.Problem, "ssd") {
+		t.Fatalf("status after the failed reads: %v %v, want unhealthy naming the ssd tier", status, err)
+	}
+	waitFor(t, "the member to stop offering the dropped pages", 10*time.Second, func() bool {
+		look, err := eb.Lookup(ctx(t), keys, false)
+		return err == nil && look.HitPages == 2
+	})
+}

@@ -2,13 +2,11 @@ package fabric
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
-	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 	"github.com/orbitkv/orbitkv/transfer"
@@ -157,19 +155,28 @@ func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loa
 	}
 }
 
+// failRead fails an item whose SSD read failed. A page that cannot be read
+// (an I/O error, a short read: a truncated file) or fails verification is
+// dropped from the catalog, so it stops being offered and announced, and
+// counted; the engine recomputes it. A read cut short by the caller's
+// context or a closing tier leaves the page alone.
 func (s *pageStore) failRead(it *loadItem, err error, res []pageResult) {
-	var ce *page.CorruptError
-	if errors.As(err, &ce) {
-		s.dropCorrupt(it)
-		s.m.corruptPages.Inc()
+	if s.noteSSDError("read", err) {
+		reason := "io_error"
+		if isCorrupt(err) {
+			reason = "corrupt"
+			s.m.corruptPages.Inc()
+		}
+		s.dropUnreadable(it)
+		s.m.ssdDropped.WithLabelValues(reason).Inc()
 	}
 	res[it.i] = failResult(fmt.Errorf("ssd read: %w", err))
 	s.freeDRAM(it.slot)
 	it.owned = false
 }
 
-// dropCorrupt removes a page whose SSD copy failed verification.
-func (s *pageStore) dropCorrupt(it *loadItem) {
+// dropUnreadable removes a page whose SSD copy failed to read or verify.
+func (s *pageStore) dropUnreadable(it *loadItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.cat.Get(it.req.Key)

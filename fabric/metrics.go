@@ -16,6 +16,7 @@ type metrics struct {
 	loadedPages, evictedPages   *prometheus.CounterVec
 	demotedPages, promotedPages prometheus.Counter
 	corruptPages                prometheus.Counter
+	ssdDropped, ssdErrors       *prometheus.CounterVec
 	unsealedPages               prometheus.Gauge
 	quarantined                 prometheus.Gauge
 
@@ -48,13 +49,17 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		lookupMiss: counter("fabric", "lookup_miss_pages_total", "Pages asked for by lookups and not found."),
 		lookupRecompute: counter("fabric", "lookup_recompute_pages_total",
 			"Pages found only on SSD that lookups left to recompute: the SSD reads slower than the session's engine computes."),
-		savedPages:     counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
-		loadedTokens:   counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
-		loadedPages:    prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
-		evictedPages:   prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "evicted_pages_total", "Page copies dropped from a tier.")), []string{"tier"}),
-		demotedPages:   counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
-		promotedPages:  counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
-		corruptPages:   counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
+		savedPages:    counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
+		loadedTokens:  counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
+		loadedPages:   prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
+		evictedPages:  prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "evicted_pages_total", "Page copies dropped from a tier.")), []string{"tier"}),
+		demotedPages:  counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
+		promotedPages: counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
+		corruptPages:  counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
+		ssdDropped: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_dropped_pages_total",
+			"Pages dropped from the catalog because their SSD copy failed to read: reason io_error (an I/O error or short read) or corrupt (verification).")), []string{"reason"}),
+		ssdErrors: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_errors_total",
+			"SSD page operations that failed with an I/O error (errno, short transfer, failed sync), by op: read or write.")), []string{"op"}),
 		unsealedPages:  gauge("tiers", "unsealed_pages", "DRAM pages whose checksum is still being computed."),
 		quarantined:    gauge("transfer", "quarantined_bytes", "DRAM kept out of use for the process's life: a GPU copy naming it never finished."),
 		sessions:       gauge("fabric", "sessions", "Open engine sessions."),
@@ -76,7 +81,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.savedPages, m.loadedTokens, m.loadedPages,
-		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.unsealedPages, m.quarantined, m.sessions, m.leases,
+		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

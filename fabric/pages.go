@@ -49,7 +49,9 @@ type pageStore struct {
 	ssdReads ssdRate
 	// cluster is nil when the peer runs standalone (remote.go).
 	cluster *cluster
-	mu      struct {
+	// faults are the SSD tier's recent faults, for Status (health.go).
+	faults tierFaults
+	mu     struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU
 		gen       uint64

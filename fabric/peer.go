@@ -103,7 +103,7 @@ func (p *Peer) openTiers() error {
 			sync = ssd.SyncNone
 		}
 		p.ssd, err = ssd.Open(ssd.Config{Dir: filepath.Join(p.cfg.DataDir, "ssd"), CapacityBytes: uint64(p.cfg.SSDBytes),
-			FileBytes: uint64(p.cfg.SSDFileBytes), QueueDepth: p.cfg.SSDQueueDepth, Sync: sync})
+			FileBytes: uint64(p.cfg.SSDFileBytes), QueueDepth: p.cfg.SSDQueueDepth, Sync: sync, FS: p.cfg.SSDFS})
 		if err != nil {
 			return fmt.Errorf("ssd tier: %w", err)
 		}

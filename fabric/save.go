@@ -163,6 +163,7 @@ func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []p
 	kept := ok[:0]
 	for j, it := range ok {
 		if errs[j] != nil {
+			s.noteSSDError("write", errs[j])
 			res[it.i] = failResult(fmt.Errorf("ssd write: %w", errs[j]))
 			s.freeSSD(it.loc)
 			s.freeDRAM(it.slot)

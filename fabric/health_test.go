@@ -1,0 +1,78 @@
+package fabric
+
+import (
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// TestTierFaultsWindow: a fault makes the peer unhealthy until faultWindow
+// passes with no new one; faults within the window extend it and count
+// into one spell, and a fault after a healthy gap starts a new spell.
+func TestTierFaultsWindow(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	var f tierFaults
+	steps := []struct {
+		name  string
+		note  string        // a fault at this step, if not ""
+		at    time.Duration // since t0
+		wants string        // in the problem; "" = healthy
+	}{
+		{name: "no fault yet", at: 0},
+		{name: "first fault", note: "read: EIO", at: time.Second, wants: "1 faults since 2026-12-01T10:00:01Z"},
+		{name: "just inside the window", at: time.Second + faultWindow - time.Millisecond, wants: "read: EIO"},
+		{name: "window over", at: time.Second + faultWindow},
+		{name: "a new spell", note: "write: EIO", at: 2 * faultWindow, wants: "1 faults"},
+		{name: "a second fault extends it", note: "read: short", at: 2*faultWindow + 30*time.Second, wants: "2 faults since 2026-12-01T10:02:00Z"},
+		{name: "counted from the latest", at: 3*faultWindow + 29*time.Second, wants: "the last 59s ago: read: short"},
+		{name: "healthy again", at: 3*faultWindow + 30*time.Second},
+	}
+	for _, st := range steps {
+		now := t0.Add(st.at)
+		if st.note != "" {
+			f.note(st.note, now)
+		}
+		got := f.problem(now)
+		if st.wants == "" && got != "" || st.wants != "" && !strings.Contains(got, st.wants) {
+			t.Fatalf("%s: problem %q, want %q", st.name, got, st.wants)
+		}
+	}
+}
+
+// TestSSDWriteFaultIsReported: an SSD write that fails (injected through
+// the tier's filesystem seam) fails that page's durable save with
+// PAGE_IO_ERROR, is counted, turns the status unhealthy with the reason,
+// and the DRAM tier keeps serving.
+func TestSSDWriteFaultIsReported(t *testing.T) {
+	var armed atomic.Bool
+	cfg := smallConfig(t.TempDir())
+	cfg.SSDFS = ssd.WithFaults(ssd.OS, func(_ string, op *ssd.Op) error {
+		if op.Point == ssd.BeforeWrite && armed.CompareAndSwap(true, false) {
+			return syscall.EIO
+		}
+		return nil
+	})
+	tp := startPeer(t, cfg)
+	e := tp.engine(tinyFlash)
+	keys := randKeys(3)
+	armed.Store(true)
+	st, err := e.Save(ctx(t), refs(keys[:1], 0, 4), pb.Durability_DURABILITY_SSD)
+	if err != nil || st.Pages[0].Code != pb.PageCode_PAGE_IO_ERROR {
+		t.Fatalf("save on a failing write: %v %v, want PAGE_IO_ERROR", st, err)
+	}
+	if got := tp.metric(`orbitkv_tiers_ssd_errors_total{op="write"}`); !strings.HasSuffix(got, " 1") {
+		t.Errorf("ssd write errors metric: %q, want 1", got)
+	}
+	status, err := tp.admin.Status(ctx(t), &pb.StatusRequest{})
+	if err != nil || status.Healthy || !strings.Contains(status.Problem, "input/output error") {
+		t.Fatalf("status after a failed write: %v %v, want unhealthy with the reason", status, err)
+	}
+	src := refs(keys, 0, 4)
+	okOp(t)(e.Save(ctx(t), src, pb.Durability_DURABILITY_DRAM))
+	loadExpect(t, e, keys, 40, pagesOf(e, src), "dram after the fault")
+}
