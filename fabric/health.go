@@ -28,16 +28,17 @@ type tierFaults struct {
 	}
 }
 
-// note records a fault at time at. A fault more than faultWindow after the
-// previous one starts a new spell.
-func (f *tierFaults) note(what string, at time.Time) {
+// note records a fault at time at and reports whether it starts a spell:
+// the first fault, or one faultWindow or more after the previous one.
+func (f *tierFaults) note(what string, at time.Time) (first bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.mu.n == 0 || at.Sub(f.mu.last) >= faultWindow {
+	if first = f.mu.n == 0 || at.Sub(f.mu.last) >= faultWindow; first {
 		f.mu.since, f.mu.n = at, 0
 	}
 	f.mu.n++
 	f.mu.last, f.mu.what = at, what
+	return first
 }
 
 // problem says why the peer is unhealthy at now, or "" when it is not: no
@@ -62,7 +63,8 @@ func tierFault(err error) bool {
 
 // noteSSDError counts a failed SSD operation (op "read" or "write") that is
 // a tier fault, other than a page failing verification, and records it for
-// Status. It reports whether err was a tier fault.
+// Status; the first fault of a spell is logged (one line, not one per
+// page). It reports whether err was a tier fault.
 func (s *pageStore) noteSSDError(op string, err error) bool {
 	if !tierFault(err) {
 		return false
@@ -70,7 +72,10 @@ func (s *pageStore) noteSSDError(op string, err error) bool {
 	if !isCorrupt(err) {
 		s.m.ssdErrors.WithLabelValues(op).Inc()
 	}
-	s.faults.note(fmt.Sprintf("%s: %v", op, err), time.Now())
+	if s.faults.note(fmt.Sprintf("%s: %v", op, err), time.Now()) {
+		s.log.Warn().Err(err).Str("op", op).Dur("unhealthy_for", faultWindow).
+			Msg("ssd tier fault: failed pages are dropped and counted; status is unhealthy until no fault for the window")
+	}
 	return true
 }
 

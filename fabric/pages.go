@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
@@ -51,6 +52,7 @@ type pageStore struct {
 	cluster *cluster
 	// faults are the SSD tier's recent faults, for Status (health.go).
 	faults tierFaults
+	log    zerolog.Logger
 	mu     struct {
 		sync.Mutex
 		dram, ssd *tiers.LRU

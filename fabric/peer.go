@@ -71,7 +71,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.pages = newPageStore(p.cat, p.pool, p.ssd, p.m)
-	p.pages.cluster = p.cluster
+	p.pages.cluster, p.pages.log = p.cluster, log
 	gpu, err := openGPU(p.cfg, p.pages.dramR, log)
 	if err != nil {
 		p.closeTiers()
