@@ -6,14 +6,20 @@
 // Invariants:
 //   - A catalog entry names only bytes that are in place: a DRAM slot after
 //     its gather finished, an SSD slot after the SSD tier made it durable.
-//     Slots are freed only after the catalog stopped naming them.
+//     Slots are freed only after the catalog stopped naming them, and a
+//     DRAM slot that pinned copies still read only after their pins go
+//     (retire.go). Every copy an entry names holds the bytes its checksum
+//     covers, under its generation: a durable re-save of a DRAM-only page
+//     replaces that copy rather than adding to it (commitSaves).
 //   - A page is pinned (tiers.LRU) for every lease and copy that needs it,
 //     and eviction never picks a pinned page.
 //   - Every operation has a deadline; a session that stops sending
 //     keepalives is closed, its leases released and its operations
 //     cancelled before its buffers are unmapped.
-//   - A page that fails its checksum is removed from the catalog and reported
-//     as corrupt; it is never copied into an engine.
+//   - A page that fails its checksum, or whose SSD copy cannot be read, is
+//     removed from the catalog (so no longer announced) and reported as
+//     corrupt or as an I/O error; it is never copied into an engine. SSD
+//     tier faults make Status unhealthy for a while (health.go).
 //   - A save acknowledged into DRAM only may not have its checksum yet; the
 //     sealer (seal.go) computes it in the background, and every path that
 //     moves a page out of DRAM seals it first. SSD-durable saves are
