@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -116,6 +117,88 @@ func TestResaveWhilePinned(t *testing.T) {
 		t.Fatal(err)
 	}
 	loadExpect(t, e, keys, 40, want, "from ssd")
+}
+
+// TestResaveConcurrently races DRAM saves and SSD saves of the same keys
+// with other bytes against loads, leases and DRAM evictions: no load ever
+// fails or returns bytes that neither save wrote, every page loads from SSD
+// once the SSD save is acknowledged, and no DRAM slot leaks.
+func TestResaveConcurrently(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	ea, eb, el := tp.engine(tinyFlash), tp.engine(tinyFlash), tp.engine(tinyFlash)
+	src := func(keys [][]byte) []*pb.PageRef { return refs(keys, 0, 4) }
+	for round := range 20 {
+		keys := randKeys(3)
+		va, vb := pagesOf(ea, src(keys)), pagesOf(eb, src(keys))
+		either := func(what string, i int, got []byte) {
+			if !bytes.Equal(got, va[i]) && !bytes.Equal(got, vb[i]) {
+				t.Errorf("round %d, %s: page %d holds bytes neither save wrote", round, what, i)
+			}
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { okOp(t)(ea.Save(ctx(t), src(keys), pb.Durability_DURABILITY_DRAM)) })
+		wg.Go(func() { okOp(t)(eb.Save(ctx(t), src(keys), pb.Durability_DURABILITY_SSD)) })
+		wg.Go(func() {
+			for range 4 {
+				dst := refs(keys, 40, 4)
+				st, err := el.Load(ctx(t), dst)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for i, p := range st.Pages {
+					switch p.Code {
+					case pb.PageCode_PAGE_OK:
+						either("concurrent load", i, el.page(dst[i].Blocks))
+					case pb.PageCode_PAGE_NOT_FOUND: // not saved yet
+					default:
+						t.Errorf("round %d: concurrent load of page %d: %v (%s)", round, i, p.Code, p.Message)
+					}
+				}
+			}
+		})
+		wg.Go(func() {
+			for range 3 {
+				if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		wg.Go(func() {
+			look, err := el.Lookup(ctx(t), keys, true)
+			if err == nil && look.LeaseId != "" {
+				_, err = el.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: el.Session, LeaseId: look.LeaseId})
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+			t.Fatal(err)
+		}
+		dst := refs(keys, 40, 4)
+		st, err := el.Load(ctx(t), dst)
+		for i, p := range st.GetPages() {
+			if err != nil || p.Code != pb.PageCode_PAGE_OK {
+				t.Fatalf("round %d: page %d from ssd: %v %v", round, i, p, err)
+			}
+			either("load from ssd", i, el.page(dst[i].Blocks))
+		}
+	}
+	inDRAM := 0
+	tp.p.cat.Range(func(e catalog.Entry) bool {
+		if e.DRAMSlot >= 0 {
+			inDRAM++
+		}
+		return true
+	})
+	if got := tp.p.pool.Stats().Slots; got != inDRAM {
+		t.Fatalf("%d dram slots allocated for %d pages in dram: replaced copies leaked", got, inDRAM)
+	}
 }
 
 // TestResaveServedToMember: a member fetching a page that was saved to DRAM
