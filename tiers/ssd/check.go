@@ -77,6 +77,9 @@ func (s *Store) sync(ctx context.Context, reqs []WriteReq, errs []error) {
 		if o.res < 0 {
 			return fmt.Errorf("fdatasync %s: %w", FileName(int(files[o.req])), syscallErr(o.res))
 		}
+		if err := o.file.Intercept(&Op{Point: AfterSync}); err != nil {
+			return fmt.Errorf("fdatasync %s: %w", FileName(int(files[o.req])), err)
+		}
 		return nil
 	})
 	for i, r := range reqs {

@@ -53,11 +53,11 @@
 //
 // # Faults
 //
-// The Store reaches the filesystem only through Config.FS (fs.go): it opens
-// the page files there, and tells each File of every page operation at
-// named Points (before a write, before a sync, after a read). Tests wrap
-// OS with WithFaults to fail, stall, tear or corrupt an operation at one
-// of them; a fault is always the page's error (an errno, io.ErrShortWrite,
-// io.ErrUnexpectedEOF, or a *page.CorruptError from verification), never
-// a wrong byte returned as good.
+// The Store reaches the filesystem only through Config.FS (fs.go): it
+// opens the page files there, and tells each File of every page operation
+// at named Points (before a write, before and after a sync, after a read).
+// Tests wrap OS with WithFaults to fail, stall, tear or corrupt an
+// operation at one of them; a fault is always the page's error (an errno,
+// io.ErrShortWrite, io.ErrUnexpectedEOF, or a *page.CorruptError from
+// verification), never a wrong byte returned as good.
 package ssd

@@ -55,6 +55,12 @@ const (
 	// BeforeSync: an fdatasync of the file is about to be submitted (only
 	// under SyncBatch). An error fails it without I/O.
 	BeforeSync
+	// AfterSync: an fdatasync of the file succeeded: the call's pages in
+	// it are durable but the caller does not know yet, so nothing names
+	// them (a stall here holds a page durable but not in the catalog, for
+	// crash tests). An error fails the sync after the fact: the pages are
+	// on disk, yet reported failed.
+	AfterSync
 	// Preallocate: WithFaults only: a page file was opened and
 	// preallocated (Op.Bytes is its size). An error makes OpenPageFile fail
 	// as a failed fallocate does, with the file left on disk.
@@ -73,6 +79,8 @@ func (p Point) String() string {
 		return "before-write"
 	case BeforeSync:
 		return "before-sync"
+	case AfterSync:
+		return "after-sync"
 	case Preallocate:
 		return "preallocate"
 	case AfterRead:
@@ -84,9 +92,9 @@ func (p Point) String() string {
 // Op is one page-file operation as File.Intercept sees it.
 type Op struct {
 	Point  Point
-	Loc    Loc    // the slot (zero at BeforeSync and Preallocate)
-	Header []byte // the slot's header block, page.HeaderSize bytes (nil at BeforeSync and Preallocate)
-	Data   []byte // the page data, padded (nil at BeforeSync and Preallocate)
+	Loc    Loc    // the slot (zero at the sync points and Preallocate)
+	Header []byte // the slot's header block, page.HeaderSize bytes (nil at the sync points and Preallocate)
+	Data   []byte // the page data, padded (nil at the sync points and Preallocate)
 	Bytes  uint64 // bytes to write (BeforeWrite), read (AfterRead), or the file's size (Preallocate)
 }
 

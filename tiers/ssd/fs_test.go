@@ -69,6 +69,8 @@ func TestFaultsAtNamedPoints(t *testing.T) {
 			writeErr: func(err error) bool { return errors.Is(err, io.ErrShortWrite) }, readErr: corruptWith("checksum")},
 		{name: "sync fails", point: BeforeSync, fault: eio, wholeFile: true,
 			writeErr: isErrno(syscall.EIO), readErr: func(err error) bool { return err == nil }},
+		{name: "sync fails after the fact", point: AfterSync, fault: eio, wholeFile: true,
+			writeErr: isErrno(syscall.EIO), readErr: func(err error) bool { return err == nil }},
 		{name: "read fails", point: AfterRead, fault: eio, readErr: isErrno(syscall.EIO)},
 		{name: "short read", point: AfterRead,
 			fault:   func(op *Op) error { op.Bytes -= page.Alignment; return nil },
@@ -85,7 +87,7 @@ func TestFaultsAtNamedPoints(t *testing.T) {
 			s := openFaulty(t, testDir(t), in)
 			rng := rand.New(rand.NewPCG(8, 8))
 			pages := []testPage{newPage(t, s, rng, 9000), newPage(t, s, rng, 9000), newPage(t, s, rng, 9000)}
-			if tc.point != BeforeSync {
+			if tc.point != BeforeSync && tc.point != AfterSync {
 				in.at = &pages[1].loc
 			}
 			werrs := writeErrs(s, pages)
