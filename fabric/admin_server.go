@@ -56,7 +56,7 @@ func (p *Peer) runningOps() int {
 func (s *adminServer) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
 	p := s.p
 	ps := p.pool.Stats()
-	problem := p.pages.faults.problem(time.Now())
+	problem := p.problem(time.Now())
 	out := &pb.StatusResponse{Healthy: problem == "", Problem: problem, Version: Version, UptimeMs: time.Since(p.started).Milliseconds(),
 		Sessions: uint32(len(p.sessions.list())), CatalogEntries: uint64(p.cat.Len()), InflightOps: uint32(p.runningOps())}
 	p.pages.mu.Lock()

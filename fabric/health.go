@@ -16,6 +16,12 @@ import (
 // one (docs/operations.md, "Page integrity").
 const faultWindow = time.Minute
 
+// problem says why the peer is unhealthy at now, "" when it is healthy:
+// what Status reports. Every source of ill health joins here.
+func (p *Peer) problem(now time.Time) string {
+	return p.pages.faults.problem(now)
+}
+
 // tierFaults remembers the SSD tier's recent faults for Status: I/O errors
 // of reads and writes, and pages that failed verification on read. It is a
 // pure record, its clock an argument; it is safe for concurrent use.
