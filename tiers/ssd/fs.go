@@ -31,7 +31,7 @@ type File interface {
 	// Intercept is called at each Point of an operation on the file, from
 	// the goroutine of the Store call that runs it (never the reaper), so
 	// it may block to stall that call; the call's ctx does not interrupt
-	// it. A non-nil error fails that page (or, at BeforeSync, every page
+	// it. A non-nil error fails that page (or, at a sync point, every page
 	// of the call in this file) with the error wrapped. The real file's
 	// Intercept does nothing.
 	Intercept(op *Op) error
