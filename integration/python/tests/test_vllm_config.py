@@ -3,6 +3,7 @@ import types
 
 import pytest
 
+from orbitkv.vllm._compat import vllm_byte_layout
 from orbitkv.vllm.config import load_config
 
 
@@ -25,7 +26,9 @@ def test_layout_derived_from_vllm_config():
     assert (lay.model, lay.dtype, lay.num_layers, lay.kv_heads, lay.head_dim, lay.tp_size) == (
         "Qwen/Qwen3-8B", "bf16", 36, 8, 128, 2)
     assert cfg.block_tokens == 16 and lay.page_tokens == 64 and cfg.blocks_per_page == 4
-    assert lay.byte_layout == "vllm-flash"
+    # The byte layout is what the installed vLLM allocates (packed from 0.26 on); without vLLM
+    # the 5-D layout the reference engine uses.
+    assert lay.byte_layout == (vllm_byte_layout() or "vllm-flash")
 
 
 def test_extra_config_overrides_and_validation():

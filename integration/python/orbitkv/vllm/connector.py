@@ -153,8 +153,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
         assert isinstance(meta, OrbitKVMetadata), type(meta)
         return meta
 
-    def handle_preemptions(self, arg: Any = None) -> None:
-        ids = getattr(arg, "preempted", arg) or ()
+    def handle_preemptions(self, kv_connector_metadata: Any = None) -> None:
+        ids = getattr(kv_connector_metadata, "preempted", kv_connector_metadata) or ()
         self.worker.handle_preemptions(list(ids))
 
     def start_load_kv(self, forward_context: Any = None, **kwargs: Any) -> None:
