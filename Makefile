@@ -5,8 +5,9 @@ LDFLAGS   := -ldflags=-checklinkname=0
 BIN       := bin/orbitkv
 DATA      ?= ./data
 PYTHON    ?= /usr/bin/python3
+VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 
-.PHONY: all build run test test-go test-python deps bench proto vet fmt clean
+.PHONY: all build run test test-go test-python test-vllm deps bench proto vet fmt clean
 
 all: build
 
@@ -21,7 +22,7 @@ run: build
 deps:
 	./scripts/install-deps.sh
 
-test: deps build vet test-go test-python
+test: deps build vet test-go test-python test-vllm
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -35,6 +36,15 @@ test-python:
 	@if [ -d integration/python/tests ]; then \
 	  ORBITKV_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider integration/python/tests; \
 	else echo "test-python: no Python tests yet"; fi
+
+# The connector against the real vLLM package (its own environment, built by
+# scripts/install-vllm.sh): vLLM's Scheduler driving it, the base-class contract,
+# the KV layout byte tests. ORBITKV_REQUIRE=vllm: a missing vLLM fails.
+VLLM_TESTS := test_vllm_real_scheduler.py test_vllm_layouts.py test_vllm_config.py test_vllm_connector.py
+test-vllm: build
+	ORBITKV_VLLM_VENV=$(VLLM_VENV) ./scripts/install-vllm.sh
+	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
+	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM_TESTS))
 
 bench: build
 	$(BIN) bench tiers --dir $(DATA)/bench

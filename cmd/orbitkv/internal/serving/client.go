@@ -39,6 +39,7 @@ type Result struct {
 type streamChunk struct {
 	Choices []struct {
 		Text         string  `json:"text"`
+		TokenIDs     []int   `json:"token_ids"` // vLLM's return_token_ids extension
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
@@ -63,8 +64,10 @@ func (c *Client) url() string {
 // Complete streams one completion; ctx bounds the whole request. The result
 // always carries the timings it got; Err says why it is incomplete.
 func (c *Client) Complete(ctx context.Context, prompt []int, maxTokens int) Result {
+	// return_token_ids (vLLM): a server started without a tokenizer streams
+	// token ids and empty text; other servers ignore the field.
 	body := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "stream": true,
-		"temperature": 0, "stream_options": map[string]any{"include_usage": true}}
+		"temperature": 0, "stream_options": map[string]any{"include_usage": true}, "return_token_ids": true}
 	if c.Model != "" {
 		body["model"] = c.Model
 	}
@@ -130,7 +133,7 @@ func readStream(r io.Reader, res *Result) error {
 						res.CachedTokens = d.CachedTokens
 					}
 				}
-				if len(ch.Choices) > 0 && ch.Choices[0].Text != "" {
+				if len(ch.Choices) > 0 && (ch.Choices[0].Text != "" || len(ch.Choices[0].TokenIDs) > 0) {
 					if res.Chunks == 0 {
 						res.TTFT = now.Sub(res.Start)
 					} else {
@@ -138,7 +141,7 @@ func readStream(r io.Reader, res *Result) error {
 					}
 					last = now
 					res.Chunks++
-					text.WriteString(ch.Choices[0].Text)
+					writeOutput(&text, ch.Choices[0].Text, ch.Choices[0].TokenIDs)
 				}
 			}
 		}
@@ -148,5 +151,18 @@ func readStream(r io.Reader, res *Result) error {
 		if err != nil {
 			return fmt.Errorf("read stream: %w", err)
 		}
+	}
+}
+
+// writeOutput appends a chunk's output: its text, or, when a server without
+// a tokenizer streams token ids and no text, the ids as "<id>" (so outputs
+// still compare token for token).
+func writeOutput(b *strings.Builder, text string, ids []int) {
+	if text != "" {
+		b.WriteString(text)
+		return
+	}
+	for _, id := range ids {
+		fmt.Fprintf(b, "<%d>", id)
 	}
 }

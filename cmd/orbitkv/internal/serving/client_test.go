@@ -3,6 +3,7 @@ package serving
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -87,4 +88,34 @@ func TestParseMetrics(t *testing.T) {
 	if w.Delta["x_total"] != 7 || len(w.Delta) != 1 {
 		t.Fatalf("deltas %v: want only the counter, +7", w.Delta)
 	}
+}
+
+// TestClientReadsTokenIDStreams: vLLM started without a tokenizer streams
+// empty text with return_token_ids; the client times the first token id and
+// keeps the ids as the output to compare.
+func TestClientReadsTokenIDStreams(t *testing.T) {
+	var asked bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked = strings.Contains(readAll(r), `"return_token_ids":true`)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"\",\"token_ids\":[]}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"\",\"token_ids\":[17]}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"\",\"token_ids\":[5,9]}]}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	c := &Client{Endpoint: srv.URL, HTTP: http.DefaultClient}
+	res := c.Complete(context.Background(), []int{1, 2}, 3)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if !asked || res.Text != "<17><5><9>" || res.Chunks != 2 || res.TTFT == 0 {
+		t.Errorf("asked %v, text %q, chunks %d, ttft %v", asked, res.Text, res.Chunks, res.TTFT)
+	}
+}
+
+func readAll(r *http.Request) string {
+	var b strings.Builder
+	_, _ = io.Copy(&b, r.Body)
+	return b.String()
 }
