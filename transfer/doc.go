@@ -10,6 +10,12 @@
 //     a Transport never sees an out-of-range descriptor.
 //   - Adjacent descriptors that are contiguous on both sides are merged, so
 //     engines whose blocks are contiguous move in few large copies.
+//   - Engine memory is untrusted: Local copies run with memory faults
+//     guarded (runtime/debug.SetPanicOnFault), so a region whose backing
+//     vanished (an engine's shared-memory file shrunk under its mapping)
+//     fails the batch with a *FaultError naming the region, never the
+//     process (fault.go). A fault outside the batch's regions still crashes:
+//     that is the peer's own bug.
 //
 // Transports: Local (host memory, memmove) and CUDA (pinned DRAM pool ⇄ one
 // GPU through a small pool of cuda.Copiers; every descriptor of an operation

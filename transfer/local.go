@@ -35,8 +35,11 @@ func (l Local) CopyChecksum(ctx context.Context, batch []Desc) (uint32, error) {
 	return l.copy(ctx, batch, true)
 }
 
-func (Local) copy(ctx context.Context, batch []Desc, sum bool) (uint32, error) {
-	var crc uint32
+// copy runs with faults guarded: a region whose memory vanished (an
+// engine's shrunk file) fails the batch with a *FaultError (fault.go).
+func (Local) copy(ctx context.Context, batch []Desc, sum bool) (crc uint32, err error) {
+	defer guardFaults()()
+	defer catchFault(batch, &err)
 	for i, d := range batch {
 		if d.Src.Kind != Host || d.Dst.Kind != Host {
 			return 0, fmt.Errorf("descriptor %d (%s -> %s): %w", i, d.Src.Name, d.Dst.Name, ErrUnsupported)
