@@ -156,6 +156,9 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 	if err != nil {
 		return nil, err
 	}
+	if err := s.p.checkBuffers(sess); err != nil {
+		return nil, err
+	}
 	if check != nil {
 		if err := check(sess); err != nil {
 			return nil, err

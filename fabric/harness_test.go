@@ -93,9 +93,15 @@ type engine struct {
 var tinyFlash = engineclient.Flash{Layers: 2, NumBlocks: 64, BlockTokens: 4, PageTokens: 16, KVHeads: 2, HeadDim: 16, ElemBytes: 4}
 
 func (tp *testPeer) engine(f engineclient.Flash) *engine {
+	tp.t.Helper()
+	return tp.engineIn(f, tp.t.TempDir())
+}
+
+// engineIn is engine with its KV buffer file in dir.
+func (tp *testPeer) engineIn(f engineclient.Flash, dir string) *engine {
 	t := tp.t
 	t.Helper()
-	shm, err := engineclient.CreateShm(filepath.Join(t.TempDir(), "kv"), f.Size())
+	shm, err := engineclient.CreateShm(filepath.Join(dir, "kv"), f.Size())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,11 +230,22 @@ func (s *pageStore) scatter(ctx context.Context, sess *session, it *loadItem) er
 		return err
 	}
 	if err := s.local.Copy(ctx, descs); err != nil {
+		s.noteCopyFault(err)
 		return fmt.Errorf("scatter page: %w", err)
 	}
 	s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, []*loadItem{it})))
 	return nil
+}
+
+// noteCopyFault counts a copy that faulted in an engine's buffer (its file
+// shrank while the copy ran, past the operation's checkBuffers); the
+// session's next operation is refused, and logged, by that check.
+func (s *pageStore) noteCopyFault(err error) {
+	var fe *transfer.FaultError
+	if errors.As(err, &fe) {
+		s.m.engineFaults.Inc()
+	}
 }
 
 // unpinLoads releases the pins and private slots of a finished load.

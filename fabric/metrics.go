@@ -17,6 +17,7 @@ type metrics struct {
 	demotedPages, promotedPages prometheus.Counter
 	corruptPages                prometheus.Counter
 	ssdDropped, ssdErrors       *prometheus.CounterVec
+	engineFaults                prometheus.Counter
 	unsealedPages               prometheus.Gauge
 	quarantined                 prometheus.Gauge
 
@@ -60,6 +61,8 @@ func newMetrics(ssdInflight func() float64) *metrics {
 			"Pages dropped from the catalog because their SSD copy failed to read: reason io_error (an I/O error or short read) or corrupt (verification).")), []string{"reason"}),
 		ssdErrors: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_errors_total",
 			"SSD page operations that failed with an I/O error (errno, short transfer, failed sync), by op: read or write.")), []string{"op"}),
+		engineFaults: counter("fabric", "engine_buffer_faults_total",
+			"Engine KV buffer faults: operations refused because the buffer's file shrank under its mapping, and page copies that faulted in it."),
 		unsealedPages:  gauge("tiers", "unsealed_pages", "DRAM pages whose checksum is still being computed."),
 		quarantined:    gauge("transfer", "quarantined_bytes", "DRAM kept out of use for the process's life: a GPU copy naming it never finished."),
 		sessions:       gauge("fabric", "sessions", "Open engine sessions."),
@@ -82,6 +85,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.savedPages, m.loadedTokens, m.loadedPages,
 		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.unsealedPages, m.quarantined, m.sessions, m.leases,
+		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.engineFaults, m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -127,6 +127,7 @@ func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq, sum bo
 	}
 	if err != nil {
 		s.freeDRAM(slot)
+		s.noteCopyFault(err)
 		return nil, fmt.Errorf("gather page: %w", err)
 	}
 	buf := s.pool.Bytes(slot)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -38,6 +39,8 @@ type session struct {
 	lwTurn    chan struct{}    // one layer-wise load enqueuing at a time (layerwise.go)
 	keepalive time.Duration
 	recompute float64 // the engine's prefill tokens/s; 0 = unknown (ssdrate.go)
+	// faulted: the session's buffer fault was logged (once per session).
+	faulted atomic.Bool
 
 	ctx    context.Context // cancelled when the session closes
 	cancel context.CancelFunc
@@ -221,6 +224,28 @@ func (p *Peer) closeSession(id string) bool {
 	p.m.sessions.Dec()
 	p.log.Info().Str("session", s.id).Int("leases_released", len(leases)).Msg("session closed")
 	return true
+}
+
+// checkBuffers fails when a shared-memory buffer's file shrank under its
+// mapping (engine memory is untrusted): the operation is refused before any
+// copy could fault. The first such refusal of a session is logged.
+func (p *Peer) checkBuffers(s *session) error {
+	for _, m := range s.mapped {
+		if err := m.Check(); err != nil {
+			p.noteFault(s, err)
+			return fmt.Errorf("session %s: %w", s.id, err)
+		}
+	}
+	return nil
+}
+
+// noteFault counts an engine buffer fault and logs a session's first.
+func (p *Peer) noteFault(s *session, err error) {
+	p.m.engineFaults.Inc()
+	if !s.faulted.Swap(true) {
+		p.log.Warn().Str("session", s.id).Str("engine", s.engineID).Err(err).
+			Msg("engine kv buffer fault: the session's operations fail until it reopens; other sessions are unaffected")
+	}
 }
 
 func (s *session) unmap() {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -44,5 +45,32 @@ func TestMapSharedRejects(t *testing.T) {
 		if _, err := MapShared(c.path, c.size); !errors.Is(err, ErrBuffer) {
 			t.Errorf("%s: want ErrBuffer, got %v", name, err)
 		}
+	}
+}
+
+func TestSharedCheckSeesShrink(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv")
+	if err := os.WriteFile(path, make([]byte, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := MapShared(path, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Check(); err != nil {
+		t.Fatalf("check of an intact file: %v", err)
+	}
+	if err := os.Truncate(path, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(); !errors.Is(err, ErrBuffer) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("check of a shrunk file: %v, want ErrBuffer naming %s", err, path)
+	}
+	if err := os.Truncate(path, 16384); err != nil { // grown back (and past): covered again
+		t.Fatal(err)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatalf("check of a regrown file: %v", err)
 	}
 }
