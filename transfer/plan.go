@@ -3,6 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 )
 
 // ErrGeometry reports a segment description that does not fit its buffers.
@@ -24,13 +25,11 @@ type Geometry struct {
 	BlocksPerPage int
 }
 
-// PageBytes is the size of one page blob.
+// PageBytes is the size of one page blob (of a geometry Validate accepted:
+// it does not pass 2^64).
 func (g *Geometry) PageBytes() uint64 {
-	var n uint64
-	for _, s := range g.Segments {
-		n += s.BlockBytes
-	}
-	return n * uint64(g.BlocksPerPage)
+	n, _ := g.pageBytes()
+	return n
 }
 
 // Validate checks every segment's blocks against the buffer sizes.
@@ -45,12 +44,40 @@ func (g *Geometry) Validate(bufSizes []uint64) error {
 		if s.BlockBytes == 0 || (g.NumBlocks > 1 && s.Stride < s.BlockBytes) {
 			return fmt.Errorf("%w: segment %d block %d bytes, stride %d", ErrGeometry, i, s.BlockBytes, s.Stride)
 		}
-		end := s.Offset + uint64(g.NumBlocks-1)*s.Stride + s.BlockBytes
-		if end > bufSizes[s.Buffer] || end < s.Offset {
+		end, ok := segmentEnd(s, g.NumBlocks)
+		if !ok {
+			return fmt.Errorf("%w: segment %d: offset %d + %d strides of %d + %d bytes passes 2^64", ErrGeometry, i, s.Offset, g.NumBlocks-1, s.Stride, s.BlockBytes)
+		}
+		if end > bufSizes[s.Buffer] {
 			return fmt.Errorf("%w: segment %d ends at byte %d, buffer %d has %d", ErrGeometry, i, end, s.Buffer, bufSizes[s.Buffer])
 		}
 	}
+	if _, ok := g.pageBytes(); !ok {
+		return fmt.Errorf("%w: a page of %d blocks of %d segments passes 2^64 bytes", ErrGeometry, g.BlocksPerPage, len(g.Segments))
+	}
 	return nil
+}
+
+// segmentEnd is the end of a segment's last block, Offset + (blocks-1)·Stride
+// + BlockBytes; ok is false when that passes 2^64.
+func segmentEnd(s Segment, blocks uint32) (end uint64, ok bool) {
+	hi, span := bits.Mul64(uint64(blocks-1), s.Stride)
+	end, c1 := bits.Add64(s.Offset, span, 0)
+	end, c2 := bits.Add64(end, s.BlockBytes, 0)
+	return end, hi == 0 && c1 == 0 && c2 == 0
+}
+
+// pageBytes is PageBytes; ok is false when it passes 2^64.
+func (g *Geometry) pageBytes() (uint64, bool) {
+	var n uint64
+	for _, s := range g.Segments {
+		var c uint64
+		if n, c = bits.Add64(n, s.BlockBytes, 0); c != 0 {
+			return 0, false
+		}
+	}
+	hi, total := bits.Mul64(n, uint64(g.BlocksPerPage))
+	return total, hi == 0
 }
 
 // SkipBlock in a load's block list means "do not copy this block": the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"hash/crc32"
+	"math/big"
 	"math/rand/v2"
 	"testing"
 )
@@ -180,4 +181,62 @@ func TestLocalHonorsDeadline(t *testing.T) {
 	if err := (Local{}).Copy(context.Background(), []Desc{{Src: dev, Dst: b, Len: 1}}); !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("want ErrUnsupported, got %v", err)
 	}
+}
+
+// TestValidateRefusesWraparound: geometries whose ends or page size pass
+// 2^64 are refused, however the arithmetic wraps.
+func TestValidateRefusesWraparound(t *testing.T) {
+	const max = ^uint64(0)
+	for _, c := range []struct {
+		name string
+		g    Geometry
+		size uint64
+	}{
+		{"strides wrap to a small end", Geometry{NumBlocks: 64, BlocksPerPage: 1,
+			Segments: []Segment{{Stride: (1<<64 + 47) / 63, BlockBytes: 1}}}, 1 << 20},
+		{"strides wrap exactly", Geometry{NumBlocks: 3, BlocksPerPage: 1,
+			Segments: []Segment{{Stride: 1 << 63, BlockBytes: 1}}}, 1 << 20},
+		{"offset plus span wraps", Geometry{NumBlocks: 2, BlocksPerPage: 1,
+			Segments: []Segment{{Offset: max - 10, Stride: 16, BlockBytes: 16}}}, max},
+		{"block bytes wrap", Geometry{NumBlocks: 1, BlocksPerPage: 1,
+			Segments: []Segment{{Offset: 8, BlockBytes: max - 4}}}, max},
+		{"page size wraps", Geometry{NumBlocks: 1, BlocksPerPage: 4,
+			Segments: []Segment{{BlockBytes: 1 << 62}, {Offset: 1 << 62, BlockBytes: 1 << 62}}}, 1 << 63},
+		{"segment sum wraps", Geometry{NumBlocks: 1, BlocksPerPage: 1,
+			Segments: []Segment{{BlockBytes: max / 2}, {BlockBytes: max / 2}, {BlockBytes: 2}}}, max},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.g.Validate([]uint64{c.size}); !errors.Is(err, ErrGeometry) {
+				t.Fatalf("want ErrGeometry, got %v", err)
+			}
+		})
+	}
+}
+
+// FuzzValidate: a geometry Validate accepts has every block of every segment
+// inside its buffer and a page size that does not wrap, by exact arithmetic.
+func FuzzValidate(f *testing.F) {
+	f.Add(uint32(64), uint8(4), uint64(0), uint64(96), uint64(96), uint64(1<<20))
+	f.Add(uint32(64), uint8(1), uint64(0), uint64((1<<64+47)/63), uint64(1), uint64(1<<20))
+	f.Add(uint32(1), uint8(4), uint64(1<<60), uint64(0), uint64(1<<60), uint64(1<<62))
+	f.Fuzz(func(t *testing.T, blocks uint32, perPage uint8, off, stride, bb, size uint64) {
+		g := Geometry{NumBlocks: blocks, BlocksPerPage: int(perPage),
+			Segments: []Segment{{Offset: off, Stride: stride, BlockBytes: bb}, {Offset: off / 2, Stride: stride, BlockBytes: bb}}}
+		if g.Validate([]uint64{size}) != nil {
+			return
+		}
+		lim := new(big.Int).SetUint64(size)
+		for _, s := range g.Segments {
+			end := new(big.Int).Mul(big.NewInt(int64(blocks-1)), new(big.Int).SetUint64(s.Stride))
+			end.Add(end, new(big.Int).SetUint64(s.Offset)).Add(end, new(big.Int).SetUint64(s.BlockBytes))
+			if end.Cmp(lim) > 0 {
+				t.Fatalf("accepted %+v ending at %v past %d", s, end, size)
+			}
+		}
+		page := new(big.Int).SetUint64(bb)
+		page.Mul(page, big.NewInt(2*int64(perPage)))
+		if page.Cmp(new(big.Int).SetUint64(g.PageBytes())) != 0 {
+			t.Fatalf("page size %d, want %v", g.PageBytes(), page)
+		}
+	})
 }
