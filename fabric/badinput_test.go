@@ -1,11 +1,15 @@
 package fabric
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
@@ -36,11 +40,57 @@ func TestBadInput(t *testing.T) {
 		_, err := e.C.OpenSession(ctx(t), r)
 		return err
 	}
+	load := func(lease string) error {
+		_, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, LeaseId: lease, Pages: refs(keys[:1], 40, 4), Wait: true})
+		return err
+	}
+	expired, foreign := badLeases(t, tp, e, keys)
+	link := filepath.Join(t.TempDir(), "kv")
+	ssdFile := filepath.Join(tp.cfg.DataDir, "ssd", "orbitkv-000.pages")
+	if err := os.Symlink(ssdFile, link); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		call func() error
 		want codes.Code
 	}{
+		{"geometry wrapping 2^64", func() error {
+			// 63 strides of (2^64+47)/63 bytes end 47 bytes on, modulo 2^64.
+			return open(func(r *pb.OpenSessionRequest) { r.Segments[1].BlockStride = (1<<64 + 47) / 63 })
+		}, codes.InvalidArgument},
+		{"page size wrapping 2^64", func() error {
+			return open(func(r *pb.OpenSessionRequest) { // 4 blocks of 4 segments of 2^60 bytes: 2^64 ≡ 0
+				r.NumBlocks, r.Buffers[0].SizeBytes = 1, 1<<62
+				for i, sg := range r.Segments {
+					sg.Offset, sg.BlockStride, sg.BlockBytes = uint64(i)<<60, 1<<60, 1<<60
+				}
+			})
+		}, codes.InvalidArgument},
+		{"keepalive past the cap", func() error {
+			return open(func(r *pb.OpenSessionRequest) {
+				r.KeepaliveMs = uint32((10*time.Minute + time.Millisecond) / time.Millisecond)
+			})
+		}, codes.InvalidArgument},
+		{"lookup-only session keepalive past the cap", func() error {
+			_, err := e.C.OpenSession(ctx(t), &pb.OpenSessionRequest{Layout: tinyFlash.Layout("m"), BlockTokens: 4, KeepaliveMs: 49 * 24 * 3600 * 1000})
+			return err
+		}, codes.InvalidArgument},
+		{"buffer is the peer's ssd page file", func() error {
+			return open(func(r *pb.OpenSessionRequest) {
+				r.Buffers[0].Kind = &pb.Buffer_Shm{Shm: &pb.SharedMemory{Path: ssdFile}}
+			})
+		}, codes.InvalidArgument},
+		{"buffer symlinked to the peer's ssd page file", func() error {
+			return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].Kind = &pb.Buffer_Shm{Shm: &pb.SharedMemory{Path: link}} })
+		}, codes.InvalidArgument},
+		{"unknown durability", func() error {
+			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: refs(keys[:1], 0, 4), Durability: pb.Durability(7), Wait: true})
+			return err
+		}, codes.InvalidArgument},
+		{"garbage lease", func() error { return load("l-garbage") }, codes.NotFound},
+		{"expired lease", func() error { return load(expired) }, codes.NotFound},
+		{"lease of another model's session", func() error { return load(foreign) }, codes.FailedPrecondition},
 		{"no layout", func() error { return open(func(r *pb.OpenSessionRequest) { r.Layout = nil }) }, codes.InvalidArgument},
 		{"zero layers", func() error { return open(func(r *pb.OpenSessionRequest) { r.Layout.NumLayers = 0 }) }, codes.InvalidArgument},
 		{"tp rank past size", func() error { return open(func(r *pb.OpenSessionRequest) { r.Layout.TpRank = 3 }) }, codes.InvalidArgument},
@@ -114,6 +164,63 @@ func TestBadInput(t *testing.T) {
 		if string(before[i]) != string(e.page(dst[i].Blocks)) {
 			t.Fatalf("page %d changed after bad input", i)
 		}
+	}
+}
+
+// badLeases returns an expired lease of e's session and a live lease of a
+// session of another model, both on stored keys.
+func badLeases(t *testing.T, tp *testPeer, e *engine, keys [][]byte) (expired, foreign string) {
+	t.Helper()
+	short, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: e.Session, Keys: keys, Lease: true, LeaseMs: 1})
+	if err != nil || short.LeaseId == "" {
+		t.Fatalf("short lease: %v %v", short, err)
+	}
+	waitFor(t, "the short lease to expire", 5*time.Second, func() bool { return time.Now().UnixMilli() > short.LeaseExpiresUnixMs })
+	other, err := e.C.OpenSession(ctx(t), &pb.OpenSessionRequest{EngineId: "other", Layout: tinyFlash.Layout("other-model"), BlockTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: other.SessionId, Keys: keys, Lease: true})
+	if err != nil || look.LeaseId == "" {
+		t.Fatalf("other model's lease: %v %v", look, err)
+	}
+	return short.LeaseId, look.LeaseId
+}
+
+// TestLoadLeaseOfAnySessionOfTheModel: a Load may name its own lease or one
+// a lookup-only session of the same model took for another TP rank (the vLLM
+// scheduler's), and loads with it.
+func TestLoadLeaseOfAnySessionOfTheModel(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	shm, err := engineclient.CreateShm(filepath.Join(t.TempDir(), "kv"), tinyFlash.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shm.Close()
+	req := tinyFlash.OpenRequest("m", shm.Path)
+	req.Layout.TpSize, req.Layout.TpRank = 2, 1
+	e, err := engineclient.Open(ctx(t), tp.conn, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := randKeys(2)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	sched := tinyFlash.Layout("m")
+	sched.TpSize = 2
+	s, err := e.C.OpenSession(ctx(t), &pb.OpenSessionRequest{EngineId: "scheduler", Layout: sched, BlockTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sid := range map[string]string{"own": e.Session, "scheduler's": s.SessionId} {
+		look, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: sid, Keys: keys, Lease: true})
+		if err != nil || look.LeaseId == "" {
+			t.Fatalf("%s lease: %v %v", name, look, err)
+		}
+		h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, LeaseId: look.LeaseId, Pages: refs(keys, 20, 4), Wait: true})
+		if err != nil {
+			t.Fatalf("load with the %s lease: %v", name, err)
+		}
+		mustOK(t, h.Status, nil)
 	}
 }
 

@@ -22,6 +22,9 @@ const (
 	maxBuffers    = 4096
 	maxStringLen  = 512
 	maxPageTokens = 1 << 16
+	// maxKeepalive caps a session's keepalive: an engine that dies is
+	// noticed, and its mapping, leases and operations released, within it.
+	maxKeepalive = 10 * time.Minute
 )
 
 // dtypeBytes is the element size of the dtypes a layout may name.
@@ -65,6 +68,9 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 	spec.layout, spec.engineID, spec.recompute = layout, r.EngineId, float64(r.RecomputeTokensPerS)
 	if len(spec.engineID) > maxStringLen {
 		return spec, invalid("engine_id longer than %d bytes", maxStringLen)
+	}
+	if ka := time.Duration(r.KeepaliveMs) * time.Millisecond; ka > maxKeepalive {
+		return spec, invalid("keepalive_ms %d above the cap of %d (%v): a dead engine's session would hold its buffers and leases that long", r.KeepaliveMs, maxKeepalive.Milliseconds(), maxKeepalive)
 	}
 	if r.BlockTokens == 0 || layout.PageTokens%r.BlockTokens != 0 {
 		return spec, invalid("block_tokens %d must divide page_tokens %d", r.BlockTokens, layout.PageTokens)
@@ -110,11 +116,21 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 	if err != nil {
 		return spec, err
 	}
-	spec.keepalive = defKeepalive
-	if r.KeepaliveMs > 0 {
-		spec.keepalive = time.Duration(r.KeepaliveMs) * time.Millisecond
-	}
+	spec.keepalive = durationMs(r.KeepaliveMs, defKeepalive)
 	return spec, nil
+}
+
+// durabilityFromPB says whether a save must reach SSD before it is
+// acknowledged; a value the peer does not know is refused, never taken as
+// DRAM (an engine asking for more durability than it gets would lose pages).
+func durabilityFromPB(d pb.Durability) (toSSD bool, err error) {
+	switch d {
+	case pb.Durability_DURABILITY_UNSPECIFIED, pb.Durability_DURABILITY_DRAM:
+		return false, nil
+	case pb.Durability_DURABILITY_SSD:
+		return true, nil
+	}
+	return false, invalid("unknown durability %d (known: 0 unspecified = dram, 1 dram, 2 ssd)", int32(d))
 }
 
 // cudaFromPB validates a CUDA IPC buffer: a 64-byte handle (PyTorch's

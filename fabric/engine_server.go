@@ -85,8 +85,11 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 }
 
 func (s *engineServer) Save(ctx context.Context, r *pb.SaveRequest) (*pb.OpHandle, error) {
-	toSSD := r.Durability == pb.Durability_DURABILITY_SSD
-	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
+	toSSD, err := durabilityFromPB(r.Durability)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, nil, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
 		s.p.pages.save(ctx, sess, pages, toSSD, res)
 	})
 }
@@ -98,7 +101,12 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 		}
 		return s.layerwiseLoad(ctx, r)
 	}
-	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.p.pages.load)
+	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.leaseCheck(r.LeaseId), s.p.pages.load)
+}
+
+// leaseCheck checks a Load's lease, when it names one (lease.go).
+func (s *engineServer) leaseCheck(id string) func(*session) error {
+	return func(sess *session) error { return s.p.checkLoadLease(sess, id, time.Now()) }
 }
 
 // layerwiseLoad starts a layer-wise load and answers once its device copies
@@ -107,6 +115,9 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 	enq := make(chan struct{})
 	var once sync.Once
 	o, err := s.startPageOp(r.SessionId, r.Pages, r.DeadlineMs, true, nil, func(sess *session) error {
+		if err := s.leaseCheck(r.LeaseId)(sess); err != nil {
+			return err
+		}
 		if sess.marks == nil {
 			return fmt.Errorf("%w: session %s has no layer events (not a CUDA session, or the peer lacks interprocess events): load without layerwise", errLayoutMismatch, sess.id)
 		}
@@ -126,16 +137,17 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 	return &pb.OpHandle{OpId: o.id}, nil
 }
 
-// pageOp validates a Save or Load and starts it as an operation; with wait
+// pageOp validates a Save or Load (check, when given, too) and starts it as
+// an operation; with wait
 // it runs the operation on this call's goroutine (no hand-off to wake up
 // from) and answers with its status.
-func (s *engineServer) pageOp(ctx context.Context, id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool,
+func (s *engineServer) pageOp(ctx context.Context, id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool, check func(*session) error,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
 	var caller context.Context
 	if wait {
 		caller = ctx
 	}
-	o, err := s.startPageOp(id, refs, deadlineMs, load, caller, nil, run)
+	o, err := s.startPageOp(id, refs, deadlineMs, load, caller, check, run)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
@@ -133,4 +134,38 @@ func (p *Peer) releaseLease(l *lease) {
 func (p *Peer) recordLookup(asked, hit int) {
 	p.m.lookupHit.Add(float64(hit))
 	p.m.lookupMiss.Add(float64(asked - hit))
+}
+
+// checkLoadLease checks the lease a Load names ("" names none): it must be
+// live and unexpired at t, and held by a session of this peer for the
+// loading session's model (its layout up to the TP rank: the vLLM
+// scheduler's lookup-only session takes the leases its workers load with).
+// An unknown or expired lease is NotFound, another model's
+// FailedPrecondition; the adapters then load without it.
+func (p *Peer) checkLoadLease(sess *session, id string, t time.Time) error {
+	if id == "" {
+		return nil
+	}
+	for _, holder := range p.sessions.list() {
+		holder.mu.Lock()
+		l, ok := holder.mu.leases[id]
+		holder.mu.Unlock()
+		switch {
+		case !ok:
+			continue
+		case t.After(l.expires):
+			return wrapNotFound("lease %q expired at %s", id, l.expires.Format(time.RFC3339Nano))
+		case !sameModel(holder.layout, sess.layout):
+			return fmt.Errorf("%w: lease %q is held by session %s for model %q (layout %s), not this session's %q (layout %s)",
+				errLayoutMismatch, id, holder.id, holder.layout.Model, holder.fp, sess.layout.Model, sess.fp)
+		}
+		return nil
+	}
+	return invalidLease(id)
+}
+
+// sameModel reports whether two layouts differ at most in their TP rank.
+func sameModel(a, b pagekey.Layout) bool {
+	a.TPRank, b.TPRank = 0, 0
+	return a == b
 }

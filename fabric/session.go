@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,6 +186,10 @@ func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 		}
 	}
 	for _, b := range spec.shm {
+		if err := p.checkBufferPath(b.path); err != nil {
+			s.unmap()
+			return nil, err
+		}
 		m, err := hbm.MapShared(b.path, b.size)
 		if err != nil {
 			s.unmap()
@@ -201,6 +207,28 @@ func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 	p.log.Info().Str("session", s.id).Str("engine", s.engineID).Str("model", s.layout.Model).
 		Str("layout", s.fp.String()).Uint64("page_bytes", s.pageBytes).Msg("session opened")
 	return s, nil
+}
+
+// checkBufferPath refuses an engine buffer that resolves, symlinks
+// followed, to a path inside the peer's data dir: its SSD page files and its
+// catalog are the peer's own, and a session mapping them would overwrite
+// stored pages with its KV blocks.
+func (p *Peer) checkBufferPath(path string) error {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return fmt.Errorf("%w: resolve %s: %v", hbm.ErrBuffer, path, err)
+	}
+	dir, err := filepath.Abs(p.cfg.DataDir)
+	if err == nil {
+		dir, err = filepath.EvalSymlinks(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("resolve the data dir %s: %w", p.cfg.DataDir, err)
+	}
+	if rel, err := filepath.Rel(dir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return invalid("buffer %s is %s, inside the peer's data dir %s (its SSD page files and catalog): put engine buffers elsewhere, e.g. /dev/shm", path, real, dir)
+	}
+	return nil
 }
 
 // closeSession cancels a session's operations, waits for them, releases its

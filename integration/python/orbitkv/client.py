@@ -458,7 +458,9 @@ class Session:
     def load(self, pages: Iterable[PageRef], *, lease_id: str = "", deadline_ms: int = 0,
              layerwise: bool = False, wait: bool = False) -> "Op":
         """Loads pages into this session's blocks. ``lease_id`` may come from
-        any session of the peer (the scheduler's lookup-only one).
+        any session of the peer for the same model, any TP rank (the
+        scheduler's lookup-only one); an unknown or expired lease raises
+        NotFound, another model's FailedPrecondition (load without it then).
 
         ``layerwise`` (sessions with ``info.layer_events``): the peer copies
         layer-major and records layer event l once layer l of every page is

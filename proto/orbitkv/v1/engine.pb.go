@@ -81,7 +81,8 @@ func (Tier) EnumDescriptor() ([]byte, []int) {
 	return file_orbitkv_v1_engine_proto_rawDescGZIP(), []int{0}
 }
 
-// Durability says how far a save must get before it is acknowledged.
+// Durability says how far a save must get before it is acknowledged; a
+// value not listed here is refused (INVALID_ARGUMENT).
 type Durability int32
 
 const (
@@ -607,7 +608,7 @@ type OpenSessionRequest struct {
 	NumBlocks   uint32                 `protobuf:"varint,4,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`       // blocks in every segment
 	Buffers     []*Buffer              `protobuf:"bytes,5,rep,name=buffers,proto3" json:"buffers,omitempty"`
 	Segments    []*Segment             `protobuf:"bytes,6,rep,name=segments,proto3" json:"segments,omitempty"`                           // exactly num_layers*2 segments
-	KeepaliveMs uint32                 `protobuf:"varint,7,opt,name=keepalive_ms,json=keepaliveMs,proto3" json:"keepalive_ms,omitempty"` // 0 = the peer's default
+	KeepaliveMs uint32                 `protobuf:"varint,7,opt,name=keepalive_ms,json=keepaliveMs,proto3" json:"keepalive_ms,omitempty"` // 0 = the peer's default; at most 600000 (10 minutes)
 	// The engine's prefill throughput for this model, tokens per second (0 =
 	// unknown). When set, this session's lookups leave out pages found only
 	// on SSD while the peer's measured SSD reads deliver a page slower than
@@ -1292,7 +1293,7 @@ func (x *SaveRequest) GetWait() bool {
 type LoadRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	LeaseId    string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // optional: a lease from Lookup, by any session of this peer
+	LeaseId    string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // optional: a live lease from Lookup by a session of this peer for the same model (any TP rank)
 	Pages      []*PageRef             `protobuf:"bytes,3,rep,name=pages,proto3" json:"pages,omitempty"`
 	DeadlineMs uint32                 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"` // 0 = the peer's default
 	// Layer-wise (needs the session's layer_events): the peer copies all pages
