@@ -28,6 +28,10 @@ type Config struct {
 	// SSDFS is the filesystem of the SSD page files (nil: the real one).
 	// Not a flag: fault tests wrap it (ssd.WithFaults).
 	SSDFS ssd.FS `json:"-"`
+	// SSDDiscard lets a start drop the SSD pages a smaller (or disabled) SSD
+	// tier no longer covers, and remove their files; without it such a
+	// start is refused (discard.go).
+	SSDDiscard bool
 
 	LeaseTTL         time.Duration // default lease lifetime
 	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once
@@ -98,6 +102,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.SSDFileBytes, "ssd-file-bytes", "size of each preallocated SSD file")
 	fs.IntVar(&c.SSDQueueDepth, "ssd-queue-depth", c.SSDQueueDepth, "io_uring submissions in flight")
 	fs.BoolVar(&c.SSDNoSync, "ssd-no-sync", c.SSDNoSync, "skip fdatasync on SSD writes (benchmarks only)")
+	fs.BoolVar(&c.SSDDiscard, "ssd-discard", c.SSDDiscard, "start even if the SSD tier is now smaller than the pages on disk: drop those pages and remove their files")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "default lease lifetime")
 	fs.Var(&c.QueryBudgetBytes, "query-budget-bytes", "bytes all live leases may hold at once")
 	fs.DurationVar(&c.Keepalive, "keepalive", c.Keepalive, "close a session silent for this long")

@@ -82,6 +82,10 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if p.budget < uint64(cfg.QueryBudgetBytes) {
 		log.Warn().Uint64("query_budget_bytes", p.budget).Msg("query budget capped at half the dram pool")
 	}
+	if err := p.fitSSDTier(); err != nil { // before recover drops what the tier does not hold
+		p.closeTiers()
+		return nil, err
+	}
 	kept, dropped, err := p.pages.recover()
 	if err != nil {
 		p.closeTiers()

@@ -370,3 +370,44 @@ func TestConfigFlags(t *testing.T) {
 		t.Fatal("bad sync policy accepted")
 	}
 }
+
+// TestShrunkConfiguration: a Store opened smaller than the one that wrote
+// the files knows which slots it no longer holds, lists the files it does
+// not use, and trims longer files to its size.
+func TestShrunkConfiguration(t *testing.T) {
+	dir := testDir(t)
+	big, err := Open(Config{Dir: dir, CapacityBytes: 3 * 2 * RegionBytes, FileBytes: 2 * RegionBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big.Close()
+	s := openTest(t, dir, 2*RegionBytes) // two files of one region
+	for _, c := range []struct {
+		loc  Loc
+		want bool
+	}{
+		{Loc{File: 0, Offset: 0, Bytes: 8192}, true},
+		{Loc{File: 1, Offset: RegionBytes - 8192, Bytes: 8192}, true},
+		{Loc{File: 1, Offset: RegionBytes - 4096, Bytes: 8192}, false},
+		{Loc{File: 0, Offset: RegionBytes, Bytes: 8192}, false},
+		{Loc{File: 2, Offset: 0, Bytes: 8192}, false},
+		{Loc{File: 0, Offset: 1 << 63, Bytes: 1 << 63}, false},
+	} {
+		if got := s.Holds(c.loc); got != c.want {
+			t.Errorf("Holds(%+v) = %v, want %v", c.loc, got, c.want)
+		}
+	}
+	stray, err := Stray(dir, 2)
+	if err != nil || len(stray) != 1 || filepath.Base(stray[0]) != FileName(2) {
+		t.Fatalf("stray files %v %v, want only %s", stray, err, FileName(2))
+	}
+	if err := s.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		st, err := os.Stat(filepath.Join(dir, FileName(i)))
+		if err != nil || st.Size() != RegionBytes {
+			t.Fatalf("file %d after trim: %v, want %d bytes", i, err, RegionBytes)
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package fabric
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/bytesize"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// ssdFixture is a data dir whose SSD tier (two 64 MiB files) holds pages in
+// both files: file 0 pages of one size, file 1 pages of another (each slot
+// size claims its own region).
+type ssdFixture struct {
+	cfg    Config
+	shm    map[engineclient.Flash]*engineclient.Shm
+	pages  map[engineclient.Flash][]savedPage
+	inFile map[uint32]int // pages per ssd file
+}
+
+type savedPage struct {
+	key  []byte
+	want []byte
+}
+
+var wideFlash = func() engineclient.Flash { f := tinyFlash; f.HeadDim = 32; return f }()
+
+func newSSDFixture(t *testing.T) *ssdFixture {
+	fx := &ssdFixture{cfg: smallConfig(t.TempDir()), shm: map[engineclient.Flash]*engineclient.Shm{},
+		pages: map[engineclient.Flash][]savedPage{}, inFile: map[uint32]int{}}
+	tp := startPeer(t, fx.cfg)
+	for f, n := range map[engineclient.Flash]int{tinyFlash: 3, wideFlash: 2} {
+		e := tp.engine(f)
+		fx.shm[f] = e.shm
+		keys := randKeys(n)
+		src := refs(keys, 0, 4)
+		okOp(t)(e.Save(ctx(t), src, pb.Durability_DURABILITY_SSD))
+		for i, k := range keys {
+			fx.pages[f] = append(fx.pages[f], savedPage{key: k, want: e.page(src[i].Blocks)})
+			ent, _ := tp.p.cat.Get(mustKey(t, k))
+			fx.inFile[ent.SSD.File]++
+		}
+	}
+	if fx.inFile[0] == 0 || fx.inFile[1] == 0 {
+		t.Fatalf("pages per ssd file %v, want both files used", fx.inFile)
+	}
+	tp.shutdown()
+	return fx
+}
+
+// check starts a peer on cfg and loads every saved page: those of the
+// flashes in kept must come back byte-exact, the others be gone.
+func (fx *ssdFixture) check(t *testing.T, cfg Config, kept ...engineclient.Flash) {
+	t.Helper()
+	tp := startPeer(t, cfg)
+	defer tp.shutdown()
+	for f, pages := range fx.pages {
+		e, err := engineclient.Open(ctx(t), tp.conn, f.OpenRequest("m", fx.shm[f].Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		keep := false
+		for _, k := range kept {
+			keep = keep || k == f
+		}
+		for i, p := range pages {
+			dst := refs([][]byte{p.key}, 40, 4)
+			st, err := e.Load(ctx(t), dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch code := st.Pages[0].Code; {
+			case keep && code != pb.PageCode_PAGE_OK:
+				t.Fatalf("kept page %d (head dim %d): %v %s", i, f.HeadDim, code, st.Pages[0].Message)
+			case keep && !bytes.Equal((&engine{f: f, shm: fx.shm[f]}).page(dst[0].Blocks), p.want):
+				t.Fatalf("kept page %d (head dim %d) differs", i, f.HeadDim)
+			case !keep && code != pb.PageCode_PAGE_NOT_FOUND:
+				t.Fatalf("discarded page %d (head dim %d): %v, want not found", i, f.HeadDim, code)
+			}
+		}
+	}
+}
+
+// TestSmallerSSDTierRefusesToStart: a restart whose SSD tier no longer
+// covers pages the files hold (disabled, smaller, fewer files) refuses to
+// start with a message naming --ssd-discard, and changes nothing: the old
+// configuration then finds every page.
+func TestSmallerSSDTierRefusesToStart(t *testing.T) {
+	fx := newSSDFixture(t)
+	for _, c := range []struct {
+		name     string
+		bytes    uint64
+		fileSize uint64
+		outside  int
+	}{
+		{"ssd tier disabled", 0, 64 << 20, fx.inFile[0] + fx.inFile[1]},
+		{"ssd tier smaller", 64 << 20, 64 << 20, fx.inFile[1]},
+		{"one larger file", 128 << 20, 128 << 20, fx.inFile[1]},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := fx.cfg
+			cfg.SSDBytes, cfg.SSDFileBytes = bytesize.Size(c.bytes), bytesize.Size(c.fileSize)
+			p, err := New(cfg, zerolog.New(io.Discard))
+			if err == nil {
+				p.Close()
+				t.Fatal("started with a tier that drops stored pages")
+			}
+			if !errors.Is(err, errWouldDiscard) || !strings.Contains(err.Error(), "--ssd-discard") ||
+				!strings.Contains(err.Error(), strconv.Itoa(c.outside)+" pages") {
+				t.Fatalf("refusal %q: want errWouldDiscard naming --ssd-discard and %d pages", err, c.outside)
+			}
+		})
+	}
+	fx.check(t, fx.cfg, tinyFlash, wideFlash)
+}
+
+// TestSSDDiscardDropsPagesOutsideTheTier: with --ssd-discard the pages
+// outside the new tier are dropped from the catalog and their files
+// removed; the pages inside it stay.
+func TestSSDDiscardDropsPagesOutsideTheTier(t *testing.T) {
+	fx := newSSDFixture(t)
+	dir := filepath.Join(fx.cfg.DataDir, "ssd")
+	smaller := fx.cfg
+	smaller.SSDBytes, smaller.SSDDiscard = 64<<20, true
+	var log bytes.Buffer
+	p, err := New(smaller, zerolog.New(&log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if want := `"discarded_pages":` + strconv.Itoa(fx.inFile[1]); !strings.Contains(log.String(), want) {
+		t.Fatalf("log %s\nwant %s", log.String(), want)
+	}
+	fx.check(t, smaller, tinyFlash)
+	if _, err := os.Stat(filepath.Join(dir, ssd.FileName(1))); !os.IsNotExist(err) {
+		t.Fatalf("page file 1 after discarding it: %v, want it removed", err)
+	}
+	fx.check(t, fx.cfg, tinyFlash) // the discarded pages stay gone
+
+	off := fx.cfg
+	off.SSDBytes, off.SSDDiscard = 0, true
+	tp := startPeer(t, off)
+	tp.shutdown()
+	if left, _ := filepath.Glob(filepath.Join(dir, "*.pages")); len(left) != 0 {
+		t.Fatalf("page files %v left after discarding the tier", left)
+	}
+	fx.check(t, fx.cfg)
+}
