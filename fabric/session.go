@@ -256,8 +256,13 @@ func (p *Peer) closeSession(id string) bool {
 
 // checkBuffers fails when a shared-memory buffer's file shrank under its
 // mapping (engine memory is untrusted): the operation is refused before any
-// copy could fault. The first such refusal of a session is logged.
+// copy could fault. The first such refusal of a session is logged. It
+// holds the session open (begin) so its buffers stay mapped meanwhile.
 func (p *Peer) checkBuffers(s *session) error {
+	if err := s.begin(); err != nil {
+		return err
+	}
+	defer s.work.Done()
 	for _, m := range s.mapped {
 		if err := m.Check(); err != nil {
 			p.noteFault(s, err)
