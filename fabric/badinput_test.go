@@ -1,8 +1,10 @@
 package fabric
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,6 +223,14 @@ func TestLoadLeaseOfAnySessionOfTheModel(t *testing.T) {
 			t.Fatalf("load with the %s lease: %v", name, err)
 		}
 		mustOK(t, h.Status, nil)
+		sess, err := tp.p.sessions.get(e.Session)
+		if err != nil {
+			t.Fatal(err)
+		}
+		late := time.UnixMilli(look.LeaseExpiresUnixMs).Add(time.Millisecond)
+		if err := tp.p.checkLoadLease(sess, look.LeaseId, late); !errors.Is(err, errNotFound) || !strings.Contains(err.Error(), "expired") {
+			t.Fatalf("the %s lease after it expired (not yet reaped): %v, want not found, expired", name, err)
+		}
 	}
 }
 
