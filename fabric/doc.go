@@ -26,6 +26,15 @@
 //     checksummed before they are written.
 //   - Gauges (leases, query bytes, in-flight operations, SSD queue, unsealed
 //     pages) return to zero when the peer is idle.
+//   - Engine memory and requests are untrusted: a shared-memory buffer whose
+//     file shrank fails that session's Save and Load (checked before each,
+//     and a copy that faults mid-way fails its pages), never the peer; a
+//     buffer inside the data dir, a geometry past 2^64, an unknown
+//     durability, a keepalive above 10 minutes and a Load lease that is not
+//     live or is another model's are refused.
+//   - Nothing stored is dropped by configuration: a start whose SSD tier no
+//     longer covers pages on SSD is refused unless Config.SSDDiscard says to
+//     drop them (discard.go).
 //
 // With Config.ClusterAddr the peer is a cluster member (cluster.go: membership
 // and catalog announcements; cluster_run.go: listeners, memberlist, the peer
