@@ -16,6 +16,9 @@
 // guards it with its mutex. Because region placement is a function of the
 // Locs alone, Reserving every Loc the catalog names after a restart
 // rebuilds the same regions and bitmaps; nothing else is persisted here.
+// A Store opened smaller than the one that wrote the files (shrink.go) says
+// which catalog slots it no longer Holds and which files are Stray; it
+// removes or trims nothing unless its caller decided to give those pages up.
 //
 // # Invariants
 //
