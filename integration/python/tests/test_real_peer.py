@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from orbitkv import buffers, keys
+from orbitkv import buffers, errors, keys
 from orbitkv.client import Client, ControlSession, Durability, PageRef
 from tests.shm import flash_layers, pool_bytes, shm_pool
 
@@ -83,6 +83,26 @@ def test_lease_from_control_session_usable_by_worker(worker):
         ctl.release(lk.lease_id)
     finally:
         ctl.close()
+
+
+def test_load_refuses_unknown_and_other_model_leases(worker):
+    """The peer checks a Load's lease: a garbage id is NotFound, another model's lease
+    FailedPrecondition (both of which the vLLM worker answers by loading without it)."""
+    peer, c, s = worker
+    ks = keys.chain(s.layout.fingerprint(), PT, list(range(700, 700 + PT)))
+    assert s.save([PageRef(ks[0], (0, 1))]).wait(10).ok
+    with pytest.raises(errors.NotFound, match="lease"):
+        s.load([PageRef(ks[0], (4, 5))], lease_id="l-garbage")
+    other = ControlSession(c, keys.Layout("orbitkv/other", "r0", "fp32", L, H, D, 0, 1, PT, "vllm-flash"), BS)
+    try:
+        lk = other.lookup(ks, lease=True)
+        assert lk.lease_id
+        with pytest.raises(errors.FailedPrecondition, match="lease"):
+            s.load([PageRef(ks[0], (4, 5))], lease_id=lk.lease_id)
+        assert s.load([PageRef(ks[0], (4, 5))]).wait(10).ok
+        other.release(lk.lease_id)
+    finally:
+        other.close()
 
 
 def test_control_session_declares_recompute_rate(worker):
