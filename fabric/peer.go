@@ -37,6 +37,7 @@ type Peer struct {
 	m        *metrics
 	gpu      *gpuState // nil without a usable GPU (see gpu.go)
 	cluster  *cluster  // nil when standalone (cluster.go)
+	dataDir  string    // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
 
 	// budget is the effective query budget: the configured one, capped at
 	// half the DRAM pool so leases can never pin every slot and stall saves.
@@ -65,7 +66,11 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions(), ready: make(chan struct{})}
+	dataDir, err := realDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions(), ready: make(chan struct{}), dataDir: dataDir}
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
 		return nil, err

@@ -218,17 +218,23 @@ func (p *Peer) checkBufferPath(path string) error {
 	if err != nil {
 		return fmt.Errorf("%w: resolve %s: %v", hbm.ErrBuffer, path, err)
 	}
-	dir, err := filepath.Abs(p.cfg.DataDir)
-	if err == nil {
-		dir, err = filepath.EvalSymlinks(dir)
-	}
-	if err != nil {
-		return fmt.Errorf("resolve the data dir %s: %w", p.cfg.DataDir, err)
-	}
+	dir := p.dataDir
 	if rel, err := filepath.Rel(dir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return invalid("buffer %s is %s, inside the peer's data dir %s (its SSD page files and catalog): put engine buffers elsewhere, e.g. /dev/shm", path, real, dir)
 	}
 	return nil
+}
+
+// realDir is dir absolute, with symlinks resolved.
+func realDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return "", fmt.Errorf("resolve the data dir %s: %w", dir, err)
+	}
+	return abs, nil
 }
 
 // closeSession cancels a session's operations, waits for them, releases its
