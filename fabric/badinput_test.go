@@ -52,6 +52,11 @@ func TestBadInput(t *testing.T) {
 	if err := os.Symlink(ssdFile, link); err != nil {
 		t.Fatal(err)
 	}
+	hard := filepath.Join(tp.cfg.DataDir, "..", "kv-hard") // same filesystem, outside the data dir
+	if err := os.Link(ssdFile, hard); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(hard)
 	cases := []struct {
 		name string
 		call func() error
@@ -85,6 +90,9 @@ func TestBadInput(t *testing.T) {
 		}, codes.InvalidArgument},
 		{"buffer symlinked to the peer's ssd page file", func() error {
 			return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].Kind = &pb.Buffer_Shm{Shm: &pb.SharedMemory{Path: link}} })
+		}, codes.InvalidArgument},
+		{"buffer hard-linked to the peer's ssd page file", func() error {
+			return open(func(r *pb.OpenSessionRequest) { r.Buffers[0].Kind = &pb.Buffer_Shm{Shm: &pb.SharedMemory{Path: hard}} })
 		}, codes.InvalidArgument},
 		{"unknown durability", func() error {
 			_, err := e.C.Save(ctx(t), &pb.SaveRequest{SessionId: e.Session, Pages: refs(keys[:1], 0, 4), Durability: pb.Durability(7), Wait: true})

@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -222,7 +225,31 @@ func (p *Peer) checkBufferPath(path string) error {
 	if rel, err := filepath.Rel(dir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return invalid("buffer %s is %s, inside the peer's data dir %s (its SSD page files and catalog): put engine buffers elsewhere, e.g. /dev/shm", path, real, dir)
 	}
+	if peer := linkedInto(dir, real); peer != "" {
+		return invalid("buffer %s is a hard link of %s in the peer's data dir: put engine buffers elsewhere, e.g. /dev/shm", path, peer)
+	}
 	return nil
+}
+
+// linkedInto finds the file under dir that path is a hard link of; "" when
+// none (the common case, a file with one link, costs one stat).
+func linkedInto(dir, path string) string {
+	fi, err := os.Stat(path)
+	if st, ok := fi.Sys().(*syscall.Stat_t); err != nil || !ok || st.Nlink < 2 {
+		return ""
+	}
+	var found string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || found != "" {
+			return nil
+		}
+		if other, err := os.Stat(p); err == nil && os.SameFile(fi, other) {
+			found = p
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found
 }
 
 // realDir is dir absolute, with symlinks resolved.
