@@ -138,9 +138,8 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 }
 
 // pageOp validates a Save or Load (check, when given, too) and starts it as
-// an operation; with wait
-// it runs the operation on this call's goroutine (no hand-off to wake up
-// from) and answers with its status.
+// an operation; with wait it runs the operation on this call's goroutine (no
+// hand-off to wake up from) and answers with its status.
 func (s *engineServer) pageOp(ctx context.Context, id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool, check func(*session) error,
 	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
 	var caller context.Context
