@@ -50,7 +50,8 @@ func Stray(dir string, n int) ([]string, error) {
 // former configuration had larger files) back to its size, giving up the
 // tail's slots.
 func (s *Store) Trim() error {
-	for i, fd := range s.fds {
+	for i, f := range s.files {
+		fd := f.Fd()
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
 			return fmt.Errorf("stat %s: %w", FileName(i), err)
