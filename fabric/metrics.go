@@ -84,8 +84,8 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.savedPages, m.loadedTokens, m.loadedPages,
-		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.unsealedPages, m.quarantined, m.sessions, m.leases,
-		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.engineFaults, m.unsealedPages, m.quarantined, m.sessions, m.leases,
+		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults,
+		m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
