@@ -1,0 +1,191 @@
+#!/bin/bash
+# Real vLLM 0.26.0 driving OrbitKV on the H200 (docs/benchmarks.md "Real vLLM on the H200").
+# vLLM travels as .gpucarry/ (scripts/gpu/vllm-bundle.sh on the development machine), in two
+# parts over two consecutive device calls; out/orbitkv(.xz) is the peer built with cgo
+# (CGO_ENABLED=1 go build -ldflags=-checklinkname=0 -o out/orbitkv ./cmd/orbitkv; xz -k out/orbitkv).
+# Call 1 carries .gpucarry/vllm-site.part00 and .gpucarry/vllm-site.sha256; call 2
+# .gpucarry/vllm-site.part01, the .sha256 and out/orbitkv.xz; later calls out/orbitkv.xz.
+#
+#   scripts/gpu/vllm.sh carry1            call 1: moves part 0 out of the repository (to /root/okv)
+#   scripts/gpu/vllm.sh carry2 MODE...    call 2: moves part 1, joins, checks the sha256, unpacks
+#                                         the site to /root/okv/site, then runs the MODEs
+#   scripts/gpu/vllm.sh MODE...           later calls while the machine is warm (site already there)
+# MODEs:
+#   sustained   the seeds' sustained workload (12 prefixes of 1K/4K/8K, 75% reuse, concurrency 8,
+#               60 s + drain, 16 output tokens, HBM 16,384 tokens, 64-token pages) once per config
+#               in SEQ (default "native dram ssd"), fresh vLLM and peer per run; PAIR/ORDER label
+#               the runs for bench report (AB/BA pairs: SEQ="native dram ssd" then "ssd dram native")
+#   probe       8K-token TTFT probes against vLLM + a DRAM peer: cold (recompute), resident
+#               (vLLM's own prefix cache), evicted then restored by OrbitKV
+#   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
+#               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
+#   invariant   VLLM_BATCH_INVARIANT=1: native and DRAM sustained runs (30 s windows) whose
+#               reused prompts must match their serial reference token for token
+#   report      bench report over every run so far
+# Every step has its own timeout; logs land in $OUT (at most 8 files come back).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+O=${OUT:-/tmp/orbitkv-gpu-out}
+K=/root/okv
+SITE=$K/site
+RUNS=$K/runs
+mkdir -p "$O" "$K" "$RUNS"
+ROOT=$(pwd)
+S=$O/summary.txt
+say() { echo "== $(date +%T) $*" | tee -a "$S"; }
+MODEL=$ROOT/integration/models/qwen3-8b
+VLLM_PID="" PEER_PID=""
+
+stop_all() {
+	[ -n "$VLLM_PID" ] && kill -- -"$VLLM_PID" 2>/dev/null
+	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null
+	for _ in $(seq 100); do
+		{ [ -z "$VLLM_PID" ] || ! kill -0 -- -"$VLLM_PID" 2>/dev/null; } && { [ -z "$PEER_PID" ] || ! kill -0 "$PEER_PID" 2>/dev/null; } && break
+		sleep 0.2
+	done
+	[ -n "$VLLM_PID" ] && kill -9 -- -"$VLLM_PID" 2>/dev/null
+	[ -n "$PEER_PID" ] && kill -9 "$PEER_PID" 2>/dev/null
+	VLLM_PID="" PEER_PID=""
+	# vLLM's EngineCore can outlive its API server for a moment: wait for the GPU to be free.
+	for _ in $(seq 50); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || break; sleep 0.2; done
+}
+trap stop_all EXIT
+
+carry() { # PART: move one carried part out of the repository folder (laid anew at every call)
+	mv .gpucarry/vllm-site.part"$1" "$K/" && cp .gpucarry/vllm-site.sha256 "$K/"
+	say "carried part $1: $(ls -l "$K" | grep -c part) part(s) under $K"
+}
+
+unpack() {
+	[ -d "$SITE/vllm" ] && { say "site already unpacked"; return 0; }
+	cat "$K"/vllm-site.part* >"$K/vllm-site.tar.xz" && rm -f "$K"/vllm-site.part*
+	(cd "$K" && sha256sum -c vllm-site.sha256) | tee -a "$S" || { say "bundle checksum FAILED"; return 1; }
+	mkdir -p "$SITE" && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/vllm-site.tar.xz" "$SITE" &&
+		rm -f "$K/vllm-site.tar.xz"
+	PYTHONPATH=$SITE python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1 | tee -a "$S"
+}
+
+start_peer() { # CONFIG: dram | ssd
+	local dir=/tmp/okv-$1
+	rm -rf "$dir"
+	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
+	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
+	out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" >>"$O/peer.log" 2>&1 &
+	PEER_PID=$!
+	for _ in $(seq 900); do
+		[ -S "$dir/orbitkv.sock" ] && return 0
+		kill -0 $PEER_PID 2>/dev/null || { say "peer $1 died at start"; tail -5 "$O/peer.log" | tee -a "$S"; return 1; }
+		sleep 0.1
+	done
+	say "peer $1 not serving after 90 s"
+	return 1
+}
+
+VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-model-len 16384 --block-size 16
+	--num-gpu-blocks-override 1024 --max-num-batched-tokens 8192 --max-num-seqs 64 --enable-prefix-caching
+	--attention-backend FLASH_ATTN --served-model-name qwen3-8b --port 8000 --disable-hybrid-kv-cache-manager)
+
+start_vllm() { # CONFIG [ENV=VALUE...]: native | dram | ssd
+	local cfg=$1
+	shift
+	local kv=()
+	if [ "$cfg" != native ]; then
+		kv=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$cfg/orbitkv.sock\"}}")
+	fi
+	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
+	setsid env "$@" PYTHONPATH="$SITE:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
+		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
+	VLLM_PID=$!
+	local t0=$SECONDS
+	for _ in $(seq 1500); do
+		curl -sf -o /dev/null 127.0.0.1:8000/health && { say "vllm $cfg up in $((SECONDS - t0)) s"; return 0; }
+		kill -0 $VLLM_PID 2>/dev/null || break
+		sleep 0.2
+	done
+	say "vllm $cfg failed to start"
+	grep -E "Error|error|Traceback" "$O/vllm.log" | tail -12 | tee -a "$S"
+	return 1
+}
+
+DET=()
+out/orbitkv bench serving --help 2>&1 | grep -q -- -deterministic && DET=(--deterministic=false)
+
+bench() { # CFG NAME BENCH-ARGS...
+	local cfg=$1 name=$2
+	shift 2
+	local pm=()
+	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
+	rm -rf "$RUNS/$name"
+	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --model qwen3-8b --vocab 151936 \
+		--engine-metrics http://127.0.0.1:8000/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=vllm-0.26.0 \
+		--label "engine_flags=${VLLM_FLAGS[*]}" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
+	say "bench $name rc=$?"
+	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
+	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens)_total" |
+		sed "s/^/[$name vllm] /" | tee -a "$S"
+	[ "$cfg" != native ] && curl -s --max-time 5 127.0.0.1:9464/metrics |
+		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total" |
+		sed "s/^/[$name peer] /" | tee -a "$S"
+}
+
+one() { # CFG NAME [ENV...] -- BENCH-ARGS...
+	local cfg=$1 name=$2
+	shift 2
+	local env=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
+	shift
+	if [ "$cfg" != native ]; then start_peer "$cfg" || return 1; fi
+	start_vllm "$cfg" "${env[@]}" || { stop_all; return 1; }
+	bench "$cfg" "$name" "$@"
+	stop_all
+}
+
+SEEDS=(--workload sustained --prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --output-tokens 16)
+
+sustained() {
+	for cfg in ${SEQ:-native dram ssd}; do
+		one "$cfg" "${cfg}-${PAIR:-1}" -- "${SEEDS[@]}" --duration ${DURATION:-60s} "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
+	done
+}
+
+probe() {
+	one dram probe-dram -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}"
+}
+
+overhead() {
+	for cfg in native dram; do
+		one "$cfg" "overhead-$cfg" -- --workload sustained --prefix-tokens 48 --prefixes 12 --reuse 0 --concurrency 8 \
+			--output-tokens 128 --duration 30s "${DET[@]}" --label pair=overhead
+	done
+}
+
+invariant() {
+	for cfg in native dram; do
+		one "$cfg" "invariant-$cfg" VLLM_BATCH_INVARIANT=1 -- "${SEEDS[@]}" --duration 30s --label pair=invariant --label mode=batch-invariant
+	done
+}
+
+report() {
+	out/orbitkv bench report "$RUNS"/*-[0-9] >"$O/report.txt" 2>&1
+	say "bench report rc=$?"
+	tail -40 "$O/report.txt" | tee -a "$S"
+	(cd "$K" && tar czf "$O/runs.tgz" runs)
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee -a "$S"
+if [ -f out/orbitkv.xz ]; then # carried compressed (the call's 64 MiB hold a bundle part too)
+	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz out/orbitkv && chmod +x out/orbitkv
+fi
+case ${1:-} in
+carry1) carry 00; exit 0 ;;
+carry2) carry 01; unpack || exit 1; shift ;;
+esac
+for m in "$@"; do
+	case $m in
+	sustained | probe | overhead | invariant | report) $m ;;
+	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant report)" >&2; exit 2 ;;
+	esac
+done
+(cd "$K" && tar czf "$O/runs.tgz" runs)
+tail -c 4000000 "$O/vllm.log" >"$O/vllm-tail.log" && rm -f "$O/vllm.log"
