@@ -2,8 +2,11 @@ package catalog
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
@@ -23,7 +26,19 @@ type Options struct {
 	// (enqueue and return) and must not call Put, Update, Delete or Close.
 	// Reads (Get, Lookup, Range) are allowed.
 	OnChange func(e Entry, ch Change)
+	// ReserveBytes is the free space, in bytes, a commit that persists
+	// records must leave on the catalog's filesystem (0: DefaultReserveBytes).
+	// Below it such commits fail with ErrNoSpace before Pebble writes
+	// anything, so Pebble's own flushes and deletions still find room.
+	ReserveBytes uint64
+
+	// fs is the filesystem Pebble uses; nil is the OS's. Tests wrap it to
+	// inject faults (vfs/errorfs) or to report a full disk.
+	fs vfs.FS
 }
+
+// DefaultReserveBytes is the default Options.ReserveBytes: 64 MiB.
+const DefaultReserveBytes = 64 << 20
 
 // Change says what a commit did to an entry.
 type Change uint8
@@ -39,6 +54,12 @@ const (
 var (
 	ErrClosed       = errors.New("catalog closed")
 	ErrInvalidEntry = errors.New("invalid catalog entry")
+	// ErrNoSpace wraps every failure to persist because the catalog's
+	// filesystem is full (or below Options.ReserveBytes).
+	ErrNoSpace = errors.New("catalog filesystem full")
+	// ErrUnavailable wraps every failure to persist because the Pebble store
+	// is not open: it failed, or could not be opened. Repair reopens it.
+	ErrUnavailable = errors.New("catalog store unavailable")
 )
 
 // Catalog is the index of the pages this peer holds. It is safe for
@@ -50,7 +71,12 @@ type Catalog struct {
 	count   atomic.Int64
 
 	onChange func(Entry, Change)
-	store    *store // nil when in memory only
+	opts     Options
+	// store is nil when in memory only (opts.Dir == "") or while the store
+	// is unavailable (persist.failed set). Guarded by writer.
+	store *store
+	// persist says whether the persisted state can be trusted (health.go).
+	persist persistState
 
 	// writer serializes Put, Update, Delete and Close: the Pebble commit
 	// and the in-memory change of one call happen before the next call's.
@@ -61,7 +87,15 @@ type Catalog struct {
 
 	recovered int
 	corrupt   int
+	damage    Damage
 	commits   atomic.Uint64
+}
+
+// Damage says what Open found wrong with the persisted catalog and where it
+// put the damaged files. The zero value means nothing was wrong.
+type Damage struct {
+	Reason     string // why the store could not be read ("" when it could)
+	MovedAside string // the directory the damaged store was renamed to
 }
 
 // Stats is a snapshot of the catalog's counters.
@@ -71,18 +105,57 @@ type Stats struct {
 	Recovered      int    // entries recovered at Open
 	CorruptRecords int    // persisted records skipped as corrupt at Open
 	Commits        uint64 // Pebble batches committed since Open
+	Damage         Damage // what Open set aside
+	Rebuilds       uint64 // stores rewritten from memory by Repair
+	// Background is the number of errors Pebble reported on its own
+	// goroutines (failed flushes or compactions, retried by Pebble).
+	Background uint64
 }
 
 // Open opens a catalog. With opts.Dir set it opens (or creates) the Pebble
 // store there and recovers every persisted entry, with DRAMSlot = -1: after
 // a restart the catalog holds exactly the SSD-resident pages. Records that
 // fail to decode are skipped and counted in Stats().CorruptRecords.
+//
+// Open fails only on a bad directory path. A store that cannot be read
+// (Pebble corruption in any of its files) is renamed aside and replaced by
+// an empty one, reported in Stats().Damage; a store that cannot be opened
+// for want of resources (a full disk, permissions) leaves the catalog in
+// memory only, reported by Health, until Repair succeeds. Either way the
+// caller rebuilds the entries from the SSD tier (Adopt).
 func Open(opts Options) (*Catalog, error) {
-	c := &Catalog{onChange: opts.OnChange, hash: newHasher()}
+	if opts.ReserveBytes == 0 {
+		opts.ReserveBytes = DefaultReserveBytes
+	}
+	if opts.fs == nil {
+		opts.fs = vfs.Default
+	}
+	c := &Catalog{onChange: opts.OnChange, hash: newHasher(), opts: opts}
 	if opts.Dir == "" {
 		return c, nil
 	}
-	s, err := openStore(opts.Dir, opts.NoSync)
+	if err := opts.fs.MkdirAll(opts.Dir, 0o700); err != nil && !isResourceError(err) {
+		return nil, fmt.Errorf("create catalog dir: %w", err)
+	}
+	s, err := c.openAndRecover()
+	if err != nil && !isResourceError(err) {
+		c.reset()
+		c.damage.Reason = err.Error()
+		if c.damage.MovedAside, err = moveAside(opts.fs, opts.Dir, "corrupt"); err == nil {
+			s, err = c.openAndRecover()
+		}
+	}
+	if err != nil {
+		c.persist.fail(err)
+		return c, nil
+	}
+	c.store = s
+	return c, nil
+}
+
+// openAndRecover opens the store and loads its records into the index.
+func (c *Catalog) openAndRecover() (*store, error) {
+	s, err := openStore(c.opts.fs, c.opts.Dir, c.opts.NoSync)
 	if err != nil {
 		return nil, err
 	}
@@ -96,8 +169,17 @@ func Open(opts Options) (*Catalog, error) {
 	if err != nil {
 		return nil, errors.Join(err, s.close())
 	}
-	c.store, c.corrupt = s, corrupt
-	return c, nil
+	c.corrupt = corrupt
+	return s, nil
+}
+
+// reset empties the index after a partial recovery.
+func (c *Catalog) reset() {
+	for i := range c.shards {
+		c.shards[i].mu.slots, c.shards[i].mu.n = nil, 0
+	}
+	c.count.Store(0)
+	c.recovered, c.corrupt = 0, 0
 }
 
 // Get returns k's entry.
@@ -151,6 +233,9 @@ func (c *Catalog) Stats() Stats {
 		Recovered:      c.recovered,
 		CorruptRecords: c.corrupt,
 		Commits:        c.commits.Load(),
+		Damage:         c.damage,
+		Rebuilds:       c.persist.rebuilds.Load(),
+		Background:     c.persist.background.Load(),
 	}
 }
 
@@ -164,6 +249,7 @@ func (c *Catalog) Close() error {
 	}
 	c.writer.closed = true
 	if c.store != nil {
+		c.persist.countBackground(c.store)
 		return c.store.close()
 	}
 	return nil

@@ -130,7 +130,7 @@ func TestCorruptRecordSkipped(t *testing.T) {
 	// Damage records behind the catalog's back: a flipped bit, a truncated
 	// value, an unknown version, a value moved under another key, and a key
 	// of the wrong length.
-	db, err := pebble.Open(dir, &pebble.Options{Logger: quietLogger{}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{&pebbleEvents{}}})
 	if err != nil {
 		t.Fatal(err)
 	}

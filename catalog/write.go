@@ -72,13 +72,17 @@ func (c *Catalog) Delete(keys ...pagekey.Key) error {
 // commitLocked persists changes, then applies them to memory, then reports
 // them to OnChange. The caller holds c.writer, so no other writer changes an
 // entry between the persisted state read here and the apply.
-func (c *Catalog) commitLocked(changes []change) error {
+func (c *Catalog) commitLocked(changes []change) error { return c.applyLocked(changes, false) }
+
+// applyLocked is commitLocked; with force, memory changes even when the
+// store cannot take the commit (see Adopt).
+func (c *Catalog) applyLocked(changes []change, force bool) error {
 	if c.writer.closed {
 		return ErrClosed
 	}
 	changes = lastWins(changes)
-	if c.store != nil {
-		if err := c.persistLocked(changes); err != nil {
+	if c.opts.Dir != "" {
+		if err := c.persistLocked(changes, force); err != nil {
 			return err
 		}
 	}
@@ -100,7 +104,20 @@ func (c *Catalog) commitLocked(changes []change) error {
 	return nil
 }
 
-func (c *Catalog) persistLocked(changes []change) error {
+// persistLocked commits the records of changes. Changes that only delete
+// records never fail: when the store cannot take them they change memory
+// only and the store is left failed, for Repair to rewrite from memory.
+// Changes that persist records fail (memory unchanged) with ErrNoSpace when
+// the filesystem is below the reserve, with ErrUnavailable when the store
+// is failed; force (Adopt) makes them behave like deletions.
+func (c *Catalog) persistLocked(changes []change, force bool) error {
+	if c.store == nil {
+		failed, _ := c.persist.get()
+		if force || !persistsRecords(changes) {
+			return nil
+		}
+		return unavailable(failed)
+	}
 	b := c.store.newBatch()
 	defer b.close()
 	for _, ch := range changes {
@@ -115,14 +132,48 @@ func (c *Catalog) persistLocked(changes []change) error {
 			return fmt.Errorf("catalog batch page %s: %w", ch.e.Key, err)
 		}
 	}
-	committed, err := c.store.commit(b)
-	if err != nil {
-		return fmt.Errorf("commit %d catalog changes: %w", len(changes), err)
+	if b.empty() {
+		return nil
 	}
-	if committed {
-		c.commits.Add(1)
+	if b.sets > 0 && !force {
+		if err := c.checkSpaceLocked(); err != nil {
+			c.persist.setFull(err)
+			return err
+		}
 	}
+	if err := c.store.commit(b); err != nil {
+		err = fmt.Errorf("commit %d catalog changes: %w", len(changes), err)
+		c.dropStoreLocked(err)
+		if force || b.sets == 0 {
+			return nil
+		}
+		return unavailable(err)
+	}
+	if b.sets > 0 {
+		c.persist.setFull(nil) // there was room for records
+	}
+	c.commits.Add(1)
 	return nil
+}
+
+// dropStoreLocked lets a store that failed go: Pebble's commit pipeline
+// does not recover from a failed write, so the store is closed and the
+// catalog is failed until Repair.
+func (c *Catalog) dropStoreLocked(cause error) {
+	c.persist.fail(cause)
+	c.persist.countBackground(c.store)
+	_ = c.store.close()
+	c.store = nil
+}
+
+// persistsRecords reports whether any change writes a record.
+func persistsRecords(changes []change) bool {
+	for _, ch := range changes {
+		if !ch.deleted && ch.e.OnSSD {
+			return true
+		}
+	}
+	return false
 }
 
 // persisted reports whether k has a persisted record, i.e. its current

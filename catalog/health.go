@@ -1,0 +1,244 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+// persistState is whether the persisted catalog can take commits. Its
+// fields change under the catalog's writer lock; Health reads them under
+// mu from any goroutine.
+//
+//   - failed: the store is unusable or was never opened (a failed commit,
+//     a Pebble Fatalf, corruption seen at run time, an open that failed
+//     for want of resources). Commits that persist records fail with
+//     ErrUnavailable (and ErrNoSpace when the cause is a full disk);
+//     deletions change memory only. Repair rewrites a fresh store from
+//     memory, which is authoritative while the peer runs.
+//   - full: the last commit that persists records found less free space
+//     than Options.ReserveBytes and wrote nothing. The store is fine; the
+//     next commit (or Repair) checks again.
+type persistState struct {
+	mu struct {
+		sync.Mutex
+		failed, full error
+	}
+	rebuilds, background atomic.Uint64
+}
+
+func (p *persistState) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mu.failed = err
+}
+
+func (p *persistState) setFull(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mu.full = err
+}
+
+func (p *persistState) get() (failed, full error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mu.failed, p.mu.full
+}
+
+// countBackground adds the background errors of a store being let go.
+func (p *persistState) countBackground(s *store) { p.background.Add(s.ev.background.Load()) }
+
+// Health reports why the catalog cannot persist now: nil when it can (or
+// when it is in memory only by configuration). The error wraps ErrNoSpace
+// or ErrUnavailable.
+func (c *Catalog) Health() error {
+	failed, full := c.persist.get()
+	switch {
+	case failed != nil:
+		return unavailable(failed)
+	case full != nil:
+		return full
+	}
+	return nil
+}
+
+// unavailable wraps why the store cannot be used in ErrUnavailable, and in
+// ErrNoSpace too when the filesystem is full.
+func unavailable(cause error) error {
+	if isNoSpace(cause) || errors.Is(cause, ErrNoSpace) {
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrNoSpace, cause)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, cause)
+}
+
+// Repair makes the catalog persistent again after a failure: a failed or
+// never-opened store is replaced by a fresh one written from memory; a
+// full filesystem is checked again. It returns Health afterwards. It is
+// meant to be called periodically, with backoff, while Health is not nil.
+func (c *Catalog) Repair() error {
+	c.writer.Lock()
+	defer c.writer.Unlock()
+	if c.writer.closed {
+		return ErrClosed
+	}
+	if c.opts.Dir == "" {
+		return nil
+	}
+	if c.store != nil {
+		if err := c.store.failure(); err != nil {
+			c.persist.fail(err)
+		}
+	}
+	failed, full := c.persist.get()
+	switch {
+	case failed != nil:
+		c.rebuildLocked()
+	case full != nil:
+		if err := c.checkSpaceLocked(); err == nil {
+			c.persist.setFull(nil)
+		}
+	}
+	return c.Health()
+}
+
+// rebuildLocked drops the failed store and writes every persistable entry
+// into a fresh one, built beside the catalog directory and then moved in
+// place. On failure the catalog stays failed with the new cause.
+func (c *Catalog) rebuildLocked() {
+	if c.store != nil {
+		c.persist.countBackground(c.store)
+		_ = c.store.close() // its error is the failure being repaired
+		c.store = nil
+	}
+	fs, dir := c.opts.fs, c.opts.Dir
+	tmp := dir + ".rebuild"
+	err := c.writeFresh(fs, tmp)
+	if err == nil {
+		err = swapDir(fs, tmp, dir)
+	}
+	var s *store
+	if err == nil {
+		s, err = openStore(fs, dir, c.opts.NoSync)
+	}
+	if err != nil {
+		_ = fs.RemoveAll(tmp)
+		c.persist.fail(err)
+		return
+	}
+	c.store = s
+	c.persist.fail(nil)
+	c.persist.setFull(nil)
+	c.persist.rebuilds.Add(1)
+}
+
+// writeFresh creates a store at dir holding the index's persistable
+// entries and closes it.
+func (c *Catalog) writeFresh(fs vfs.FS, dir string) error {
+	if err := fs.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove stale %s: %w", dir, err)
+	}
+	s, err := openStore(fs, dir, c.opts.NoSync)
+	if err != nil {
+		return err
+	}
+	if err := c.copyIndexTo(s); err != nil {
+		return errors.Join(err, s.close())
+	}
+	return s.close()
+}
+
+// rebuildBatch is how many records one commit of a rebuild writes.
+const rebuildBatch = 4096
+
+func (c *Catalog) copyIndexTo(s *store) error {
+	var err error
+	b := s.newBatch()
+	c.Range(func(e Entry) bool {
+		if !e.OnSSD {
+			return true
+		}
+		if err = b.set(e); err == nil && b.sets >= rebuildBatch {
+			err = s.commit(b)
+			b.close()
+			b = s.newBatch()
+		}
+		return err == nil
+	})
+	if err == nil && !b.empty() {
+		err = s.commit(b)
+	}
+	b.close()
+	if err != nil {
+		return fmt.Errorf("write catalog from memory: %w", err)
+	}
+	return nil
+}
+
+// swapDir replaces dir by tmp: dir is removed, then tmp renamed to it. A
+// crash in between leaves no catalog, which the next start rebuilds from
+// the SSD tier like any missing catalog.
+func swapDir(fs vfs.FS, tmp, dir string) error {
+	if err := fs.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove failed catalog %s: %w", dir, err)
+	}
+	if err := fs.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("move rebuilt catalog into %s: %w", dir, err)
+	}
+	return nil
+}
+
+// moveAside renames a damaged store out of the way, to
+// <dir>.<what>-<UTC time>, and returns the new name. A missing dir is not
+// an error (there is nothing to keep).
+func moveAside(fs vfs.FS, dir, what string) (string, error) {
+	if _, err := fs.Stat(dir); err != nil {
+		return "", nil
+	}
+	to := fmt.Sprintf("%s.%s-%s", dir, what, time.Now().UTC().Format("20060102T150405.000000000Z"))
+	if err := fs.Rename(dir, to); err != nil {
+		return "", fmt.Errorf("move damaged catalog %s aside: %w", dir, err)
+	}
+	return to, nil
+}
+
+// checkSpaceLocked fails with ErrNoSpace when the store's filesystem has
+// less than Options.ReserveBytes free.
+func (c *Catalog) checkSpaceLocked() error {
+	free, err := c.store.freeBytes()
+	if err != nil {
+		return nil // no answer is not a full disk; the commit will tell
+	}
+	if free < c.opts.ReserveBytes {
+		return fmt.Errorf("%w: %d bytes free on %s, %d reserved", ErrNoSpace, free, c.opts.Dir, c.opts.ReserveBytes)
+	}
+	return nil
+}
+
+// Adopt records what the SSD tier holds, at recovery: put are entries
+// rebuilt from page headers, drop the keys whose pages the tier no longer
+// holds. Memory changes whatever happens to persistence; if the store
+// cannot take the commit it is left failed for Repair, and Adopt still
+// returns nil. Only a closed catalog or an invalid entry is an error.
+func (c *Catalog) Adopt(put []Entry, drop []pagekey.Key) error {
+	changes := make([]change, 0, len(put)+len(drop))
+	for _, e := range put {
+		if e.DRAMSlot < -1 {
+			return fmt.Errorf("%w: page %s: DRAM slot %d", ErrInvalidEntry, e.Key, e.DRAMSlot)
+		}
+		changes = append(changes, change{e: e})
+	}
+	c.writer.Lock()
+	defer c.writer.Unlock()
+	for _, k := range drop {
+		if e, ok := c.Get(k); ok {
+			changes = append(changes, change{e: e, deleted: true})
+		}
+	}
+	return c.applyLocked(changes, true)
+}
