@@ -3,6 +3,7 @@ package ssd
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -51,7 +52,9 @@ func FileName(i int) string { return fmt.Sprintf("orbitkv-%03d.pages", i) }
 
 // Open creates or reopens the page files in cfg.Dir, preallocated to their
 // size, and sets up the ring. Reopened files keep their bytes; the caller
-// Reserves the slots its catalog names before it Allocs.
+// Reserves the slots its catalog names before it Allocs. When Open fails
+// (a preallocation on a full disk) it removes the files it created, so a
+// failed start leaves no page files behind; files that existed stay.
 func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -61,18 +64,28 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("create ssd dir: %w", err)
 	}
 	s := &Store{cfg: cfg, sizes: cfg.fileSizes()}
+	var created []string // files this Open made: removed again if it fails
+	fail := func(err error) (*Store, error) {
+		s.closeFiles()
+		for _, p := range created {
+			_ = os.Remove(p)
+		}
+		return nil, err
+	}
 	for i, size := range s.sizes {
-		f, err := cfg.FS.OpenPageFile(filepath.Join(cfg.Dir, FileName(i)), size)
+		path := filepath.Join(cfg.Dir, FileName(i))
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			created = append(created, path)
+		}
+		f, err := cfg.FS.OpenPageFile(path, size)
 		if err != nil {
-			s.closeFiles()
-			return nil, err
+			return fail(err)
 		}
 		s.files = append(s.files, f)
 	}
 	ring, err := newURing(cfg.QueueDepth)
 	if err != nil {
-		s.closeFiles()
-		return nil, err
+		return fail(err)
 	}
 	s.ring = ring
 	s.mu.alloc = newAllocator(RegionBytes, s.sizes)

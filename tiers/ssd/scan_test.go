@@ -1,0 +1,107 @@
+package ssd
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/orbitkv/orbitkv/internal/page"
+)
+
+// TestScanFindsWrittenPages writes pages of two sizes, tears one, and
+// checks that Scan reports exactly the whole ones with their headers.
+func TestScanFindsWrittenPages(t *testing.T) {
+	dir := testDir(t)
+	s := openTest(t, dir, 2*RegionBytes)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var pages []testPage
+	for i := range 12 {
+		length := uint64(5000)
+		if i%3 == 0 {
+			length = 3 * page.Alignment
+		}
+		pages = append(pages, newPage(t, s, rng, length))
+	}
+	var reqs []WriteReq
+	for _, p := range pages {
+		reqs = append(reqs, WriteReq{Loc: p.loc, Header: p.hdr, Data: p.data})
+	}
+	for i, err := range s.Write(context.Background(), reqs) {
+		if err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	// Tear page 4: its last data block is overwritten behind the tier's back.
+	torn := pages[4]
+	fd, err := unix.Open(filepath.Join(dir, FileName(int(torn.loc.File))), unix.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Pwrite(fd, []byte{0xff, 0xfe}, int64(torn.loc.Offset+page.HeaderSize+10)); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+
+	found := map[Loc]page.Header{}
+	st, err := s.Scan(func(f Found) { found[f.Loc] = f.Header })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pages != len(pages)-1 || st.Torn != 1 || len(found) != len(pages)-1 {
+		t.Fatalf("Scan = %+v, %d found; want %d pages and 1 torn", st, len(found), len(pages)-1)
+	}
+	for i, p := range pages {
+		h, ok := found[p.loc]
+		if i == 4 {
+			if ok {
+				t.Fatal("torn page reported")
+			}
+			continue
+		}
+		if !ok || h != p.hdr {
+			t.Fatalf("page %d at %+v: found %+v %v, want %+v", i, p.loc, h, ok, p.hdr)
+		}
+	}
+}
+
+// mountTmpfs mounts a tmpfs of size bytes on a fresh directory, or skips
+// saying why.
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: mounting a small filesystem needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Skipf("skipping: mount tmpfs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// TestFailedPreallocationLeavesNoFiles: Open on a filesystem too small for
+// the tier fails and removes the page files it created, but never a file
+// that was there before.
+func TestFailedPreallocationLeavesNoFiles(t *testing.T) {
+	dir := mountTmpfs(t, "8m")
+	if _, err := Open(Config{Dir: dir, CapacityBytes: 2 * RegionBytes, FileBytes: RegionBytes}); err == nil {
+		t.Fatal("Open of 128 MiB of page files on an 8 MiB filesystem succeeded")
+	}
+	if des, _ := os.ReadDir(dir); len(des) != 0 {
+		t.Fatalf("failed Open left %d files: %v", len(des), des)
+	}
+	keep := filepath.Join(dir, FileName(0))
+	if err := os.WriteFile(keep, []byte("pages"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{Dir: dir, CapacityBytes: 2 * RegionBytes, FileBytes: RegionBytes}); err == nil {
+		t.Fatal("Open succeeded")
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Fatalf("failed Open removed a file it did not create: %v", err)
+	}
+}
