@@ -153,8 +153,13 @@ func Open(opts Options) (*Catalog, error) {
 	return c, nil
 }
 
-// openAndRecover opens the store and loads its records into the index.
+// openAndRecover opens the store and loads its records into the index. A
+// filesystem below the reserve is not opened: Pebble's open writes (a new
+// WAL, a flush of the replayed one) and would fail half way.
 func (c *Catalog) openAndRecover() (*store, error) {
+	if err := checkSpace(c.opts.fs, c.opts.Dir, c.opts.ReserveBytes); err != nil {
+		return nil, err
+	}
 	s, err := openStore(c.opts.fs, c.opts.Dir, c.opts.NoSync)
 	if err != nil {
 		return nil, err

@@ -171,12 +171,16 @@ func (f *diskFS) GetDiskUsage(string) (vfs.DiskUsage, error) {
 	return vfs.DiskUsage{AvailBytes: f.avail.Load(), TotalBytes: 1 << 40}, nil
 }
 
-// enospc fails every write while on.
-type enospc struct{ on atomic.Bool }
+// enospc fails every write while on (only to paths containing only, if
+// set).
+type enospc struct {
+	on   atomic.Bool
+	only string
+}
 
 func (e *enospc) String() string { return "enospc" }
 func (e *enospc) MaybeError(op errorfs.Op) error {
-	if e.on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite {
+	if e.on.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && strings.Contains(op.Path, e.only) {
 		return syscall.ENOSPC
 	}
 	return nil
@@ -311,6 +315,37 @@ func TestOpenOnFullDisk(t *testing.T) {
 	}
 	if err := c.Put(ssdEntry(3)); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("Put = %v", err)
+	}
+	inj.on.Store(false)
+	if err := c.Repair(); err != nil {
+		t.Fatal(err)
+	}
+	assertReopens(t, c, dir, fs, []int{1, 2})
+}
+
+// TestOpenWhoseFlushDiesReturns: reopening a store with entries in its WAL
+// flushes them; when that flush's MANIFEST write fails (the disk filled
+// after the space check), Pebble calls Fatalf on its flush goroutine and
+// its Open would wait forever. Open must return, with the catalog
+// unavailable, and Repair must persist it once writes succeed.
+func TestOpenWhoseFlushDiesReturns(t *testing.T) {
+	_, inj, fs := newFaultFS()
+	dir := t.TempDir()
+	c := mustOpenNoCleanup(t, Options{Dir: dir, fs: fs})
+	if err := c.Put(ssdEntry(1), ssdEntry(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	inj.only = "MANIFEST" // the SST of the flush is written, its version edit is not
+	inj.on.Store(true)
+	c = mustOpen(t, Options{Dir: dir, fs: fs})
+	if err := c.Health(); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Health = %v, want ErrNoSpace", err)
+	}
+	if err := c.Adopt([]Entry{ssdEntry(1), ssdEntry(2)}, nil); err != nil {
+		t.Fatal(err)
 	}
 	inj.on.Store(false)
 	if err := c.Repair(); err != nil {

@@ -71,7 +71,7 @@ func (c *Catalog) Health() error {
 // unavailable wraps why the store cannot be used in ErrUnavailable, and in
 // ErrNoSpace too when the filesystem is full.
 func unavailable(cause error) error {
-	if isNoSpace(cause) || errors.Is(cause, ErrNoSpace) {
+	if isNoSpace(cause) {
 		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrNoSpace, cause)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, cause)
@@ -118,7 +118,10 @@ func (c *Catalog) rebuildLocked() {
 	}
 	fs, dir := c.opts.fs, c.opts.Dir
 	tmp := dir + ".rebuild"
-	err := c.writeFresh(fs, tmp)
+	err := c.checkSpaceLocked() // writing on a full disk only fails again
+	if err == nil {
+		err = c.writeFresh(fs, tmp)
+	}
 	if err == nil {
 		err = swapDir(fs, tmp, dir)
 	}
@@ -207,17 +210,10 @@ func moveAside(fs vfs.FS, dir, what string) (string, error) {
 	return to, nil
 }
 
-// checkSpaceLocked fails with ErrNoSpace when the store's filesystem has
-// less than Options.ReserveBytes free.
+// checkSpaceLocked fails with ErrNoSpace when the catalog's filesystem is
+// below the reserve (checkSpace).
 func (c *Catalog) checkSpaceLocked() error {
-	free, err := c.store.freeBytes()
-	if err != nil {
-		return nil // no answer is not a full disk; the commit will tell
-	}
-	if free < c.opts.ReserveBytes {
-		return fmt.Errorf("%w: %d bytes free on %s, %d reserved", ErrNoSpace, free, c.opts.Dir, c.opts.ReserveBytes)
-	}
-	return nil
+	return checkSpace(c.opts.fs, c.opts.Dir, c.opts.ReserveBytes)
 }
 
 // Adopt records what the SSD tier holds, at recovery: put are entries

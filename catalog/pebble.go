@@ -53,6 +53,7 @@ func newFatalError(format string, args []any) *fatalError {
 type pebbleEvents struct {
 	corruptions atomic.Uint64 // DataCorruption events
 	background  atomic.Uint64 // BackgroundError events
+	fatalc      chan struct{} // closed by the first Fatalf off a guarded goroutine
 	mu          struct {
 		sync.Mutex
 		fatal      error // a Fatalf outside guarded: the DB is unusable
@@ -61,11 +62,14 @@ type pebbleEvents struct {
 	}
 }
 
+func newPebbleEvents() *pebbleEvents { return &pebbleEvents{fatalc: make(chan struct{})} }
+
 func (ev *pebbleEvents) setFatal(err error) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	if ev.mu.fatal == nil {
 		ev.mu.fatal = err
+		close(ev.fatalc)
 	}
 }
 
@@ -165,7 +169,7 @@ func onGuardedGoroutine() bool {
 // writes now (full, quota, read-only, permissions, descriptors), as opposed
 // to damage: the catalog waits for it to pass instead of discarding files.
 func isResourceError(err error) bool {
-	for _, e := range []error{syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS, syscall.EACCES,
+	for _, e := range []error{ErrNoSpace, syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS, syscall.EACCES,
 		syscall.EPERM, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM} {
 		if errors.Is(err, e) {
 			return true
@@ -176,5 +180,5 @@ func isResourceError(err error) bool {
 
 // isNoSpace reports an error that means the filesystem is full.
 func isNoSpace(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+	return errors.Is(err, ErrNoSpace) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }

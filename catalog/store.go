@@ -15,27 +15,59 @@ import (
 // Pebble's leaves this file's callers inside the package. Every call into
 // Pebble goes through guarded (pebble.go).
 type store struct {
-	dir string
-	fs  vfs.FS
-	db  *pebble.DB
-	wo  *pebble.WriteOptions
-	ev  *pebbleEvents
+	dir  string
+	fs   vfs.FS
+	db   *pebble.DB
+	lock *pebble.Lock // taken before Open, released after Close
+	wo   *pebble.WriteOptions
+	ev   *pebbleEvents
 }
 
 func openStore(fs vfs.FS, dir string, noSync bool) (*store, error) {
-	s := &store{dir: dir, fs: fs, wo: pebble.Sync, ev: &pebbleEvents{}}
+	s := &store{dir: dir, fs: fs, wo: pebble.Sync, ev: newPebbleEvents()}
 	if noSync {
 		s.wo = pebble.NoSync
 	}
-	opts := &pebble.Options{FS: fs, Logger: pebbleLogger{s.ev}, EventListener: s.ev.listener()}
-	err := guarded(func() (err error) {
-		s.db, err = pebble.Open(dir, opts)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open catalog store %s: %w", dir, err)
+	var err error
+	if err = fs.MkdirAll(dir, 0o700); err == nil {
+		s.lock, err = pebble.LockDirectory(dir, fs)
 	}
-	return s, nil
+	if err != nil {
+		return nil, fmt.Errorf("lock catalog store %s: %w", dir, err)
+	}
+	opts := &pebble.Options{FS: fs, Logger: pebbleLogger{s.ev}, EventListener: s.ev.listener(), Lock: s.lock}
+	type opened struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		var o opened
+		o.err = guarded(func() (err error) {
+			o.db, err = pebble.Open(dir, opts)
+			return err
+		})
+		done <- o
+	}()
+	// Open waits for the flush of the replayed WAL; a flush that dies in
+	// Fatalf (a MANIFEST write on a full disk) never ends that wait, so a
+	// fatal event ends it here. The goroutine left in Open is abandoned
+	// with the DB it was opening (Repair builds a fresh directory).
+	select {
+	case o := <-done:
+		if o.err != nil {
+			_ = s.lock.Close()
+			return nil, fmt.Errorf("open catalog store %s: %w", dir, o.err)
+		}
+		s.db = o.db
+		return s, nil
+	case <-s.ev.fatalc:
+		// The abandoned Open waits on a flush that will never end, so it
+		// never closes its hold on the lock: drop both holds, ours and
+		// Open's, so that Repair can lock the directory again.
+		_, _ = s.lock.Close(), s.lock.Close()
+		return nil, fmt.Errorf("open catalog store %s: %w", dir, s.ev.fatal())
+	}
 }
 
 // failure returns why the store must not be used any more: a Fatalf on one
@@ -92,13 +124,22 @@ func (s *store) iterate(fn func(Entry)) (corrupt int, err error) {
 	return corrupt, nil
 }
 
-// freeBytes returns the bytes available on the store's filesystem.
-func (s *store) freeBytes() (uint64, error) {
-	u, err := s.fs.GetDiskUsage(s.dir)
+// checkSpace fails with ErrNoSpace when dir's filesystem has less free
+// space than the reserve: reserve bytes, or an eighth of the filesystem if
+// that is less (a small filesystem is not forever "full"). A filesystem
+// that cannot say is not taken as full; the writes will tell.
+func checkSpace(fs vfs.FS, dir string, reserve uint64) error {
+	u, err := fs.GetDiskUsage(dir)
 	if err != nil {
-		return 0, fmt.Errorf("disk usage of %s: %w", s.dir, err)
+		return nil
 	}
-	return u.AvailBytes, nil
+	if u.TotalBytes > 0 {
+		reserve = min(reserve, u.TotalBytes/8)
+	}
+	if u.AvailBytes < reserve {
+		return fmt.Errorf("%w: %d bytes free on %s, %d reserved", ErrNoSpace, u.AvailBytes, dir, reserve)
+	}
+	return nil
 }
 
 // batch collects one commit's record writes.
@@ -141,7 +182,7 @@ const closeTimeout = 5 * time.Second
 
 func (s *store) close() error {
 	done := make(chan error, 1)
-	go func() { done <- guarded(s.db.Close) }()
+	go func() { done <- errors.Join(guarded(s.db.Close), s.lock.Close()) }()
 	select {
 	case err := <-done:
 		return err
