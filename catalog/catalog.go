@@ -118,8 +118,8 @@ type Stats struct {
 // fail to decode are skipped and counted in Stats().CorruptRecords.
 //
 // Open fails only on a bad directory path. A store that cannot be read
-// (Pebble corruption in any of its files) is renamed aside and replaced by
-// an empty one, reported in Stats().Damage; a store that cannot be opened
+// (Pebble corruption in any of its files) is moved aside, into
+// <Dir>/corrupt-<time>/, and replaced by an empty one, reported in Stats().Damage; a store that cannot be opened
 // for want of resources (a full disk, permissions) leaves the catalog in
 // memory only, reported by Health, until Repair succeeds. Either way the
 // caller rebuilds the entries from the SSD tier (Adopt).
@@ -141,7 +141,7 @@ func Open(opts Options) (*Catalog, error) {
 	if err != nil && !isResourceError(err) {
 		c.reset()
 		c.damage.Reason = err.Error()
-		if c.damage.MovedAside, err = moveAside(opts.fs, opts.Dir, "corrupt"); err == nil {
+		if c.damage.MovedAside, err = moveAside(opts.fs, opts.Dir); err == nil {
 			s, err = c.openAndRecover()
 		}
 	}

@@ -3,6 +3,7 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,29 +109,19 @@ func (c *Catalog) Repair() error {
 }
 
 // rebuildLocked drops the failed store and writes every persistable entry
-// into a fresh one, built beside the catalog directory and then moved in
-// place. On failure the catalog stays failed with the new cause.
+// into a fresh one in the same directory (its old files removed first; the
+// directory itself stays, it may be a mount point). On failure the catalog
+// stays failed with the new cause. A crash half way leaves a partial
+// catalog, which the next start completes from the SSD tier like any
+// damaged one.
 func (c *Catalog) rebuildLocked() {
 	if c.store != nil {
 		c.persist.countBackground(c.store)
 		_ = c.store.close() // its error is the failure being repaired
 		c.store = nil
 	}
-	fs, dir := c.opts.fs, c.opts.Dir
-	tmp := dir + ".rebuild"
-	err := c.checkSpaceLocked() // writing on a full disk only fails again
-	if err == nil {
-		err = c.writeFresh(fs, tmp)
-	}
-	if err == nil {
-		err = swapDir(fs, tmp, dir)
-	}
-	var s *store
-	if err == nil {
-		s, err = openStore(fs, dir, c.opts.NoSync)
-	}
+	s, err := c.writeFresh()
 	if err != nil {
-		_ = fs.RemoveAll(tmp)
 		c.persist.fail(err)
 		return
 	}
@@ -140,20 +131,24 @@ func (c *Catalog) rebuildLocked() {
 	c.persist.rebuilds.Add(1)
 }
 
-// writeFresh creates a store at dir holding the index's persistable
-// entries and closes it.
-func (c *Catalog) writeFresh(fs vfs.FS, dir string) error {
-	if err := fs.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove stale %s: %w", dir, err)
+// writeFresh empties the catalog directory and opens a store there
+// holding the index's persistable entries.
+func (c *Catalog) writeFresh() (*store, error) {
+	if err := c.checkSpaceLocked(); err != nil {
+		return nil, err // writing on a full disk only fails again
 	}
-	s, err := openStore(fs, dir, c.opts.NoSync)
+	if err := clearDir(c.opts.fs, c.opts.Dir); err != nil {
+		return nil, err
+	}
+	s, err := openStore(c.opts.fs, c.opts.Dir, c.opts.NoSync)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := c.copyIndexTo(s); err != nil {
-		return errors.Join(err, s.close())
+		c.persist.countBackground(s)
+		return nil, errors.Join(err, s.close())
 	}
-	return s.close()
+	return s, nil
 }
 
 // rebuildBatch is how many records one commit of a rebuild writes.
@@ -183,29 +178,52 @@ func (c *Catalog) copyIndexTo(s *store) error {
 	return nil
 }
 
-// swapDir replaces dir by tmp: dir is removed, then tmp renamed to it. A
-// crash in between leaves no catalog, which the next start rebuilds from
-// the SSD tier like any missing catalog.
-func swapDir(fs vfs.FS, tmp, dir string) error {
-	if err := fs.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove failed catalog %s: %w", dir, err)
+// asidePrefix starts the names of damaged stores kept for diagnosis.
+const asidePrefix = "corrupt-"
+
+// clearDir removes dir's files, keeping the damaged stores set aside in it.
+func clearDir(fs vfs.FS, dir string) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return fmt.Errorf("list catalog %s: %w", dir, err)
 	}
-	if err := fs.Rename(tmp, dir); err != nil {
-		return fmt.Errorf("move rebuilt catalog into %s: %w", dir, err)
+	for _, n := range names {
+		if strings.HasPrefix(n, asidePrefix) {
+			continue
+		}
+		if err := fs.RemoveAll(fs.PathJoin(dir, n)); err != nil {
+			return fmt.Errorf("clear catalog %s: %w", dir, err)
+		}
 	}
 	return nil
 }
 
-// moveAside renames a damaged store out of the way, to
-// <dir>.<what>-<UTC time>, and returns the new name. A missing dir is not
-// an error (there is nothing to keep).
-func moveAside(fs vfs.FS, dir, what string) (string, error) {
-	if _, err := fs.Stat(dir); err != nil {
-		return "", nil
+// moveAside moves a damaged store's files out of the way, into
+// <dir>/corrupt-<UTC time>/, and returns that directory ("" when there was
+// nothing to move). The directory itself stays: it may be a mount point.
+func moveAside(fs vfs.FS, dir string) (string, error) {
+	names, err := fs.List(dir)
+	if err != nil {
+		return "", fmt.Errorf("list catalog %s: %w", dir, err)
 	}
-	to := fmt.Sprintf("%s.%s-%s", dir, what, time.Now().UTC().Format("20060102T150405.000000000Z"))
-	if err := fs.Rename(dir, to); err != nil {
-		return "", fmt.Errorf("move damaged catalog %s aside: %w", dir, err)
+	to := fs.PathJoin(dir, asidePrefix+time.Now().UTC().Format("20060102T150405.000000000Z"))
+	moved := false
+	for _, n := range names {
+		if strings.HasPrefix(n, asidePrefix) {
+			continue
+		}
+		if !moved {
+			if err := fs.MkdirAll(to, 0o700); err != nil {
+				return "", fmt.Errorf("move damaged catalog aside: %w", err)
+			}
+			moved = true
+		}
+		if err := fs.Rename(fs.PathJoin(dir, n), fs.PathJoin(to, n)); err != nil {
+			return "", fmt.Errorf("move damaged catalog aside: %w", err)
+		}
+	}
+	if !moved {
+		return "", nil
 	}
 	return to, nil
 }

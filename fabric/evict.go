@@ -93,7 +93,9 @@ func (s *pageStore) pickVictimsLocked() (dropped bool, demote []catalog.Entry) {
 			s.mu.dram.Remove(victim) // no catalog entry: a stale LRU key
 			continue
 		}
-		if e.OnSSD || s.ssd == nil {
+		// With no SSD tier, or a catalog that cannot persist a demotion (a
+		// full disk), a DRAM-only page is dropped: DRAM keeps serving saves.
+		if e.OnSSD || s.ssd == nil || s.cat.Health() != nil {
 			dropped = s.dropDRAMLocked(e)
 			break
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +20,13 @@ const faultWindow = time.Minute
 // problem says why the peer is unhealthy at now, "" when it is healthy:
 // what Status reports. Every source of ill health joins here.
 func (p *Peer) problem(now time.Time) string {
-	return p.pages.faults.problem(now)
+	var out []string
+	for _, s := range []string{p.pages.faults.problem(now), p.catalogProblem()} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // tierFaults remembers the SSD tier's recent faults for Status: I/O errors

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"runtime"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,32 +73,6 @@ func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metri
 		Name: "ssd_read_bytes_per_second", Help: "The SSD tier's measured read rate (moving average of read batches; 0 before the first)."},
 		func() float64 { return math.Float64frombits(s.ssdReads.bits.Load()) }))
 	return s
-}
-
-// recover rebuilds SSD allocation and LRU order from the recovered catalog:
-// every entry names a durable SSD slot. Entries whose slot cannot be
-// reserved (out of range, overlapping) are dropped. It returns the number
-// of recovered and dropped pages.
-func (s *pageStore) recover() (kept, dropped int, err error) {
-	var entries []catalog.Entry
-	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
-	sort.Slice(entries, func(i, j int) bool { return entries[i].LastAccess < entries[j].LastAccess })
-	var bad []pagekey.Key
-	for _, e := range entries {
-		s.mu.gen = max(s.mu.gen, e.Generation)
-		if s.ssd == nil || !e.OnSSD || s.ssd.Reserve(ssdLoc(e.SSD)) != nil {
-			bad = append(bad, e.Key)
-			continue
-		}
-		s.mu.ssd.Touch(e.Key)
-	}
-	if len(bad) > 0 {
-		if err := s.cat.Delete(bad...); err != nil {
-			return 0, 0, err
-		}
-	}
-	s.updateGauges()
-	return len(entries) - len(bad), len(bad), nil
 }
 
 func ssdLoc(l catalog.SSDLoc) ssd.Loc { return ssd.Loc{File: l.File, Offset: l.Offset, Bytes: l.Bytes} }

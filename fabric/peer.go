@@ -71,6 +71,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions(), ready: make(chan struct{}), dataDir: dataDir}
+	scan := pageFilesExist(filepath.Join(cfg.DataDir, "ssd")) // before openTiers creates them
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
 		return nil, err
@@ -91,12 +92,12 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		p.closeTiers()
 		return nil, err
 	}
-	kept, dropped, err := p.pages.recover()
+	rep, err := p.pages.recover(scan)
 	if err != nil {
 		p.closeTiers()
 		return nil, fmt.Errorf("recover catalog: %w", err)
 	}
-	log.Info().Int("pages", kept).Int("dropped", dropped).Int("corrupt_records", p.cat.Stats().CorruptRecords).Msg("recovered ssd pages")
+	p.logRecovery(rep)
 	return p, nil
 }
 
@@ -177,6 +178,8 @@ func (p *Peer) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); p.pages.runSealer(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); p.pages.runFlusher(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); p.watchCatalog(ctx) }()
 	p.metricsBind = metricsAddr
 	close(p.ready)
 	p.log.Info().Str("socket", p.cfg.Socket).Str("metrics", metricsAddr).Str("version", Version).Msg("serving")

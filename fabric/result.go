@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
@@ -42,7 +43,7 @@ func failResult(err error) pageResult {
 		return pageResult{Code: codeDeadline, Msg: err.Error()}
 	case errors.Is(err, context.Canceled):
 		return pageResult{Code: codeCancelled, Msg: err.Error()}
-	case errors.Is(err, errNoSpace):
+	case errors.Is(err, errNoSpace), errors.Is(err, catalog.ErrNoSpace), errors.Is(err, syscall.ENOSPC):
 		return pageResult{Code: codeNoSpace, Msg: err.Error()}
 	case errors.Is(err, errNotFound):
 		return pageResult{Code: codeNotFound, Msg: err.Error()}

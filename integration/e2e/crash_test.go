@@ -149,23 +149,8 @@ var (
 // saveRound writes fresh random bytes into n pages' blocks (starting at page
 // slot base*n), saves them durably and records the acknowledged ones.
 func saveRound(t *testing.T, ctx context.Context, e *engineProc, base, n int, acked map[string][32]byte) []*pb.PageRef {
-	var refs []*pb.PageRef
 	sums := map[string][32]byte{}
-	for i := 0; i < n; i++ {
-		blocks := blocksOf(base*n + i)
-		for l := 0; l < flash.Layers; l++ {
-			for pl := 0; pl < 2; pl++ {
-				for _, b := range blocks {
-					off := flash.BlockOffset(l, pl, int(b))
-					rand.Read(e.shm.Mem[off : off+flash.BlockBytes()])
-				}
-			}
-		}
-		key := make([]byte, 16)
-		rand.Read(key)
-		refs = append(refs, &pb.PageRef{Key: key, Blocks: blocks})
-		sums[string(key)] = sha256.Sum256(pageBytes(e.shm, blocks))
-	}
+	refs := writePages(e, base, n, sums)
 	ackMu <- struct{}{}
 	for k, v := range sums {
 		attempted[k] = v
@@ -185,6 +170,28 @@ func saveRound(t *testing.T, ctx context.Context, e *engineProc, base, n int, ac
 	}
 	<-ackMu
 	return ok
+}
+
+// writePages fills n page slots (from base*n) with fresh random bytes
+// under fresh random keys and records each page's sum.
+func writePages(e *engineProc, base, n int, sums map[string][32]byte) []*pb.PageRef {
+	var refs []*pb.PageRef
+	for i := 0; i < n; i++ {
+		blocks := blocksOf(base*n + i)
+		for l := 0; l < flash.Layers; l++ {
+			for pl := 0; pl < 2; pl++ {
+				for _, b := range blocks {
+					off := flash.BlockOffset(l, pl, int(b))
+					rand.Read(e.shm.Mem[off : off+flash.BlockBytes()])
+				}
+			}
+		}
+		key := make([]byte, 16)
+		rand.Read(key)
+		refs = append(refs, &pb.PageRef{Key: key, Blocks: blocks})
+		sums[string(key)] = sha256.Sum256(pageBytes(e.shm, blocks))
+	}
+	return refs
 }
 
 func waitAcked(t *testing.T, acked map[string][32]byte, n int) {

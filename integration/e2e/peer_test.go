@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -55,6 +56,7 @@ type proc struct {
 	socket  string
 	metrics string
 	exited  chan error
+	log     *logLines
 }
 
 // startPeer runs `orbitkv serve` on dataDir and waits for its "serving" line.
@@ -79,9 +81,9 @@ func startPeerIn(t *testing.T, ns, dataDir string, extra ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, dataDir: dataDir, exited: make(chan error, 1)}
+	p := &proc{cmd: cmd, dataDir: dataDir, exited: make(chan error, 1), log: &logLines{}}
 	ready := make(chan map[string]any, 1)
-	go scanLog(stderr, ready)
+	go scanLog(stderr, ready, p.log)
 	go func() { p.exited <- cmd.Wait() }()
 	t.Cleanup(func() { p.kill() })
 	select {
@@ -96,14 +98,47 @@ func startPeerIn(t *testing.T, ns, dataDir string, extra ...string) *proc {
 	return p
 }
 
-// scanLog forwards the first "serving" log line and drains the rest.
-func scanLog(r interface{ Read([]byte) (int, error) }, ready chan<- map[string]any) {
+// logLines keeps a peer's decoded log lines.
+type logLines struct {
+	mu    sync.Mutex
+	lines []map[string]any
+	n     int // lines, decodable or not
+}
+
+// find returns the first line with message msg.
+func (l *logLines) find(msg string) (map[string]any, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if line["message"] == msg {
+			return line, true
+		}
+	}
+	return nil, false
+}
+
+func (l *logLines) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+// scanLog keeps the log lines, forwards the first "serving" line and
+// drains the rest.
+func scanLog(r interface{ Read([]byte) (int, error) }, ready chan<- map[string]any, keep *logLines) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	sent := false
 	for sc.Scan() {
 		var line map[string]any
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line["message"] == "serving" && !sent {
+		ok := json.Unmarshal(sc.Bytes(), &line) == nil
+		keep.mu.Lock()
+		keep.n++
+		if ok && len(keep.lines) < 10000 {
+			keep.lines = append(keep.lines, line)
+		}
+		keep.mu.Unlock()
+		if ok && line["message"] == "serving" && !sent {
 			ready <- line
 			sent = true
 		}

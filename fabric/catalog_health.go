@@ -1,0 +1,94 @@
+package fabric
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// catalogProblem says why the catalog makes the peer unhealthy, "" when
+// it does not: a catalog that cannot persist fails every save to SSD.
+func (p *Peer) catalogProblem() string {
+	if err := p.cat.Health(); err != nil {
+		return "catalog: " + err.Error() + " (saves to SSD fail; DRAM serves)"
+	}
+	return ""
+}
+
+// Catalog repair backoff: the first retry after catalogRetryMin, doubling
+// to catalogRetryMax. A full disk logs once when it starts, at most once
+// per catalogLogEvery while it lasts, and once when it ends.
+const (
+	catalogRetryMin = 250 * time.Millisecond
+	catalogRetryMax = 10 * time.Second
+	catalogLogEvery = time.Minute
+)
+
+// watchCatalog repairs the catalog while it is unhealthy (a full or
+// failing filesystem), with backoff, until ctx ends. The peer's Run owns
+// it. The peer serves meanwhile: DRAM saves and loads, and loads from SSD.
+func (p *Peer) watchCatalog(ctx context.Context) {
+	wait := catalogRetryMin
+	var bad error
+	var logged time.Time
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		err := p.cat.Health()
+		if err != nil {
+			err = p.cat.Repair()
+		}
+		switch {
+		case err == nil && bad != nil:
+			p.log.Info().Str("was", bad.Error()).Msg("catalog healthy again: saves to SSD resume")
+			bad, wait = nil, catalogRetryMin
+		case err == nil:
+			wait = catalogRetryMin
+		case bad == nil || time.Since(logged) >= catalogLogEvery:
+			p.log.Error().Err(err).Dur("retry_in", wait).Msg("catalog cannot persist: saves to SSD fail, DRAM serves; retrying")
+			bad, logged = err, time.Now()
+			fallthrough
+		default:
+			wait = min(2*wait, catalogRetryMax)
+		}
+	}
+}
+
+// logRecovery logs what the start recovered, rebuilt and dropped, and
+// counts it.
+func (p *Peer) logRecovery(rep recoverReport) {
+	m := newRecoveryMetrics(p.m.reg, p.cat)
+	m.rebuilt.Add(float64(rep.Rebuilt))
+	m.dropped.Add(float64(rep.Dropped))
+	st := p.cat.Stats()
+	ev := p.log.Info()
+	if st.Damage.Reason != "" || rep.Rebuilt > 0 || rep.Dropped > 0 {
+		ev = p.log.Warn()
+	}
+	if st.Damage.Reason != "" {
+		ev = ev.Str("catalog_damage", st.Damage.Reason).Str("damaged_catalog_moved_to", st.Damage.MovedAside)
+	}
+	if rep.Scanned {
+		ev = ev.Uint64("scanned_bytes", rep.Scan.BytesRead).Int("torn_slots", rep.Scan.Torn)
+	}
+	ev.Int("pages", rep.Kept+rep.Rebuilt).Int("rebuilt", rep.Rebuilt).Int("dropped", rep.Dropped).
+		Int("corrupt_records", st.CorruptRecords).Msg("recovered ssd pages")
+	if err := p.cat.Health(); err != nil {
+		p.log.Error().Err(err).Msg("catalog cannot persist at start: saves to SSD fail, DRAM serves; retrying")
+	}
+}
+
+// pageFilesExist reports whether the SSD tier's first page file exists:
+// then recovery reads the files to check the catalog against them.
+func pageFilesExist(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, ssd.FileName(0)))
+	return err == nil
+}

@@ -1,0 +1,201 @@
+package fabric
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+// Recovery at start (DESIGN.md §7 "the catalog is rebuildable"): the
+// catalog's persisted entries are checked against the page files' slot
+// headers, which are self-describing. A catalog that was damaged, set
+// aside, deleted or silently truncated by Pebble (a flipped bit in the
+// MANIFEST or the last WAL) is rebuilt from the headers; an entry whose
+// slot no longer holds its page is dropped; nothing is served that the
+// page files do not hold whole.
+
+// recoverReport is what recovery did, for the start log and the metrics.
+type recoverReport struct {
+	Kept    int // catalog entries whose page the files hold
+	Rebuilt int // pages taken from the page files that the catalog did not name right
+	Dropped int // catalog entries whose page the files do not hold
+	Scan    ssd.ScanStats
+	Scanned bool
+}
+
+// recoverChoice is one key's candidates, best first; vouched says the
+// first is the catalog's own entry, confirmed by the slot's header.
+type recoverChoice struct {
+	key       pagekey.Key
+	cands     []catalog.Entry
+	inCatalog bool
+	vouched   bool
+}
+
+// reconcile decides, without I/O, what each key recovers from: the catalog
+// entries and the pages the scan found (all of them when scanned is false:
+// then the catalog is trusted as it is). Per key the candidates are the
+// catalog's entry if a found slot confirms it (same slot, generation,
+// layout, length and checksum), then the found copies newest generation
+// first. Confirmed keys come first, in the order the caller reserves them,
+// so a stale copy never takes the region of a live page.
+func reconcile(entries []catalog.Entry, found []ssd.Found, scanned bool) []recoverChoice {
+	byKey := map[pagekey.Key][]catalog.Entry{}
+	for _, f := range found {
+		byKey[f.Header.Key] = append(byKey[f.Header.Key], entryOfFound(f))
+	}
+	for k := range byKey {
+		slices.SortFunc(byKey[k], func(a, b catalog.Entry) int { return cmp.Compare(b.Generation, a.Generation) })
+	}
+	var out []recoverChoice
+	for _, e := range entries {
+		ch := recoverChoice{key: e.Key, inCatalog: true}
+		switch {
+		case !e.OnSSD:
+		case !scanned:
+			ch.cands, ch.vouched = []catalog.Entry{e}, true
+		default:
+			ch.cands, ch.vouched = confirm(e, byKey[e.Key])
+		}
+		delete(byKey, e.Key)
+		out = append(out, ch)
+	}
+	for k, cands := range byKey {
+		out = append(out, recoverChoice{key: k, cands: cands})
+	}
+	slices.SortStableFunc(out, func(a, b recoverChoice) int {
+		switch {
+		case a.vouched != b.vouched:
+			if a.vouched {
+				return -1
+			}
+			return 1
+		case len(a.cands) == 0 || len(b.cands) == 0:
+			return cmp.Compare(len(b.cands), len(a.cands))
+		}
+		return cmp.Compare(b.cands[0].Generation, a.cands[0].Generation)
+	})
+	return out
+}
+
+// confirm orders a catalog entry's candidates: the entry itself first when
+// one found copy is exactly its slot and header, then the other copies.
+// Rebuilt copies keep the entry's access time and hits.
+func confirm(e catalog.Entry, found []catalog.Entry) ([]catalog.Entry, bool) {
+	var out []catalog.Entry
+	vouched := false
+	for _, f := range found {
+		if f.SSD == e.SSD && f.Generation == e.Generation && f.Layout == e.Layout && f.Size == e.Size && f.Checksum == e.Checksum {
+			vouched = true
+			continue
+		}
+		f.LastAccess, f.Hits = e.LastAccess, e.Hits
+		out = append(out, f)
+	}
+	if vouched {
+		out = append([]catalog.Entry{e}, out...)
+	}
+	return out, vouched
+}
+
+func entryOfFound(f ssd.Found) catalog.Entry {
+	h := f.Header
+	return catalog.Entry{Key: h.Key, Layout: h.Layout, Size: h.Length, Checksum: h.Checksum,
+		Generation: h.Generation, DRAMSlot: -1, OnSSD: true, SSD: catLoc(f.Loc)}
+}
+
+// recover rebuilds the catalog, SSD allocation and LRU order at start.
+// With scan (the page files existed before this start) the files are read
+// and reconciled with the catalog; without, the catalog is trusted. Every
+// kept page's slot is Reserved; a candidate whose slot cannot be (out of
+// range, overlapping a kept page) gives way to the key's next candidate.
+func (s *pageStore) recover(scan bool) (recoverReport, error) {
+	var rep recoverReport
+	var entries []catalog.Entry
+	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
+	var found []ssd.Found
+	if scan && s.ssd != nil {
+		var err error
+		if rep.Scan, err = s.ssd.Scan(func(f ssd.Found) { found = append(found, f) }); err != nil {
+			return rep, err
+		}
+		rep.Scanned = true
+	}
+	for _, e := range entries {
+		s.mu.gen = max(s.mu.gen, e.Generation)
+	}
+	for _, f := range found {
+		s.mu.gen = max(s.mu.gen, f.Header.Generation) // never reuse a generation a slot carries
+	}
+	var adopt, kept []catalog.Entry
+	var drop []pagekey.Key
+	for _, ch := range reconcile(entries, found, rep.Scanned) {
+		e, ok := s.reserveFirst(ch.cands)
+		switch {
+		case !ok && ch.inCatalog:
+			drop = append(drop, ch.key)
+			rep.Dropped++
+		case !ok:
+		case ch.vouched && e == ch.cands[0]:
+			kept = append(kept, e)
+			rep.Kept++
+		default:
+			adopt = append(adopt, e)
+			kept = append(kept, e)
+			rep.Rebuilt++
+		}
+	}
+	if err := s.cat.Adopt(adopt, drop); err != nil {
+		return rep, err
+	}
+	slices.SortFunc(kept, func(a, b catalog.Entry) int {
+		return cmp.Or(cmp.Compare(a.LastAccess, b.LastAccess), cmp.Compare(a.Generation, b.Generation))
+	})
+	for _, e := range kept {
+		s.mu.ssd.Touch(e.Key)
+	}
+	s.updateGauges()
+	return rep, nil
+}
+
+// reserveFirst reserves the first candidate whose slot the SSD tier takes.
+func (s *pageStore) reserveFirst(cands []catalog.Entry) (catalog.Entry, bool) {
+	if s.ssd == nil {
+		return catalog.Entry{}, false
+	}
+	for _, e := range cands {
+		if s.ssd.Reserve(ssdLoc(e.SSD)) == nil {
+			return e, true
+		}
+	}
+	return catalog.Entry{}, false
+}
+
+// recoveryMetrics count what recoveries rebuilt and dropped.
+type recoveryMetrics struct {
+	rebuilt, dropped prometheus.Counter
+}
+
+func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recoveryMetrics {
+	m := &recoveryMetrics{
+		rebuilt: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "rebuilt_pages_total",
+			Help: "SSD pages the catalog did not name (damaged, missing or truncated catalog) rebuilt from the page files' slot headers at start."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "dropped_pages_total",
+			Help: "Catalog entries dropped at start because the page files do not hold their page whole."}),
+	}
+	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "healthy",
+		Help: "1 when the catalog persists commits; 0 while its filesystem is full or its store failed (saves to SSD fail)."},
+		func() float64 {
+			if cat.Health() != nil {
+				return 0
+			}
+			return 1
+		})
+	reg.MustRegister(m.rebuilt, m.dropped, healthy)
+	return m
+}
