@@ -1,0 +1,67 @@
+package fabric
+
+import (
+	"testing"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
+)
+
+func TestReconcile(t *testing.T) {
+	key := func(i byte) pagekey.Key { return pagekey.Key{i} }
+	found := func(k byte, gen, off uint64) ssd.Found {
+		return ssd.Found{Loc: ssd.Loc{Offset: off, Bytes: 8192}, Header: page.Header{Key: key(k), Length: 4096, Checksum: uint32(gen), Generation: gen}}
+	}
+	entry := func(f ssd.Found) catalog.Entry { e := entryOfFound(f); e.LastAccess, e.Hits = 7, 3; return e }
+	type want struct {
+		key       byte
+		gens      []uint64 // candidates' generations, best first
+		inCatalog bool
+		vouched   bool
+	}
+	for _, tc := range []struct {
+		name    string
+		entries []catalog.Entry
+		found   []ssd.Found
+		scanned bool
+		want    []want
+	}{
+		{"confirmed entry first, its stale copy after", []catalog.Entry{entry(found(1, 5, 0))},
+			[]ssd.Found{found(1, 2, 8192), found(1, 5, 0)}, true, []want{{1, []uint64{5, 2}, true, true}}},
+		{"entry whose slot lost its page: the other copy", []catalog.Entry{entry(found(1, 5, 0))},
+			[]ssd.Found{found(1, 2, 8192)}, true, []want{{1, []uint64{2}, true, false}}},
+		{"entry with nothing on disk is dropped", []catalog.Entry{entry(found(1, 5, 0))},
+			nil, true, []want{{1, nil, true, false}}},
+		{"pages the catalog lost, newest first", nil,
+			[]ssd.Found{found(2, 3, 0), found(3, 9, 8192), found(2, 4, 16384)}, true,
+			[]want{{3, []uint64{9}, false, false}, {2, []uint64{4, 3}, false, false}}},
+		{"confirmed keys before rebuilt ones", []catalog.Entry{entry(found(1, 1, 0))},
+			[]ssd.Found{found(2, 8, 8192), found(1, 1, 0)}, true,
+			[]want{{1, []uint64{1}, true, true}, {2, []uint64{8}, false, false}}},
+		{"without a scan the catalog is trusted", []catalog.Entry{entry(found(1, 5, 0))},
+			nil, false, []want{{1, []uint64{5}, true, true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := reconcile(tc.entries, tc.found, tc.scanned)
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %d choices %+v, want %d", len(got), got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				g := got[i]
+				if g.key != key(w.key) || g.inCatalog != w.inCatalog || g.vouched != w.vouched || len(g.cands) != len(w.gens) {
+					t.Fatalf("choice %d = %+v, want %+v", i, g, w)
+				}
+				for j, gen := range w.gens {
+					if g.cands[j].Generation != gen {
+						t.Fatalf("choice %d candidate %d generation %d, want %d", i, j, g.cands[j].Generation, gen)
+					}
+					if w.inCatalog && (g.cands[j].LastAccess != 7 || g.cands[j].Hits != 3) {
+						t.Fatalf("candidate lost the entry's access time: %+v", g.cands[j])
+					}
+				}
+			}
+		})
+	}
+}
