@@ -7,7 +7,7 @@ DATA      ?= ./data
 PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 
-.PHONY: all build run test test-go test-python test-vllm deps bench proto vet fmt clean
+.PHONY: all build run test test-go test-python test-vllm deps bench crash proto vet fmt clean
 
 all: build
 
@@ -45,6 +45,15 @@ test-vllm: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ./scripts/install-vllm.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM_TESTS))
+
+# The crash-consistency test, long form: CRASH_ITERS SIGKILLs of the real
+# binary under load, each followed by a restart and a check of every
+# acknowledged page (docs/operations.md, "Crash test"). `make test` runs the
+# same test with 3 kills.
+CRASH_ITERS ?= 200
+crash: build
+	ORBITKV_CRASH_ITERS=$(CRASH_ITERS) ORBITKV_BIN=$(CURDIR)/$(BIN) $(GO) test $(LDFLAGS) -count=1 -timeout 60m -v \
+	  -run 'TestCrashConsistency$$' ./integration/e2e
 
 bench: build
 	$(BIN) bench tiers --dir $(DATA)/bench
