@@ -18,18 +18,22 @@ func (p *Peer) catalogProblem() string {
 	return ""
 }
 
-// Catalog repair backoff: the first retry after catalogRetryMin, doubling
-// to catalogRetryMax. A full disk logs once when it starts, at most once
-// per catalogLogEvery while it lasts, and once when it ends.
+// Catalog watch: a healthy catalog is checked every catalogCheck (Repair
+// then only looks for a failure Pebble reported on its own goroutines); an
+// unhealthy one is retried after catalogRetryMin, doubling to
+// catalogRetryMax. A fault logs once when it starts, at most once per
+// catalogLogEvery while it lasts, and once when it ends.
 const (
+	catalogCheck    = time.Second
 	catalogRetryMin = 250 * time.Millisecond
 	catalogRetryMax = 10 * time.Second
 	catalogLogEvery = time.Minute
 )
 
 // watchCatalog repairs the catalog while it is unhealthy (a full or
-// failing filesystem), with backoff, until ctx ends. The peer's Run owns
-// it. The peer serves meanwhile: DRAM saves and loads, and loads from SSD.
+// failing filesystem, corruption Pebble reported), with backoff, until ctx
+// ends. The peer's Run owns it. The peer serves meanwhile: DRAM saves and
+// loads, and loads from SSD.
 func (p *Peer) watchCatalog(ctx context.Context) {
 	wait := catalogRetryMin
 	var bad error
@@ -42,16 +46,13 @@ func (p *Peer) watchCatalog(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		err := p.cat.Health()
-		if err != nil {
-			err = p.cat.Repair()
-		}
+		err := p.cat.Repair()
 		switch {
 		case err == nil && bad != nil:
 			p.log.Info().Str("was", bad.Error()).Msg("catalog healthy again: saves to SSD resume")
-			bad, wait = nil, catalogRetryMin
+			bad, wait = nil, catalogCheck
 		case err == nil:
-			wait = catalogRetryMin
+			wait = catalogCheck
 		case bad == nil || time.Since(logged) >= catalogLogEvery:
 			p.log.Error().Err(err).Dur("retry_in", wait).Msg("catalog cannot persist: saves to SSD fail, DRAM serves; retrying")
 			bad, logged = err, time.Now()
