@@ -11,9 +11,21 @@
 //     the SSD location from the catalog (Put without OnSSD, Update or Delete)
 //     before the SSD space is reused.
 //   - Put, Update and Delete commit one Pebble batch (synced unless
-//     Options.NoSync) before the in-memory index changes. If the commit fails,
-//     memory is unchanged and the error is returned. Writers are serialized,
-//     so the persisted state and the in-memory state change in the same order.
+//     Options.NoSync) before the in-memory index changes. If a commit that
+//     writes records fails, memory is unchanged and the error is returned
+//     (ErrNoSpace below Options.ReserveBytes or on ENOSPC, ErrUnavailable
+//     with a failed store). A commit that only deletes records never fails
+//     for persistence: memory changes, and a failed store is rewritten from
+//     memory by Repair. Writers are serialized, so the persisted state and
+//     the in-memory state change in the same order.
+//   - Pebble never ends the process (pebble.go): its Fatalf and
+//     DataCorruption handlers are replaced. A store Open cannot read is
+//     moved into Dir/corrupt-<time>/ and replaced by an empty one
+//     (Stats().Damage); a store that cannot be opened for want of space or
+//     permission leaves the catalog in memory only until Repair. The
+//     persisted catalog is an index the caller can rebuild (the fabric
+//     rebuilds it from the SSD slot headers at every start), never the only
+//     copy of anything.
 //   - Only entries with OnSSD are persisted. DRAM is lost with the process, so
 //     Open recovers every persisted entry with DRAMSlot = -1: after a restart
 //     the catalog holds exactly the SSD-resident pages.
