@@ -221,6 +221,14 @@ func TestReserveRefusesCommits(t *testing.T) {
 	if err := c.Delete(key(2)); err != nil {
 		t.Fatalf("Delete below the reserve: %v", err)
 	}
+	// A DRAM copy added to or dropped from an SSD page changes nothing the
+	// record says about the page: it must not need the disk.
+	if _, _, err := c.Update(key(1), func(e *Entry) bool { e.DRAMSlot, e.LastAccess = 9, 12345; return true }); err != nil {
+		t.Fatalf("Update of the DRAM copy below the reserve: %v", err)
+	}
+	if _, _, err := c.Update(key(1), func(e *Entry) bool { e.Generation++; return true }); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Update of the generation below the reserve: %v, want ErrNoSpace", err)
+	}
 	if err := c.Repair(); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("Repair while full = %v", err)
 	}

@@ -111,11 +111,15 @@ func (c *Catalog) applyLocked(changes []change, force bool) error {
 // the filesystem is below the reserve, with ErrUnavailable when the store
 // is failed; force (Adopt) makes them behave like deletions.
 func (c *Catalog) persistLocked(changes []change, force bool) error {
+	// Without the disk, only changes to what a record says about its page
+	// must fail; a record that would change only in LastAccess or Hits (a
+	// DRAM copy dropped, say) is left as it is.
+	optional := force || !c.changesRecords(changes)
 	if c.store == nil {
-		failed, _ := c.persist.get()
-		if force || !persistsRecords(changes) {
+		if optional {
 			return nil
 		}
+		failed, _ := c.persist.get()
 		return unavailable(failed)
 	}
 	b := c.store.newBatch()
@@ -137,6 +141,9 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 	}
 	if b.sets > 0 && !force {
 		if err := c.checkSpaceLocked(); err != nil {
+			if optional {
+				return nil
+			}
 			c.persist.setFull(err)
 			return err
 		}
@@ -144,7 +151,7 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 	if err := c.store.commit(b); err != nil {
 		err = fmt.Errorf("commit %d catalog changes: %w", len(changes), err)
 		c.dropStoreLocked(err)
-		if force || b.sets == 0 {
+		if optional || b.sets == 0 {
 			return nil
 		}
 		return unavailable(err)
@@ -166,10 +173,17 @@ func (c *Catalog) dropStoreLocked(cause error) {
 	c.store = nil
 }
 
-// persistsRecords reports whether any change writes a record.
-func persistsRecords(changes []change) bool {
+// changesRecords reports whether any change writes a record that says
+// something new about its page: a new record, or another layout, size,
+// checksum, generation or SSD slot. Deletions do not count: they may wait.
+func (c *Catalog) changesRecords(changes []change) bool {
 	for _, ch := range changes {
-		if !ch.deleted && ch.e.OnSSD {
+		if ch.deleted || !ch.e.OnSSD {
+			continue
+		}
+		old, ok := c.Get(ch.e.Key)
+		if !ok || !old.OnSSD || old.Layout != ch.e.Layout || old.Size != ch.e.Size ||
+			old.Checksum != ch.e.Checksum || old.Generation != ch.e.Generation || old.SSD != ch.e.SSD {
 			return true
 		}
 	}

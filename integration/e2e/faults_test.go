@@ -256,6 +256,13 @@ func TestCatalogDiskFull(t *testing.T) {
 		t.Fatalf("DRAM save on a full catalog disk: %v", err)
 	}
 	loadExact(t, ctx, e, append(ssdRefs, dramRefs...), append(ssdSums, dramSums...))
+	// More DRAM saves than the pool holds: the oldest DRAM-only pages make
+	// room by being dropped (they cannot be demoted), never by failing.
+	for r := range 80 {
+		if _, _, st := saveCodes(t, ctx, e, 4, 4, pb.Durability_DURABILITY_DRAM); engineclient.AllOK(st) != nil {
+			t.Fatalf("DRAM save %d beyond the pool on a full catalog disk: %v", r, engineclient.AllOK(st))
+		}
+	}
 	if out, err := p.cli(t, "status"); err == nil || !strings.Contains(out, "unhealthy") || !strings.Contains(out, "full") {
 		t.Fatalf("status on a full catalog disk: %v\n%s", err, out)
 	}
