@@ -2,6 +2,7 @@ package ssd
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -64,6 +65,27 @@ func TestScanFindsWrittenPages(t *testing.T) {
 		}
 		if !ok || h != p.hdr {
 			t.Fatalf("page %d at %+v: found %+v %v, want %+v", i, p.loc, h, ok, p.hdr)
+		}
+	}
+}
+
+// TestFailedPreallocationThroughTheSeam is the same check without root: the
+// fault seam fails the second file's preallocation (leaving it on disk, as
+// a failed fallocate does), and Open must remove both files it created.
+func TestFailedPreallocationThroughTheSeam(t *testing.T) {
+	dir := testDir(t)
+	fs := WithFaults(OS, func(path string, op *Op) error {
+		if op.Point == Preallocate && filepath.Base(path) == FileName(1) {
+			return unix.ENOSPC
+		}
+		return nil
+	})
+	if _, err := Open(Config{Dir: dir, CapacityBytes: 2 * RegionBytes, FileBytes: RegionBytes, FS: fs}); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("Open = %v, want ENOSPC", err)
+	}
+	for i := range 2 {
+		if _, err := os.Stat(filepath.Join(dir, FileName(i))); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("failed Open left %s: %v", FileName(i), err)
 		}
 	}
 }
