@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
@@ -360,6 +361,30 @@ func TestOpenWhoseFlushDiesReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertReopens(t, c, dir, fs, []int{1, 2})
+}
+
+// TestRuntimeCorruptionRebuilds: corruption Pebble reports on its own
+// goroutines (a compaction reading a bad block) goes to the DataCorruption
+// listener, which by default exits. Here it fails the store; the next
+// Repair rewrites it from memory, and the rewritten store holds exactly
+// the catalog's entries.
+func TestRuntimeCorruptionRebuilds(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	if err := c.Put(ssdEntry(1), ssdEntry(2)); err != nil {
+		t.Fatal(err)
+	}
+	c.store.ev.listener().DataCorruption(pebble.DataCorruptionInfo{Path: "000001.sst", Details: errors.New("checksum mismatch")})
+	if err := c.Put(ssdEntry(3)); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Put after corruption: %v, want ErrUnavailable", err)
+	}
+	if err := c.Repair(); err != nil {
+		t.Fatalf("Repair: %v", err)
+	}
+	if err := c.Put(ssdEntry(3)); err != nil {
+		t.Fatal(err)
+	}
+	assertReopens(t, c, dir, nil, []int{1, 2, 3})
 }
 
 var _ io.Closer = (*Catalog)(nil)
