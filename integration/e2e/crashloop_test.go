@@ -7,6 +7,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,7 +20,8 @@ import (
 // The crash-consistency test (DESIGN.md §6 "recovery"): the real binary is
 // SIGKILLed at random points under concurrent saves (SSD and DRAM
 // durability, re-saves of existing keys with other bytes), loads and
-// evictions, restarted, and checked:
+// evictions (and, one iteration in four, once more during the restart:
+// the page-file scan, the catalog's rebuild), restarted, and checked:
 //
 //   - every page whose SSD save was acknowledged, and not evicted from SSD
 //     since, is found and served with bytes some save of that key sent;
@@ -96,9 +98,14 @@ func TestCrashConsistency(t *testing.T) {
 		}
 	}
 	var st crashStats
+	startKills := 0
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	start := time.Now()
 	for it := range iters {
+		if rng.IntN(4) == 0 { // a kill during the start: the scan, the catalog's rebuild
+			killDuringStart(t, data, time.Duration(rng.IntN(300))*time.Millisecond)
+			startKills++
+		}
 		p := startPeer(t, data)
 		checkAfterRestart(t, p, shm, keys, &st)
 		runUntilKilled(t, p, shm, keys, &st, time.Duration(20+rng.IntN(400))*time.Millisecond)
@@ -109,11 +116,33 @@ func TestCrashConsistency(t *testing.T) {
 	p := startPeer(t, data)
 	checkAfterRestart(t, p, shm, keys, &st)
 	p.stop(t)
-	t.Logf("crash test: %d SIGKILLs in %v; acknowledged saves %d to SSD, %d to DRAM; %d loads and %d evictions under load; "+
-		"%d acknowledged SSD pages checked after restarts: %d lost, %d wrong, %d other failures",
-		iters, time.Since(start).Round(time.Second), st.ackedSSD, st.ackedDRAM, st.loads, st.evictions, st.checked, st.lost, st.wrong, st.bad)
+	t.Logf("crash test: %d SIGKILLs under load and %d during starts in %v; acknowledged saves %d to SSD, %d to DRAM; "+
+		"%d loads and %d evictions under load; %d acknowledged SSD pages checked after restarts: %d lost, %d wrong, %d other failures",
+		iters, startKills, time.Since(start).Round(time.Second), st.ackedSSD, st.ackedDRAM, st.loads, st.evictions,
+		st.checked, st.lost, st.wrong, st.bad)
 	if st.lost+st.wrong+st.bad > 0 {
 		t.Fatal("the crash test found lost or wrong pages")
+	}
+}
+
+// killDuringStart starts a peer on data and SIGKILLs it after d, serving
+// or not.
+func killDuringStart(t *testing.T, data string, d time.Duration) {
+	t.Helper()
+	cmd := exec.Command(binPath, serveArgs(data)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		_ = cmd.Process.Kill()
+		<-exited
+	case err := <-exited:
+		t.Fatalf("peer exited on its own during start: %v", err)
 	}
 }
 

@@ -68,8 +68,7 @@ func startPeer(t *testing.T, dataDir string, extra ...string) *proc {
 // startPeerIn is startPeer inside network namespace ns ("" for this one).
 func startPeerIn(t *testing.T, ns, dataDir string, extra ...string) *proc {
 	t.Helper()
-	args := append([]string{"serve", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0",
-		"--dram-bytes", "32MiB", "--dram-slab-bytes", "4MiB", "--ssd-bytes", "128MiB", "--ssd-file-bytes", "64MiB"}, extra...)
+	args := serveArgs(dataDir, extra...)
 	cmd := exec.Command(binPath, args...)
 	if ns != "" { // ip netns exec execs the peer: the process is the peer's
 		cmd = exec.Command("ip", append([]string{"netns", "exec", ns, binPath}, args...)...)
@@ -121,6 +120,12 @@ func (l *logLines) count() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.n
+}
+
+// serveArgs are the arguments of `orbitkv serve` for a test peer.
+func serveArgs(dataDir string, extra ...string) []string {
+	return append([]string{"serve", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0",
+		"--dram-bytes", "32MiB", "--dram-slab-bytes", "4MiB", "--ssd-bytes", "128MiB", "--ssd-file-bytes", "64MiB"}, extra...)
 }
 
 // scanLog keeps the log lines, forwards the first "serving" line and
