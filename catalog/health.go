@@ -72,7 +72,7 @@ func (c *Catalog) Health() error {
 // unavailable wraps why the store cannot be used in ErrUnavailable, and in
 // ErrNoSpace too when the filesystem is full.
 func unavailable(cause error) error {
-	if isNoSpace(cause) {
+	if isNoSpace(cause) && !errors.Is(cause, ErrNoSpace) {
 		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrNoSpace, cause)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, cause)
@@ -80,8 +80,10 @@ func unavailable(cause error) error {
 
 // Repair makes the catalog persistent again after a failure: a failed or
 // never-opened store is replaced by a fresh one written from memory; a
-// full filesystem is checked again. It returns Health afterwards. It is
-// meant to be called periodically, with backoff, while Health is not nil.
+// full filesystem is checked again; a store Pebble reported corruption or
+// a fatal error for on its own goroutines is failed first. It returns
+// Health afterwards. The fabric calls it every second, and with backoff
+// while Health is not nil.
 func (c *Catalog) Repair() error {
 	c.writer.Lock()
 	defer c.writer.Unlock()
