@@ -31,7 +31,8 @@ type ScanStats struct {
 // Scan finds stale pages too (freed slots keep their bytes), so the caller
 // decides, by generation, which copy of a key is current, and Reserves the
 // slots it keeps. Call it before the first Write: it reads the files
-// without the ring, a region at a time, and does not lock out writers.
+// without the ring (pread on File.Fd, so File.Intercept does not see it),
+// a region at a time, and does not lock out writers.
 func (s *Store) Scan(fn func(Found)) (ScanStats, error) {
 	var st ScanStats
 	buf := alignedBytes(RegionBytes)
