@@ -15,13 +15,16 @@ import (
 // pages: the SSD tier is disabled or smaller than the files that hold them.
 var errWouldDiscard = errors.New("the configuration would discard stored pages")
 
-// fitSSDTier compares the catalog's SSD pages with the configured SSD tier.
-// Pages the tier no longer covers (--ssd-bytes 0 or smaller, other
-// --ssd-file-bytes) refuse the start unless --ssd-discard is given; with
-// it they leave the catalog and the files beyond the tier are removed (the
-// kept ones trimmed to their size), and it says how many went. Nothing is
-// changed when the start is refused.
-func (p *Peer) fitSSDTier() error {
+// fitSSDTier compares the stored SSD pages with the configured SSD tier:
+// the catalog's, and those the scan found beyond the tier (a catalog that
+// was damaged or deleted no longer names them; DESIGN.md §7). Pages the
+// tier no longer covers (--ssd-bytes 0 or smaller, other --ssd-file-bytes)
+// refuse the start unless --ssd-discard is given; with it they leave the
+// catalog and sc (so that recovery takes no older copy in their place),
+// the files beyond the tier are removed (the kept ones trimmed to their
+// size), and it says how many went. Nothing is changed when the start is
+// refused.
+func (p *Peer) fitSSDTier(sc *ssdScan) error {
 	dir := filepath.Join(p.cfg.DataDir, "ssd")
 	files := 0
 	if p.ssd != nil {
@@ -31,27 +34,29 @@ func (p *Peer) fitSSDTier() error {
 	if err != nil {
 		return err
 	}
-	keys, bytes := p.pagesOutsideSSD()
+	out := p.pagesOutsideSSD(sc)
 	switch {
-	case len(keys) == 0 && len(stray) == 0:
+	case len(out.keys) == 0 && len(stray) == 0:
 		return nil
-	case !p.cfg.SSDDiscard && len(keys) > 0:
+	case !p.cfg.SSDDiscard && len(out.keys) > 0:
 		return fmt.Errorf("%w: %d pages (%d bytes) are stored in %s beyond the configured SSD tier (--ssd-bytes %v, --ssd-file-bytes %v): "+
 			"restart with the sizes they were written under to keep them, or with --ssd-discard to drop them and remove their files",
-			errWouldDiscard, len(keys), bytes, dir, p.cfg.SSDBytes, p.cfg.SSDFileBytes)
+			errWouldDiscard, len(out.keys), out.bytes, dir, p.cfg.SSDBytes, p.cfg.SSDFileBytes)
 	case !p.cfg.SSDDiscard:
-		p.log.Warn().Strs("files", stray).Msg("ssd page files beyond the configured tier hold no catalogued pages; left in place (--ssd-discard removes them)")
+		p.log.Warn().Strs("files", stray).Msg("ssd page files beyond the configured tier hold no current pages; left in place (--ssd-discard removes them)")
 		return nil
 	}
-	return p.discardSSD(keys, stray)
+	sc.forget(out.keys)
+	return p.discardSSD(out, stray)
 }
 
-// discardSSD drops keys from the catalog, then removes the stray files and
-// trims the kept ones: the catalog never names a slot whose bytes are gone.
-func (p *Peer) discardSSD(keys []pagekey.Key, stray []string) error {
-	if len(keys) > 0 {
-		if err := p.cat.Delete(keys...); err != nil {
-			return fmt.Errorf("discard %d ssd pages: %w", len(keys), err)
+// discardSSD drops the outside pages from the catalog, then removes the
+// stray files and trims the kept ones: the catalog never names a slot whose
+// bytes are gone.
+func (p *Peer) discardSSD(out outsidePages, stray []string) error {
+	if len(out.catalogued) > 0 {
+		if err := p.cat.Delete(out.catalogued...); err != nil {
+			return fmt.Errorf("discard %d ssd pages: %w", len(out.keys), err)
 		}
 	}
 	for _, f := range stray {
@@ -66,22 +71,80 @@ func (p *Peer) discardSSD(keys []pagekey.Key, stray []string) error {
 	} else {
 		_ = os.Remove(filepath.Join(p.cfg.DataDir, "ssd")) // only if empty
 	}
-	p.log.Warn().Int("discarded_pages", len(keys)).Strs("removed_files", stray).
+	p.log.Warn().Int("discarded_pages", len(out.keys)).Strs("removed_files", stray).
 		Msg("--ssd-discard: dropped the ssd pages the configured tier no longer holds")
 	return nil
 }
 
-// pagesOutsideSSD lists the catalog's SSD pages whose slots lie outside the
-// configured SSD tier, and their bytes.
-func (p *Peer) pagesOutsideSSD() ([]pagekey.Key, uint64) {
-	var keys []pagekey.Key
-	var n uint64
-	p.cat.Range(func(e catalog.Entry) bool {
-		if e.OnSSD && (p.ssd == nil || !p.ssd.Holds(ssdLoc(e.SSD))) {
-			keys = append(keys, e.Key)
-			n += e.Size
+// outsidePages are the stored SSD pages outside the configured tier.
+type outsidePages struct {
+	keys       []pagekey.Key // every such page's key, once
+	catalogued []pagekey.Key // those the catalog names
+	bytes      uint64
+}
+
+// pagesOutsideSSD lists the stored SSD pages outside the configured tier:
+// the catalog's entries whose slot the tier does not hold, and each key
+// found beyond the tier whose copy there recovery would otherwise have
+// taken, were the tier as large as before: the catalog does not vouch for
+// an entry of the key inside the tier (its slot's header confirms it, or
+// the tier was not scanned) and no copy inside the tier is newer. Older
+// copies beyond the tier are freed slots' bytes, as inside it.
+func (p *Peer) pagesOutsideSSD(sc *ssdScan) outsidePages {
+	inside := map[pagekey.Key][]catalog.Entry{}
+	for _, f := range sc.found {
+		inside[f.Header.Key] = append(inside[f.Header.Key], entryOfFound(f))
+	}
+	beyond := map[pagekey.Key]ssd.Found{}
+	for _, f := range sc.beyond {
+		if b, ok := beyond[f.Header.Key]; !ok || f.Header.Generation > b.Header.Generation {
+			beyond[f.Header.Key] = f
+		}
+	}
+	var out outsidePages
+	takesBeyond := func(k pagekey.Key) bool {
+		b, ok := beyond[k]
+		if !ok {
+			return false
+		}
+		for _, e := range inside[k] {
+			if e.Generation >= b.Header.Generation {
+				return false
+			}
 		}
 		return true
+	}
+	p.cat.Range(func(e catalog.Entry) bool {
+		switch {
+		case e.OnSSD && (p.ssd == nil || !p.ssd.Holds(ssdLoc(e.SSD))):
+			out.add(e.Key, e.Size, true)
+		case !e.OnSSD || !sc.scanned:
+		case vouched(e, inside[e.Key]):
+		case takesBeyond(e.Key):
+			out.add(e.Key, beyond[e.Key].Header.Length, true)
+		}
+		delete(beyond, e.Key)
+		return true
 	})
-	return keys, n
+	for k, b := range beyond {
+		if takesBeyond(k) {
+			out.add(k, b.Header.Length, false)
+		}
+	}
+	return out
+}
+
+func (o *outsidePages) add(k pagekey.Key, size uint64, catalogued bool) {
+	o.keys = append(o.keys, k)
+	o.bytes += size
+	if catalogued {
+		o.catalogued = append(o.catalogued, k)
+	}
+}
+
+// vouched reports whether a found copy inside the tier confirms e (recovery
+// then keeps e).
+func vouched(e catalog.Entry, inside []catalog.Entry) bool {
+	_, ok := confirm(e, inside)
+	return ok
 }

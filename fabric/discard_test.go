@@ -156,3 +156,54 @@ func TestSSDDiscardDropsPagesOutsideTheTier(t *testing.T) {
 	}
 	fx.check(t, fx.cfg)
 }
+
+// TestShrunkSSDTierWithoutCatalogRefusesToStart: with the catalog gone
+// (deleted, or damaged and set aside) the pages beyond a smaller tier are
+// known only from their slot headers. The start must still refuse, not
+// rebuild the pages inside the tier and give the others up unseen; the old
+// sizes then rebuild every page. With --ssd-discard the pages beyond go
+// and those inside are rebuilt.
+func TestShrunkSSDTierWithoutCatalogRefusesToStart(t *testing.T) {
+	fx := newSSDFixture(t)
+	catDir := filepath.Join(fx.cfg.DataDir, "catalog")
+	smaller := fx.cfg
+	smaller.SSDBytes = 64 << 20
+	for _, c := range []struct {
+		name    string
+		cfg     Config
+		outside int
+	}{
+		{"ssd tier smaller", smaller, fx.inFile[1]},
+		{"ssd tier disabled", func() Config { c := fx.cfg; c.SSDBytes = 0; return c }(), fx.inFile[0] + fx.inFile[1]},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := os.RemoveAll(catDir); err != nil {
+				t.Fatal(err)
+			}
+			p, err := New(c.cfg, zerolog.New(io.Discard))
+			if err == nil {
+				p.Close()
+				t.Fatal("started over pages beyond the tier that only the page files name")
+			}
+			if !errors.Is(err, errWouldDiscard) || !strings.Contains(err.Error(), strconv.Itoa(c.outside)+" pages") {
+				t.Fatalf("refusal %q: want errWouldDiscard naming %d pages", err, c.outside)
+			}
+		})
+	}
+	fx.check(t, fx.cfg, tinyFlash, wideFlash)
+
+	if err := os.RemoveAll(catDir); err != nil {
+		t.Fatal(err)
+	}
+	smaller.SSDDiscard = true
+	var log bytes.Buffer
+	p, err := New(smaller, zerolog.New(&log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if want := `"discarded_pages":` + strconv.Itoa(fx.inFile[1]); !strings.Contains(log.String(), want) {
+		t.Fatalf("log %s\nwant %s", log.String(), want)
+	}
+	fx.check(t, smaller, tinyFlash)
+}

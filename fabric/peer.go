@@ -88,11 +88,16 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if p.budget < uint64(cfg.QueryBudgetBytes) {
 		log.Warn().Uint64("query_budget_bytes", p.budget).Msg("query budget capped at half the dram pool")
 	}
-	if err := p.fitSSDTier(); err != nil { // before recover drops what the tier does not hold
+	sc, err := p.pages.scanSSD(filepath.Join(cfg.DataDir, "ssd"), scan)
+	if err != nil {
+		p.closeTiers()
+		return nil, fmt.Errorf("scan ssd page files: %w", err)
+	}
+	if err := p.fitSSDTier(&sc); err != nil { // before recover drops what the tier does not hold
 		p.closeTiers()
 		return nil, err
 	}
-	rep, err := p.pages.recover(scan)
+	rep, err := p.pages.recover(sc)
 	if err != nil {
 		p.closeTiers()
 		return nil, fmt.Errorf("recover catalog: %w", err)

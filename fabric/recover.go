@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -109,28 +110,61 @@ func entryOfFound(f ssd.Found) catalog.Entry {
 		Generation: h.Generation, DRAMSlot: -1, OnSSD: true, SSD: catLoc(f.Loc)}
 }
 
-// recover rebuilds the catalog, SSD allocation and LRU order at start.
-// With scan (the page files existed before this start) the files are read
-// and reconciled with the catalog; without, the catalog is trusted. Every
-// kept page's slot is Reserved; a candidate whose slot cannot be (out of
-// range, overlapping a kept page) gives way to the key's next candidate.
-func (s *pageStore) recover(scan bool) (recoverReport, error) {
-	var rep recoverReport
-	var entries []catalog.Entry
-	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
-	var found []ssd.Found
+// ssdScan is what a start read from the page files: the whole pages inside
+// the configured tier (recovery's source) and those beyond it, which only a
+// shrunk configuration has (fitSSDTier's, with the catalog's).
+type ssdScan struct {
+	scanned bool // the tier's files were read; else the catalog is trusted
+	stats   ssd.ScanStats
+	found   []ssd.Found // inside the tier
+	beyond  []ssd.Found // outside it: past a file's size, in files it does not use
+}
+
+// scanSSD reads the page files in dir at start: the tier's when scan (they
+// existed before this start), and, whether or not, what lies beyond the
+// tier, so that pages the catalog lost there are not given up unseen.
+func (s *pageStore) scanSSD(dir string, scan bool) (ssdScan, error) {
+	var sc ssdScan
 	if scan && s.ssd != nil {
 		var err error
-		if rep.Scan, err = s.ssd.Scan(func(f ssd.Found) { found = append(found, f) }); err != nil {
-			return rep, err
+		if sc.stats, err = s.ssd.Scan(func(f ssd.Found) { sc.found = append(sc.found, f) }); err != nil {
+			return sc, err
 		}
-		rep.Scanned = true
+		sc.scanned = true
 	}
+	if _, err := ssd.ScanBeyond(dir, s.ssd, func(f ssd.Found) { sc.beyond = append(sc.beyond, f) }); err != nil {
+		return sc, fmt.Errorf("beyond the configured tier: %w", err)
+	}
+	return sc, nil
+}
+
+// forget drops the found pages of keys (given up by --ssd-discard): no
+// older copy of theirs inside the tier comes back in their place.
+func (sc *ssdScan) forget(keys []pagekey.Key) {
+	gone := map[pagekey.Key]bool{}
+	for _, k := range keys {
+		gone[k] = true
+	}
+	sc.found = slices.DeleteFunc(sc.found, func(f ssd.Found) bool { return gone[f.Header.Key] })
+	sc.beyond = slices.DeleteFunc(sc.beyond, func(f ssd.Found) bool { return gone[f.Header.Key] })
+}
+
+// recover rebuilds the catalog, SSD allocation and LRU order at start.
+// When sc scanned the tier's files they are reconciled with the catalog;
+// else the catalog is trusted. Every kept page's slot is Reserved; a
+// candidate whose slot cannot be (out of range, overlapping a kept page)
+// gives way to the key's next candidate. Pages beyond the tier are not
+// recovery's: fitSSDTier ruled on them first.
+func (s *pageStore) recover(sc ssdScan) (recoverReport, error) {
+	rep := recoverReport{Scan: sc.stats, Scanned: sc.scanned}
+	var entries []catalog.Entry
+	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
+	found := sc.found
 	for _, e := range entries {
 		s.mu.gen = max(s.mu.gen, e.Generation)
 	}
-	for _, f := range found {
-		s.mu.gen = max(s.mu.gen, f.Header.Generation) // never reuse a generation a slot carries
+	for _, f := range append(slices.Clip(found), sc.beyond...) {
+		s.mu.gen = max(s.mu.gen, f.Header.Generation) // never reuse a generation a slot carries, left beyond the tier too
 	}
 	var adopt, kept []catalog.Entry
 	var drop []pagekey.Key

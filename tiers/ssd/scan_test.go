@@ -127,3 +127,68 @@ func TestFailedPreallocationLeavesNoFiles(t *testing.T) {
 		t.Fatalf("failed Open removed a file it did not create: %v", err)
 	}
 }
+
+// TestScanBeyondFindsPagesOutsideTheTier: pages a former, larger
+// configuration wrote outside a smaller tier (past a file's new size, in a
+// file it no longer uses) are found by ScanBeyond, and only those; with
+// the tier disabled every page is.
+func TestScanBeyondFindsPagesOutsideTheTier(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		fileBytes      uint64 // of the writing configuration (2 regions in all)
+		tierCap, tierF uint64 // of the smaller one; 0: disabled
+	}{
+		{"fewer files", RegionBytes, RegionBytes, RegionBytes},
+		{"shorter files", 2 * RegionBytes, RegionBytes, RegionBytes},
+		{"tier disabled", RegionBytes, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := testDir(t)
+			s, err := Open(Config{Dir: dir, CapacityBytes: 2 * RegionBytes, FileBytes: c.fileBytes, QueueDepth: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(3, 4))
+			var pages []testPage
+			for _, length := range []uint64{5000, 3 * page.Alignment, 5000, 3 * page.Alignment} {
+				pages = append(pages, newPage(t, s, rng, length)) // each size claims its own region
+			}
+			var reqs []WriteReq
+			for _, p := range pages {
+				reqs = append(reqs, WriteReq{Loc: p.loc, Header: p.hdr, Data: p.data})
+			}
+			for i, err := range s.Write(context.Background(), reqs) {
+				if err != nil {
+					t.Fatalf("write %d: %v", i, err)
+				}
+			}
+			s.Close()
+			var tier *Store
+			if c.tierCap > 0 {
+				tier, err = Open(Config{Dir: dir, CapacityBytes: c.tierCap, FileBytes: c.tierF, QueueDepth: 8})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tier.Close()
+			}
+			found := map[Loc]page.Header{}
+			if _, err := ScanBeyond(dir, tier, func(f Found) { found[f.Loc] = f.Header }); err != nil {
+				t.Fatal(err)
+			}
+			outside := 0
+			for i, p := range pages {
+				h, ok := found[p.loc]
+				out := tier == nil || !tier.Holds(p.loc)
+				if out {
+					outside++
+				}
+				if ok != out || ok && h != p.hdr {
+					t.Fatalf("page %d at %+v: found %v (%+v), want found %v", i, p.loc, ok, h, out)
+				}
+			}
+			if outside == 0 || len(found) != outside {
+				t.Fatalf("found %d pages, %d outside the tier; want some, all found", len(found), outside)
+			}
+		})
+	}
+}
