@@ -207,3 +207,50 @@ func TestShrunkSSDTierWithoutCatalogRefusesToStart(t *testing.T) {
 	}
 	fx.check(t, smaller, tinyFlash)
 }
+
+// TestSSDDiscardTakesNoOlderCopyInside: a key whose current page lies
+// beyond the smaller tier and an older copy inside it (a freed slot's
+// bytes, the key evicted and saved again with another layout) is gone
+// after --ssd-discard, catalog kept or deleted: recovery's rebuild from
+// the slot headers must not bring the older copy back in its place.
+func TestSSDDiscardTakesNoOlderCopyInside(t *testing.T) {
+	for _, deleteCatalog := range []bool{false, true} {
+		t.Run("catalog deleted "+strconv.FormatBool(deleteCatalog), func(t *testing.T) {
+			cfg := smallConfig(t.TempDir())
+			tp := startPeer(t, cfg)
+			old, cur := tp.engine(tinyFlash), tp.engine(wideFlash)
+			keys, filler := randKeys(1), randKeys(1) // filler holds file 0's region for old's slot size
+			okOp(t)(old.Save(ctx(t), refs(append(keys, filler...), 0, 4), pb.Durability_DURABILITY_SSD))
+			for _, tier := range []pb.Tier{pb.Tier_TIER_DRAM, pb.Tier_TIER_SSD} {
+				if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: tier, Keys: keys}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			okOp(t)(cur.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_SSD))
+			if ent, _ := tp.p.cat.Get(mustKey(t, keys[0])); ent.SSD.File != 1 {
+				t.Fatalf("re-saved page in ssd file %d, want file 1 (beyond the smaller tier)", ent.SSD.File)
+			}
+			tp.shutdown()
+			if deleteCatalog {
+				if err := os.RemoveAll(filepath.Join(cfg.DataDir, "catalog")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			smaller := cfg
+			smaller.SSDBytes, smaller.SSDDiscard = 64<<20, true
+			tp = startPeer(t, smaller)
+			defer tp.shutdown()
+			e, err := engineclient.Open(ctx(t), tp.conn, tinyFlash.OpenRequest("m", old.shm.Path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := e.Load(ctx(t), refs(keys, 40, 4))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code := st.Pages[0].Code; code != pb.PageCode_PAGE_NOT_FOUND {
+				t.Fatalf("discarded key loads %v with its older layout, want not found (the older copy came back)", code)
+			}
+		})
+	}
+}
