@@ -38,7 +38,11 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 	if cut < res.Hit { // the pages before the cut are all in DRAM
 		res.Hit, res.DRAM, res.SSD, out.hit = cut, cut, 0, cut
 	}
-	defer func() { p.recordLookup(len(keys), out.hit); p.m.lookupRecompute.Add(float64(out.recompute)) }()
+	defer func() {
+		p.recordLookup(len(keys), out.hit)
+		p.m.lookupRecompute.Add(float64(out.recompute))
+		p.m.lookupBudgetCut.Add(float64(out.budgetHits))
+	}()
 	if !take || res.Hit == 0 {
 		out.dram, out.ssd = res.DRAM, res.SSD
 		if out.recompute == 0 {

@@ -12,6 +12,7 @@ type metrics struct {
 
 	lookupHit, lookupMiss       prometheus.Counter
 	lookupRecompute             prometheus.Counter
+	lookupBudgetCut             prometheus.Counter
 	savedPages, loadedTokens    prometheus.Counter
 	loadedPages, evictedPages   *prometheus.CounterVec
 	demotedPages, promotedPages prometheus.Counter
@@ -50,6 +51,8 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		lookupMiss: counter("fabric", "lookup_miss_pages_total", "Pages asked for by lookups and not found."),
 		lookupRecompute: counter("fabric", "lookup_recompute_pages_total",
 			"Pages found only on SSD that lookups left to recompute: the SSD reads slower than the session's engine computes."),
+		lookupBudgetCut: counter("fabric", "lookup_budget_cut_pages_total",
+			"Pages stored in the peer that leasing lookups cut from their hit because the query budget was spent (also counted as misses)."),
 		savedPages:    counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
 		loadedTokens:  counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
 		loadedPages:   prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
@@ -83,7 +86,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		Name: "layerwise_device_seconds", Buckets: buckets,
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
-	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.savedPages, m.loadedTokens, m.loadedPages,
+	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.lookupBudgetCut, m.savedPages, m.loadedTokens, m.loadedPages,
 		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults,
 		m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,

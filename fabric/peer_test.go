@@ -183,6 +183,10 @@ func TestLeasePinsAndBudget(t *testing.T) {
 	if page != 64<<10 || look.HitPages != 5 || look.LeaseId == "" {
 		t.Fatalf("lease within a 5-page budget: hit %d lease %q (page %d)", look.HitPages, look.LeaseId, page)
 	}
+	// The 3 stored pages the budget cut are told apart from misses.
+	if got := tp.metric("orbitkv_fabric_lookup_budget_cut_pages_total"); got != "orbitkv_fabric_lookup_budget_cut_pages_total 3" {
+		t.Fatalf("budget cut after an 8-page hit cut to 5: %q", got)
+	}
 	// Fill DRAM with other pages: leased ones must survive.
 	for i := 0; i < 8; i++ {
 		_, _ = e.Save(ctx(t), refs(randKeys(10), 100, 4), pb.Durability_DURABILITY_DRAM)

@@ -77,6 +77,7 @@ func Build(dirs []string, opt Options) (*Report, error) {
 	rep := &Report{Runs: runs, Pairs: map[string]map[string]*Run{}}
 	rep.group(opt.Baseline)
 	rep.compare(opt)
+	rep.noteBudgetCuts()
 	if err := os.MkdirAll(opt.Output, 0o755); err != nil {
 		return nil, fmt.Errorf("create report dir: %w", err)
 	}
@@ -172,6 +173,34 @@ func peerHitFrac(r *Run) float64 {
 		return math.NaN()
 	}
 	return h / (h + m)
+}
+
+// budgetCutMetric counts pages the peer held but a lookup left out of its hit
+// because the query budget was spent: misses that are not misses.
+const budgetCutMetric = "orbitkv_fabric_lookup_budget_cut_pages_total"
+
+// peerDelta is a peer counter's change over the window, or NaN when the run
+// has no peer metrics or the peer does not export the counter.
+func peerDelta(r *Run, name string) float64 {
+	w := r.Metrics["peer"]
+	if w == nil {
+		return math.NaN()
+	}
+	v, ok := w.Delta[name]
+	if !ok {
+		return math.NaN()
+	}
+	return v
+}
+
+// noteBudgetCuts says which runs had lookups cut by the query budget.
+func (rep *Report) noteBudgetCuts() {
+	for _, r := range rep.Runs {
+		if v := peerDelta(r, budgetCutMetric); v > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: the query budget cut %.0f stored pages from lookups (%s); they count as peer misses and were recomputed",
+				filepath.Base(r.Dir), v, budgetCutMetric))
+		}
+	}
 }
 
 // restoredFrac is Σ restored tokens / Σ prompt tokens of completed requests.

@@ -259,3 +259,30 @@ func TestRatioCIOnKnownData(t *testing.T) {
 		t.Fatalf("no usable ratios: %+v", iv)
 	}
 }
+
+// TestReportShowsBudgetCuts: pages the query budget cut from lookups are
+// shown per run and noted, not hidden among the misses.
+func TestReportShowsBudgetCuts(t *testing.T) {
+	dirs := goodRuns(t)
+	p := filepath.Join(dirs[1], serving.MetricsFile) // orbitkv pair 1
+	var m map[string]*serving.Window
+	b, _ := os.ReadFile(p)
+	if err := json.Unmarshal(b, &m); err != nil || m["peer"] == nil {
+		t.Fatalf("metrics.json of %s: %v", dirs[1], err)
+	}
+	m["peer"].Delta["orbitkv_fabric_lookup_budget_cut_pages_total"] = 7
+	b, _ = json.Marshal(m)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "report")
+	if _, err := Build(dirs, Options{Output: out, Reps: 100}); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
+	for _, want := range []string{"| budget-cut pages |", "the query budget cut 7 stored pages"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md lacks %q:\n%s", want, md)
+		}
+	}
+}
