@@ -297,6 +297,24 @@ def test_small_pool_evicts_and_preempts_but_outputs_stay_identical():
     assert st["kv_blocks_free"] == st["kv_blocks_total"]
 
 
+def test_cached_tokens_are_set_once_at_first_admission():
+    """A preempted request finds its own blocks in the prefix cache when it is admitted
+    again; those are not cached tokens of the request (vLLM sets num_cached_tokens once),
+    so distinct prompts submitted together report 0 cached tokens however often they were
+    preempted."""
+    ps = prompts(6, 70, seed=11)
+    cfg = tiny(kv_tokens=160, max_batched_tokens=64)
+    with Engine(cfg) as e:
+        reqs = [e.add_request(p, 20) for p in ps]
+        while e.has_work():
+            e.step()
+        st = e.stats()
+    assert st["preemptions"] > 0
+    preempted = [r for r in reqs if r.num_preemptions]
+    assert preempted
+    assert [r.num_cached_tokens for r in reqs] == [0] * len(reqs)
+
+
 def test_too_long_request_is_rejected():
     with Engine(tiny(kv_tokens=64)) as e:
         with pytest.raises(ValueError, match="exceed the KV pool"):

@@ -150,7 +150,10 @@ def finish_info(req: Request) -> Dict[str, Any]:
         "finish_reason": FINISH_REASON[req.status],
         "prompt_tokens": req.num_prompt_tokens,
         "completion_tokens": req.num_output_tokens,
-        "prefix_cache_hit_tokens": req.num_cached_tokens,
-        "restored_tokens": req.restored_tokens,
+        # Both at the first admission (vLLM's num_cached_tokens is set once): after a
+        # preemption the request's own blocks are no cache hit of its prompt.
+        "prefix_cache_hit_tokens": max(req.num_cached_tokens, 0),
+        "restored_tokens": req.first_restored_tokens,
+        "readmission_restored_tokens": req.restored_tokens - req.first_restored_tokens,
         "kv_transfer_params": req.kv_transfer_params_out,
     }

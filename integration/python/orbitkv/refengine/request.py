@@ -53,9 +53,11 @@ class Request:
         extend_block_hashes(self.block_hashes, self.all_token_ids, block_size)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0              # local prefix-cache hit at first admission
+        self.num_cached_tokens = -1             # local prefix-cache hit at first admission (set once)
+        self.local_hit_tokens = 0               # local prefix-cache hit at the latest admission
         self.num_external_computed_tokens = 0   # external tokens asked for at the last admission
         self.restored_tokens = 0                # external tokens actually restored (all admissions)
+        self.first_restored_tokens = 0          # of which before any preemption
         self.num_preemptions = 0
         self.kv_transfer_params = kv_transfer_params
         self.kv_transfer_params_out: Optional[Dict[str, Any]] = None

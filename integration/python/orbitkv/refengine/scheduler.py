@@ -232,7 +232,9 @@ class Scheduler:
             self.waiting.popleft()
             if fresh:
                 self._count_admission(req, computed, ext)
-                req.num_cached_tokens = computed
+                req.local_hit_tokens = computed
+                if req.num_cached_tokens < 0:  # set once, as vLLM: a readmission after a
+                    req.num_cached_tokens = computed  # preemption hits the request's own blocks
             req.num_external_computed_tokens = ext
             if self.connector is not None:
                 self.connector.update_state_after_alloc(req, self._kv_blocks(req), ext)
@@ -277,8 +279,8 @@ class Scheduler:
         bad = self.failed_block.pop(rid, None)
         if bad is not None:
             n = min(n, bad * self.B)
-        n = max(n, req.num_cached_tokens)
-        self._restored(req, n - req.num_cached_tokens)
+        n = max(n, req.local_hit_tokens)
+        self._restored(req, n - req.local_hit_tokens)
         req.num_computed_tokens = n
         req.status = RequestStatus.WAITING
         self._publish(req)
@@ -337,6 +339,8 @@ class Scheduler:
     def _restored(self, req: Request, n: int) -> None:
         if n > 0:
             req.restored_tokens += n
+            if not req.num_preemptions:
+                req.first_restored_tokens += n
             self.stats.external_restored_tokens += n
 
     # -- after the step -------------------------------------------------------------------
@@ -389,7 +393,7 @@ class Scheduler:
             if req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
                 continue
             blocks = self.req_blocks[req.request_id]
-            bad = [i for i in range(req.num_cached_tokens // self.B, len(blocks)) if blocks[i] in invalid]
+            bad = [i for i in range(req.local_hit_tokens // self.B, len(blocks)) if blocks[i] in invalid]
             if bad:
                 prev = self.failed_block.get(req.request_id, bad[0])
                 self.failed_block[req.request_id] = min(prev, bad[0])

@@ -104,7 +104,8 @@ def usage(info: Dict[str, Any]) -> Dict[str, Any]:
     local, restored = info["prefix_cache_hit_tokens"], info["restored_tokens"]
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
             "prompt_tokens_details": {"cached_tokens": local + restored},
-            "orbitkv_prefix_cache_hit_tokens": local, "orbitkv_restored_tokens": restored}
+            "orbitkv_prefix_cache_hit_tokens": local, "orbitkv_restored_tokens": restored,
+            "orbitkv_readmission_restored_tokens": info.get("readmission_restored_tokens", 0)}
 
 
 class CompletionServer(ThreadingHTTPServer):
