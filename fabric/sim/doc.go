@@ -24,7 +24,10 @@
 //     which tier holds what, updated with Put/Update/Delete as the peer does.
 //   - A request on a host: the longest prefix in HBM, extended by the local
 //     catalog (DRAM, SSD) and, with sharing, by other hosts' catalogs (remote),
-//     alternating until no one holds the next page. Hit pages are pinned (a
+//     alternating until no one holds the next page, and at most
+//     (input_length-1)/PageTokens pages: an engine computes at least the last
+//     prompt token, so the connector never asks for a fully cached prompt's
+//     last page (vLLM's and the reference engine's rule). Hit pages are pinned (a
 //     lease) from prefill start to its end, locally and on the remote owner.
 //     After prefill, every whole page is saved: DRAM hits are kept, SSD hits
 //     are promoted, remote and computed pages are written to local DRAM, all in

@@ -18,6 +18,14 @@ type job struct {
 	plan      plan
 }
 
+// hittable is the part of j's key chain a lookup may hit: an engine always
+// computes at least the last prompt token, so at most
+// (input_tokens-1)/page_tokens pages, as the connector asks (a fully cached
+// page-aligned prompt recomputes its last page). All whole pages are saved.
+func (sm *sim) hittable(j *job) []pagekey.Key {
+	return j.keys[:min(len(j.keys), (j.req.InputTokens-1)/sm.cfg.PageTokens)]
+}
+
 // host is one engine host and its peer.
 type host struct {
 	store     *store
@@ -96,7 +104,7 @@ func (sm *sim) arrive(r *Request) {
 			views[i].AheadNs += h.running.endNs - sm.now
 		}
 		if sm.cfg.Router.needsPrefix() {
-			views[i].CachedTokens = int64(sm.localPrefix(i, j.keys) * sm.cfg.PageTokens)
+			views[i].CachedTokens = int64(sm.localPrefix(i, sm.hittable(j)) * sm.cfg.PageTokens)
 		}
 	}
 	j.host = sm.cfg.Router.Pick(sm.seq, int64(r.InputTokens), views, sm.cfg.Cost)
@@ -115,7 +123,7 @@ func (sm *sim) arrive(r *Request) {
 // completion after loading the hits and computing the rest.
 func (sm *sim) start(j *job) {
 	h := sm.hosts[j.host]
-	j.plan = sm.lookup(j.host, j.keys)
+	j.plan = sm.lookup(j.host, sm.hittable(j))
 	hit := int64(j.plan.hitPages() * sm.cfg.PageTokens)
 	miss := int64(j.req.InputTokens) - hit
 	load := sm.cfg.Cost.LoadNs(j.plan.load)

@@ -66,6 +66,20 @@ func line(ms int64, input int, ids ...int) string {
 	return fmt.Sprintf(`{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%s]}`+"\n", ms, input, strings.Join(s, ", "))
 }
 
+func TestFullyCachedPromptStillComputesItsLastToken(t *testing.T) {
+	// 1,024 tokens are 16 whole pages, but an engine computes at least the
+	// last prompt token, so a hit stops at (1024-1)/64 = 15 pages, as the
+	// connector asks; 64 tokens (one page) can hit nothing.
+	for _, hbm := range []int64{0, 1 << 20} {
+		cfg := tinyConfig()
+		cfg.HBMTokens = hbm
+		r := run(t, cfg, line(0, 1024, 1, 2)+line(100, 1024, 1, 2)+line(200, 64, 3)+line(300, 64, 3))
+		if hit := r.Tokens.HBM + r.Tokens.DRAM; hit != 960 || r.Tokens.Miss != 1024+64+64+64 {
+			t.Errorf("hbm %d: tokens %+v: want 960 hit (15 pages) and 1216 missed", hbm, r.Tokens)
+		}
+	}
+}
+
 func TestSecondIdenticalRequestHitsEverything(t *testing.T) {
 	// 1,000 tokens: 15 whole pages (960 tokens) and a 40-token tail.
 	trace := line(0, 1000, 1, 2) + line(100, 1000, 1, 2)
@@ -89,7 +103,7 @@ func TestSecondIdenticalRequestHitsEverything(t *testing.T) {
 func TestEvictionWithOnePageOfDRAM(t *testing.T) {
 	cfg := tinyConfig()
 	cfg.DRAMBytes, cfg.SSDBytes = cfg.PageBytes(), 0
-	trace := line(0, 128, 7) + line(100, 128, 7) // two pages each
+	trace := line(0, 129, 7) + line(100, 129, 7) // two whole pages and a token each
 	r := run(t, cfg, trace)
 	// First save: p0 in, p1 evicts p0. The second request finds p0 gone
 	// (its p1 is unreachable: head-first eviction orphans the chain), then
@@ -107,7 +121,7 @@ func TestEvictionWithOnePageOfDRAM(t *testing.T) {
 	// catalog, and p0 is re-saved from its read buffer): DRAM {p0}, SSD {p1};
 	// p1's promotion demotes p0 and drops p1 the same way: DRAM {p1}, SSD {p0}.
 	want := Counters{
-		Tokens:       TokenCounts{Input: 256, DRAM: 64, SSD: 64, Miss: 128},
+		Tokens:       TokenCounts{Input: 258, DRAM: 64, SSD: 64, Miss: 130},
 		Bytes:        ByteCounts{HBMFromDRAM: 1024, HBMFromSSD: 1024, HBMToDRAM: 2048, DRAMToSSD: 3072},
 		EvictedPages: PageCounts{DRAM: 3, SSD: 2},
 		DemotedPages: 3,
@@ -118,17 +132,18 @@ func TestEvictionWithOnePageOfDRAM(t *testing.T) {
 }
 
 func TestSharingTwoHostsRoundRobin(t *testing.T) {
-	// Round-robin: request 0 → host 0, 1 → host 1, 2 → host 0.
-	trace := line(0, 640, 1, 2) + line(100, 640, 1, 2) + line(200, 640, 1, 2)
+	// Round-robin: request 0 → host 0, 1 → host 1, 2 → host 0. 641 tokens:
+	// 10 whole pages, all hittable (the last token is computed anyway).
+	trace := line(0, 641, 1, 2) + line(100, 641, 1, 2) + line(200, 641, 1, 2)
 	cfg := tinyConfig()
 	cfg.Hosts = 2
 	off := run(t, cfg, trace)
-	if off.Tokens.Remote != 0 || off.Tokens.DRAM != 640 || off.Tokens.Miss != 1280 {
+	if off.Tokens.Remote != 0 || off.Tokens.DRAM != 640 || off.Tokens.Miss != 1283 {
 		t.Fatalf("sharing off: %+v: want only request 2 to hit (locally)", off.Tokens)
 	}
 	cfg.Sharing = true
 	on := run(t, cfg, trace)
-	if on.Tokens.Remote != 640 || on.Tokens.DRAM != 640 || on.Tokens.Miss != 640 {
+	if on.Tokens.Remote != 640 || on.Tokens.DRAM != 640 || on.Tokens.Miss != 643 {
 		t.Fatalf("sharing on: %+v: want request 1 remote, request 2 local", on.Tokens)
 	}
 	// The remote fetch saved a local copy on host 1.
@@ -141,7 +156,7 @@ func TestRemoteExtendsLocalPrefix(t *testing.T) {
 	// Host 0 holds blocks 1,2 (request 0); host 1 holds block 1 (request 1).
 	// Request 1 fetches block 1 from host 0; request 2 (elsewhere) sends
 	// request 3 to host 1: local block 1, remote block 2, computed block 3.
-	trace := line(0, 1024, 1, 2) + line(100, 512, 1) + line(200, 64, 9) + line(300, 1536, 1, 2, 3)
+	trace := line(0, 1025, 1, 2) + line(100, 513, 1) + line(200, 64, 9) + line(300, 1537, 1, 2, 3)
 	cfg := tinyConfig()
 	cfg.Hosts, cfg.Sharing = 2, true
 	r := run(t, cfg, trace)
