@@ -28,7 +28,8 @@ summary.json) for 'orbitkv bench report'. Workloads:
              --duration, each request reusing a prefix with probability
              --reuse or sending a new random prompt; then a drain.
   trace      replay a Mooncake FAST'25 JSONL trace (--trace PATH) at its
-             arrival times x --time-scale; block tokens from hash ids.
+             arrival times x --time-scale; block tokens from hash ids (the
+             parser of 'orbitkv sim': float timestamps, extra fields ok).
   probes     one prompt length (--probe-tokens): cold, resident (sent twice),
              evicted (after --filler-tokens of other prompts), restart
              (after --restart-cmd; skipped with a note if unset).

@@ -1,10 +1,15 @@
 package serving
 
 import (
+	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/orbitkv/orbitkv/fabric/sim"
+	"github.com/orbitkv/orbitkv/internal/trace"
 )
 
 func TestSustainedIsAFunctionOfSeedAndIndex(t *testing.T) {
@@ -56,7 +61,7 @@ const traceLines = `{"timestamp": 0, "input_length": 1100, "output_length": 6, "
 `
 
 func TestTraceEqualHashIDsGiveEqualTokens(t *testing.T) {
-	recs, err := ReadTrace(strings.NewReader(traceLines))
+	recs, err := trace.Read(strings.NewReader(traceLines))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,36 +91,63 @@ func TestTraceEqualHashIDsGiveEqualTokens(t *testing.T) {
 	}
 }
 
-func TestTraceMalformed(t *testing.T) {
-	for _, tc := range []struct{ name, in, want string }{
-		{"not json", "{\"timestamp\": 0,", "trace line 1: not a trace record"},
-		{"unknown field", `{"timestamp":0,"input_length":10,"output_length":1,"hash_ids":[1],"x":1}`, "unknown field"},
-		{"too few ids", `{"timestamp":0,"input_length":1025,"output_length":1,"hash_ids":[1,2]}`, "needs 3 hash_ids"},
-		{"zero input", `{"timestamp":0,"input_length":0,"output_length":1,"hash_ids":[]}`, "input_length 0 must be positive"},
-		{"negative id", `{"timestamp":0,"input_length":5,"output_length":1,"hash_ids":[-1]}`, "hash id -1"},
-		{"time goes back", "{\"timestamp\":5,\"input_length\":5,\"output_length\":1,\"hash_ids\":[1]}\n{\"timestamp\":4,\"input_length\":5,\"output_length\":1,\"hash_ids\":[1]}", "trace line 2: timestamp 4 goes back"},
-		{"empty", "\n\n", "no records"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := ReadTrace(strings.NewReader(tc.in))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err %v; want %q", err, tc.want)
-			}
-		})
-	}
-}
-
-// The shared synthetic trace parses whole, when the checkout has it.
-func TestSharedSyntheticTrace(t *testing.T) {
-	const path = "../../../../../shared/traces/synthetic_trace.jsonl"
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("no shared trace at %s", path)
+// TestTraceAcceptsWhatSimAccepts: bench serving reads a trace with the
+// parser orbitkv sim uses, so float timestamps, extra fields, a missing
+// output_length and out-of-order lines are read alike by both.
+func TestTraceAcceptsWhatSimAccepts(t *testing.T) {
+	in := `{"timestamp": 12.5, "input_length": 1100, "output_length": 6, "hash_ids": [0, 1, 2], "session_id": "a"}
+{"timestamp": 2.25, "input_length": 1024, "hash_ids": [0, 1]}
+{"timestamp": 30, "input_length": 1300, "output_length": 2, "hash_ids": [0]}
+`
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	if err := os.WriteFile(path, []byte(in), 0o644); err != nil {
+		t.Fatal(err)
 	}
 	recs, err := ReadTraceFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 3993 {
-		t.Errorf("%d records; the README says 3,993", len(recs))
+	reqs, err := sim.ParseTrace(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != len(reqs) {
+		t.Fatalf("serving read %d records, sim %d", len(recs), len(reqs))
+	}
+	for i, r := range recs {
+		q := reqs[i]
+		if r.Index != q.Index || r.ArrivalMs() != q.ArrivalMs || r.InputLength != q.InputTokens || r.OutputLength != q.OutputTokens {
+			t.Errorf("record %d: serving %+v, sim %+v", i, r, q)
+		}
+	}
+	tr := Trace{Records: recs, Seed: 3, Vocab: 512, TimeScale: 2}
+	a, b, c := tr.Item(0), tr.Item(1), tr.Item(2)
+	if a.ArrivalMS != 0 || b.ArrivalMS != 20 || c.ArrivalMS != 55 {
+		t.Errorf("arrivals %d %d %d; want (t - 2.25) × 2 = 0, 20, 55", a.ArrivalMS, b.ArrivalMS, c.ArrivalMS)
+	}
+	// Fewer hash ids than blocks: the prompt still has input_length tokens,
+	// the ids' blocks first.
+	if len(c.Prompt) != 1300 || !slices.Equal(c.Prompt[:512], a.Prompt[:512]) || slices.Equal(c.Prompt[512:1024], b.Prompt[512:1024]) {
+		t.Errorf("one id for 1,300 tokens: %d tokens, block 0 shared %v", len(c.Prompt), slices.Equal(c.Prompt[:512], a.Prompt[:512]))
+	}
+}
+
+func TestTraceMalformed(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"not json", "{\"timestamp\": 0,", "line 1: unexpected end of JSON input"},
+		{"zero input", `{"timestamp":0,"input_length":0,"output_length":1,"hash_ids":[]}`, "input_length 0"},
+		{"negative id", `{"timestamp":0,"input_length":5,"output_length":1,"hash_ids":[-1]}`, "hash_ids[0] = -1"},
+		{"empty", "\n\n", "no records"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "t.jsonl")
+			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ReadTraceFile(path)
+			if !errors.Is(err, trace.ErrTrace) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v; want an ErrTrace with %q", err, tc.want)
+			}
+		})
 	}
 }
