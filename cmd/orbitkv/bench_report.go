@@ -17,10 +17,14 @@ A run is rejected (non-zero exit, no report) when it failed (status, request
 errors), is incomplete (no summary.json, truncated requests.jsonl, missing
 manifest/metrics/drain), is duplicated (the same directory or run id twice, a
 request index twice, two runs for one config in one pair) or out of budget
-(peer gauges not drained, a query budget bypass). Runs are labelled by
+(peer gauges not drained, a query budget bypass), or has reused prompts whose
+output differs from their serial reference without being labelled
+non-deterministic ('bench serving --deterministic=false'; the report then
+says so at the top). Runs are labelled by
 'bench serving --label config=NAME --label pair=ID --label order=AB|BA';
 each non-baseline configuration is compared with the baseline as the
-geometric mean of per-pair ratios with a bootstrap interval over pairs.
+geometric mean of per-pair ratios with a bootstrap interval over pairs
+(none from a single pair; probe runs get no throughput ratio).
 
 flags:
 `
@@ -56,10 +60,13 @@ func runBenchReport(_ context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if nd := rep.Nondeterministic(); len(nd) > 0 {
+		fmt.Fprintf(out, "bench report: NOT DETERMINISTIC: %d of %d runs labelled --deterministic=false; their outputs are not checked against references\n", len(nd), len(rep.Runs))
+	}
 	fmt.Fprintf(out, "bench report: %d runs accepted, configurations %v → %s\n", len(rep.Runs), rep.Configs, filepath.Join(opt.Output, "report.md"))
 	for _, c := range rep.Comparisons {
-		fmt.Fprintf(out, "  %-16s %s/%s = %.3f  (%.0f%% CI %.3f – %.3f, %d pairs)\n", c.Metric.Name, c.Candidate, c.Baseline,
-			c.Ratio.Est, opt.Level*100, c.Ratio.Lo, c.Ratio.Hi, c.Ratio.N)
+		fmt.Fprintf(out, "  %-16s %s/%s = %.3f  (%.0f%% CI %s, %d pairs)\n", c.Metric.Name, c.Candidate, c.Baseline,
+			c.Ratio.Est, opt.Level*100, c.Ratio.CIText(3), c.Ratio.N)
 	}
 	return nil
 }

@@ -49,6 +49,8 @@ func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(fs.Output(), benchServingUsage); fs.PrintDefaults() }
 	labels := labelFlag{}
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	deterministic := fs.Bool("deterministic", true, "the engine is batch invariant, so every reused prompt must match its serial reference; "+
+		"--deterministic=false labels the run non-deterministic in its manifest: bench report then accepts its mismatches and says so at the top")
 	registerServingFlags(fs, &cfg, labels)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -56,8 +58,11 @@ func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench serving: unexpected argument %q (flags only)", fs.Arg(0))
 	}
+	if !*deterministic && cfg.RequireMatch {
+		return fmt.Errorf("bench serving: --require-match contradicts --deterministic=false")
+	}
 	m := serving.Manifest{Command: append([]string{"orbitkv", "bench", "serving"}, args...),
-		Version: version(), Labels: labels}
+		Version: version(), Labels: labels, Deterministic: deterministic}
 	m.GitRevision, m.GitDirty = gitRevision(ctx)
 	opt := serving.Options{}
 	if !*quiet {

@@ -233,3 +233,42 @@ func TestBenchServingReferenceEngine(t *testing.T) {
 		t.Fatalf("bench report accepted a truncated run: %v", err)
 	}
 }
+
+// TestBenchServingDeterministicLabel: --deterministic=false is written to
+// the manifest (bench report reads it); the default claims determinism.
+func TestBenchServingDeterministicLabel(t *testing.T) {
+	eng := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n"))
+	})
+	srv := &http.Server{Handler: eng}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Close()
+	for _, tc := range []struct {
+		flag string
+		want bool
+	}{{"", true}, {"--deterministic=false", false}} {
+		dir := filepath.Join(t.TempDir(), "run")
+		args := []string{"--endpoint", "http://" + l.Addr().String(), "--output", dir, "--quiet", "--vocab", "64",
+			"--prefixes", "1", "--prefix-tokens", "8", "--concurrency", "1", "--duration", "50ms", "--output-tokens", "1"}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		if err := runBenchServing(context.Background(), args, io.Discard); err != nil {
+			t.Fatalf("%q: %v", tc.flag, err)
+		}
+		var m serving.Manifest
+		b, _ := os.ReadFile(filepath.Join(dir, serving.ManifestFile))
+		if err := json.Unmarshal(b, &m); err != nil || m.Deterministic == nil || *m.Deterministic != tc.want {
+			t.Errorf("%q: manifest deterministic %v (%v), want %v", tc.flag, m.Deterministic, err, tc.want)
+		}
+	}
+	err = runBenchServing(context.Background(), []string{"--output", t.TempDir() + "/x", "--deterministic=false", "--require-match"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "contradicts") {
+		t.Errorf("--require-match with --deterministic=false: %v", err)
+	}
+}

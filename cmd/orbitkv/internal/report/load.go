@@ -29,7 +29,9 @@ type Run struct {
 func (r *Run) Label(k string) string { return r.Manifest.Labels[k] }
 
 // Rejection is why a run cannot be used, by kind: failed, incomplete,
-// duplicated, out-of-budget, unlabelled or not-comparable.
+// duplicated, out-of-budget, mismatch (reused prompts differ from their
+// references in a run not labelled non-deterministic), unlabelled or
+// not-comparable.
 type Rejection struct {
 	Dir, Kind, Why string
 }
@@ -89,6 +91,11 @@ func Load(dir string) (*Run, []Rejection) {
 	}
 	if failed > 0 && r.Summary.Status == "ok" {
 		bad("failed", "%d requests have errors", failed)
+	}
+	if s := r.Summary; s.Mismatches > 0 && r.Manifest.IsDeterministic() {
+		bad("mismatch", "%d of %d reused prompts differ from their serial reference, so a wrong restore could not be told apart: "+
+			"rerun on a batch-invariant engine, or label the run non-deterministic (bench serving --deterministic=false) to compare it anyway",
+			s.Mismatches, s.Reused)
 	}
 	rej = append(rej, r.loadBudget()...)
 	return r, rej

@@ -26,18 +26,19 @@ type Metric struct {
 	Name, Unit string
 	Get        func(*Run) float64
 	Higher     bool // higher is better
+	Rate       bool // a rate over the window: not compared for probe runs
 }
 
 // Metrics are compared in this order.
 var Metrics = []Metric{
-	{"throughput", "req/s", func(r *Run) float64 { return r.Summary.ThroughputRPS }, true},
-	{"output tokens/s", "tok/s", func(r *Run) float64 { return r.Summary.OutputTokPS }, true},
-	{"TTFT p50", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P50 }, false},
-	{"TTFT p90", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P90 }, false},
-	{"ITL p50", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P50 }, false},
-	{"ITL p90", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P90 }, false},
-	{"latency p50", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P50 }, false},
-	{"latency p90", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P90 }, false},
+	{"throughput", "req/s", func(r *Run) float64 { return r.Summary.ThroughputRPS }, true, true},
+	{"output tokens/s", "tok/s", func(r *Run) float64 { return r.Summary.OutputTokPS }, true, true},
+	{"TTFT p50", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P50 }, false, false},
+	{"TTFT p90", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P90 }, false, false},
+	{"ITL p50", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P50 }, false, false},
+	{"ITL p90", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P90 }, false, false},
+	{"latency p50", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P50 }, false, false},
+	{"latency p90", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P90 }, false, false},
 }
 
 // Comparison is candidate/baseline for one metric over process pairs.
@@ -115,11 +116,33 @@ func (rep *Report) group(baseline string) {
 	}
 }
 
+// probes is whether the runs are probe runs (all runs share one workload).
+func (rep *Report) isProbes() bool {
+	return len(rep.Runs) > 0 && rep.Runs[0].Manifest.Config.Workload == serving.WorkloadProbes
+}
+
+// Nondeterministic are the runs labelled non-deterministic.
+func (rep *Report) Nondeterministic() []*Run {
+	var out []*Run
+	for _, r := range rep.Runs {
+		if !r.Manifest.IsDeterministic() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 func (rep *Report) compare(opt Options) {
 	base := rep.Configs[0]
+	if rep.isProbes() {
+		rep.Notes = append(rep.Notes, "probe runs: no throughput ratio (their requests are serial, with fillers and a restart in the window)")
+	}
 	for _, cand := range rep.Configs[1:] {
 		incomplete := 0
 		for _, m := range Metrics {
+			if m.Rate && rep.isProbes() {
+				continue
+			}
 			var ratios, bs, cs []float64
 			for _, byCfg := range rep.Pairs {
 				b, c := byCfg[base], byCfg[cand]

@@ -197,6 +197,15 @@ func TestReportRejects(t *testing.T) {
 			_ = os.WriteFile(filepath.Join(dirs[1], serving.DrainFile), b, 0o644)
 			return dirs
 		}},
+		{"mismatches in a deterministic run", "mismatch", func(t *testing.T, dirs []string) []string {
+			editSummary(t, dirs[1], func(s *serving.Summary) { s.Mismatches = 2 })
+			return dirs
+		}},
+		{"mismatches in a run from before the label", "mismatch", func(t *testing.T, dirs []string) []string {
+			editManifest(t, dirs[1], func(m map[string]any) { delete(m, "deterministic") })
+			editSummary(t, dirs[1], func(s *serving.Summary) { s.Mismatches = 1 })
+			return dirs
+		}},
 		{"failed run", "failed", func(t *testing.T, dirs []string) []string {
 			editSummary(t, dirs[3], func(s *serving.Summary) { s.Status, s.Reasons = "failed", []string{"2 of 9 requests failed"} })
 			return dirs
@@ -255,6 +264,9 @@ func TestRatioCIOnKnownData(t *testing.T) {
 	if a, b := RatioCI([]float64{1.1, 1.3, 0.9}, 0.95, 500), RatioCI([]float64{1.1, 1.3, 0.9}, 0.95, 500); a != b {
 		t.Fatalf("not reproducible: %+v vs %+v", a, b)
 	}
+	if iv := RatioCI([]float64{3}, 0.95, 10); iv.N != 1 || math.Abs(iv.Est-3) > 1e-12 || iv.HasCI() || !math.IsNaN(iv.Lo) || !math.IsNaN(iv.Hi) {
+		t.Fatalf("one pair: %+v; want the ratio and no interval", iv)
+	}
 	if iv := RatioCI([]float64{0, math.NaN()}, 0.95, 10); iv.N != 0 || !math.IsNaN(iv.Est) {
 		t.Fatalf("no usable ratios: %+v", iv)
 	}
@@ -284,5 +296,101 @@ func TestReportShowsBudgetCuts(t *testing.T) {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report.md lacks %q:\n%s", want, md)
 		}
+	}
+}
+
+// editManifest rewrites a run's manifest.json as a generic object, so a
+// test can drop fields as an older writer would have.
+func editManifest(t *testing.T, dir string, edit func(map[string]any)) {
+	t.Helper()
+	p := filepath.Join(dir, serving.ManifestFile)
+	var m map[string]any
+	b, _ := os.ReadFile(p)
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	b, _ = json.Marshal(m)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReportNondeterministicRunsAreSaidAtTheTop: mismatching runs labelled
+// non-deterministic are compared, and the report opens by saying so.
+func TestReportNondeterministicRunsAreSaidAtTheTop(t *testing.T) {
+	dirs := goodRuns(t)
+	for _, d := range dirs {
+		editManifest(t, d, func(m map[string]any) { m["deterministic"] = false })
+	}
+	editSummary(t, dirs[1], func(s *serving.Summary) { s.Mismatches = 3 })
+	out := filepath.Join(t.TempDir(), "report")
+	rep, err := Build(dirs, Options{Output: out, Reps: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Nondeterministic()) != 4 {
+		t.Fatalf("%d runs labelled non-deterministic, want 4", len(rep.Nondeterministic()))
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
+	head, _, _ := strings.Cut(string(md), "## Runs")
+	if !strings.Contains(head, "**Not deterministic.** 4 of 4 runs") || !strings.Contains(head, "(3 of ") {
+		t.Errorf("report.md does not open with the warning:\n%s", head)
+	}
+	// Unlabelled runs get no warning.
+	out2 := filepath.Join(t.TempDir(), "report")
+	if _, err := Build(goodRuns(t), Options{Output: out2, Reps: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if md, _ := os.ReadFile(filepath.Join(out2, "report.md")); strings.Contains(string(md), "Not deterministic") {
+		t.Error("a deterministic report carries the warning")
+	}
+}
+
+// TestReportNoIntervalFromOnePair: one process pair gives ratios but no
+// confidence intervals, in report.md and in the comparisons.
+func TestReportNoIntervalFromOnePair(t *testing.T) {
+	dirs := goodRuns(t)[:2] // native-1, orbitkv-1
+	out := filepath.Join(t.TempDir(), "report")
+	rep, err := Build(dirs, Options{Output: out, Reps: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Comparisons {
+		if c.Ratio.N != 1 || c.Ratio.HasCI() || math.IsNaN(c.Ratio.Est) {
+			t.Errorf("%s: %+v; want an estimate and no interval", c.Metric.Name, c.Ratio)
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
+	for _, l := range strings.Split(string(md), "\n") {
+		if strings.HasPrefix(l, "| throughput (req/s) |") && !strings.Contains(l, "| none (1 pair) | 1 |") {
+			t.Errorf("one pair printed an interval: %s", l)
+		}
+	}
+}
+
+// TestReportProbesGetNoThroughputRatio: probe runs are compared on TTFT and
+// latency only.
+func TestReportProbesGetNoThroughputRatio(t *testing.T) {
+	dirs := goodRuns(t)
+	for _, d := range dirs {
+		editManifest(t, d, func(m map[string]any) { m["config"].(map[string]any)["workload"] = serving.WorkloadProbes })
+	}
+	out := filepath.Join(t.TempDir(), "report")
+	rep, err := Build(dirs, Options{Output: out, Reps: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Comparisons {
+		if c.Metric.Rate {
+			t.Errorf("probe runs compared on %s", c.Metric.Name)
+		}
+	}
+	if len(rep.Comparisons) == 0 {
+		t.Fatal("no comparisons at all")
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
+	if strings.Contains(string(md), "| throughput (req/s) |") || strings.Contains(string(md), "throughput.png") {
+		t.Errorf("report.md of probe runs has a throughput ratio or plot")
 	}
 }

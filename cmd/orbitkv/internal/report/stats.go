@@ -1,6 +1,7 @@
 package report
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -18,6 +19,8 @@ const bootstrapSeed = 20260921
 // RatioCI is the geometric mean of ratios (candidate/baseline per
 // independent pair) with a percentile bootstrap interval at level (e.g.
 // 0.95) from reps resamples of the pairs. Non-positive ratios are skipped.
+// One pair gives no interval (Lo and Hi are NaN): resampling one value
+// would print its own value as a zero-width interval.
 func RatioCI(ratios []float64, level float64, reps int) Interval {
 	var logs []float64
 	for _, r := range ratios {
@@ -30,6 +33,9 @@ func RatioCI(ratios []float64, level float64, reps int) Interval {
 		return iv
 	}
 	iv.Est = math.Exp(mean(logs))
+	if len(logs) < 2 {
+		return iv
+	}
 	r := rand.New(rand.NewPCG(bootstrapSeed, uint64(len(logs))))
 	means := make([]float64, reps)
 	for i := range means {
@@ -55,6 +61,17 @@ func pick(sorted []float64, q float64) float64 {
 	}
 	f := pos - float64(i)
 	return sorted[i]*(1-f) + sorted[i+1]*f
+}
+
+// HasCI is whether the interval was computed (two pairs or more).
+func (iv Interval) HasCI() bool { return iv.N >= 2 && !math.IsNaN(iv.Lo) }
+
+// CIText is "lo – hi", or why there is no interval.
+func (iv Interval) CIText(prec int) string {
+	if !iv.HasCI() {
+		return fmt.Sprintf("none (%d pair)", iv.N)
+	}
+	return fmt.Sprintf("%.*f – %.*f", prec, iv.Lo, prec, iv.Hi)
 }
 
 func mean(xs []float64) float64 {

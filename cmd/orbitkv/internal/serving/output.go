@@ -45,6 +45,10 @@ type Row struct {
 	MatchReference   *bool     `json:"match_reference,omitempty"` // nil: no reference to compare
 }
 
+// IsDeterministic is whether the run claims that every reused prompt's
+// output equals its serial reference (true unless labelled otherwise).
+func (m Manifest) IsDeterministic() bool { return m.Deterministic == nil || *m.Deterministic }
+
 // Host describes the machine the driver ran on.
 type Host struct {
 	Hostname  string `json:"hostname"`
@@ -68,10 +72,15 @@ type Manifest struct {
 	EngineMetrics string            `json:"engine_metrics,omitempty"`
 	Workload      string            `json:"workload"`
 	Labels        map[string]string `json:"labels"`
-	Config        Config            `json:"config"`
-	Start         time.Time         `json:"start"`
-	End           time.Time         `json:"end"`
-	Host          Host              `json:"host"`
+	// Deterministic is false when the run was labelled non-deterministic
+	// (bench serving --deterministic=false: the engine is not batch
+	// invariant, so reused prompts may differ from their references); nil in
+	// manifests written before the field, which bench report reads as true.
+	Deterministic *bool     `json:"deterministic,omitempty"`
+	Config        Config    `json:"config"`
+	Start         time.Time `json:"start"`
+	End           time.Time `json:"end"`
+	Host          Host      `json:"host"`
 }
 
 // Stats summarizes a sample, in the sample's unit.
