@@ -19,14 +19,19 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 
 func runBenchSSD(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench ssd", flag.ContinueOnError)
-	dir := fs.String("dir", "data/bench", "directory on the SSD to test (not tmpfs)")
+	dir := fs.String("dir", "data/bench", "directory on the SSD to test (not tmpfs); its scratch file is removed at the end")
 	pageBytes := fs.Uint64("page-bytes", 2<<20, "page data bytes")
 	pages := fs.Int("pages", 512, "pages written then read")
 	depth := fs.Int("depth", 32, "pages in flight (fio iodepth)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	return benchSSD(ctx, out, *dir, *pageBytes, *pages, *depth)
+	scratch, cleanup, err := scratchDir(*dir, "ssd")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	return benchSSD(ctx, out, scratch, *pageBytes, *pages, *depth)
 }
 
 func runBenchLookup(_ context.Context, args []string, out io.Writer) error {

@@ -38,6 +38,9 @@ func benchSSD(ctx context.Context, w io.Writer, dir string, pageBytes uint64, pa
 	total := slot * uint64(pages)
 	fmt.Fprintf(w, "ssd bench: %s, %d pages of %d bytes (slot %d bytes), depth %d, %d bytes per phase, median of %d\n",
 		file, pages, pageBytes, slot, depth, total, benchRounds)
+	if fs := memoryFS(dir); fs != "" {
+		fmt.Fprintf(w, "WARNING: %s is on %s: these numbers measure memory, not a disk (give --dir a directory on the SSD)\n", dir, fs)
+	}
 	s, err := ssd.Open(cfg)
 	if err != nil {
 		return err
@@ -68,6 +71,30 @@ func benchSSD(ctx context.Context, w io.Writer, dir string, pageBytes uint64, pa
 	}
 	printSSDTable(w, ours, theirs)
 	return nil
+}
+
+// memoryFS names the memory-backed file system dir is (or will be) on:
+// tmpfs or ramfs, by the statfs magic of dir or of its nearest existing
+// ancestor; "" for any other (or when statfs fails: the benchmark's own
+// open will say why).
+func memoryFS(dir string) string {
+	var st unix.Statfs_t
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		err := unix.Statfs(d, &st)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ENOENT) || d == filepath.Dir(d) {
+			return ""
+		}
+	}
+	switch uint32(st.Type) {
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.RAMFS_MAGIC:
+		return "ramfs"
+	}
+	return ""
 }
 
 // benchCapacity is enough whole regions for pages slots of slot bytes.

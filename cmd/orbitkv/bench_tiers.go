@@ -35,12 +35,13 @@ type tiersBench struct {
 	ssdDepth    int
 	redisServer string
 	skipSSD     bool
+	scratch     string // under dir, made by run and removed when it returns
 }
 
 func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 	b := tiersBench{flash: engineclient.Flash{Layers: 36, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2}}
 	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
-	fs.StringVar(&b.dir, "dir", "data/bench", "scratch directory on the SSD (not tmpfs)")
+	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the run's scratch files, removed at the end")
 	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
 	fs.IntVar(&b.flash.Layers, "layers", b.flash.Layers, "layers of the page geometry (default: Qwen3-8B)")
 	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
@@ -60,6 +61,12 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
+	scratch, cleanup, err := scratchDir(b.dir, "tiers")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	b.scratch = scratch
 	pageBytes := uint64(b.flash.Size()) / uint64(b.flash.NumBlocks) * uint64(b.flash.PageTokens/b.flash.BlockTokens)
 	fmt.Fprintf(out, "orbitkv bench tiers: %d pages of %s (%d layers x K,V, %d tokens), %d pages per request\n\n",
 		b.pages, bytesize.Size(pageBytes), b.flash.Layers, b.flash.PageTokens, b.batch)
@@ -91,7 +98,24 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(out, "\nSSD tier (same file, block size = slot size, depth %d):\n", b.ssdDepth)
-	return benchSSD(ctx, out, filepath.Join(b.dir, "ssd"), pageBytes, b.ssdPages, b.ssdDepth)
+	return benchSSD(ctx, out, filepath.Join(b.scratch, "ssd"), pageBytes, b.ssdPages, b.ssdDepth)
+}
+
+// scratchDir makes a fresh directory under parent for one benchmark's files
+// (gigabytes: the SSD file, the peer's data) and returns it with a cleanup
+// that removes it. The caller defers the cleanup, so the files go on an
+// error and on an interrupt too (main cancels the context on SIGINT and
+// SIGTERM, and the benchmark returns through its defers); parent itself and
+// anything else in it are left alone.
+func scratchDir(parent, name string) (string, func(), error) {
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", nil, fmt.Errorf("create bench dir: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, "orbitkv-bench-"+name+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create scratch dir: %w", err)
+	}
+	return dir, func() { _ = os.RemoveAll(dir) }, nil
 }
 
 // memcpyGBps is the best of three single-thread copies of n bytes between
@@ -119,7 +143,7 @@ type benchEngine struct {
 
 func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
 	cfg := fabric.DefaultConfig()
-	cfg.DataDir, cfg.MetricsAddr, cfg.SSDBytes = filepath.Join(b.dir, "peer"), "", 0
+	cfg.DataDir, cfg.MetricsAddr, cfg.SSDBytes = filepath.Join(b.scratch, "peer"), "", 0
 	pageBytes := uint64(b.flash.Size()) / uint64(b.flash.NumBlocks) * uint64(b.flash.PageTokens/b.flash.BlockTokens)
 	cfg.DRAMSlabBytes = bytesize.Size(max(64<<20, 4*((pageBytes+4095)&^4095)))
 	cfg.DRAMBytes = bytesize.Size(uint64(cfg.DRAMSlabBytes) * (uint64(b.pages)*pageBytes/uint64(cfg.DRAMSlabBytes) + 2))
@@ -144,13 +168,16 @@ func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
 	conn, err := engineclient.Dial(cfg.Socket)
 	if err != nil {
 		stop()
+		shm.Close()
 		return nil, err
 	}
 	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
 	defer ocancel()
 	e, err := engineclient.Open(octx, conn, b.flash.OpenRequest("bench", shm.Path))
 	if err != nil {
+		conn.Close()
 		stop()
+		shm.Close()
 		return nil, err
 	}
 	return &benchEngine{e: e, admin: pb.NewAdminServiceClient(conn), shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
