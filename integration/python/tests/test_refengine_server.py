@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -184,6 +185,20 @@ def test_client_disconnect_aborts_the_request_and_frees_its_blocks(svc, streamed
     m = metrics(svc)
     assert m["orbitkv_refengine_kv_blocks_free"] == m["orbitkv_refengine_kv_blocks"]
     assert m["orbitkv_refengine_generation_tokens_total"] < 3000
+
+
+def test_client_reset_on_a_keepalive_connection_prints_no_traceback(svc, capfd):
+    """A client that resets its keep-alive connection after a response (or before its
+    answer is written) is counted, not reported as a server error with a traceback."""
+    for req in (b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n", b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"):
+        s = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
+        s.sendall(req)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        s.close()
+    wait_for(lambda: getattr(svc.server, "clients_gone", 0) >= 2)
+    assert "Traceback" not in capfd.readouterr().err
+    assert get(svc, "/health")[0] == 200
 
 
 def test_request_deadline():

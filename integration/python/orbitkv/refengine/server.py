@@ -11,6 +11,8 @@ import json
 import queue
 import select
 import socket
+import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple
@@ -108,6 +110,11 @@ def usage(info: Dict[str, Any]) -> Dict[str, Any]:
             "orbitkv_readmission_restored_tokens": info.get("readmission_restored_tokens", 0)}
 
 
+# A client that closes or resets its connection (a keep-alive connection it is done with, a
+# benchmark driver that stops): not an error of the server.
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
 class CompletionServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -119,7 +126,18 @@ class CompletionServer(ThreadingHTTPServer):
         self.vocab = vocab
         self.request_timeout_s = request_timeout_s
         self.socket_timeout_s = socket_timeout_s
+        self.clients_gone = 0  # connections that ended in a reset or broken pipe (no traceback)
+        self._gone_lock = threading.Lock()
         super().__init__(addr, _Handler)
+
+    def handle_error(self, request, client_address):
+        """socketserver prints a traceback for any exception a handler raises; a client gone
+        away is counted instead (its request, if any, was aborted by the handler)."""
+        if isinstance(sys.exc_info()[1], CLIENT_GONE):
+            with self._gone_lock:
+                self.clients_gone += 1
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
