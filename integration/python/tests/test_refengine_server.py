@@ -130,6 +130,58 @@ def test_streaming_sends_each_token_then_usage_and_done(svc):
     assert chunks[-1]["usage"]["completion_tokens"] == 6
 
 
+def post_to(svc, path, body, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=timeout)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data, ctype = r.read(), r.getheader("Content-Type", "")
+    c.close()
+    if ctype == "text/event-stream":
+        events = [l[len(b"data: "):] for l in data.split(b"\n\n") if l.startswith(b"data: ")]
+        assert events[-1] == b"[DONE]"
+        return r.status, [json.loads(e) for e in events[:-1]]
+    return r.status, json.loads(data)
+
+
+def test_chat_completions_with_token_ids_or_text(svc):
+    """/v1/chat/completions: `prompt_token_ids` (an extension) are the prompt as they are;
+    messages go through the chat template and the byte tokenizer. Both answer like
+    /v1/completions of the same prompt, streamed or not."""
+    from orbitkv.refengine.server import chat_prompt
+    ids = rand_prompt(40, 5)
+    _, ref = post(svc, {"prompt": ids, "max_tokens": 5})
+    want = ref["choices"][0]["token_ids"]
+    code, out = post_to(svc, "/v1/chat/completions", {"prompt_token_ids": ids, "max_tokens": 5})
+    assert code == 200, out
+    assert out["object"] == "chat.completion" and out["usage"]["prompt_tokens"] == 40
+    ch = out["choices"][0]
+    assert ch["token_ids"] == want and ch["message"] == {"role": "assistant", "content": ref["choices"][0]["text"]}
+    assert ch["finish_reason"] == "length"
+
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "OrbitKV"}]}]
+    text = chat_prompt(msgs)
+    assert text == "system: Be brief.\nuser: Hello, OrbitKV\nassistant: "
+    _, ref = post(svc, {"prompt": text, "max_tokens": 4})
+    code, out = post_to(svc, "/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 4})
+    assert code == 200 and out["choices"][0]["token_ids"] == ref["choices"][0]["token_ids"]
+    assert out["usage"]["prompt_tokens"] == len(text.encode())
+
+    code, chunks = post_to(svc, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "stream": True})
+    assert code == 200 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == out["choices"][0]["message"]["content"]
+    assert [t for c in chunks for t in c["choices"][0].get("token_ids", [])] == out["choices"][0]["token_ids"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 4
+
+    for bad, msg in [({"messages": []}, "messages must be"), ({"messages": [{"content": "x"}]}, "string role"),
+                     ({"messages": [{"role": "user", "content": 3}]}, "content must be"),
+                     ({"prompt_token_ids": [1, "a"]}, "prompt_token_ids must be"),
+                     ({"prompt_token_ids": [V]}, "token ids must be in")]:
+        code, out = post_to(svc, "/v1/chat/completions", bad)
+        assert code == 400 and msg in out["error"]["message"], (bad, out)
+
+
 @bit_exact
 def test_concurrent_clients_get_their_serial_outputs(svc):
     ps = [rand_prompt(10 + 13 * i, 100 + i) for i in range(8)]

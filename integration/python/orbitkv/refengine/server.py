@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP front end (stdlib only): /v1/completions, /health, /metrics.
+"""OpenAI-compatible HTTP front end (stdlib only): /v1/completions, /v1/chat/completions,
+/v1/models, /health, /metrics.
 
 Each HTTP connection has its own thread; all of them feed one EngineLoop. Every wait has a
 deadline (request_timeout_s for a whole completion, socket_timeout_s for each socket read or
@@ -7,6 +8,7 @@ write), and a client that goes away has its request aborted, so its KV blocks ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import select
@@ -15,7 +17,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import tokenizer
 from .loop import EngineDead, EngineLoop, RequestHandle
@@ -68,6 +70,10 @@ class BadRequest(ValueError):
     pass
 
 
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
 def parse_completion(body: Dict[str, Any], vocab: int) -> Tuple[List[int], int, bool, Dict[str, Any]]:
     """(prompt ids, max_tokens, stream, extras) from a /v1/completions body."""
     if not isinstance(body, dict):
@@ -77,16 +83,57 @@ def parse_completion(body: Dict[str, Any], vocab: int) -> Tuple[List[int], int, 
         prompt = prompt[0]
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif _is_ids(prompt):
         ids = prompt
     else:
         raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)")
+    return _sampling(body, ids, vocab, body.get("max_tokens", 16))
+
+
+def chat_prompt(messages: Any) -> str:
+    """The refengine's chat template: one "role: content" line per message, then
+    "assistant: " (the byte tokenizer has no special tokens). Content is a string or a list
+    of {"type": "text", "text": ...} parts."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {role, content} objects")
+    lines = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest("each message needs a string role")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest("message content parts must be {\"type\": \"text\", \"text\": ...}")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest("message content must be a string or a list of text parts")
+        lines.append(f"{m['role']}: {content}\n")
+    return "".join(lines) + "assistant: "
+
+
+def parse_chat(body: Dict[str, Any], vocab: int) -> Tuple[List[int], int, bool, Dict[str, Any]]:
+    """(prompt ids, max_tokens, stream, extras) from a /v1/chat/completions body: the
+    messages through chat_prompt and the byte tokenizer, or, as an extension, the token ids
+    of `prompt_token_ids` as they are (then messages are not read)."""
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    if "prompt_token_ids" in body:
+        ids = body["prompt_token_ids"]
+        if not _is_ids(ids):
+            raise BadRequest("prompt_token_ids must be a list of token ids")
+    else:
+        ids = tokenizer.encode(chat_prompt(body.get("messages")))
+    return _sampling(body, ids, vocab, body.get("max_completion_tokens", body.get("max_tokens", 16)))
+
+
+def _sampling(body: Dict[str, Any], ids: List[int], vocab: int,
+              max_tokens: Any) -> Tuple[List[int], int, bool, Dict[str, Any]]:
     if not ids:
         raise BadRequest("prompt is empty")
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise BadRequest(f"token ids must be in [0, {vocab}); got {bad[:3]}")
-    max_tokens = body.get("max_tokens", 16)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadRequest("max_tokens must be a positive integer")
     temperature = body.get("temperature", 0)
@@ -113,6 +160,41 @@ def usage(info: Dict[str, Any]) -> Dict[str, Any]:
 # A client that closes or resets its connection (a keep-alive connection it is done with, a
 # benchmark driver that stops): not an error of the server.
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+def _text_choice(tokens: List[int], finish_reason: Optional[str]) -> Dict[str, Any]:
+    return {"index": 0, "text": tokenizer.decode(tokens), "token_ids": list(tokens),
+            "logprobs": None, "finish_reason": finish_reason}
+
+
+def _chat_choice(tokens: List[int], finish_reason: Optional[str]) -> Dict[str, Any]:
+    return {"index": 0, "message": {"role": "assistant", "content": tokenizer.decode(tokens)},
+            "token_ids": list(tokens), "logprobs": None, "finish_reason": finish_reason}
+
+
+def _chat_delta(tokens: List[int], finish_reason: Optional[str]) -> Dict[str, Any]:
+    delta = {"content": tokenizer.decode(tokens)} if tokens else {}
+    return {"index": 0, "delta": delta, "token_ids": list(tokens), "logprobs": None,
+            "finish_reason": finish_reason}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """How one route reads a request and writes its answer (object names, choices)."""
+    parse: Callable[[Dict[str, Any], int], Tuple[List[int], int, bool, Dict[str, Any]]]
+    object: str
+    chunk_object: str
+    choice: Callable[[List[int], Optional[str]], Dict[str, Any]]
+    delta: Callable[[List[int], Optional[str]], Dict[str, Any]]
+    first_delta: Optional[Callable[[], Dict[str, Any]]] = None
+
+
+ROUTES = {
+    "/v1/completions": _Shape(parse_completion, "text_completion", "text_completion", _text_choice, _text_choice),
+    "/v1/chat/completions": _Shape(
+        parse_chat, "chat.completion", "chat.completion.chunk", _chat_choice, _chat_delta,
+        lambda: {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}),
+}
 
 
 class CompletionServer(ThreadingHTTPServer):
@@ -181,9 +263,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             body = self._read_json()
-            if path != "/v1/completions":
+            if path not in ROUTES:
                 return self._error(404, f"no route {path}")
-            ids, max_tokens, stream, extras = parse_completion(body, self.server.vocab)
+            self.shape = ROUTES[path]
+            ids, max_tokens, stream, extras = self.shape.parse(body, self.server.vocab)
             h = self.server.loop.submit(ids, max_tokens, extras["kv_transfer_params"])
         except BadRequest as e:
             return self._error(400, str(e))
@@ -204,7 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif kind == "error":
                 return self._error(payload["code"], payload["message"])
             else:
-                out = self._envelope(h, [self._choice(tokens, payload["finish_reason"])])
+                out = self._envelope(h, [self.shape.choice(tokens, payload["finish_reason"])])
                 out["usage"] = usage(payload)
                 if payload.get("kv_transfer_params") is not None:
                     out["kv_transfer_params"] = payload["kv_transfer_params"]
@@ -216,15 +299,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if self.shape.first_delta is not None:  # chat: the role comes first, on its own
+            self._sse(self._envelope(h, [self.shape.first_delta()], chunk=True))
         for kind, payload in self._events(h):
             if kind == "tokens":
-                self._sse(self._envelope(h, [self._choice(payload, None)]))
+                self._sse(self._envelope(h, [self.shape.delta(payload, None)], chunk=True))
             elif kind == "error":
                 self._sse({"error": {"message": payload["message"], "type": "server_error",
                                      "code": payload["code"]}})
                 break
             else:
-                chunk = self._envelope(h, [self._choice([], payload["finish_reason"])])
+                chunk = self._envelope(h, [self.shape.delta([], payload["finish_reason"])], chunk=True)
                 chunk["usage"] = usage(payload)
                 self._sse(chunk)
                 break
@@ -254,14 +339,9 @@ class _Handler(BaseHTTPRequestHandler):
             if kind != "tokens":
                 return
 
-    def _envelope(self, h: RequestHandle, choices) -> Dict[str, Any]:
-        return {"id": h.request_id, "object": "text_completion", "created": int(time.time()),
-                "model": self.server.model_name, "choices": choices}
-
-    @staticmethod
-    def _choice(tokens: List[int], finish_reason: Optional[str]) -> Dict[str, Any]:
-        return {"index": 0, "text": tokenizer.decode(tokens), "token_ids": list(tokens),
-                "logprobs": None, "finish_reason": finish_reason}
+    def _envelope(self, h: RequestHandle, choices, chunk: bool = False) -> Dict[str, Any]:
+        return {"id": h.request_id, "object": self.shape.chunk_object if chunk else self.shape.object,
+                "created": int(time.time()), "model": self.server.model_name, "choices": choices}
 
     # -- plumbing -------------------------------------------------------------------------
     def _read_json(self) -> Any:
