@@ -421,6 +421,51 @@ def test_ttft_probe_reports_a_step_breakdown(real_peer):
 
 
 
+def test_ttft_probe_samples_are_what_they_say(real_peer):
+    """An engine pool that holds every prompt (--kv-tokens 4096) would serve the "restore"
+    samples from the engine's own prefix cache; the probe empties it before each sample, and
+    the engine's counters show each restore restored every page and each recompute took
+    nothing. A second probe with the same --seed against the same peer would time restores
+    as "recompute": it fails, saying why."""
+    from orbitkv.refengine import ttft
+
+    args = ["--orbitkv-socket", real_peer.socket, "--prompt-tokens", "256", "--prompts", "2",
+            "--kv-tokens", "4096", "--page-tokens", "32", "--max-batched-tokens", "128", "--no-warm-shapes"]
+    out = ttft.run(ttft.parse_args(args))
+    for r in out["recompute"]:
+        assert r["counters"] == {"prefix_hit_tokens": 0, "external_matched_tokens": 0,
+                                 "external_restored_tokens": 0, "load_error_blocks": 0}
+    for r in out["restore"]:
+        assert r["local_hit_tokens"] == 0 and r["restored_tokens"] == 224
+        assert r["counters"]["prefix_hit_tokens"] == 0 and r["counters"]["external_restored_tokens"] == 224
+    assert out["local_prefix_hit"]["counters"]["prefix_hit_tokens"] == 240  # (256 - 1) // 16 * 16
+    with pytest.raises(ttft.SampleMismatch, match="recompute sample 0 is not a recompute.*same --seed"):
+        ttft.run(ttft.parse_args(args))
+
+
+def test_ttft_check_sample_names_what_a_sample_was():
+    from orbitkv.refengine.ttft import SampleMismatch, check_sample
+
+    def sample(local=0, matched=0, restored=0, errors=0):
+        return {"counters": {"prefix_hit_tokens": local, "external_matched_tokens": matched,
+                             "external_restored_tokens": restored, "load_error_blocks": errors}}
+
+    ok = [("recompute", sample()), ("restore", sample(matched=224, restored=224)), ("local", sample(local=240))]
+    for kind, s in ok:
+        check_sample(kind, 0, s, 256, 16, 32)
+    bad = [("recompute", sample(matched=224, restored=224), "not a recompute"),
+           ("recompute", sample(local=240), "not a recompute"),
+           ("restore", sample(local=240), "engine's own prefix cache served 240"),
+           ("restore", sample(local=16, matched=192, restored=192), "engine's own prefix cache"),
+           ("restore", sample(matched=224, restored=160), "160 of 224 tokens restored"),
+           ("restore", sample(matched=224, restored=224, errors=1), "1 load-error blocks"),
+           ("local", sample(local=224, matched=0), "224 of 240"),
+           ("local", sample(local=240, matched=32, restored=32), "not a local prefix hit")]
+    for kind, s, msg in bad:
+        with pytest.raises(SampleMismatch, match=msg):
+            check_sample(kind, 3, s, 256, 16, 32)
+
+
 @bit_exact
 def test_orbitkv_connector_partial_local_hit(peer):
     """The engine's own prefix cache holds the first 8 tokens (2 of page 0's

@@ -63,6 +63,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block not held by a request (vLLM's reset_prefix_cache); returns
+        how many were dropped. Probes call it for a fresh engine state between samples."""
+        return self.scheduler.pool.reset()
+
     def step(self) -> List[Request]:
         """One scheduler step; returns requests that got a token or finished."""
         t0 = time.perf_counter()

@@ -7,10 +7,13 @@ call sequence; on CUDA the KV pool is registered with the peer by CUDA IPC handl
 Sequence: one warm-up prompt, then (unless `--no-warm-shapes`) the restore's and the local
 hit's step shapes once on it; then `--prompts` distinct prompts computed from scratch (the
 connector misses, the engine computes and saves their pages to the peer): recompute TTFT;
-saves drained; then the same prompts again, in the same order. The engine's own prefix cache
-holds about two prompts (`--kv-tokens`), so by then each prompt has left HBM and its prefix
-comes back from the peer: restore TTFT. Last, one prompt twice in a row: the second hits the
-engine's own prefix cache (the floor: no copy at all). Prints one JSON object.
+saves drained; then the same prompts again, in the same order, each after the engine's prefix
+cache was emptied (`Engine.reset_prefix_cache`), so its prefix comes back from the peer:
+restore TTFT. Last, one prompt twice in a row: the second hits the engine's own prefix cache
+(the floor: no copy at all). Each sample records the engine's counters over its request
+(`counters`), and the probe fails (`SampleMismatch`) unless a recompute took nothing from the
+prefix cache or the peer, a restore took every page it may ask for from the peer and nothing
+local, and the floor took every full block but the last token's locally. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -36,11 +39,53 @@ def _worker(e: Engine):
     return getattr(getattr(e, "connector_worker", None), "worker", None)
 
 
+# Engine counters each sample records as deltas over its request.
+COUNTERS = ("prefix_hit_tokens", "external_matched_tokens", "external_restored_tokens", "load_error_blocks")
+
+
+class SampleMismatch(RuntimeError):
+    """A sample is not what its name says (a "restore" the engine's own cache served, a
+    "recompute" the peer restored): the probe fails rather than report a false ratio."""
+
+
+def check_sample(kind: str, i: int, s: dict, prompt_tokens: int, block_size: int, page_tokens: int) -> None:
+    """Raise SampleMismatch unless sample s (its engine counter deltas) is a `kind` sample:
+    recompute: nothing from the local prefix cache, nothing claimed by the connector;
+    restore: nothing local, every page the connector may ask for ((n - 1) // page_tokens
+    pages) restored without a load error; local: every full block of the prompt but the last
+    token's from the local prefix cache, nothing from the connector."""
+    c = s["counters"]
+    local, matched, restored = c["prefix_hit_tokens"], c["external_matched_tokens"], c["external_restored_tokens"]
+    name = f"{kind} sample {i}"
+    if kind == "recompute":
+        if local or matched or restored:
+            raise SampleMismatch(
+                f"{name} is not a recompute: {local} tokens from the engine's prefix cache, {matched} claimed and "
+                f"{restored} restored by the peer. The peer already held this prompt (a previous probe with the same "
+                f"--seed against the same peer?): use another --seed or a fresh peer")
+        return
+    if kind == "restore":
+        want = (prompt_tokens - 1) // page_tokens * page_tokens
+        if local:
+            raise SampleMismatch(f"{name} is not a restore: the engine's own prefix cache served {local} of its tokens")
+        if restored != want or c["load_error_blocks"]:
+            raise SampleMismatch(
+                f"{name} is not a whole restore: {restored} of {want} tokens restored, {c['load_error_blocks']} "
+                f"load-error blocks. The peer lost pages since the recompute pass (DRAM too small for --prompts "
+                f"prompts?) or failed loads")
+        return
+    want = (prompt_tokens - 1) // block_size * block_size
+    if local != want or matched or restored:
+        raise SampleMismatch(f"{name} is not a local prefix hit: {local} of {want} tokens from the engine's prefix "
+                             f"cache, {matched} claimed and {restored} restored by the peer")
+
+
 def _ttft(e: Engine, prompt, device: str) -> dict:
     runner, w = getattr(e, "runner", None), _worker(e)
     timings = getattr(runner, "timings", None)
     lw = getattr(w, "lw_timings", None)
     n0, l0 = len(timings or ()), len(lw or ())
+    before = e.stats()
     _sync(device)
     t0 = time.perf_counter()
     req = e.add_request(prompt, 1)
@@ -51,8 +96,10 @@ def _ttft(e: Engine, prompt, device: str) -> dict:
         e.step()
         steps += 1
     dt = time.perf_counter() - t0
+    after = e.stats()
     out = {"ttft_s": dt, "token": req.output_token_ids[0], "steps": steps,
-           "local_hit_tokens": req.num_cached_tokens, "restored_tokens": req.restored_tokens}
+           "local_hit_tokens": req.num_cached_tokens, "restored_tokens": req.restored_tokens,
+           "counters": {k: after[k] - before[k] for k in COUNTERS}}
     if timings is not None:
         # The computing steps' phases (runner.execute); other_s is the rest of the TTFT:
         # scheduling, empty steps, request admission. Layer-wise loads add the Load call's
@@ -121,13 +168,20 @@ def run(a: argparse.Namespace) -> dict:
             _ttft(e, warm_prompt, a.device)
             _drain(e)
         prompts = [tok(a.prompt_tokens) for _ in range(a.prompts)]
+        check = lambda kind, i, s: check_sample(kind, i, s, a.prompt_tokens, cfg.block_size, cfg.page_tokens)  # noqa: E731
+        # Every recompute and restore sample starts from an empty prefix cache (fresh engine
+        # state, whatever --kv-tokens holds), and its engine counters must say it was one.
         cold = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            e.reset_prefix_cache()
             cold.append(_ttft(e, p, a.device))
+            check("recompute", i, cold[-1])
             _drain(e)
         warm = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            e.reset_prefix_cache()
             warm.append(_ttft(e, p, a.device))
+            check("restore", i, warm[-1])
             _drain(e)
         floor_prompt = tok(a.prompt_tokens)
         _ttft(e, floor_prompt, a.device)
@@ -136,6 +190,7 @@ def run(a: argparse.Namespace) -> dict:
             floor, out["local_hit_profile"] = _profiled(e, floor_prompt, a.device)
         else:
             floor = _ttft(e, floor_prompt, a.device)
+        check("local", 0, floor)
         _drain(e)
         out["engine_stats"] = {k: v for k, v in e.stats().items() if isinstance(v, (int, float))}
     rec = [c["ttft_s"] for c in cold]
@@ -159,7 +214,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompt-tokens", type=int, default=8192)
     p.add_argument("--prompts", type=int, default=4, help="distinct prompts (samples of each TTFT)")
-    p.add_argument("--kv-tokens", type=int, default=17408, help="engine KV pool: about two prompts")
+    p.add_argument("--kv-tokens", type=int, default=17408, help="engine KV pool, tokens (the prefix cache is emptied before each sample anyway)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--page-tokens", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
