@@ -93,7 +93,7 @@ start_vllm() { # CONFIG [ENV=VALUE...]: native | dram | ssd
 		kv=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$cfg/orbitkv.sock\"}}")
 	fi
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
-	setsid env "$@" PYTHONPATH="$SITE:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+	setsid env "$@" PYTHONPATH="$SITE:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
 		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
 		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
 	VLLM_PID=$!
