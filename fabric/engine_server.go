@@ -71,7 +71,11 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	res := s.p.lookup(sess, keys, r.Lease, min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL))
+	rate := sess.recompute // the engine's prefill tokens/s: as measured now, else as declared
+	if r.RecomputeTokensPerS > 0 {
+		rate = float64(r.RecomputeTokensPerS)
+	}
+	res := s.p.lookup(sess, keys, r.Lease, min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL), rate)
 	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd), Remote: uint32(res.remote)},
 		RecomputePages: uint32(res.recompute)}
 	if res.lease != nil {

@@ -31,9 +31,11 @@ type lookupResult struct {
 // lookup finds the longest stored prefix of keys and, with take, pins it
 // under a lease bounded by the query budget: a hit that does not fit the
 // budget is shortened, never over-committed.
-func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration) lookupResult {
+// recompute is the engine's prefill rate in tokens/s (0: unknown), which
+// decides whether SSD-only pages are worth restoring (ssdrate.go).
+func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration, recompute float64) lookupResult {
 	res := p.cat.Lookup(keys, now())
-	cut := p.pages.cutSlowSSD(sess, keys[:res.Hit])
+	cut := p.pages.cutSlowSSD(sess, recompute, keys[:res.Hit])
 	out := lookupResult{hit: res.Hit, recompute: res.Hit - cut}
 	if cut < res.Hit { // the pages before the cut are all in DRAM
 		res.Hit, res.DRAM, res.SSD, out.hit = cut, cut, 0, cut

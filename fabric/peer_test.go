@@ -447,6 +447,19 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	setRate(slow)
 	want("slow SSD", lookup(fast.SessionId), 0, 0, 0, 4)
 	want("slow SSD, session without a rate", lookup(e.Session), 4, 0, 4, 0)
+	// The rate an engine measures now and sends with the lookup overrides the
+	// session's: a session that declared none is cut, one recomputing 16x
+	// slower than it declared restores again.
+	withRate := func(sid string, rate uint32) *pb.LookupResponse {
+		t.Helper()
+		r, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: sid, Keys: keys, RecomputeTokensPerS: rate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	want("slow SSD, rate sent with the lookup", withRate(e.Session, 1000), 0, 0, 0, 4)
+	want("slow SSD, engine slower than declared", withRate(fast.SessionId, 1000/16), 4, 0, 4, 0)
 	// Promote pages 0 and 1 into DRAM: the hit keeps that DRAM prefix.
 	okOp(t)(e.Load(ctx(t), refs(keys[:2], 32, 4)))
 	if _, fresh := rates.get(); !fresh {
@@ -454,8 +467,8 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	}
 	setRate(slow)
 	want("slow SSD after a DRAM prefix", lookup(fast.SessionId), 2, 2, 0, 2)
-	if got := tp.metric("orbitkv_fabric_lookup_recompute_pages_total"); got != "orbitkv_fabric_lookup_recompute_pages_total 6" {
-		t.Fatalf("metric %q, want 6", got)
+	if got := tp.metric("orbitkv_fabric_lookup_recompute_pages_total"); got != "orbitkv_fabric_lookup_recompute_pages_total 10" {
+		t.Fatalf("metric %q, want 10", got)
 	}
 	setRate(quick)
 	want("fast SSD", lookup(fast.SessionId), 4, 2, 2, 0)

@@ -79,11 +79,12 @@ func (r *ssdRate) forLookup() (float64, bool) {
 }
 
 // cutSlowSSD returns how many leading pages of a hit chain the session
-// should restore: all of them, unless it declared a recompute rate and the
-// fresh SSD read rate makes an SSD-only page slower to restore than to
-// recompute; then up to the first SSD-only page.
-func (s *pageStore) cutSlowSSD(sess *session, chain []pagekey.Key) int {
-	if sess.recompute <= 0 || len(chain) == 0 || s.ssd == nil {
+// should restore: all of them, unless the engine's prefill rate (recompute,
+// tokens/s: measured by the engine and sent with the lookup, or declared by
+// the session) is known and the fresh SSD read rate makes an SSD-only page
+// slower to restore than to recompute; then up to the first SSD-only page.
+func (s *pageStore) cutSlowSSD(sess *session, recompute float64, chain []pagekey.Key) int {
+	if recompute <= 0 || len(chain) == 0 || s.ssd == nil {
 		return len(chain)
 	}
 	first := len(chain) // the first page held only on SSD
@@ -97,7 +98,7 @@ func (s *pageStore) cutSlowSSD(sess *session, chain []pagekey.Key) int {
 		return first // all in DRAM: nothing to judge (and no probe spent)
 	}
 	rate, judge := s.ssdReads.forLookup()
-	if !judge || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/sess.recompute {
+	if !judge || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/recompute {
 		return len(chain)
 	}
 	return first

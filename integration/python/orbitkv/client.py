@@ -437,10 +437,15 @@ class Session:
 
     # calls -----------------------------------------------------------------
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0,
+               recompute_tokens_per_s: int = 0) -> LookupResult:
+        """``recompute_tokens_per_s``: the engine's prefill rate as it measures
+        it now (0: the session's declared rate); with it the peer leaves
+        SSD-only pages to recompute while its SSD reads are slower."""
         keys = list(keys)
         r, _ = self._call("lookup", "Lookup", lambda sid: engine_pb2.LookupRequest(
-            session_id=sid, keys=keys, lease=lease, lease_ms=lease_ms))
+            session_id=sid, keys=keys, lease=lease, lease_ms=lease_ms,
+            recompute_tokens_per_s=max(0, int(recompute_tokens_per_s))))
         return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms,
                             r.recompute_pages)
 
@@ -560,8 +565,9 @@ class ControlSession:
         peer reachable); the scheduler reports misses otherwise."""
         return self.session.ready
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult:
-        return self.session.lookup(keys, lease=lease, lease_ms=lease_ms)
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0,
+               recompute_tokens_per_s: int = 0) -> LookupResult:
+        return self.session.lookup(keys, lease=lease, lease_ms=lease_ms, recompute_tokens_per_s=recompute_tokens_per_s)
 
     def release(self, lease_id: str) -> None:
         self.session.release(lease_id)

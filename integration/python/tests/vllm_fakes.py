@@ -52,10 +52,12 @@ class DictLookup:
         self.stored: set[bytes] = set()
         self.leases: set[str] = set()
         self.calls = 0
+        self.rates: list[int] = []  # the engine prefill rate each lookup carried (0: none)
         self._n = 0
 
-    def lookup(self, ks, *, lease=False, lease_ms=0) -> LookupResult:
+    def lookup(self, ks, *, lease=False, lease_ms=0, recompute_tokens_per_s=0) -> LookupResult:
         self.calls += 1
+        self.rates.append(recompute_tokens_per_s)
         hit = 0
         for k in ks:
             if k not in self.stored:

@@ -947,13 +947,16 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 }
 
 type LookupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Keys          [][]byte               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`                       // the page-key chain of a prompt, 16 bytes each
-	Lease         bool                   `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`                    // take a lease on the hit pages
-	LeaseMs       uint32                 `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"` // 0 = the peer's default lease time
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Keys      [][]byte               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`                       // the page-key chain of a prompt, 16 bytes each
+	Lease     bool                   `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`                    // take a lease on the hit pages
+	LeaseMs   uint32                 `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"` // 0 = the peer's default lease time
+	// The engine's prefill rate as it measures it now (tokens/s); 0 = the
+	// session's declared rate (OpenSessionRequest.recompute_tokens_per_s).
+	RecomputeTokensPerS uint32 `protobuf:"varint,5,opt,name=recompute_tokens_per_s,json=recomputeTokensPerS,proto3" json:"recompute_tokens_per_s,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *LookupRequest) Reset() {
@@ -1010,6 +1013,13 @@ func (x *LookupRequest) GetLease() bool {
 func (x *LookupRequest) GetLeaseMs() uint32 {
 	if x != nil {
 		return x.LeaseMs
+	}
+	return 0
+}
+
+func (x *LookupRequest) GetRecomputeTokensPerS() uint32 {
+	if x != nil {
+		return x.RecomputeTokensPerS
 	}
 	return 0
 }
@@ -1774,13 +1784,14 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"s\n" +
+	"\x14CloseSessionResponse\"\xa8\x01\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x14\n" +
 	"\x05lease\x18\x03 \x01(\bR\x05lease\x12\x19\n" +
-	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\"J\n" +
+	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\x123\n" +
+	"\x16recompute_tokens_per_s\x18\x05 \x01(\rR\x13recomputeTokensPerS\"J\n" +
 	"\n" +
 	"TierCounts\x12\x12\n" +
 	"\x04dram\x18\x01 \x01(\rR\x04dram\x12\x10\n" +

@@ -23,10 +23,12 @@ Extra-config keys (all optional except ``socket``):
                     tier (--ssd-bytes > 0); without it every save fails (no_space)
                     and requests simply recompute.
   lookup_refresh_s  how long a cached miss is trusted before asking again (default 0.5)
-  recompute_tokens_per_s  the engine's prefill throughput for this model (default 0:
-                    unknown). With it the peer leaves pages it holds only on SSD
-                    to recompute while its measured SSD reads are slower than
-                    this (a slow disk); DRAM hits are restored as always.
+  recompute_tokens_per_s  the engine's prefill throughput for this model, used until
+                    the scheduler half has measured it from the engine's own steps
+                    (orbitkv.vllm.prefill_rate; default 0: unknown until measured).
+                    Lookups carry the rate, and the peer leaves pages it holds only
+                    on SSD to recompute while its measured SSD reads are slower
+                    (a slow disk); DRAM hits are restored as always.
   kv_layout         "auto" | "flash" | "flashinfer" | "packed" (worker tensor shape;
                     orbitkv.buffers). The page byte layout defaults to what the
                     installed vLLM allocates (_compat.vllm_byte_layout); the worker

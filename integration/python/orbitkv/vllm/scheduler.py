@@ -20,6 +20,7 @@ from orbitkv.gate import Admission, RestoreGate
 from orbitkv.vllm._compat import block_ids_of
 from orbitkv.vllm.config import ConnectorConfig
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, SaveSpec
+from orbitkv.vllm.prefill_rate import PrefillRate
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class SchedulerHalf:
         self._reqs: dict[str, _Req] = {}
         self._loads: list[LoadSpec] = []
         self._after_step: list[_Lookup] = []  # leases of sync loads, released after the step ran
+        self.prefill = PrefillRate()  # the engine's prefill tokens/s, from the steps it plans
 
     # --- keys and lookups ----------------------------------------------------
 
@@ -106,9 +108,11 @@ class SchedulerHalf:
         self._release(st.lookup)
         st.lookup = None
         hit, leases, expires = max_pages, {}, 0
+        rate = self.recompute_rate()
+        extra = {"recompute_tokens_per_s": rate} if rate else {}
         for rank in self._fps:
             ks = self._keys(st, rank)[:max_pages]
-            res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms)
+            res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms, **extra)
             if res.lease_id:
                 leases[rank] = res.lease_id
                 if res.lease_expires_unix_ms:
@@ -116,6 +120,13 @@ class SchedulerHalf:
             hit = min(hit, res.hit_pages)
         st.lookup = _Lookup(hit, leases, self.clock(), expires)
         return st.lookup
+
+    def recompute_rate(self) -> int:
+        """The engine's prefill rate the peer should weigh SSD restores
+        against: as measured from this engine's steps, else as configured
+        (recompute_tokens_per_s), else 0 (unknown: restore everything)."""
+        measured = self.prefill.rate
+        return int(measured) if measured else int(self.cfg.recompute_tokens_per_s)
 
     # --- vLLM scheduler API --------------------------------------------------
 
@@ -177,6 +188,7 @@ class SchedulerHalf:
         meta = OrbitKVMetadata(loads=self._loads)
         self._loads = []
         sched = dict(getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
+        self.prefill.step(self.clock(), sum(int(n) for n in sched.values()))
         for nr in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
             st = self._reqs.get(str(nr.req_id)) or self._adopt(nr)
             st.block_ids = block_ids_of(nr.block_ids)
