@@ -49,7 +49,10 @@ class Engine:
         self.sched.update_connector_output(KVConnectorOutput(res.finished_sending, res.finished_recving))
         return meta, res, errs
 
-    def idle_until(self, pred, finished=(), timeout=10.0):
+    def idle_until(self, pred, finished=(), timeout=30.0):
+        # 30 s: above the connector's own worst case for a load (a refused lease, then the
+        # retry without it: twice the 5 s deadline plus its 2 s grace), so a slow machine
+        # shows the operation's result (and the assertions on it), not a timeout.
         deadline = time.monotonic() + timeout
         sending, recving, failed, errs = set(), set(), set(), set()
         first = True
