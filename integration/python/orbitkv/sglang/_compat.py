@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, List, Optional
+import enum
+from typing import Any, Dict, List, Optional
 
 try:  # pragma: no cover - exercised only where SGLang is installed
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
         HiCacheStorage,
         HiCacheStorageConfig,
         HiCacheStorageExtraInfo,
+        PoolHitPolicy,
+        PoolName,
+        PoolTransfer,
+        PoolTransferResult,
     )
 
     HAVE_SGLANG = True
@@ -24,10 +29,44 @@ except Exception:
         tp_size: int = 1
         pp_rank: int = 0
         pp_size: int = 1
+        attn_cp_rank: int = 0
+        attn_cp_size: int = 1
         is_mla_model: bool = False
+        enable_storage_metrics: bool = False
         is_page_first_layout: bool = False
         model_name: Optional[str] = None
+        tp_lcm_size: Optional[int] = None
+        should_split_heads: bool = False
         extra_config: Optional[dict] = None
+
+    class PoolName(str, enum.Enum):  # type: ignore[no-redef]
+        KV = "kv"
+        MAMBA = "mamba"
+        SWA = "swa"
+        INDEXER = "indexer"
+        DRAFT = "draft"
+
+        def __str__(self) -> str:
+            return self.value
+
+    class PoolHitPolicy(str, enum.Enum):  # type: ignore[no-redef]
+        ALL_PAGES = "all_pages"
+        TRAILING_PAGES = "trailing_pages"
+
+    @dataclasses.dataclass
+    class PoolTransfer:  # type: ignore[no-redef]
+        name: Any
+        host_indices: Any = None
+        device_indices: Any = None
+        keys: Optional[List[str]] = None
+        hit_policy: Any = PoolHitPolicy.ALL_PAGES
+        nodes_to_load: Optional[List[Any]] = None
+        indices_from_pool: Any = None
+
+    @dataclasses.dataclass
+    class PoolTransferResult:  # type: ignore[no-redef]
+        kv_hit_pages: int
+        extra_pool_hit_pages: Dict[str, int]
 
     @dataclasses.dataclass
     class HiCacheStorageExtraInfo:  # type: ignore[no-redef]
@@ -39,6 +78,20 @@ except Exception:
 
         def register_mem_pool_host(self, mem_pool_host: Any) -> None:
             self.mem_pool_host = mem_pool_host
+
+        def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
+
+        def batch_exists_v2(self, keys: List[str], pool_transfers: Any = None, extra_info: Any = None) -> Any:
+            raise NotImplementedError
+
+        def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> Dict[str, List[bool]]:
+            raise NotImplementedError
+
+        def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> Dict[str, List[bool]]:
+            raise NotImplementedError
 
         @abc.abstractmethod
         def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any: ...

@@ -19,7 +19,15 @@ Keys. HiCache hands a backend only its page hashes (chained SHA-256 over
 token ids, no namespace), never the tokens, so the OrbitKV key of a page is
 SHA-256("orbitkv.sglang.v1" ‖ layout fingerprint ‖ hash bytes)[:16]: still
 prefix-chained (through SGLang's hash) and isolated by layout (model,
-dtype, rank, page size). These keys never equal the vLLM connector's.
+dtype, rank, page size), and by pipeline stage, context-parallel rank and
+host pool name where those are not the defaults. These keys never equal the
+vLLM connector's.
+
+Multi-pool (v2) interface. ``register_mem_host_pool_v2`` gives every extra
+pool (e.g. the speculative draft's KV) its own lane: a session, staging and
+keys of its own. ``batch_exists_v2`` applies SGLang's hit policies the way
+its HiCacheFile backend does. Pools other than MHA K/V pools (Mamba states,
+MLA latents) are refused with NotImplementedError when registered.
 """
 
 from __future__ import annotations
@@ -32,7 +40,14 @@ from typing import Any, List, Optional, Sequence
 from orbitkv import buffers, errors, keys
 from orbitkv.client import Client, OpResult, PageRef, Session
 from orbitkv.sglang import hostpool
-from orbitkv.sglang._compat import HiCacheStorage, HiCacheStorageConfig
+from orbitkv.sglang._compat import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
 from orbitkv.sglang.staging import Staging
 
 log = logging.getLogger(__name__)
@@ -51,12 +66,18 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
     """HiCache L3 backend on the host's OrbitKV peer. Thread-safe: the
     controller's prefetch, prefetch-I/O and backup threads call it at once."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None,
+                 pool_name: str = "kv") -> None:
         self.config = storage_config
         self.extra = dict(getattr(storage_config, "extra_config", None) or {})
         self.extra.update(kwargs or {})
         if getattr(storage_config, "is_mla_model", False):
             raise NotImplementedError("OrbitKV pages need K and V planes; MLA latent caches are not supported yet")
+        if getattr(storage_config, "should_split_heads", False):
+            raise NotImplementedError("OrbitKV stores a rank's whole head slice per page; "
+                                      "tp_lcm_size head splitting (page_head across TP sizes) is not supported yet")
+        self.pool_name = str(pool_name)
+        self._lanes: dict[str, "OrbitKVHiCacheStorage"] = {}
         self.socket = str(self.extra.get("socket", ""))
         if not self.socket:
             raise ValueError("orbitkv HiCache backend: extra config 'socket' is required")
@@ -86,7 +107,7 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             page_tokens=g.page_size,
             byte_layout=hostpool.BYTE_LAYOUT,
         )
-        self._fp = self.layout.fingerprint()
+        self._fp = self.layout.fingerprint() + self._scope()
         desc = self._describe_direct()
         if desc is None:
             self.staging = Staging(g, int(self.extra.get("staging_pages", 256)))
@@ -98,8 +119,49 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         self.session = self.client.open_session(
             self.layout, block_tokens=g.page_size, num_blocks=desc.num_blocks,
             buffers=desc.buffers, segments=desc.segments,
-            engine_id=f"sglang-tp{self.layout.tp_rank}", lazy=True,
+            engine_id=f"sglang-tp{self.layout.tp_rank}" + ("" if self.pool_name == "kv" else f"-{self.pool_name}"),
+            lazy=True,
         )
+
+    def _scope(self) -> bytes:
+        """What else tells this rank's pages apart: the pipeline stage (two
+        stages may hold the same number of layers), the context-parallel
+        rank (each holds a slice of every page) and the host pool. Empty
+        for the defaults, so single-stage KV keys keep their value."""
+        c = self.config
+        parts = []
+        if int(getattr(c, "pp_size", 1) or 1) > 1:
+            parts.append(f"pp={c.pp_rank}/{c.pp_size}")
+        if int(getattr(c, "attn_cp_size", 1) or 1) > 1:
+            parts.append(f"cp={c.attn_cp_rank}/{c.attn_cp_size}")
+        if self.pool_name != "kv":
+            parts.append(f"pool={self.pool_name}")
+        return ("|" + "|".join(parts)).encode() if parts else b""
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Registers one of the host pools of SGLang's multi-pool interface.
+        The KV pool is this backend itself; any other gets its own lane.
+        NotImplementedError for pools that are not MHA K/V pools."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(host_pool_name)
+        if name == str(PoolName.KV):
+            if getattr(self, "mem_pool_host", None) is not host_pool:
+                self.register_mem_pool_host(host_pool)
+            return
+        if name in self._lanes:
+            raise ValueError(f"orbitkv: host pool {name!r} is already registered")
+        lane = OrbitKVHiCacheStorage(self.config, dict(self.extra), pool_name=name)
+        lane.register_mem_pool_host(host_pool)
+        self._lanes[name] = lane
+
+    def _lane(self, name: Any) -> "OrbitKVHiCacheStorage":
+        n = str(name)
+        if n == str(PoolName.KV):
+            return self
+        try:
+            return self._lanes[n]
+        except KeyError:
+            raise KeyError(f"orbitkv: host pool {n!r} was not registered (register_mem_host_pool_v2)") from None
 
     def _describe_direct(self) -> Optional[buffers.KVDescription]:
         if not self.extra.get("interface_v1") or str(self.extra.get("force_staging", "")).lower() in ("1", "true"):
@@ -142,6 +204,44 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
+
+    # --- multi-pool (v2) interface ----------------------------------------------
+
+    def batch_exists_v2(self, keys_: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Any = None) -> PoolTransferResult:
+        """The usable prefix: the leading KV pages present, shrunk to what
+        every extra pool's hit policy allows (ALL_PAGES: that pool holds
+        every page of the prefix; TRAILING_PAGES: it holds the last
+        len(transfer.keys) pages of it)."""
+        kv = self.batch_exists(keys_)
+        hits: dict[str, int] = {PoolName.KV: kv} if kv else {}
+        final = kv
+        for t in pool_transfers or []:
+            if final == 0:
+                break
+            lane = self._lane(t.name)
+            if t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                boundary = lane._trailing_boundary(keys_[:kv], max(1, len(t.keys or [])))
+            else:
+                boundary = lane.batch_exists(keys_[:kv])
+            if boundary:
+                hits[t.name] = boundary
+            final = min(final, boundary)
+        return PoolTransferResult(final, hits)
+
+    def _trailing_boundary(self, keys_: List[str], trailing: int) -> int:
+        """The longest prefix of keys_ whose last ``trailing`` pages this lane holds."""
+        for n in range(len(keys_), 0, -1):
+            window = keys_[max(0, n - trailing) : n]
+            if self.batch_exists(window) == len(window):
+                return n
+        return 0
+
+    def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> dict:
+        return {t.name: self._lane(t.name).batch_get_v1(list(t.keys or []), t.host_indices) for t in transfers}
+
+    def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> dict:
+        return {t.name: self._lane(t.name).batch_set_v1(list(t.keys or []), t.host_indices) for t in transfers}
 
     # --- zero-copy (v1) interface ------------------------------------------------
 
@@ -248,6 +348,8 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         if self._closed:
             return
         self._closed = True
+        for lane in self._lanes.values():
+            lane.close()
         if self.client is not None:
             self.client.close()
         if self.staging is not None:
