@@ -6,8 +6,9 @@ BIN       := bin/orbitkv
 DATA      ?= ./data
 PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
+SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run test test-go test-python test-vllm deps bench crash proto vet fmt clean
+.PHONY: all build run test test-go test-python test-vllm test-sglang deps bench crash proto vet fmt clean
 
 all: build
 
@@ -22,7 +23,7 @@ run: build
 deps:
 	./scripts/install-deps.sh
 
-test: deps build vet test-go test-python test-vllm
+test: deps build vet test-go test-python test-vllm test-sglang
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -45,6 +46,16 @@ test-vllm: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ./scripts/install-vllm.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM_TESTS))
+
+# The HiCache backend against the real SGLang package (0.5.17, the newest pinning torch
+# 2.11.0): an overlay on the vLLM environment built by scripts/install-sglang.sh. SGLang's
+# HiCacheStorage ABC, its dynamic-backend factory, its MHA host pool in every layout, its
+# HiCacheFile as the hit-policy reference. ORBITKV_REQUIRE=sglang: a missing SGLang fails.
+SGLANG_TESTS := test_sglang_real.py
+test-sglang: build
+	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_SGLANG_VENV=$(SGLANG_VENV) ./scripts/install-sglang.sh
+	cd integration/python && ORBITKV_REQUIRE=sglang ORBITKV_BIN=$(CURDIR)/$(BIN) \
+	  $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(SGLANG_TESTS))
 
 # The crash-consistency test, long form: CRASH_ITERS SIGKILLs of the real
 # binary under load, each followed by a restart and a check of every

@@ -1,0 +1,300 @@
+"""The HiCache backend against the installed SGLang package (CPU tensors):
+SGLang's own HiCacheStorage ABC, HiCacheStorageConfig, PoolTransfer and
+PoolHitPolicy, its dynamic-backend factory, its real MHA host memory pool
+(MHATokenToKVPoolHost over a real MHATokenToKVPool) in every host layout,
+and its HiCacheFile backend as the reference for the v2 hit policies.
+
+Skips without SGLang (the plain /usr/bin/python3 suite); `make test` runs
+this file in the environment scripts/install-sglang.sh builds, with
+ORBITKV_REQUIRE=sglang so a missing SGLang fails instead of skipping."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import signal
+
+import pytest
+
+if os.environ.get("ORBITKV_REQUIRE") != "sglang":
+    pytest.importorskip("sglang.srt.mem_cache.hicache_storage",
+                        reason="SGLang is not installed here (make test-sglang runs this in its environment)")
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+from orbitkv.sglang import OrbitKVHiCacheStorage, _compat  # noqa: E402
+from tests.fixtures import wait_until  # noqa: E402
+
+PoolName, PoolHitPolicy, PoolTransfer = hs.PoolName, hs.PoolHitPolicy, hs.PoolTransfer
+PS, L, H, D = 4, 2, 2, 8
+DEVICE_TOKENS = 128  # the host pool gets DEVICE_TOKENS // PS + 1 pages
+LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
+UP_WITHIN_S = 10.0
+
+
+def real_host_pool(layout, layers=L, heads=H, dim=D, dtype=torch.bfloat16):
+    """SGLang's own host pool on CPU, filled with random values."""
+    dev = MHATokenToKVPool(size=DEVICE_TOKENS, page_size=PS, dtype=dtype, head_num=heads, head_dim=dim,
+                           layer_num=layers, device="cpu", enable_memory_saver=False)
+    hp = MHATokenToKVPoolHost(dev, 1.0, 0, PS, layout, pin_memory=False, device="cpu")
+    hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape).to(dtype))
+    return hp
+
+
+def page_bytes(hp, page):
+    return hp.get_data_page(page * PS, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def config(socket, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, v1=True, **kw):
+    extra = {"backend_name": "orbitkv", "module_path": "orbitkv.sglang", "class_name": "OrbitKVHiCacheStorage",
+             "socket": socket, "staging_pages": 32}
+    if v1:
+        extra["interface_v1"] = 1
+    args = dict(tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=0, attn_cp_size=1,
+                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
+                model_name="Qwen/Qwen3-8B", extra_config=extra)
+    args.update(kw)
+    return hs.HiCacheStorageConfig(**args)
+
+
+def backend(socket, pool, **kw):
+    be = OrbitKVHiCacheStorage(config(socket, **kw), {})
+    be.register_mem_pool_host(pool)
+    return be
+
+
+def hashes(n, salt=""):
+    out, prev = [], b""
+    for i in range(n):
+        h = hashlib.sha256(prev + f"{salt}{i}".encode()).hexdigest()
+        out.append(h)
+        prev = h.encode()
+    return out
+
+
+def indices(pages):
+    return torch.tensor([p * PS + t for p in pages for t in range(PS)], dtype=torch.int64)
+
+
+# --- the contract -----------------------------------------------------------------
+
+
+IMPLEMENTED = ["get", "batch_get", "set", "batch_set", "exists", "batch_exists", "batch_get_v1", "batch_set_v1",
+               "register_mem_pool_host", "register_mem_host_pool_v2", "batch_exists_v2", "batch_get_v2",
+               "batch_set_v2", "clear"]
+
+
+def test_backend_implements_the_installed_abc():
+    assert _compat.HAVE_SGLANG and issubclass(OrbitKVHiCacheStorage, hs.HiCacheStorage)
+    assert not OrbitKVHiCacheStorage.__abstractmethods__
+    for name in IMPLEMENTED:
+        base, ours = getattr(hs.HiCacheStorage, name), getattr(OrbitKVHiCacheStorage, name)
+        assert ours is not base, f"{name} is the base's (returns None or raises NotImplementedError)"
+        bp = [p for p in inspect.signature(base).parameters if p != "self"]
+        op = [p for p in inspect.signature(ours).parameters if p != "self"]
+        assert len(op) >= len(bp), (name, bp, op)
+
+
+def test_created_by_sglangs_dynamic_factory(peer):
+    hp = real_host_pool("layer_first")
+    be = StorageBackendFactory.create_backend("dynamic", config(peer.socket), hp)
+    try:
+        assert isinstance(be, OrbitKVHiCacheStorage)
+        be.register_mem_pool_host(hp)  # what HiCacheController does next
+        ks = hashes(3, "factory")
+        assert be.batch_set_v1(ks, indices([0, 1, 2])) == [True] * 3
+        assert be.batch_exists(ks) == 3
+    finally:
+        be.close()
+
+
+def test_split_heads_and_mla_are_refused():
+    with pytest.raises(NotImplementedError, match="tp_lcm_size"):
+        OrbitKVHiCacheStorage(config("x", tp_size=2, tp_lcm_size=4, should_split_heads=True), {})
+    with pytest.raises(NotImplementedError, match="MLA"):
+        OrbitKVHiCacheStorage(config("x", is_mla_model=True), {})
+
+
+# --- v1 (zero-copy controller path) and the generic get/set path --------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_round_trip_on_real_host_pool(peer, layout):
+    hp = real_host_pool(layout)
+    be = backend(peer.socket, hp)
+    try:
+        assert not be.zero_copy  # SGLang's pool is anonymous shared memory: staged
+        ks = hashes(12, layout)
+        want = [page_bytes(hp, p) for p in range(12)]
+        assert be.batch_set_v1(ks, indices(range(12))) == [True] * 12
+        assert be.batch_exists(ks + hashes(2, "absent")) == 12
+        dst = [32 - p for p in range(12)]
+        assert be.batch_get_v1(ks, indices(dst)) == [True] * 12
+        assert [page_bytes(hp, p) for p in dst] == want
+        assert be.batch_get_v1(hashes(2, "absent"), indices([0, 1])) == [False, False]
+    finally:
+        be.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_generic_get_set_the_way_the_controller_calls_them(peer, layout):
+    hp = real_host_pool(layout)
+    be = backend(peer.socket, hp, v1=False)
+    try:
+        ks = hashes(5, "generic" + layout)
+        data = [hp.get_data_page(indices([p])[0]) for p in range(5)]  # HiCacheController._generic_page_set
+        want = [page_bytes(hp, p) for p in range(5)]
+        assert be.batch_set(ks, data)
+        dummy = [hp.get_dummy_flat_data_page() for _ in range(6)]  # _generic_page_get
+        got = be.batch_get(ks + hashes(1, "absent"), dummy)
+        assert got[5] is None and all(g is not None for g in got[:5])
+        for i, page in enumerate(got[:5]):
+            hp.set_from_flat_data_page(indices([20 + i])[0], page)
+        assert [page_bytes(hp, 20 + i) for i in range(5)] == want
+        assert be.exists(ks[0]) and not be.exists(hashes(1, "absent")[0])
+    finally:
+        be.close()
+
+
+# --- v2: extra pools and hit policies ---------------------------------------------------
+
+
+def _file_backend(tmp):
+    return hs.HiCacheFile(config("unused"), file_path=os.path.join(tmp, "hicache-file"))
+
+
+def test_v2_hit_policies_match_sglangs_file_backend(peer, tmpdir_short):
+    kv, draft = real_host_pool("layer_first"), real_host_pool("layer_first", layers=1)
+    ours, ref = backend(peer.socket, kv), _file_backend(tmpdir_short)
+    ref.register_mem_pool_host(kv)
+    try:
+        for be in (ours, ref):
+            be.register_mem_host_pool_v2(draft, PoolName.DRAFT)
+        ks = hashes(8, "policy")
+        assert ours.batch_set_v1(ks[:6], indices(range(6))) == [True] * 6
+        assert ref.batch_set(ks[:6], [kv.get_data_page(p * PS) for p in range(6)])
+        for be in (ours, ref):  # the draft pool holds pages 0, 1 and 4 only
+            got = be.batch_set_v2([PoolTransfer(PoolName.DRAFT, host_indices=indices([0, 1, 4]),
+                                                keys=[ks[0], ks[1], ks[4]])])
+            assert list(got.values()) == [[True] * 3]
+        cases = [
+            [],
+            [PoolTransfer(PoolName.DRAFT, keys=[ks[0]], hit_policy=PoolHitPolicy.ALL_PAGES)],
+            [PoolTransfer(PoolName.DRAFT, keys=[ks[0]], hit_policy=PoolHitPolicy.TRAILING_PAGES)],
+            [PoolTransfer(PoolName.DRAFT, keys=ks[:2], hit_policy=PoolHitPolicy.TRAILING_PAGES)],
+        ]
+        seen = []
+        for transfers in cases:
+            r_ours, r_ref = ours.batch_exists_v2(ks, transfers), ref.batch_exists_v2(ks, transfers)
+            assert isinstance(r_ours, hs.PoolTransferResult)
+            assert (r_ours.kv_hit_pages, r_ours.extra_pool_hit_pages) == (r_ref.kv_hit_pages, r_ref.extra_pool_hit_pages)
+            seen.append(r_ours.kv_hit_pages)
+        assert seen == [6, 2, 5, 2]  # KV prefix; all pages; last page (4); last two (0, 1)
+    finally:
+        ours.close()
+
+
+def test_v2_extra_pool_round_trip_and_registration_errors(peer):
+    kv, draft = real_host_pool("page_first"), real_host_pool("page_head", layers=1, heads=1)
+    be = backend(peer.socket, kv)
+    try:
+        be.register_mem_host_pool_v2(kv, PoolName.KV)  # the KV pool is the backend itself
+        be.register_mem_host_pool_v2(draft, PoolName.DRAFT)
+        ks = hashes(4, "draft")
+        assert be._lane(PoolName.DRAFT).key(ks[0]) != be.key(ks[0])
+        want = [page_bytes(draft, p) for p in range(4)]
+        t = PoolTransfer(PoolName.DRAFT, host_indices=indices(range(4)), keys=ks)
+        assert be.batch_set_v2([t]) == {PoolName.DRAFT: [True] * 4}
+        assert be.batch_exists(ks) == 0  # draft pages are not KV pages
+        back = PoolTransfer(PoolName.DRAFT, host_indices=indices([10, 11, 12, 13]), keys=ks)
+        assert be.batch_get_v2([back]) == {PoolName.DRAFT: [True] * 4}
+        assert [page_bytes(draft, p) for p in (10, 11, 12, 13)] == want
+        with pytest.raises(KeyError, match="swa"):
+            be.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices([0]), keys=ks[:1])])
+        with pytest.raises(NotImplementedError, match="MHA"):
+            be.register_mem_host_pool_v2(object(), PoolName.MAMBA)
+    finally:
+        be.close()
+
+
+# --- ranks --------------------------------------------------------------------------------
+
+
+def test_tp_ranks_and_pp_stages_keep_their_pages_apart(peer):
+    pools = [real_host_pool("layer_first") for _ in range(4)]
+    r0, r1 = backend(peer.socket, pools[0], tp_size=2), backend(peer.socket, pools[1], tp_rank=1, tp_size=2)
+    s0, s1 = backend(peer.socket, pools[2], pp_size=2), backend(peer.socket, pools[3], pp_rank=1, pp_size=2)
+    try:
+        ks = hashes(10, "ranks")
+        assert len({be.key(ks[0]) for be in (r0, r1, s0, s1)}) == 4
+        assert r0.batch_set_v1(ks, indices(range(10))) == [True] * 10
+        assert r1.batch_set_v1(ks[:7], indices(range(7))) == [True] * 7
+        assert s0.batch_set_v1(ks[:3], indices(range(3))) == [True] * 3
+        hits = [be.batch_exists(ks) for be in (r0, r1, s0, s1)]
+        assert hits == [10, 7, 3, 0] and min(hits[:2]) == 7  # the prefetch all-reduce MIN over TP
+    finally:
+        for be in (r0, r1, s0, s1):
+            be.close()
+
+
+# --- the peer down and restarted ----------------------------------------------------------------
+
+
+def test_peer_never_up_every_call_answers_a_miss(tmpdir_short):
+    kv, draft = real_host_pool("page_first_direct"), real_host_pool("layer_first", layers=1)
+    be = backend(os.path.join(tmpdir_short, "nobody.sock"), kv)
+    try:
+        be.register_mem_host_pool_v2(draft, PoolName.DRAFT)
+        ks, idx = hashes(3, "down"), indices([0, 1, 2])
+        assert hs.HiCacheStorage.batch_get_v1(be, ks, idx) is None  # what SGLang's base would answer
+        assert be.batch_get_v1(ks, idx) == [False] * 3 and be.batch_set_v1(ks, idx) == [False] * 3
+        assert be.batch_exists(ks) == 0 and not be.exists(ks[0])
+        r = be.batch_exists_v2(ks, [PoolTransfer(PoolName.DRAFT, keys=ks[:1])])
+        assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (0, {})
+        t = PoolTransfer(PoolName.DRAFT, host_indices=idx, keys=ks)
+        assert be.batch_set_v2([t]) == {PoolName.DRAFT: [False] * 3} == be.batch_get_v2([t])
+    finally:
+        be.close()
+
+
+def test_peer_killed_then_back(real_peer):
+    hp = real_host_pool("layer_first")
+    be = backend(real_peer.socket, hp)
+    try:
+        ks = hashes(6, "kill")
+        assert be.batch_set_v1(ks[:3], indices(range(3))) == [True] * 3
+        real_peer.stop(signal.SIGKILL)
+        assert be.batch_set_v1(ks[3:], indices(range(3, 6))) == [False] * 3  # a miss, not an exception
+        assert be.batch_get_v1(ks[:3], indices([20, 21, 22])) == [False] * 3
+        assert be.batch_exists(ks) == 0
+        real_peer.start()
+        wait_until(lambda: be.available, UP_WITHIN_S, "backend session reopened")
+        want = [page_bytes(hp, p) for p in range(6)]
+        assert be.batch_set_v1(ks, indices(range(6))) == [True] * 6
+        assert be.batch_exists(ks) == 6
+        assert be.batch_get_v1(ks, indices(range(20, 26))) == [True] * 6
+        assert [page_bytes(hp, p) for p in range(20, 26)] == want
+    finally:
+        be.close()
+
+
+def test_peer_restarted_backend_carries_on(peer):
+    hp = real_host_pool("page_head")
+    be = backend(peer.socket, hp)
+    try:
+        ks = hashes(4, "restart")
+        assert be.batch_set_v1(ks, indices(range(4))) == [True] * 4
+        gen = be.session.generation
+        peer.restart()
+        assert be.batch_set_v1(ks, indices(range(4))) in ([True] * 4, [False] * 4)  # never raises
+        wait_until(lambda: be.available and be.session.generation > gen, UP_WITHIN_S, "session reopened")
+        assert be.batch_set_v1(ks, indices(range(4))) == [True] * 4
+        assert be.batch_get_v1(ks, indices(range(10, 14))) == [True] * 4
+        assert [page_bytes(hp, p) for p in range(10, 14)] == [page_bytes(hp, p) for p in range(4)]
+    finally:
+        be.close()
