@@ -24,7 +24,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "
   exit 0
 fi
 
-echo "install-sglang: building $VENV (sglang $SGLANG_VERSION over $BASE, about 60 MB)"
+echo "install-sglang: building $VENV (sglang $SGLANG_VERSION over $BASE, about 300 MB)"
 rm -rf "$VENV"
 "$BASE/bin/python" -m venv --without-pip "$VENV"
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
