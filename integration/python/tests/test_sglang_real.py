@@ -2,7 +2,8 @@
 SGLang's own HiCacheStorage ABC, HiCacheStorageConfig, PoolTransfer and
 PoolHitPolicy, its dynamic-backend factory, its real MHA host memory pool
 (MHATokenToKVPoolHost over a real MHATokenToKVPool) in every host layout,
-and its HiCacheFile backend as the reference for the v2 hit policies.
+its HiCacheFile backend as the reference for the v2 hit policies, and its
+HiCacheController's backup / prefetch / prefetch-I/O threads driving it.
 
 Skips without SGLang (the plain /usr/bin/python3 suite); `make test` runs
 this file in the environment scripts/install-sglang.sh builds, with
@@ -317,3 +318,72 @@ def test_peer_restarted_backend_carries_on(peer):
         assert [page_bytes(hp, p) for p in range(10, 14)] == [page_bytes(hp, p) for p in range(4)]
     finally:
         be.close()
+
+
+# --- SGLang's own HiCacheController driving the backend ----------------------------------------
+
+
+@pytest.fixture
+def controller_factory(monkeypatch):
+    """Builds SGLang's HiCacheController (its backup, prefetch and prefetch
+    I/O threads) over a real CPU host pool with the OrbitKV backend attached
+    through the `dynamic` factory. A single process: the distributed runtime
+    context SGLang's scheduler would set up is replaced by rank 0 of 1."""
+    import threading
+    import types
+
+    from sglang.srt.managers import cache_controller as cc
+
+    monkeypatch.setattr(cc, "is_dp_attention_enabled", lambda: False)
+    monkeypatch.setattr(cc, "get_parallel", lambda: types.SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1))
+    made = []
+
+    def make(socket, layout="layer_first", v1=True):
+        hp = real_host_pool(layout)
+        dev = hp.device_pool
+        extra = dict(config(socket, v1=v1).extra_config)
+        ctl = cc.HiCacheController(types.SimpleNamespace(get_kvcache=lambda: dev), hp, PS, None, threading.Event(),
+                                   storage_backend="dynamic", prefetch_threshold=PS, model_name="Qwen/Qwen3-8B",
+                                   storage_backend_extra_config=extra)
+        made.append(ctl)
+        return ctl, hp
+
+    yield make
+    for ctl in made:
+        ctl._stop_storage_threads()
+        ctl.storage_backend.close()
+
+
+def _backup(ctl, tokens, host):
+    hv = ctl.get_hash_str(tokens, None, page_size=PS)
+    op_id = ctl.write_storage(host, tokens, hash_value=hv)
+    op = ctl.ack_backup_queue.get(timeout=UP_WITHIN_S * 3)
+    assert op.id == op_id
+    return op
+
+
+@pytest.mark.parametrize("v1", [True, False], ids=["interface_v1", "generic"])
+def test_hicache_controller_backs_up_and_prefetches(peer, controller_factory, v1):
+    ctl, hp = controller_factory(peer.socket, "page_first", v1)
+    assert isinstance(ctl.storage_backend, OrbitKVHiCacheStorage)
+    assert ctl.page_set_func.__name__ == ("_page_set_zero_copy" if v1 else "_generic_page_set")
+    tokens = list(range(100, 100 + 8 * PS))
+    assert _backup(ctl, tokens, indices(range(8))).completed_tokens == 8 * PS
+    ctl.prefetch("r1", tokens + [7, 7])  # a partial last page is not looked up
+    hit = ctl.prefetch_hit_queue.get(timeout=UP_WITHIN_S * 3)
+    assert hit.storage_hit_count == 8 * PS
+    hit.host_indices = indices(range(16, 24))  # what the scheduler allocates, then hands to the I/O thread
+    ctl.prefetch_buffer.put(hit)
+    io = ctl.prefetch_io_aux_thread
+    wait_until(lambda: hit.completed_tokens == 8 * PS or not io.is_alive(), UP_WITHIN_S * 3, "prefetch I/O done")
+    assert io.is_alive() and hit.completed_tokens == 8 * PS
+    assert [page_bytes(hp, p) for p in range(16, 24)] == [page_bytes(hp, p) for p in range(8)]
+
+
+def test_hicache_controller_threads_survive_a_peer_that_is_down(controller_factory, tmpdir_short):
+    ctl, _ = controller_factory(os.path.join(tmpdir_short, "nobody.sock"))
+    tokens = list(range(5, 5 + 4 * PS))
+    assert _backup(ctl, tokens, indices(range(4))).completed_tokens == 0  # not stored, not crashed
+    ctl.prefetch("r-down", tokens)
+    assert ctl.prefetch_revoke_queue.get(timeout=UP_WITHIN_S * 3) == "r-down"  # no hits: revoked
+    assert ctl.prefetch_thread.is_alive() and ctl.backup_thread.is_alive() and ctl.prefetch_io_aux_thread.is_alive()
