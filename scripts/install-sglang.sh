@@ -14,7 +14,7 @@ BASE=${ORBITKV_VLLM_VENV:-$HOME/.cache/orbitkv/vllm-0.26.0}
 VENV=${ORBITKV_SGLANG_VENV:-$HOME/.cache/orbitkv/sglang-$SGLANG_VERSION}
 REQ=integration/python/requirements-sglang.txt
 
-ORBITKV_VLLM_VENV=$BASE ./scripts/install-vllm.sh >/dev/null
+ORBITKV_VLLM_VENV=$BASE ./scripts/install-vllm.sh
 base_site=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 want="$(sha256sum "$REQ" | cut -d' ' -f1) sglang==$SGLANG_VERSION base=$base_site"
 stamp="$VENV/.orbitkv-stamp"
