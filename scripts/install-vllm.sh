@@ -26,5 +26,5 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "vllm==$VLLM_VERSION"
-"$VENV/bin/python" -c 'import vllm; print("install-vllm: vllm", vllm.__version__)' 2>/dev/null
+"$VENV/bin/python" -c 'import vllm; print("install-vllm: vllm", vllm.__version__)' 2>&1 | tail -1
 echo "$want" >"$stamp"

@@ -265,20 +265,33 @@ def describe_planes(planes: Sequence[Sequence[Any]]) -> KVDescription:
 #   flash       (2, num_blocks, block_size, kv_heads, head_dim)     vLLM < 0.26, FLASH_ATTN
 #   flashinfer  (num_blocks, 2, block_size, kv_heads, head_dim)     vLLM < 0.26, FLASHINFER
 #   packed      logical (num_blocks, kv_heads, block_size, 2*head_dim), K and V packed
-#               into the last dim (vLLM >= 0.26, PR#44455); its strides say the
-#               physical order: (blocks, block_size, heads, 2*hd) for NHD, the
-#               logical order itself for HND.
+#               into the last dim (vLLM >= 0.26, PR#44455)
 #
-# flash and flashinfer both yield K and V planes of (block_size, kv_heads,
-# head_dim) blocks: byte layout "vllm-flash" (the two are interchangeable). A
-# packed block is one dense run of bytes holding K and V interleaved per
-# (token, head); it is registered as its two halves (the peer copies
-# segments as opaque bytes), so a page holds the engine's block bytes
-# verbatim: byte layout "vllm-packed-nhd" or "vllm-packed-hnd". Anything else
-# (MLA caches, padded or sparse blocks) is refused: guessing is how LMCache
-# and Dynamo served wrong KV on vLLM 0.26.
+# Strides say the physical order inside a block: NHD (token-major) or HND
+# (head-major; VLLM_KV_CACHE_LAYOUT=HND, or a backend that requires it).
+# flash and flashinfer yield K and V planes of one block each; token-major,
+# a page of such blocks is the page's tokens in order whatever the block size:
+# byte layout "vllm-flash" (the two shapes are interchangeable). A packed
+# block is one dense run of bytes holding K and V interleaved per (token,
+# head); it is registered as its two halves (the peer copies segments as
+# opaque bytes, plane by plane), so a page holds, per half, its blocks' bytes
+# in order: that depends on the block size, which the name carries, as it
+# does for head-major flash blocks:
+#   "vllm-flash"                NHD, 5-D
+#   "vllm-flash-hnd-b<B>"       HND, 5-D, B-token blocks
+#   "vllm-packed-<nhd|hnd>-b<B>"  packed, B-token blocks
+# Anything else (MLA caches, padded or sparse blocks) is refused: guessing is
+# how LMCache and Dynamo served wrong KV on vLLM 0.26.
 
-VLLM_BYTE_LAYOUTS = ("vllm-flash", "vllm-packed-nhd", "vllm-packed-hnd")
+
+def vllm_byte_layout_name(kind: str, order: str, block_tokens: int) -> str:
+    """The byte layout of pages from vLLM blocks of ``kind`` ("flash" for
+    the 5-D shapes, "packed"), inner ``order`` ("nhd"/"hnd") and size."""
+    if kind == "flash" and order == "nhd":
+        return "vllm-flash"
+    if kind == "flash":
+        return f"vllm-flash-hnd-b{block_tokens}"
+    return f"vllm-packed-{order}-b{block_tokens}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,34 +309,42 @@ def vllm_planes(kv_caches: Union[Mapping[str, Any], Sequence[Any]], layout: str 
 
 
 def vllm_kv(kv_caches: Union[Mapping[str, Any], Sequence[Any]], layout: str = "auto",
-            head_dim: Optional[int] = None, prefer: str = "vllm-packed-nhd") -> VllmKV:
+            head_dim: Optional[int] = None, prefer: str = "nhd") -> VllmKV:
     """Planes and byte layout of vLLM's per-layer KV tensors. ``layout`` is
     "auto" (from each tensor's rank and shape), "flash", "flashinfer" or
     "packed"; ``head_dim`` (when known) checks a packed tensor's last dim;
-    ``prefer`` names a packed block whose order cannot be told from its
-    strides (one head or one token per block: NHD and HND are the same
-    bytes)."""
+    ``prefer`` ("nhd"/"hnd", or a byte layout name holding one) is the order
+    of a block whose strides cannot tell (one head or one token per block:
+    both orders are the same bytes)."""
     tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
     if not tensors:
         raise BufferError_("no KV tensors")
+    pref = "hnd" if "hnd" in prefer else "nhd"
     out, names = [], set()
     for t in tensors:
         kind = layout if layout != "auto" else vllm_layout_of(t)
-        if kind == "flash":
-            out.append([t[0], t[1]])
-            names.add("vllm-flash")
-        elif kind == "flashinfer":
-            out.append([t[:, 0], t[:, 1]])
-            names.add("vllm-flash")
-        elif kind == "packed":
-            planes, name = _packed_halves(t, head_dim, prefer)
+        if kind in ("flash", "flashinfer"):
+            planes = [t[0], t[1]] if kind == "flash" else [t[:, 0], t[:, 1]]
+            # plane dims: (blocks, block_size, heads, head_dim)
+            order = _order(planes[0], tokens_dim=1, heads_dim=2, prefer=pref)
             out.append(planes)
-            names.add(name)
+            names.add(vllm_byte_layout_name("flash", order, t.size(2)))
+        elif kind == "packed":
+            planes, order = _packed_halves(t, head_dim, pref)
+            out.append(planes)
+            names.add(vllm_byte_layout_name("packed", order, t.size(2)))
         else:
             raise BufferError_(f"unknown vLLM KV layout {kind!r} (want flash, flashinfer or packed)")
     if len(names) != 1:
         raise BufferError_(f"vLLM KV tensors mix byte layouts {sorted(names)}")
     return VllmKV(out, names.pop())
+
+
+def _order(t: Any, tokens_dim: int, heads_dim: int, prefer: str) -> str:
+    """"nhd" when tokens are outer to heads in memory, "hnd" when heads are."""
+    if t.size(tokens_dim) > 1 and t.size(heads_dim) > 1:
+        return "nhd" if t.stride(tokens_dim) > t.stride(heads_dim) else "hnd"
+    return prefer  # one head or one token per block: both orders are the same bytes
 
 
 def vllm_layout_of(t: Any) -> str:
@@ -341,7 +362,7 @@ def vllm_layout_of(t: Any) -> str:
 
 def _packed_halves(t: Any, head_dim: Optional[int], prefer: str) -> tuple[list[Any], str]:
     """A packed (blocks, heads, block_size, 2*hd) tensor as two planes, the
-    first and second half of every block's bytes, and its byte layout."""
+    first and second half of every block's bytes, and its inner order."""
     if t.dim() != 4:
         raise BufferError_(f"packed vLLM KV tensor must be 4-D, got shape {tuple(t.shape)}")
     if t.size(3) % 2 or (head_dim and t.size(3) != 2 * head_dim):
@@ -350,16 +371,12 @@ def _packed_halves(t: Any, head_dim: Optional[int], prefer: str) -> tuple[list[A
     if t.stride(3) != 1:
         raise BufferError_(f"packed vLLM KV tensor {tuple(t.shape)}: the K|V dim is not innermost (strides {t.stride()})")
     block_bytes, _ = _dense_block(t)
-    heads, tokens = t.size(1), t.size(2)
-    if heads > 1 and tokens > 1:
-        name = "vllm-packed-nhd" if t.stride(2) > t.stride(1) else "vllm-packed-hnd"
-    else:  # one head or one token per block: both orders are the same bytes
-        name = prefer if prefer.startswith("vllm-packed-") else "vllm-packed-nhd"
+    order = _order(t, tokens_dim=2, heads_dim=1, prefer=prefer)
     half = block_bytes // t.element_size() // 2
     import torch  # the engine's torch; only needed for this view
 
     view = torch.as_strided(t, (t.size(0), 2, half), (t.stride(0), half, 1), t.storage_offset())
-    return [view[:, 0], view[:, 1]], name
+    return [view[:, 0], view[:, 1]], order
 
 
 def sglang_planes(k_buffers: Sequence[Any], v_buffers: Sequence[Any], page_size: int) -> list[list[Any]]:

@@ -6,7 +6,7 @@ from orbitkv.keys import Layout
 from orbitkv.vllm.config import ConnectorConfig
 from orbitkv.vllm.prefill_rate import PrefillRate
 from orbitkv.vllm.scheduler import SchedulerHalf
-from tests.vllm_fakes import DictLookup, Request, SchedulerOutput
+from tests.vllm_fakes import CachedRequestData, DictLookup, NewRequestData, Request, SchedulerOutput
 
 
 _NOW: dict = {}
@@ -55,16 +55,39 @@ def _half(recompute=0):
     return half, clock
 
 
+def _prefill_steps(half, clock, n, tokens, dt):
+    """n steps that each prefill a new `tokens`-token prompt, dt apart."""
+    for i in range(n):
+        clock[0] += dt
+        rid = f"p{clock[0]}-{i}"
+        half.get_num_new_matched_tokens(Request(rid, list(range(tokens))), 0)
+        half.build_connector_meta(SchedulerOutput([NewRequestData(rid, list(range(tokens)), ([],), 0)],
+                                                  num_scheduled_tokens={rid: tokens}))
+
+
 def test_lookups_carry_the_measured_rate_once_known():
     half, clock = _half()
     prompt = list(range(300))
     half.get_num_new_matched_tokens(Request("a", prompt), 0)
     assert half.backend.rates == [0]  # nothing measured, nothing configured: the peer restores everything
-    for _ in range(5):  # five prefill steps of 4096 tokens, 0.25 s apart
-        clock[0] += 0.25
-        half.build_connector_meta(SchedulerOutput(num_scheduled_tokens={"x": 4096}))
+    _prefill_steps(half, clock, 5, 4096, 0.25)  # five prefill steps of 4096 prompt tokens
     half.get_num_new_matched_tokens(Request("b", prompt), 0)
     assert abs(half.backend.rates[-1] - 4096 / 0.25) <= 1
+
+
+def test_decode_tokens_do_not_count_as_prefill():
+    """600 requests decoding schedule 600 tokens a step: that is no prefill rate."""
+    half, clock = _half()
+    ids = [f"d{i}" for i in range(600)]
+    for rid in ids:
+        half.get_num_new_matched_tokens(Request(rid, list(range(100))), 0)
+    half.build_connector_meta(SchedulerOutput([NewRequestData(r, list(range(100)), ([],), 0) for r in ids],
+                                              num_scheduled_tokens={r: 100 for r in ids}))
+    for step in range(10):  # decode: one token each, 35 ms a step
+        clock[0] += 0.035
+        cr = CachedRequestData(req_ids=ids, new_block_ids=[None] * 600, num_computed_tokens=[100 + step] * 600)
+        half.build_connector_meta(SchedulerOutput(scheduled_cached_reqs=cr, num_scheduled_tokens={r: 1 for r in ids}))
+    assert half.prefill.rate is None
 
 
 def test_the_configured_rate_stands_in_until_one_is_measured():

@@ -28,7 +28,7 @@ def test_layout_derived_from_vllm_config():
     assert cfg.block_tokens == 16 and lay.page_tokens == 64 and cfg.blocks_per_page == 4
     # The byte layout is what the installed vLLM allocates (packed from 0.26 on); without vLLM
     # the 5-D layout the reference engine uses.
-    assert lay.byte_layout == (vllm_byte_layout() or "vllm-flash")
+    assert lay.byte_layout == (vllm_byte_layout(16) or "vllm-flash")
 
 
 def test_extra_config_overrides_and_validation():

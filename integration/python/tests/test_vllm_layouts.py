@@ -34,6 +34,11 @@ def _flashinfer(pool):  # (blocks, 2, block, heads, dim) per layer
     return [t[i] for i in range(L)]
 
 
+def _flash_hnd(pool):  # (2, blocks, block, heads, dim) per layer, memory head-major inside a block
+    t = pool.view(L, 2, NB, H, BS, D)
+    return [t[i].permute(0, 1, 3, 2, 4) for i in range(L)]
+
+
 def _packed_nhd(pool):  # logical (blocks, heads, block, 2*dim), memory (blocks, block, heads, 2*dim)
     t = pool.view(L, NB, BS, H, 2 * D)
     return [t[i].permute(0, 2, 1, 3) for i in range(L)]
@@ -47,8 +52,9 @@ def _packed_hnd(pool):  # logical = memory (blocks, heads, block, 2*dim)
 LAYOUTS = {
     "flash": (_flash, "vllm-flash"),
     "flashinfer": (_flashinfer, "vllm-flash"),
-    "packed-nhd": (_packed_nhd, "vllm-packed-nhd"),
-    "packed-hnd": (_packed_hnd, "vllm-packed-hnd"),
+    "flash-hnd": (_flash_hnd, f"vllm-flash-hnd-b{BS}"),
+    "packed-nhd": (_packed_nhd, f"vllm-packed-nhd-b{BS}"),
+    "packed-hnd": (_packed_hnd, f"vllm-packed-hnd-b{BS}"),
 }
 
 
@@ -63,7 +69,7 @@ def _extra(socket, byte_layout):
 
 def _block(layer_tensor, kind, b):
     """Every element of block b of one layer, K and V, in a fixed order."""
-    if kind == "flash":
+    if kind.startswith("flash") and kind != "flashinfer":
         return torch.stack([layer_tensor[0, b], layer_tensor[1, b]]).flatten()
     return layer_tensor[b].flatten()
 
@@ -102,14 +108,15 @@ def test_page_restored_into_other_blocks_reads_back_exactly(kind, peer):
 
 
 def _poison(t, kind, b):
-    if kind == "flash":
+    if kind.startswith("flash") and kind != "flashinfer":
         t[:, b].fill_(float("nan"))
     else:
         t[b].fill_(float("nan"))
 
 
-@pytest.mark.parametrize("kind,keyed", [("packed-nhd", "vllm-packed-hnd"), ("packed-hnd", "vllm-packed-nhd"),
-                                        ("packed-nhd", "vllm-flash"), ("flash", "vllm-packed-nhd")])
+@pytest.mark.parametrize("kind,keyed", [("packed-nhd", f"vllm-packed-hnd-b{BS}"), ("packed-hnd", f"vllm-packed-nhd-b{BS}"),
+                                        ("packed-nhd", "vllm-flash"), ("flash", f"vllm-packed-nhd-b{BS}"),
+                                        ("flash-hnd", "vllm-flash"), ("packed-nhd", f"vllm-packed-nhd-b{2 * BS}")])
 def test_tensors_of_another_byte_layout_are_refused(kind, keyed, tmp_path):
     make, _ = LAYOUTS[kind]
     with shm_pool(ELEMS * 4) as (_, raw):
@@ -136,3 +143,46 @@ def test_packed_block_that_is_not_dense_is_refused():
     t = torch.zeros(NB, H, 2 * BS, 2 * D)[:, :, ::2]  # every other token: gaps inside the block
     with pytest.raises(errors.BufferError_, match="not dense"):
         buffers.vllm_kv([t], head_dim=D)
+
+
+def test_the_block_size_is_part_of_a_packed_or_head_major_byte_layout():
+    """A packed page is its blocks' first halves, then their second halves: the same
+    tokens make other bytes with other block sizes, so the keys must differ too (an
+    engine restarted with another --block-size must miss, not load wrong KV)."""
+    def packed(bs):
+        return torch.zeros(4, H, bs, 2 * D).permute(0, 1, 2, 3)
+
+    def nhd(bs):
+        return torch.zeros(4, bs, H, 2 * D).permute(0, 2, 1, 3)
+
+    assert buffers.vllm_kv([nhd(4)]).byte_layout == "vllm-packed-nhd-b4"
+    assert buffers.vllm_kv([nhd(8)]).byte_layout == "vllm-packed-nhd-b8"
+    assert buffers.vllm_kv([packed(8)]).byte_layout == "vllm-packed-hnd-b8"
+    assert buffers.vllm_kv([torch.zeros(2, 4, 8, H, D)]).byte_layout == "vllm-flash"  # token-major: any block size
+    fps = {keys.Layout("m", "r", "fp32", 1, H, D, 0, 1, 16, bl).fingerprint()
+           for bl in ("vllm-packed-nhd-b4", "vllm-packed-nhd-b8")}
+    assert len(fps) == 2
+
+
+def test_flash_and_flashinfer_pages_are_the_same_bytes(peer):
+    """The two 5-D shapes are one byte layout: a page saved from one restores into the other."""
+    with shm_pool(ELEMS * 4) as (_, raw_a), shm_pool(ELEMS * 4) as (_, raw_b):
+        a, b = raw_a.view(torch.float32), raw_b.view(torch.float32)
+        a.copy_(torch.randn(ELEMS))
+        b.fill_(float("nan"))
+        fa = {f"l{i}": t for i, t in enumerate(_flash(a))}
+        fb = {f"l{i}": t for i, t in enumerate(_flashinfer(b))}
+        wa = OrbitKVConnector(_extra(peer.socket, "vllm-flash"), KVConnectorRole.WORKER, None)
+        wb = OrbitKVConnector(_extra(peer.socket, "vllm-flash"), KVConnectorRole.WORKER, None)
+        try:
+            wa.register_kv_caches(fa)
+            wb.register_kv_caches(fb)
+            ks = keys.chain(wa.worker.session.layout.fingerprint(), PT, list(range(900, 900 + PT)))
+            assert wa.worker.session.save([PageRef(ks[0], (0, 1))]).wait(10).ok
+            assert wb.worker.session.load([PageRef(ks[0], (5, 6))]).wait(10).ok
+            for l in range(L):
+                for sb, db in ((0, 5), (1, 6)):
+                    assert torch.equal(_block(fa[f"l{l}"], "flash", sb), _block(fb[f"l{l}"], "flashinfer", db))
+        finally:
+            wa.shutdown()
+            wb.shutdown()

@@ -206,10 +206,18 @@ class Harness:
             self._check(rid, tokens, start)
             self._write(rid, tokens, start, start + n)
             if start + n >= req.num_prompt_tokens:
-                sampled[rid] = [next_token(tokens[: start + n])]
+                sampled[rid] = [self._sample(rid, tokens, start + n)]
             else:
                 sampled[rid] = []
         return sampled
+
+    def _sample(self, rid: str, tokens: list[int], upto: int) -> int:
+        """The next token, read from the cache the way attention reads it:
+        a function of every stored K|V value of the sequence (layer 0), so an
+        output depends on the bytes in the blocks, restored ones included."""
+        b, off = self._slots(rid, 0, upto)
+        stored = self.phys[0][b, off].to(torch.float64).sum().item()
+        return (int(stored) ^ next_token(tokens[:upto])) % VOCAB
 
     def _slots(self, rid: str, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         blocks = self._blocks[rid]

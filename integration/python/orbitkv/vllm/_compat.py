@@ -95,24 +95,25 @@ def vllm_version() -> str:
         return ""
 
 
-def vllm_byte_layout() -> Optional[str]:
+def vllm_byte_layout(block_tokens: int) -> Optional[str]:
     """The page byte layout the installed vLLM's attention backends allocate
-    (orbitkv.buffers names them): "vllm-flash" for the 5-D K/V caches of
-    vLLM < 0.26, "vllm-packed-nhd"/"-hnd" for the packed 4-D caches of
-    0.26 and later, by VLLM_KV_CACHE_LAYOUT (the connector asks for NHD).
-    None without vLLM. The worker checks its real tensors against this."""
+    for ``block_tokens``-token blocks (orbitkv.buffers names them): 5-D K/V
+    caches before 0.26, packed 4-D ones from 0.26 on, in the order
+    VLLM_KV_CACHE_LAYOUT names (the connector asks for NHD). None without
+    vLLM. The worker checks its real tensors against this and refuses a
+    mismatch (a backend that forces another order, say)."""
     if not HAVE_VLLM:
         return None
+    from orbitkv.buffers import vllm_byte_layout_name
+
     try:  # pragma: no cover - exercised where vLLM is installed
         from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # type: ignore
 
         rank = len(FlashAttentionBackend.get_kv_cache_shape(1, 16, 1, 1))
     except Exception:
         rank = 4 if _at_least(vllm_version(), (0, 26)) else 5
-    if rank == 5:
-        return "vllm-flash"
-    order = (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD").upper()
-    return "vllm-packed-hnd" if order == "HND" else "vllm-packed-nhd"
+    order = "hnd" if (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD").upper() == "HND" else "nhd"
+    return vllm_byte_layout_name("flash" if rank == 5 else "packed", order, block_tokens)
 
 
 def _at_least(version: str, want: tuple[int, ...]) -> bool:

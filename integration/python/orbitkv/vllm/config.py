@@ -118,7 +118,7 @@ def _from_vllm(vllm_config: Any) -> dict[str, Any]:
         out["tp_size"] = int(getattr(pc, "tensor_parallel_size", 1))
     if cc is not None and getattr(cc, "block_size", None):
         out["block_tokens"] = int(cc.block_size)
-    byte_layout = vllm_byte_layout()
+    byte_layout = vllm_byte_layout(int(out.get("block_tokens", 16)))
     if byte_layout:
         out["byte_layout"] = byte_layout
     return out

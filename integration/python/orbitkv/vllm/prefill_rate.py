@@ -22,10 +22,11 @@ from typing import Optional
 @dataclasses.dataclass
 class PrefillRate:
     """An exponentially weighted prefill rate (tokens/s) over prefill-heavy
-    steps. A step counts when it scheduled at least ``min_tokens`` (mostly
-    prefill: decode steps schedule one token per request) and followed a busy
-    step within ``max_gap_s`` (so an idle engine's wait is not taken for
-    compute). ``rate`` is None until ``warmup`` steps were seen."""
+    steps. The caller passes each step's prompt (prefill) tokens, not its
+    decode tokens; a step counts when it computed at least ``min_tokens`` of
+    them and the next step was planned within ``max_gap_s`` (so an idle
+    engine's wait is not taken for compute). ``rate`` is None until
+    ``warmup`` steps were seen."""
 
     min_tokens: int = 512
     max_gap_s: float = 5.0
@@ -38,7 +39,7 @@ class PrefillRate:
     _seen: int = 0
 
     def step(self, now: float, scheduled_tokens: int) -> None:
-        """Records that a step scheduling ``scheduled_tokens`` was planned at ``now``."""
+        """Records that a step computing ``scheduled_tokens`` prompt tokens was planned at ``now``."""
         if self._last_t is not None and self._last_busy:
             dt = now - self._last_t
             if 0 < dt <= self.max_gap_s and self._pending >= self.min_tokens:

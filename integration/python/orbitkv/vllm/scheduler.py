@@ -72,6 +72,7 @@ class SchedulerHalf:
         self._loads: list[LoadSpec] = []
         self._after_step: list[_Lookup] = []  # leases of sync loads, released after the step ran
         self.prefill = PrefillRate()  # the engine's prefill tokens/s, from the steps it plans
+        self._step_prefill = 0  # prompt tokens the step being planned computes
 
     # --- keys and lookups ----------------------------------------------------
 
@@ -188,12 +189,14 @@ class SchedulerHalf:
         meta = OrbitKVMetadata(loads=self._loads)
         self._loads = []
         sched = dict(getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
-        self.prefill.step(self.clock(), sum(int(n) for n in sched.values()))
+        self._step_prefill = 0
         for nr in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
             st = self._reqs.get(str(nr.req_id)) or self._adopt(nr)
             st.block_ids = block_ids_of(nr.block_ids)
             self._scheduled(st, int(nr.num_computed_tokens) + int(sched.get(nr.req_id, 0)), sched.get(nr.req_id, 0), meta)
         self._cached(scheduler_output, sched, meta)
+        # Prompt tokens this step computes (decode tokens are not prefill work).
+        self.prefill.step(self.clock(), self._step_prefill)
         meta.preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         for rid in meta.preempted:
             self._preempted(rid)
@@ -238,6 +241,7 @@ class SchedulerHalf:
     def _scheduled(self, st: _Req, computed_after: int, num_tokens: int, meta: OrbitKVMetadata) -> None:
         if num_tokens <= 0:
             return
+        self._step_prefill += max(0, min(computed_after, len(st.tokens)) - (computed_after - num_tokens))
         if st.sync_load and st.lookup is not None:
             st.sync_load = False
             self._after_step.append(st.lookup)  # the load runs in this step
