@@ -100,7 +100,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
-        return "NHD"  # token-major blocks: "vllm-flash" and "vllm-packed-nhd" pages
+        return "NHD"  # token-major blocks: "vllm-flash" and "vllm-packed-nhd-b<B>" pages
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
