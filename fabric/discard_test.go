@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,7 +111,12 @@ func TestSmallerSSDTierRefusesToStart(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := fx.cfg
 			cfg.SSDBytes, cfg.SSDFileBytes = bytesize.Size(c.bytes), bytesize.Size(c.fileSize)
+			before := pageFileNames(t, cfg.DataDir)
 			p, err := New(cfg, zerolog.New(io.Discard))
+			// A refused start changes nothing on disk: no page file made, none removed.
+			if after := pageFileNames(t, cfg.DataDir); !slices.Equal(before, after) {
+				t.Errorf("page files %v before the refused start, %v after", before, after)
+			}
 			if err == nil {
 				p.Close()
 				t.Fatal("started with a tier that drops stored pages")
@@ -253,4 +259,14 @@ func TestSSDDiscardTakesNoOlderCopyInside(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pageFileNames lists the SSD page files under dataDir.
+func pageFileNames(t *testing.T, dataDir string) []string {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(dataDir, "ssd", "orbitkv-*.pages"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
 }

@@ -80,7 +80,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	p.pages.cluster, p.pages.log = p.cluster, log
 	gpu, err := openGPU(p.cfg, p.pages.dramR, log)
 	if err != nil {
-		p.closeTiers()
+		p.abandonStart()
 		return nil, err
 	}
 	p.gpu = gpu
@@ -90,16 +90,16 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	}
 	sc, err := p.pages.scanSSD(filepath.Join(cfg.DataDir, "ssd"), scan)
 	if err != nil {
-		p.closeTiers()
+		p.abandonStart()
 		return nil, fmt.Errorf("scan ssd page files: %w", err)
 	}
 	if err := p.fitSSDTier(&sc); err != nil { // before recover drops what the tier does not hold
-		p.closeTiers()
+		p.abandonStart()
 		return nil, err
 	}
 	rep, err := p.pages.recover(sc)
 	if err != nil {
-		p.closeTiers()
+		p.abandonStart()
 		return nil, fmt.Errorf("recover catalog: %w", err)
 	}
 	p.logRecovery(rep)
@@ -295,6 +295,18 @@ func (p *Peer) Close() error {
 func (p *Peer) closeSessions() {
 	for _, s := range p.sessions.list() {
 		p.closeSession(s.id)
+	}
+}
+
+// abandonStart undoes a start that fails after the tiers opened: the tiers
+// are closed and the page files this start created (a refused start may
+// have preallocated new ones) are removed, so the disk is as it was.
+func (p *Peer) abandonStart() {
+	_ = p.closeTiers()
+	if p.ssd != nil {
+		if err := p.ssd.RemoveCreated(); err != nil {
+			p.log.Warn().Err(err).Msg("abandoned start: page files it created")
+		}
 	}
 }
 

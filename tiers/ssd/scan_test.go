@@ -192,3 +192,28 @@ func TestScanBeyondFindsPagesOutsideTheTier(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveCreatedKeepsFilesThatExisted: a start given up after Open (a
+// refused configuration) removes the page files Open made, and only those.
+func TestRemoveCreatedKeepsFilesThatExisted(t *testing.T) {
+	dir := testDir(t)
+	s, err := Open(Config{Dir: dir, CapacityBytes: RegionBytes, FileBytes: RegionBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	s, err = Open(Config{Dir: dir, CapacityBytes: 3 * RegionBytes, FileBytes: RegionBytes}) // makes 001 and 002
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	if err := s.RemoveCreated(); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, false} {
+		_, err := os.Stat(filepath.Join(dir, FileName(i)))
+		if exists := err == nil; exists != want {
+			t.Errorf("%s exists %v after RemoveCreated, want %v", FileName(i), exists, want)
+		}
+	}
+}

@@ -36,6 +36,7 @@ type Store struct {
 		alloc  *allocator
 		closed bool
 	}
+	created                             []string       // page files Open made (RemoveCreated)
 	calls                               sync.WaitGroup // Read and Write calls running
 	reads, writes, bytesRead, bytesWrit atomic.Uint64
 }
@@ -89,7 +90,22 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s.ring = ring
 	s.mu.alloc = newAllocator(RegionBytes, s.sizes)
+	s.created = created
 	return s, nil
+}
+
+// RemoveCreated removes the page files this Store's Open created (none
+// existed before it), for a start that is given up after Open: call it
+// after Close. Files that existed stay as they were.
+func (s *Store) RemoveCreated() error {
+	var errs []error
+	for _, p := range s.created {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
+		}
+	}
+	s.created = nil
+	return errors.Join(errs...)
 }
 
 func (s *Store) closeFiles() error {
