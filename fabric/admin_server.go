@@ -57,7 +57,7 @@ func (s *adminServer) Status(context.Context, *pb.StatusRequest) (*pb.StatusResp
 	p := s.p
 	ps := p.pool.Stats()
 	problem := p.problem(time.Now())
-	out := &pb.StatusResponse{Healthy: problem == "", Problem: problem, Version: Version, UptimeMs: time.Since(p.started).Milliseconds(),
+	out := &pb.StatusResponse{Healthy: problem == "", Problem: problem, StartRepair: p.startRepair, Version: Version, UptimeMs: time.Since(p.started).Milliseconds(),
 		Sessions: uint32(len(p.sessions.list())), CatalogEntries: uint64(p.cat.Len()), InflightOps: uint32(p.runningOps())}
 	p.pages.mu.Lock()
 	ssdPages := p.pages.mu.ssd.Len()

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -82,6 +83,7 @@ func (p *Peer) logRecovery(rep recoverReport) {
 	}
 	ev.Int("pages", rep.Kept+rep.Rebuilt).Int("rebuilt", rep.Rebuilt).Int("dropped", rep.Dropped).
 		Int("corrupt_records", st.CorruptRecords).Msg("recovered ssd pages")
+	p.startRepair = startRepairText(st.Damage.Reason, rep.Rebuilt, rep.Dropped)
 	if err := p.cat.Health(); err != nil {
 		p.log.Error().Err(err).Msg("catalog cannot persist at start: saves to SSD fail, DRAM serves; retrying")
 	}
@@ -92,4 +94,17 @@ func (p *Peer) logRecovery(rep recoverReport) {
 func pageFilesExist(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, ssd.FileName(0)))
 	return err == nil
+}
+
+// startRepairText is what Status says the start repaired ("" for nothing):
+// the catalog is then healthy again, but an operator should know it was not.
+func startRepairText(damage string, rebuilt, dropped int) string {
+	if damage == "" && rebuilt == 0 && dropped == 0 {
+		return ""
+	}
+	out := fmt.Sprintf("catalog repaired at start from the SSD page headers: %d pages rebuilt, %d dropped", rebuilt, dropped)
+	if damage != "" {
+		out += " (damage: " + damage + ")"
+	}
+	return out
 }

@@ -38,6 +38,9 @@ type Peer struct {
 	gpu      *gpuState // nil without a usable GPU (see gpu.go)
 	cluster  *cluster  // nil when standalone (cluster.go)
 	dataDir  string    // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
+	// startRepair says what the start repaired in the catalog, for Status
+	// ("" for nothing); set once in New, read-only afterwards.
+	startRepair string
 
 	// budget is the effective query budget: the configured one, capped at
 	// half the DRAM pool so leases can never pin every slot and stall saves.

@@ -60,6 +60,9 @@ func runStatus(ctx context.Context, args []string, out io.Writer) error {
 	for _, t := range st.Tiers {
 		fmt.Fprintf(out, "%-10s %8d pages %14d / %d bytes\n", t.Tier, t.Pages, t.UsedBytes, t.CapacityBytes)
 	}
+	if st.StartRepair != "" {
+		fmt.Fprintln(out, st.StartRepair)
+	}
 	if !st.Healthy {
 		return fmt.Errorf("peer unhealthy")
 	}

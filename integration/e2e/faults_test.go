@@ -136,7 +136,8 @@ func TestCatalogDamageRebuildsFromPageFiles(t *testing.T) {
 			tc.damage(t)
 
 			p := startPeer(t, data)
-			if out, err := p.cli(t, "status"); err != nil || !strings.HasPrefix(out, "healthy") {
+			out, err := p.cli(t, "status")
+			if err != nil || !strings.HasPrefix(out, "healthy") {
 				t.Fatalf("status after damage: %v\n%s", err, out)
 			}
 			verifyAll(t, ctx, openEngine(t, p, shm), shm, acked)
@@ -144,6 +145,11 @@ func TestCatalogDamageRebuildsFromPageFiles(t *testing.T) {
 			t.Logf("recovery: rebuilt %v, dropped %v, damage %v", line["rebuilt"], line["dropped"], line["catalog_damage"])
 			if got := metricValue(t, p, "orbitkv_catalog_rebuilt_pages_total"); got != line["rebuilt"] {
 				t.Fatalf("orbitkv_catalog_rebuilt_pages_total = %v, log says %v", got, line["rebuilt"])
+			}
+			// Healthy again, but status says what the start repaired.
+			repaired := line["catalog_damage"] != nil || line["rebuilt"] != float64(0) || line["dropped"] != float64(0)
+			if said := strings.Contains(out, "catalog repaired at start"); said != repaired {
+				t.Fatalf("status says a repair: %v; the start repaired (log): %v\n%s", said, repaired, out)
 			}
 		})
 	}

@@ -138,8 +138,11 @@ type StatusResponse struct {
 	CatalogEntries uint64                 `protobuf:"varint,7,opt,name=catalog_entries,json=catalogEntries,proto3" json:"catalog_entries,omitempty"`
 	InflightOps    uint32                 `protobuf:"varint,8,opt,name=inflight_ops,json=inflightOps,proto3" json:"inflight_ops,omitempty"`
 	Problem        string                 `protobuf:"bytes,9,opt,name=problem,proto3" json:"problem,omitempty"` // why healthy is false
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What this peer's start repaired in the catalog from the SSD page headers
+	// (damage found, pages rebuilt and dropped); "" when it repaired nothing.
+	StartRepair   string `protobuf:"bytes,10,opt,name=start_repair,json=startRepair,proto3" json:"start_repair,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -231,6 +234,13 @@ func (x *StatusResponse) GetInflightOps() uint32 {
 func (x *StatusResponse) GetProblem() string {
 	if x != nil {
 		return x.Problem
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetStartRepair() string {
+	if x != nil {
+		return x.StartRepair
 	}
 	return ""
 }
@@ -740,7 +750,7 @@ const file_orbitkv_v1_admin_proto_rawDesc = "" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
 	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\x12\x14\n" +
-	"\x05pages\x18\x04 \x01(\x04R\x05pages\"\xa9\x02\n" +
+	"\x05pages\x18\x04 \x01(\x04R\x05pages\"\xcc\x02\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1b\n" +
@@ -750,7 +760,9 @@ const file_orbitkv_v1_admin_proto_rawDesc = "" +
 	"\x06leases\x18\x06 \x01(\rR\x06leases\x12'\n" +
 	"\x0fcatalog_entries\x18\a \x01(\x04R\x0ecatalogEntries\x12!\n" +
 	"\finflight_ops\x18\b \x01(\rR\vinflightOps\x12\x18\n" +
-	"\aproblem\x18\t \x01(\tR\aproblem\"*\n" +
+	"\aproblem\x18\t \x01(\tR\aproblem\x12!\n" +
+	"\fstart_repair\x18\n" +
+	" \x01(\tR\vstartRepair\"*\n" +
 	"\x14CatalogLookupRequest\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\fR\x04keys\"\\\n" +
 	"\x15CatalogLookupResponse\x12\x1b\n" +

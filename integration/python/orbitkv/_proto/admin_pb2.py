@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from . import engine_pb2 as orbitkv_dot_v1_dot_engine__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16orbitkv/v1/admin.proto\x12\norbitkv.v1\x1a\x17orbitkv/v1/engine.proto\"\x0f\n\rStatusRequest\"g\n\nTierStatus\x12\x1e\n\x04tier\x18\x01 \x01(\x0e\x32\x10.orbitkv.v1.Tier\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\r\n\x05pages\x18\x04 \x01(\x04\"\xce\x01\n\x0eStatusResponse\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x11\n\tuptime_ms\x18\x03 \x01(\x03\x12%\n\x05tiers\x18\x04 \x03(\x0b\x32\x16.orbitkv.v1.TierStatus\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x0e\n\x06leases\x18\x06 \x01(\r\x12\x17\n\x0f\x63\x61talog_entries\x18\x07 \x01(\x04\x12\x14\n\x0cinflight_ops\x18\x08 \x01(\r\x12\x0f\n\x07problem\x18\t \x01(\t\"$\n\x14\x43\x61talogLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"K\n\x15\x43\x61talogLookupResponse\x12\x11\n\thit_pages\x18\x01 \x01(\r\x12\x1f\n\x05tiers\x18\x02 \x03(\x0e\x32\x10.orbitkv.v1.Tier\"<\n\x0c\x45victRequest\x12\x1e\n\x04tier\x18\x01 \x01(\x0e\x32\x10.orbitkv.v1.Tier\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"&\n\rEvictResponse\x12\x15\n\revicted_pages\x18\x01 \x01(\x04\"\"\n\x0c\x44rainRequest\x12\x12\n\ntimeout_ms\x18\x01 \x01(\r\"-\n\rDrainResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\x0e\n\x0cPeersRequest\"\xac\x01\n\x08PeerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\x11\n\tdata_addr\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0c\n\x04self\x18\x06 \x01(\x08\x12\r\n\x05pages\x18\x07 \x01(\x04\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x16\n\x0esynced_unix_ms\x18\t \x01(\x03\"X\n\rPeersResponse\x12\x11\n\tclustered\x18\x01 \x01(\x08\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12#\n\x05peers\x18\x03 \x03(\x0b\x32\x14.orbitkv.v1.PeerInfo2\xdf\x02\n\x0c\x41\x64minService\x12?\n\x06Status\x12\x19.orbitkv.v1.StatusRequest\x1a\x1a.orbitkv.v1.StatusResponse\x12<\n\x05Peers\x12\x18.orbitkv.v1.PeersRequest\x1a\x19.orbitkv.v1.PeersResponse\x12T\n\rCatalogLookup\x12 .orbitkv.v1.CatalogLookupRequest\x1a!.orbitkv.v1.CatalogLookupResponse\x12<\n\x05\x45vict\x12\x18.orbitkv.v1.EvictRequest\x1a\x19.orbitkv.v1.EvictResponse\x12<\n\x05\x44rain\x12\x18.orbitkv.v1.DrainRequest\x1a\x19.orbitkv.v1.DrainResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16orbitkv/v1/admin.proto\x12\norbitkv.v1\x1a\x17orbitkv/v1/engine.proto\"\x0f\n\rStatusRequest\"g\n\nTierStatus\x12\x1e\n\x04tier\x18\x01 \x01(\x0e\x32\x10.orbitkv.v1.Tier\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\r\n\x05pages\x18\x04 \x01(\x04\"\xe4\x01\n\x0eStatusResponse\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x11\n\tuptime_ms\x18\x03 \x01(\x03\x12%\n\x05tiers\x18\x04 \x03(\x0b\x32\x16.orbitkv.v1.TierStatus\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x0e\n\x06leases\x18\x06 \x01(\r\x12\x17\n\x0f\x63\x61talog_entries\x18\x07 \x01(\x04\x12\x14\n\x0cinflight_ops\x18\x08 \x01(\r\x12\x0f\n\x07problem\x18\t \x01(\t\x12\x14\n\x0cstart_repair\x18\n \x01(\t\"$\n\x14\x43\x61talogLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"K\n\x15\x43\x61talogLookupResponse\x12\x11\n\thit_pages\x18\x01 \x01(\r\x12\x1f\n\x05tiers\x18\x02 \x03(\x0e\x32\x10.orbitkv.v1.Tier\"<\n\x0c\x45victRequest\x12\x1e\n\x04tier\x18\x01 \x01(\x0e\x32\x10.orbitkv.v1.Tier\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"&\n\rEvictResponse\x12\x15\n\revicted_pages\x18\x01 \x01(\x04\"\"\n\x0c\x44rainRequest\x12\x12\n\ntimeout_ms\x18\x01 \x01(\r\"-\n\rDrainResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\x0e\n\x0cPeersRequest\"\xac\x01\n\x08PeerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\x11\n\tdata_addr\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0c\n\x04self\x18\x06 \x01(\x08\x12\r\n\x05pages\x18\x07 \x01(\x04\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x16\n\x0esynced_unix_ms\x18\t \x01(\x03\"X\n\rPeersResponse\x12\x11\n\tclustered\x18\x01 \x01(\x08\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12#\n\x05peers\x18\x03 \x03(\x0b\x32\x14.orbitkv.v1.PeerInfo2\xdf\x02\n\x0c\x41\x64minService\x12?\n\x06Status\x12\x19.orbitkv.v1.StatusRequest\x1a\x1a.orbitkv.v1.StatusResponse\x12<\n\x05Peers\x12\x18.orbitkv.v1.PeersRequest\x1a\x19.orbitkv.v1.PeersResponse\x12T\n\rCatalogLookup\x12 .orbitkv.v1.CatalogLookupRequest\x1a!.orbitkv.v1.CatalogLookupResponse\x12<\n\x05\x45vict\x12\x18.orbitkv.v1.EvictRequest\x1a\x19.orbitkv.v1.EvictResponse\x12<\n\x05\x44rain\x12\x18.orbitkv.v1.DrainRequest\x1a\x19.orbitkv.v1.DrainResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'orbitkv.v1.admin_pb2', globals())
@@ -27,25 +27,25 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _TIERSTATUS._serialized_start=80
   _TIERSTATUS._serialized_end=183
   _STATUSRESPONSE._serialized_start=186
-  _STATUSRESPONSE._serialized_end=392
-  _CATALOGLOOKUPREQUEST._serialized_start=394
-  _CATALOGLOOKUPREQUEST._serialized_end=430
-  _CATALOGLOOKUPRESPONSE._serialized_start=432
-  _CATALOGLOOKUPRESPONSE._serialized_end=507
-  _EVICTREQUEST._serialized_start=509
-  _EVICTREQUEST._serialized_end=569
-  _EVICTRESPONSE._serialized_start=571
-  _EVICTRESPONSE._serialized_end=609
-  _DRAINREQUEST._serialized_start=611
-  _DRAINREQUEST._serialized_end=645
-  _DRAINRESPONSE._serialized_start=647
-  _DRAINRESPONSE._serialized_end=692
-  _PEERSREQUEST._serialized_start=694
-  _PEERSREQUEST._serialized_end=708
-  _PEERINFO._serialized_start=711
-  _PEERINFO._serialized_end=883
-  _PEERSRESPONSE._serialized_start=885
-  _PEERSRESPONSE._serialized_end=973
-  _ADMINSERVICE._serialized_start=976
-  _ADMINSERVICE._serialized_end=1327
+  _STATUSRESPONSE._serialized_end=414
+  _CATALOGLOOKUPREQUEST._serialized_start=416
+  _CATALOGLOOKUPREQUEST._serialized_end=452
+  _CATALOGLOOKUPRESPONSE._serialized_start=454
+  _CATALOGLOOKUPRESPONSE._serialized_end=529
+  _EVICTREQUEST._serialized_start=531
+  _EVICTREQUEST._serialized_end=591
+  _EVICTRESPONSE._serialized_start=593
+  _EVICTRESPONSE._serialized_end=631
+  _DRAINREQUEST._serialized_start=633
+  _DRAINREQUEST._serialized_end=667
+  _DRAINRESPONSE._serialized_start=669
+  _DRAINRESPONSE._serialized_end=714
+  _PEERSREQUEST._serialized_start=716
+  _PEERSREQUEST._serialized_end=730
+  _PEERINFO._serialized_start=733
+  _PEERINFO._serialized_end=905
+  _PEERSRESPONSE._serialized_start=907
+  _PEERSRESPONSE._serialized_end=995
+  _ADMINSERVICE._serialized_start=998
+  _ADMINSERVICE._serialized_end=1349
 # @@protoc_insertion_point(module_scope)
