@@ -138,15 +138,7 @@ func TestSSDDiscardDropsPagesOutsideTheTier(t *testing.T) {
 	dir := filepath.Join(fx.cfg.DataDir, "ssd")
 	smaller := fx.cfg
 	smaller.SSDBytes, smaller.SSDDiscard = 64<<20, true
-	var log bytes.Buffer
-	p, err := New(smaller, zerolog.New(&log))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Close()
-	if want := `"discarded_pages":` + strconv.Itoa(fx.inFile[1]); !strings.Contains(log.String(), want) {
-		t.Fatalf("log %s\nwant %s", log.String(), want)
-	}
+	fx.startDiscarding(t, smaller, fx.inFile[1])
 	fx.check(t, smaller, tinyFlash)
 	if _, err := os.Stat(filepath.Join(dir, ssd.FileName(1))); !os.IsNotExist(err) {
 		t.Fatalf("page file 1 after discarding it: %v, want it removed", err)
@@ -202,15 +194,7 @@ func TestShrunkSSDTierWithoutCatalogRefusesToStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	smaller.SSDDiscard = true
-	var log bytes.Buffer
-	p, err := New(smaller, zerolog.New(&log))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Close()
-	if want := `"discarded_pages":` + strconv.Itoa(fx.inFile[1]); !strings.Contains(log.String(), want) {
-		t.Fatalf("log %s\nwant %s", log.String(), want)
-	}
+	fx.startDiscarding(t, smaller, fx.inFile[1])
 	fx.check(t, smaller, tinyFlash)
 }
 
@@ -269,4 +253,19 @@ func pageFileNames(t *testing.T, dataDir string) []string {
 		t.Fatal(err)
 	}
 	return names
+}
+
+// startDiscarding starts (and closes) a peer on cfg, which sets SSDDiscard,
+// and checks its log says it discarded want pages.
+func (fx *ssdFixture) startDiscarding(t *testing.T, cfg Config, want int) {
+	t.Helper()
+	var log bytes.Buffer
+	p, err := New(cfg, zerolog.New(&log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if w := `"discarded_pages":` + strconv.Itoa(want); !strings.Contains(log.String(), w) {
+		t.Fatalf("log %s\nwant %s", log.String(), w)
+	}
 }

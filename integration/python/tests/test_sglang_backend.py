@@ -6,7 +6,6 @@ into other host slots; plus the legacy get/set path."""
 
 import concurrent.futures as cf
 import contextlib
-import hashlib
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import torch
 from orbitkv.sglang import OrbitKVHiCacheStorage
 from orbitkv.sglang._compat import HiCacheStorageConfig
 from tests.shm import shm_pool
+from tests.sglang_pages import page_hashes, token_indices
 
 PS, L, H, D = 4, 2, 2, 8
 BATCH = 128  # HiCache's STORAGE_BATCH_SIZE
@@ -61,17 +61,11 @@ def _backend(socket, rank=0, tp=1, **extra):
     return OrbitKVHiCacheStorage(cfg, {})
 
 
-def _hashes(n, salt=""):
-    out, prev = [], b""
-    for i in range(n):
-        h = hashlib.sha256(prev + f"{salt}{i}".encode()).hexdigest()
-        out.append(h)
-        prev = h.encode()
-    return out
+_hashes = page_hashes
 
 
 def _indices(pages):
-    return torch.tensor([p * PS + t for p in pages for t in range(PS)], dtype=torch.int64)
+    return token_indices(pages, PS)
 
 
 @pytest.mark.parametrize("layout,shared", [

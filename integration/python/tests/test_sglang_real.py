@@ -11,7 +11,6 @@ ORBITKV_REQUIRE=sglang so a missing SGLang fails instead of skipping."""
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 import signal
@@ -30,6 +29,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 
 from orbitkv.sglang import OrbitKVHiCacheStorage, _compat  # noqa: E402
 from tests.fixtures import wait_until  # noqa: E402
+from tests.sglang_pages import page_hashes, token_indices
 
 PoolName, PoolHitPolicy, PoolTransfer = hs.PoolName, hs.PoolHitPolicy, hs.PoolTransfer
 PS, L, H, D = 4, 2, 2, 8
@@ -69,17 +69,11 @@ def backend(socket, pool, **kw):
     return be
 
 
-def hashes(n, salt=""):
-    out, prev = [], b""
-    for i in range(n):
-        h = hashlib.sha256(prev + f"{salt}{i}".encode()).hexdigest()
-        out.append(h)
-        prev = h.encode()
-    return out
+hashes = page_hashes
 
 
 def indices(pages):
-    return torch.tensor([p * PS + t for p in pages for t in range(PS)], dtype=torch.int64)
+    return token_indices(pages, PS)
 
 
 # --- the contract -----------------------------------------------------------------
