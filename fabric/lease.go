@@ -35,10 +35,10 @@ type lookupResult struct {
 // decides whether SSD-only pages are worth restoring (ssdrate.go).
 func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration, recompute float64) lookupResult {
 	res := p.cat.Lookup(keys, now())
-	cut := p.pages.cutSlowSSD(sess, recompute, keys[:res.Hit])
+	cut, dram := p.pages.cutSlowSSD(sess, recompute, keys[:res.Hit])
 	out := lookupResult{hit: res.Hit, recompute: res.Hit - cut}
-	if cut < res.Hit { // the pages before the cut are all in DRAM
-		res.Hit, res.DRAM, res.SSD, out.hit = cut, cut, 0, cut
+	if cut < res.Hit { // the pages before the cut: the DRAM prefix, and a probe's SSD page
+		res.Hit, res.DRAM, res.SSD, out.hit = cut, dram, cut-dram, cut
 	}
 	defer func() {
 		p.recordLookup(len(keys), out.hit)

@@ -474,10 +474,10 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	want("fast SSD", lookup(fast.SessionId), 4, 2, 2, 0)
 	setRate(slow)
 	rates.at.Store(time.Now().Add(-2 * ssdRateTTL).UnixNano())
-	want("stale measurement: one probe", lookup(fast.SessionId), 4, 2, 2, 0)
+	want("stale measurement: a probe restores one SSD page", lookup(fast.SessionId), 3, 2, 1, 1)
 	want("stale measurement: the others keep the last rate", lookup(fast.SessionId), 2, 2, 0, 2)
 	rates.probe.Store(time.Now().Add(-2 * ssdProbeEvery).UnixNano())
-	want("a probe that led to no read: another one", lookup(fast.SessionId), 4, 2, 2, 0)
+	want("a probe that led to no read: another one", lookup(fast.SessionId), 3, 2, 1, 1)
 }
 
 // TestFlusherKeepsRoomFree: with an SSD tier, once saves fill DRAM past its

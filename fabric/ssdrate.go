@@ -18,10 +18,10 @@ import (
 // read rate is below that break-even.
 
 // ssdRateTTL is how long a measured SSD read rate is trusted. Past it one
-// lookup (a probe) includes SSD pages again, so that the next SSD read
-// measures the disk anew, while the others keep to the last rate: about
-// one slow restore per TTL when the disk stays slow, and a disk that got
-// faster is noticed. Before any read every lookup includes SSD pages.
+// lookup (a probe) includes one SSD page past the DRAM prefix, so that its
+// read measures the disk anew, while the others keep to the last rate:
+// about one slow page read per TTL when the disk stays slow, and a disk
+// that got faster is noticed. Before any read every lookup includes SSD pages.
 const ssdRateTTL = 10 * time.Second
 
 // ssdProbeEvery is how often a stale rate lets a probe through: a probe's
@@ -61,44 +61,71 @@ func (r *ssdRate) get() (float64, bool) {
 	return math.Float64frombits(r.bits.Load()), true
 }
 
-// forLookup returns the rate a lookup should judge by, or false when the
-// lookup should include SSD pages: nothing measured yet, or the rate is
-// stale and this lookup is the probe that gets it measured again.
-func (r *ssdRate) forLookup() (float64, bool) {
+// verdict is what a lookup does with the pages held only on SSD.
+type verdict int
+
+const (
+	judgeRate  verdict = iota // compare the rate with the engine's prefill rate
+	includeAll                // nothing measured yet: restore them, measuring the disk
+	probeOne                  // stale rate: restore one of them to measure the disk anew
+)
+
+// forLookup returns the rate a lookup should judge by and what to do with
+// SSD-only pages: before any measurement, include them; once the rate is
+// stale, one lookup per ssdProbeEvery is a probe that restores a single SSD
+// page (a read of one page measures the disk; an 8K-token prefix read from
+// a slow disk would hold the engine's restore admission for seconds).
+func (r *ssdRate) forLookup() (float64, verdict) {
 	if rate, fresh := r.get(); fresh {
-		return rate, true
+		return rate, judgeRate
 	}
 	if r.at.Load() == 0 {
-		return 0, false
+		return 0, includeAll
 	}
 	now := time.Now().UnixNano()
 	if p := r.probe.Load(); now-p > int64(ssdProbeEvery) && r.probe.CompareAndSwap(p, now) {
-		return 0, false
+		return 0, probeOne
 	}
-	return math.Float64frombits(r.bits.Load()), true
+	return math.Float64frombits(r.bits.Load()), judgeRate
 }
 
 // cutSlowSSD returns how many leading pages of a hit chain the session
-// should restore: all of them, unless the engine's prefill rate (recompute,
-// tokens/s: measured by the engine and sent with the lookup, or declared by
-// the session) is known and the fresh SSD read rate makes an SSD-only page
-// slower to restore than to recompute; then up to the first SSD-only page.
-func (s *pageStore) cutSlowSSD(sess *session, recompute float64, chain []pagekey.Key) int {
+// should restore (cut) and how many of those are the chain's DRAM prefix:
+// all of them, unless the engine's prefill rate (recompute, tokens/s:
+// measured by the engine and sent with the lookup, or declared by the
+// session) is known and the fresh SSD read rate makes an SSD-only page
+// slower to restore than to recompute; then up to the first SSD-only page
+// (one past it for a probe).
+func (s *pageStore) cutSlowSSD(sess *session, recompute float64, chain []pagekey.Key) (cut, dram int) {
+	cut = s.cutSlowSSDAt(sess, recompute, chain)
+	return cut, min(cut, s.dramPrefix(chain))
+}
+
+// dramPrefix is the number of leading pages of chain held in DRAM.
+func (s *pageStore) dramPrefix(chain []pagekey.Key) int {
+	for i, k := range chain {
+		if e, ok := s.cat.Get(k); !ok || e.DRAMSlot < 0 {
+			return i
+		}
+	}
+	return len(chain)
+}
+
+func (s *pageStore) cutSlowSSDAt(sess *session, recompute float64, chain []pagekey.Key) int {
 	if recompute <= 0 || len(chain) == 0 || s.ssd == nil {
 		return len(chain)
 	}
-	first := len(chain) // the first page held only on SSD
-	for i, k := range chain {
-		if e, ok := s.cat.Get(k); !ok || e.DRAMSlot < 0 {
-			first = i
-			break
-		}
-	}
+	first := s.dramPrefix(chain) // the first page held only on SSD
 	if first == len(chain) {
 		return first // all in DRAM: nothing to judge (and no probe spent)
 	}
-	rate, judge := s.ssdReads.forLookup()
-	if !judge || float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/recompute {
+	rate, v := s.ssdReads.forLookup()
+	switch {
+	case v == includeAll:
+		return len(chain)
+	case v == probeOne:
+		return first + 1
+	case float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/recompute:
 		return len(chain)
 	}
 	return first
