@@ -151,3 +151,54 @@ def test_gate_off_never_defers(gate):
     s.update_state_after_alloc(a, (list(range(9)),), n)
     got = s.get_num_new_matched_tokens(_req("b", PT + 1, 777), 0)
     assert (got[0] is None) == gate
+
+
+def test_queue_aware_gate_admits_misses_and_restores_that_fit():
+    g = RestoreGate(skipped_first=True, capacity_blocks=40)
+    assert g.queue_aware
+    g.allocated("a", 1024, now=1.0, blocks=18)
+    assert g.query("miss", 0) is Admission.PROCEED  # restores nothing: cannot stand in front of a holder
+    assert g.query("b", 18) is Admission.PROCEED  # 36 of 40 blocks
+    g.allocated("b", 1024, now=1.5, blocks=18)
+    assert g.query("c", 18) is Admission.DEFER  # 54 > 40
+    assert g.query("c", -1) is Admission.DEFER  # unknown size: a restore that does not fit
+    g.computed("a", now=3.0)
+    assert g.query("c", 18) is Admission.PROCEED
+    assert (g.totals.restores, g.totals.deferred_restores, g.totals.deferred_misses, g.totals.max_holders) == (2, 2, 0, 2)
+    assert g.totals.hold_s == 2.0
+    st = g.take_stats()
+    assert st.restores == 2 and g.stats.restores == 0 and g.stats.max_holders == 1 and g.totals.restores == 2
+
+
+def test_strict_gate_defers_misses_too_and_without_a_capacity_stays_strict():
+    for g in (RestoreGate(), RestoreGate(skipped_first=True), RestoreGate(capacity_blocks=99)):
+        assert not g.queue_aware
+        g.allocated("a", 64, now=0.0, blocks=4)
+        assert g.query("miss", 0) is Admission.DEFER and g.query("b", 4) is Admission.DEFER
+        assert g.totals.deferred_misses == 1 and g.totals.deferred_restores == 1
+
+
+def test_gate_mode_needs_vllm_026_fcfs_and_a_known_cache():
+    from types import SimpleNamespace as NS
+
+    from orbitkv.vllm.connector import gate_mode
+
+    cfg = lambda policy: NS(scheduler_config=NS(policy=policy))  # noqa: E731
+    kvc = NS(num_blocks=1025)
+    assert gate_mode(cfg("fcfs"), kvc, "0.26.0") == {"skipped_first": True, "capacity_blocks": 1024}
+    assert gate_mode(cfg("priority"), kvc, "0.26.0") == {}
+    assert gate_mode(cfg("fcfs"), kvc, "0.25.1") == {}
+    assert gate_mode(cfg("fcfs"), None, "0.26.0") == {}
+    assert gate_mode(cfg("fcfs"), kvc, "") == {}
+
+
+def test_gate_stats_aggregate_and_reduce_for_vllms_log():
+    from orbitkv.gate import GateStats
+    from orbitkv.vllm.stats import OrbitKVStats
+
+    a = OrbitKVStats.of(GateStats(restores=2, hold_s=0.5, deferred_restores=1, max_holders=2))
+    b = OrbitKVStats.of(GateStats(restores=2, hold_s=0.3, deferred_misses=4, max_holders=3))
+    r = a.aggregate(b).reduce()
+    assert r == {"orbitkv_restores": 4, "orbitkv_gate_hold_ms_avg": 200.0, "orbitkv_gate_deferred_restores": 1,
+                 "orbitkv_gate_deferred_misses": 4, "orbitkv_gate_max_holders": 3}
+    assert OrbitKVStats.of(GateStats()).is_empty() and not a.is_empty()

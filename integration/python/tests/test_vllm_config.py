@@ -53,3 +53,12 @@ def test_loadable_the_way_vllms_factory_loads_it():
                  "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
                  "get_transfer_results", "get_block_ids_with_load_errors", "handle_preemptions", "shutdown"):
         assert callable(getattr(cls, name)), name
+
+
+def test_gate_accepts_true_false_and_strict():
+    assert (load_config(_vllm_config({"socket": "/s"})).gate, load_config(_vllm_config({"socket": "/s"})).gate_strict) == (True, False)
+    c = load_config(_vllm_config({"socket": "/s", "gate": "strict"}))
+    assert (c.gate, c.gate_strict) == (True, True)
+    assert load_config(_vllm_config({"socket": "/s", "gate": False})).gate is False
+    with pytest.raises(ValueError, match="gate"):
+        load_config(_vllm_config({"socket": "/s", "gate": "sometimes"}))

@@ -159,6 +159,82 @@ def test_stall_without_the_gate_and_progress_with_it(real_peer):
         gated.close()
 
 
+def _fcfs_stall_shape(socket: str, gate, restore: list[int], cold: list[int]) -> Harness:
+    """The stall's shape under FCFS: R allocated and loading, then a cold C needing one
+    block more than is free."""
+    bs = 64
+    need, held = len(cold) // bs, (len(restore) - 1) // bs
+    h = Harness(socket, num_blocks=1 + held + need - 1, block_size=bs, max_batched=16384, extra={"gate": gate})
+    h.add("R", restore)
+    h.step()
+    assert h.scheduler.requests["R"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    h.add("C", cold)
+    h.run(timeout_s=60.0)
+    return h
+
+
+def test_fcfs_visits_the_restore_before_new_requests_so_the_gate_need_not_defer_them(real_peer):
+    """vLLM 0.26 under FCFS takes requests from its skipped queue (where a restoring
+    request waits) before any new one, so a cold request cannot stand in front of a
+    restore: even with the gate off the stall's shape completes. The queue-aware gate
+    relies on that order (orbitkv.gate): if a vLLM changes it, this test says so."""
+    restore = _prompt(7, 8192)
+    _warm(real_peer.socket, {"warm": restore}, num_blocks=260, block_size=64)
+    for gate, cold in ((False, _prompt(8, 8192)), (True, _prompt(9, 8192))):  # each C cold: the first is saved
+        h = _fcfs_stall_shape(real_peer.socket, gate, restore, cold)
+        try:
+            assert set(h.finished) == {"R", "C"}, (gate, h.finished, h.steps)
+            assert (h.loaded_pages, h.failed_blocks) == (127, 0)
+            if gate:
+                g = h.connector.scheduler.gate
+                assert g.queue_aware and g.capacity_blocks == h.num_blocks - 1
+                assert g.totals.deferred_misses == 0 and g.totals.restores == 1  # C was never held off
+        finally:
+            h.close()
+
+
+def test_fcfs_restores_hold_admission_together_while_they_fit_and_complete_exactly(real_peer):
+    """Five restores arriving at once into a 48-block cache: the queue-aware gate lets
+    restores hold admission together only while their prompts' blocks fit the cache
+    (two of 19 here), defers the third, and every request's output equals a run
+    without the connector."""
+    prefixes = [_prompt(50 + i, 1024) for i in range(5)]
+    prompts = {f"r{i}": prefixes[i] + _prompt(60 + i, 100) for i in range(5)}
+    ref = Harness(real_peer.socket, num_blocks=400, connector=False)
+    for rid, p in prompts.items():
+        ref.add(rid, p, max_tokens=8)
+    ref.run()
+    ref.close()
+    _warm(real_peer.socket, {f"w{i}": p for i, p in enumerate(prefixes)}, num_blocks=400, block_size=64)
+    h = Harness(real_peer.socket, num_blocks=48, block_size=64, max_batched=4096)
+    try:
+        g = h.connector.scheduler.gate
+        for rid, p in prompts.items():
+            h.add(rid, p, max_tokens=8)
+        h.step()
+        assert sorted(g._holds) == ["r0", "r1"], g._holds
+        for rid in ("r2", "r3", "r4"):  # deferred: no blocks, no load
+            r = h.scheduler.requests[rid]
+            assert (r.status, r.num_computed_tokens) == (RequestStatus.WAITING, 0), (rid, r.status)
+        h.run()
+        assert set(h.finished) == set(prompts)
+        for rid in prompts:
+            assert h.finished[rid].tokens == ref.finished[rid].tokens, rid
+        assert g.totals.restores == 5 and g.totals.max_holders == 2 and g.totals.deferred_restores >= 3
+        assert h.loaded_pages == 5 * 16 and h.failed_blocks == 0
+        assert h.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 48 - 1
+    finally:
+        h.close()
+
+
+def test_priority_scheduling_keeps_the_strict_gate(real_peer):
+    h = Harness(real_peer.socket, num_blocks=64, block_size=64, policy="priority")
+    try:
+        assert not h.connector.scheduler.gate.queue_aware
+    finally:
+        h.close()
+
+
 # --- preemption, cancellation, failures ------------------------------------------------
 
 

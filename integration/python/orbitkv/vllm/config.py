@@ -14,7 +14,9 @@ Extra-config keys (all optional except ``socket``):
                     CUDA session layer events, layer l's attention waits on the
                     GPU only for layer l's copy (the restore overlaps the
                     forward). Without layer events: whole-request sync loads.
-  gate              restore admission gate on (default True; off only for experiments)
+  gate              restore admission gate: true (default: queue-aware on vLLM >= 0.26
+                    under FCFS, strict otherwise; orbitkv.gate), "strict" (one restore
+                    at a time, nothing admitted beside it), false (off: experiments only)
   durability        "dram" (default): a save is acknowledged once the page is in
                     the peer's DRAM pool (it reaches SSD only when demoted, and a
                     peer restart loses it until then); "ssd": acknowledged once
@@ -62,6 +64,7 @@ class ConnectorConfig:
     async_load: bool = True
     layerwise: bool = False
     gate: bool = True
+    gate_strict: bool = False
     durability: str = "dram"
     lookup_refresh_s: float = 0.5
     recompute_tokens_per_s: int = 0
@@ -154,7 +157,8 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         save_deadline_ms=int(extra.get("save_deadline_ms", 30000)),
         async_load=bool(extra.get("async_load", True)) and not bool(extra.get("layerwise", False)),
         layerwise=bool(extra.get("layerwise", False)),
-        gate=bool(extra.get("gate", True)),
+        gate=_gate(extra.get("gate", True))[0],
+        gate_strict=_gate(extra.get("gate", True))[1],
         durability=str(extra.get("durability", "dram")),
         lookup_refresh_s=float(extra.get("lookup_refresh_s", 0.5)),
         recompute_tokens_per_s=int(extra.get("recompute_tokens_per_s", 0)),
@@ -164,3 +168,14 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
     )
     cfg.validate()
     return cfg
+
+
+def _gate(v: Any) -> tuple[bool, bool]:
+    """extra config "gate": true, false or "strict" -> (enabled, strict)."""
+    if isinstance(v, str):
+        if v.lower() == "strict":
+            return True, True
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true", False
+        raise ValueError(f'orbitkv: kv_connector_extra_config "gate" must be true, false or "strict", not {v!r}')
+    return bool(v), False

@@ -22,11 +22,14 @@ from orbitkv.vllm._compat import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorTransferResults,
+    _at_least,
     is_scheduler,
+    vllm_version,
 )
 from orbitkv.vllm.config import ConnectorConfig, load_config
 from orbitkv.vllm.metadata import OrbitKVMetadata
 from orbitkv.vllm.scheduler import LookupBackend, SchedulerHalf
+from orbitkv.vllm.stats import OrbitKVStats, from_data
 from orbitkv.vllm.worker import WorkerHalf
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,20 @@ def _tp_rank(cfg: ConnectorConfig) -> int:
         return int(get_tensor_model_parallel_rank())
     except Exception:
         return 0
+
+
+def gate_mode(vllm_config: Any, kv_cache_config: Any, version: Optional[str] = None) -> dict:
+    """The restore gate's queue-aware mode (orbitkv.gate) for a vLLM that
+    visits skipped requests before new ones: 0.26 and later under FCFS
+    (``Scheduler._select_waiting_queue_for_scheduling``; priority scheduling
+    compares queue heads, so a new request can come first). Strict otherwise,
+    and where the cache's size is not known."""
+    version = vllm_version() if version is None else version
+    policy = str(getattr(getattr(vllm_config, "scheduler_config", None), "policy", "") or "")
+    blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
+    if not version or not _at_least(version, (0, 26)) or not policy.lower().endswith("fcfs") or blocks <= 1:
+        return {}
+    return {"skipped_first": True, "capacity_blocks": blocks - 1}  # block 0 is vLLM's null block
 
 
 def _warn_failure_policy(vllm_config: Any) -> None:
@@ -81,7 +98,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
                                                f"{self.cfg.engine_id}-scheduler", lazy=True,
                                                recompute_tokens_per_s=self.cfg.recompute_tokens_per_s)
                 lookup_backend = self._control
-            self._sched = SchedulerHalf(self.cfg, lookup_backend)
+            mode = {} if self.cfg.gate_strict else gate_mode(vllm_config, kv_cache_config)
+            self._sched = SchedulerHalf(self.cfg, lookup_backend, **mode)
         else:
             self._worker = WorkerHalf(self.cfg, _tp_rank(self.cfg))
 
@@ -138,6 +156,18 @@ class OrbitKVConnector(KVConnectorBase_V1):
 
     def take_events(self) -> Iterable[Any]:
         return ()
+
+    def get_kv_connector_stats(self) -> Optional[OrbitKVStats]:
+        """The gate's counters since the last call (vLLM logs them as
+        "KV Transfer metrics"); None on the worker side and when idle."""
+        if self._sched is None:
+            return None
+        st = OrbitKVStats.of(self._sched.gate.take_stats())
+        return None if st.is_empty() else st
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict] = None) -> Optional[OrbitKVStats]:
+        return from_data(data)
 
     # --- worker side -------------------------------------------------------------
 

@@ -62,11 +62,16 @@ class SchedulerHalf:
     """Scheduler-side state. ``backend`` does lookups/releases (a control
     session in production, a fake in tests); ``clock`` returns seconds."""
 
-    def __init__(self, cfg: ConnectorConfig, backend: LookupBackend, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: ConnectorConfig, backend: LookupBackend, clock: Callable[[], float] = time.monotonic,
+                 *, skipped_first: bool = False, capacity_blocks: int = 0) -> None:
+        """``skipped_first`` and ``capacity_blocks`` (the engine's cache in
+        blocks) turn on the gate's queue-aware mode (orbitkv.gate): the
+        connector sets them for a vLLM whose scheduler visits skipped
+        requests first."""
         self.cfg = cfg
         self.backend = backend
         self.clock = clock
-        self.gate = RestoreGate(enabled=cfg.gate)
+        self.gate = RestoreGate(enabled=cfg.gate, skipped_first=skipped_first, capacity_blocks=capacity_blocks)
         self._fps = {r: cfg.layout.with_rank(r).fingerprint() for r in range(max(1, cfg.layout.tp_size))}
         self._reqs: dict[str, _Req] = {}
         self._loads: list[LoadSpec] = []
@@ -137,7 +142,6 @@ class SchedulerHalf:
         n = len(st.tokens)
         # Keep at least one prompt token to compute: never cover the whole prompt.
         max_pages = (n - 1) // pt
-        deferred = self.gate.query(st.req_id) == Admission.DEFER
         lk = None
         if max_pages > 0 and self._available():  # peer down: a miss, no call (and no log)
             try:
@@ -146,8 +150,10 @@ class SchedulerHalf:
                 log.debug("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
             except errors.OrbitKVError as e:
                 log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
-        if deferred:
-            return None, False  # another restore holds admission: ask again next step
+        restores = lk is not None and num_computed_tokens % self.cfg.block_tokens == 0 and lk.hit_pages > num_computed_tokens // pt
+        blocks = -(-n // self.cfg.block_tokens) if restores else 0
+        if self.gate.query(st.req_id, blocks) == Admission.DEFER:
+            return None, False  # restores hold admission: ask again next step
         st.saved_pages = lk.hit_pages if lk else 0
         # The local prefix hit may end inside a page (blocks are smaller than
         # pages): the external hit then starts there, the first page loaded
@@ -183,7 +189,7 @@ class SchedulerHalf:
         self._loads.append(LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip))
         st.loading = self.cfg.async_load
         st.sync_load = not self.cfg.async_load
-        self.gate.allocated(st.req_id, num_external_tokens, self.clock())
+        self.gate.allocated(st.req_id, num_external_tokens, self.clock(), blocks=-(-len(st.tokens) // self.cfg.block_tokens))
 
     def build_connector_meta(self, scheduler_output: Any) -> OrbitKVMetadata:
         meta = OrbitKVMetadata(loads=self._loads)
@@ -246,7 +252,7 @@ class SchedulerHalf:
             st.sync_load = False
             self._after_step.append(st.lookup)  # the load runs in this step
             st.lookup = None
-        self.gate.computed(st.req_id)
+        self.gate.computed(st.req_id, self.clock())
         pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
         upto = min(computed_after, len(st.tokens)) // pt
         upto = min(upto, len(st.block_ids) // bpp)
@@ -285,7 +291,7 @@ class SchedulerHalf:
 
     def request_finished(self, request: Any, block_ids: Any = None) -> tuple[bool, Optional[dict]]:
         rid = str(request.request_id)
-        delay = self.gate.finished(rid)
+        delay = self.gate.finished(rid, self.clock())
         st = self._reqs.get(rid)
         if st is not None:
             st.finished = True
