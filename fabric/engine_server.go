@@ -77,7 +77,7 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 	}
 	res := s.p.lookup(sess, keys, r.Lease, min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL), rate)
 	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd), Remote: uint32(res.remote)},
-		RecomputePages: uint32(res.recompute)}
+		RecomputePages: uint32(res.recompute), BudgetCutPages: uint32(res.budgetHits)}
 	if res.lease != nil {
 		if !sess.addLease(res.lease) {
 			s.p.releaseLease(res.lease)

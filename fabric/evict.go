@@ -20,6 +20,24 @@ const evictBatch = 16
 // least recently used unpinned pages: copies already on SSD (or with no SSD
 // tier) are dropped at once; the others are demoted in batches first.
 func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
+	return s.allocDRAMAs(ctx, size, false)
+}
+
+// allocCacheFill returns a DRAM slot for a save acknowledged in DRAM (a
+// cache fill). Once the disk has fallen behind the saves (flush.go,
+// behind) it no longer waits for demotions: a save that waits for the disk
+// holds the engine's blocks (vLLM frees a request's blocks only once its
+// saves end) — on the H200 such saves spent 27 s of a 60-s run in
+// allocation and the SSD configuration served slower than none
+// (docs/benchmarks.md). The oldest unpinned DRAM-only page is dropped
+// instead, as a DRAM-only peer would drop it, while the flusher goes on
+// writing what the disk can absorb. A burst the disk keeps up with still
+// demotes, and loses nothing.
+func (s *pageStore) allocCacheFill(ctx context.Context, size uint64) (dram.Slot, error) {
+	return s.allocDRAMAs(ctx, size, s.behind())
+}
+
+func (s *pageStore) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.Slot, error) {
 	failed := 0 // our own demotions that moved nothing
 	for {
 		if err := ctx.Err(); err != nil {
@@ -34,7 +52,7 @@ func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, erro
 			}
 			return slot, err
 		}
-		dropped, demote := s.pickVictimsLocked()
+		dropped, demote := s.pickVictimsLocked(fill)
 		s.mu.Unlock()
 		switch {
 		case dropped:
@@ -81,8 +99,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // pickVictimsLocked drops the oldest unpinned DRAM copy that needs no I/O,
-// or else pins and returns up to evictBatch pages to demote.
-func (s *pageStore) pickVictimsLocked() (dropped bool, demote []catalog.Entry) {
+// or else pins and returns up to evictBatch pages to demote. With
+// dropUnflushed (a cache fill's allocation) the oldest copy is dropped even
+// when it is held nowhere else.
+func (s *pageStore) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []catalog.Entry) {
 	for len(demote) < evictBatch {
 		victim, ok := s.mu.dram.Victim()
 		if !ok {
@@ -97,6 +117,12 @@ func (s *pageStore) pickVictimsLocked() (dropped bool, demote []catalog.Entry) {
 		// full disk), a DRAM-only page is dropped: DRAM keeps serving saves.
 		if e.OnSSD || s.ssd == nil || s.cat.Health() != nil {
 			dropped = s.dropDRAMLocked(e)
+			break
+		}
+		if dropUnflushed {
+			if dropped = s.dropDRAMLocked(e); dropped {
+				s.m.unflushedDrops.Inc()
+			}
 			break
 		}
 		s.mu.dram.Pin(victim)

@@ -52,19 +52,35 @@ func (s *pageStore) runFlusher(ctx context.Context) {
 		}
 		wake = s.flushWake
 		for ctx.Err() == nil && s.flushLow() {
+			s.flushBusySince.CompareAndSwap(0, time.Now().UnixNano())
 			if !s.flushOnce(ctx) {
 				wake = nil // every candidate pinned, or the SSD refused: wait for the tick
 				break
 			}
 		}
+		if !s.flushLow() {
+			s.flushBusySince.Store(0) // caught up
+		}
 	}
+}
+
+// flushBehind is how long the flusher must have been demoting without
+// getting DRAM's reserve back before the disk counts as behind the saves:
+// longer than a burst the disk absorbs, short beside a sustained run.
+const flushBehind = 2 * time.Second
+
+// behind reports whether the disk has fallen behind the saves: the flusher
+// has been demoting for flushBehind and DRAM still lacks its reserve.
+func (s *pageStore) behind() bool {
+	since := s.flushBusySince.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) > flushBehind
 }
 
 // flushOnce makes room once: drops the oldest clean DRAM copy, or demotes a
 // batch of the oldest others. It reports whether anything moved.
 func (s *pageStore) flushOnce(ctx context.Context) bool {
 	s.mu.Lock()
-	dropped, demote := s.pickVictimsLocked()
+	dropped, demote := s.pickVictimsLocked(false)
 	s.mu.Unlock()
 	if dropped {
 		return true

@@ -419,7 +419,11 @@ func (s *pageStore) allocSaves(ctx context.Context, sess *session, reqs []pageRe
 			res[i] = okResult(e.Tier())
 			continue
 		}
-		slot, err := s.allocDRAM(ctx, sess.pageBytes)
+		alloc := s.allocCacheFill
+		if toSSD {
+			alloc = s.allocDRAM
+		}
+		slot, err := alloc(ctx, sess.pageBytes)
 		if err != nil {
 			res[i] = failResult(fmt.Errorf("dram slot: %w", err))
 			continue

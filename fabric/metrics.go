@@ -16,6 +16,7 @@ type metrics struct {
 	savedPages, loadedTokens    prometheus.Counter
 	loadedPages, evictedPages   *prometheus.CounterVec
 	demotedPages, promotedPages prometheus.Counter
+	unflushedDrops              prometheus.Counter
 	corruptPages                prometheus.Counter
 	ssdDropped, ssdErrors       *prometheus.CounterVec
 	engineFaults                prometheus.Counter
@@ -53,11 +54,13 @@ func newMetrics(ssdInflight func() float64) *metrics {
 			"Pages found only on SSD that lookups left to recompute: the SSD reads slower than the session's engine computes."),
 		lookupBudgetCut: counter("fabric", "lookup_budget_cut_pages_total",
 			"Pages stored in the peer that leasing lookups cut from their hit because the query budget was spent (also counted as misses)."),
-		savedPages:    counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
-		loadedTokens:  counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
-		loadedPages:   prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
-		evictedPages:  prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "evicted_pages_total", "Page copies dropped from a tier.")), []string{"tier"}),
-		demotedPages:  counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
+		savedPages:   counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
+		loadedTokens: counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
+		loadedPages:  prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
+		evictedPages: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "evicted_pages_total", "Page copies dropped from a tier.")), []string{"tier"}),
+		demotedPages: counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
+		unflushedDrops: counter("tiers", "dram_unflushed_drops_total",
+			"DRAM-only pages dropped, not demoted, to make room for a DRAM-acknowledged save: the SSD's writes fell behind the saves."),
 		promotedPages: counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
 		corruptPages:  counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
 		ssdDropped: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_dropped_pages_total",
@@ -87,7 +90,7 @@ func newMetrics(ssdInflight func() float64) *metrics {
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.lookupBudgetCut, m.savedPages, m.loadedTokens, m.loadedPages,
-		m.evictedPages, m.demotedPages, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults,
+		m.evictedPages, m.demotedPages, m.unflushedDrops, m.promotedPages, m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults,
 		m.unsealedPages, m.quarantined, m.sessions, m.leases,
 		m.queryBytes, m.inflight, m.inflightOps, m.ssdInflight, m.tierBytes, m.tierPages,
 		m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec,

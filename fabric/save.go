@@ -109,7 +109,11 @@ func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageR
 // reach SSD) it checksums the page while copying, else the page is sealed
 // later, off the engine's path (seal.go).
 func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq, sum bool) (*saveItem, error) {
-	slot, err := s.allocDRAM(ctx, sess.pageBytes)
+	alloc := s.allocCacheFill
+	if sum { // bound for SSD: demote to make room, as ever
+		alloc = s.allocDRAM
+	}
+	slot, err := alloc(ctx, sess.pageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("dram slot: %w", err)
 	}

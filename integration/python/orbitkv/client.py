@@ -103,6 +103,7 @@ class LookupResult:
     lease_id: str = ""
     lease_expires_unix_ms: int = 0
     recompute_pages: int = 0  # found only on SSD, left out: recomputing is faster (slow disk)
+    budget_cut_pages: int = 0  # held, left out: the query budget is pinned by other leases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,7 +448,7 @@ class Session:
             session_id=sid, keys=keys, lease=lease, lease_ms=lease_ms,
             recompute_tokens_per_s=max(0, int(recompute_tokens_per_s))))
         return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms,
-                            r.recompute_pages)
+                            r.recompute_pages, r.budget_cut_pages)
 
     def save(self, pages: Iterable[PageRef], *, durability: Durability = Durability.DRAM, deadline_ms: int = 0,
              wait: bool = False) -> "Op":

@@ -68,6 +68,7 @@ class GateStats:
     hold_s: float = 0.0  # seconds held, summed over released holds
     deferred_restores: int = 0  # lookups of restores deferred
     deferred_misses: int = 0  # lookups of requests restoring nothing, deferred
+    deferred_budget: int = 0  # restores deferred because the query budget cut their hit
     max_holders: int = 0  # most holds at once
 
 
@@ -82,6 +83,7 @@ class RestoreGate:
     _saves: dict[str, int] = dataclasses.field(default_factory=dict)
     stats: GateStats = dataclasses.field(default_factory=GateStats)  # since the last take_stats
     totals: GateStats = dataclasses.field(default_factory=GateStats)  # since the start
+    epoch: int = 0  # holds released so far: a deferral stands while it has not moved
 
     # --- admission ---------------------------------------------------------
 
@@ -120,10 +122,16 @@ class RestoreGate:
             self._holds[req_id] = _Hold(HoldState.LOADING, now, blocks)
             self._count("restores", 1)
 
+    def others_hold(self, req_id: str) -> bool:
+        """Whether a request other than ``req_id`` holds admission."""
+        return any(r != req_id for r in self._holds)
+
     def _release(self, req_id: str, now: Optional[float]) -> None:
         h = self._holds.pop(req_id, None)
-        if h is not None and now is not None:
-            self._count("hold_s", max(0.0, now - h.since))
+        if h is not None:
+            self.epoch += 1
+            if now is not None:
+                self._count("hold_s", max(0.0, now - h.since))
 
     def take_stats(self) -> GateStats:
         """Returns the counters and starts new ones."""

@@ -200,5 +200,54 @@ def test_gate_stats_aggregate_and_reduce_for_vllms_log():
     b = OrbitKVStats.of(GateStats(restores=2, hold_s=0.3, deferred_misses=4, max_holders=3))
     r = a.aggregate(b).reduce()
     assert r == {"orbitkv_restores": 4, "orbitkv_gate_hold_ms_avg": 200.0, "orbitkv_gate_deferred_restores": 1,
-                 "orbitkv_gate_deferred_misses": 4, "orbitkv_gate_max_holders": 3}
+                 "orbitkv_gate_deferred_misses": 4, "orbitkv_gate_deferred_budget": 0, "orbitkv_gate_max_holders": 3}
     assert OrbitKVStats.of(GateStats()).is_empty() and not a.is_empty()
+
+
+def _queue_aware(budget_pages=0):
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    be.budget_pages = budget_pages
+    return SchedulerHalf(cfg, be, clock=lambda: 0.0, skipped_first=True, capacity_blocks=64), be
+
+
+def _admit(s, r, blocks):
+    n, _ = s.get_num_new_matched_tokens(r, 0)
+    s.update_state_after_alloc(r, (blocks,), n)
+    return n
+
+
+def test_a_deferred_request_holds_no_lease_and_asks_again_only_after_a_release():
+    s, be = _sched()  # strict: the second restore is deferred
+    a, b = _req("a", 4 * PT + 5), _req("b", 4 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    assert _admit(s, a, list(range(17))) == 4 * PT
+    calls = be.calls
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    assert len(be.leases) == 1  # a's; b's lease went back with the deferral
+    for _ in range(5):  # later steps: still deferred, without another lookup
+        assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    assert be.calls == calls + 1
+    s.gate.computed("a")  # a's hold released: b looks up again and restores
+    assert s.get_num_new_matched_tokens(b, 0) == (4 * PT, True) and be.calls == calls + 2
+
+
+def test_a_hit_cut_by_the_query_budget_waits_for_other_restores_then_restores_whole():
+    s, be = _queue_aware(budget_pages=6)  # room for one 4-page restore, not two
+    a, b = _req("a", 4 * PT + 5), _req("b", 4 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    assert _admit(s, a, list(range(17))) == 4 * PT  # a holds 4 of the 6 pages of budget
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)  # only 2 pages would fit: wait
+    assert s.gate.totals.deferred_budget == 1 and len(be.leases) == 1
+    s.update_connector_output(KVConnectorOutput(finished_recving={"a"}))  # a's load ends, its lease goes
+    s.gate.computed("a")
+    assert s.get_num_new_matched_tokens(b, 0) == (4 * PT, True)
+
+
+def test_a_budget_cut_hit_with_no_other_restore_takes_what_it_got():
+    s, be = _queue_aware(budget_pages=2)
+    a = _req("a", 4 * PT + 5)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # nothing to wait for

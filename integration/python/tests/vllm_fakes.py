@@ -53,6 +53,8 @@ class DictLookup:
         self.leases: set[str] = set()
         self.calls = 0
         self.rates: list[int] = []  # the engine prefill rate each lookup carried (0: none)
+        self.budget_pages = 0  # > 0: a query budget of this many pages over the live leases
+        self._held: dict[str, int] = {}  # lease -> pages
         self._n = 0
 
     def lookup(self, ks, *, lease=False, lease_ms=0, recompute_tokens_per_s=0) -> LookupResult:
@@ -63,15 +65,20 @@ class DictLookup:
             if k not in self.stored:
                 break
             hit += 1
-        lid = ""
+        lid, cut = "", 0
+        if lease and self.budget_pages:
+            left = max(0, self.budget_pages - sum(self._held.values()))
+            hit, cut = min(hit, left), max(0, hit - left)
         if lease and hit:
             self._n += 1
             lid = f"lease-{self._n}"
             self.leases.add(lid)
-        return LookupResult(hit, dram=hit, lease_id=lid)
+            self._held[lid] = hit
+        return LookupResult(hit, dram=hit, lease_id=lid, budget_cut_pages=cut)
 
     def release(self, lease_id: str) -> None:
         self.leases.discard(lease_id)
+        self._held.pop(lease_id, None)
 
     def store_prefix(self, layout: keys.Layout, tokens: list[int]) -> None:
         self.stored.update(keys.chain(layout.fingerprint(), layout.page_tokens, tokens))

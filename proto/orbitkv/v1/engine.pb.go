@@ -1094,6 +1094,11 @@ type LookupResponse struct {
 	// than the session's recompute rate: from the first page held only on
 	// SSD to the end of the stored chain (they count as lookup misses too).
 	RecomputePages uint32 `protobuf:"varint,5,opt,name=recompute_pages,json=recomputePages,proto3" json:"recompute_pages,omitempty"`
+	// Pages the peer holds after the hit that a leasing lookup left out
+	// because the query budget was spent (pinned by other lookups' leases).
+	// An engine may wait for the budget and ask again rather than recompute
+	// them; they count as lookup misses too.
+	BudgetCutPages uint32 `protobuf:"varint,6,opt,name=budget_cut_pages,json=budgetCutPages,proto3" json:"budget_cut_pages,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1159,6 +1164,13 @@ func (x *LookupResponse) GetLeaseExpiresUnixMs() int64 {
 func (x *LookupResponse) GetRecomputePages() uint32 {
 	if x != nil {
 		return x.RecomputePages
+	}
+	return 0
+}
+
+func (x *LookupResponse) GetBudgetCutPages() uint32 {
+	if x != nil {
+		return x.BudgetCutPages
 	}
 	return 0
 }
@@ -1796,13 +1808,14 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"TierCounts\x12\x12\n" +
 	"\x04dram\x18\x01 \x01(\rR\x04dram\x12\x10\n" +
 	"\x03ssd\x18\x02 \x01(\rR\x03ssd\x12\x16\n" +
-	"\x06remote\x18\x03 \x01(\rR\x06remote\"\xd2\x01\n" +
+	"\x06remote\x18\x03 \x01(\rR\x06remote\"\xfc\x01\n" +
 	"\x0eLookupResponse\x12\x1b\n" +
 	"\thit_pages\x18\x01 \x01(\rR\bhitPages\x12,\n" +
 	"\x05tiers\x18\x02 \x01(\v2\x16.orbitkv.v1.TierCountsR\x05tiers\x12\x19\n" +
 	"\blease_id\x18\x03 \x01(\tR\aleaseId\x121\n" +
 	"\x15lease_expires_unix_ms\x18\x04 \x01(\x03R\x12leaseExpiresUnixMs\x12'\n" +
-	"\x0frecompute_pages\x18\x05 \x01(\rR\x0erecomputePages\"3\n" +
+	"\x0frecompute_pages\x18\x05 \x01(\rR\x0erecomputePages\x12(\n" +
+	"\x10budget_cut_pages\x18\x06 \x01(\rR\x0ebudgetCutPages\"3\n" +
 	"\aPageRef\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06blocks\x18\x02 \x03(\rR\x06blocks\"\xc4\x01\n" +

@@ -41,6 +41,7 @@ class _Lookup:
     leases: dict[int, str]
     at: float
     expires_ms: int  # earliest lease expiry (unix ms), 0 = none
+    budget_cut: int = 0  # pages the peer left out for the query budget (max over ranks)
 
 
 @dataclasses.dataclass
@@ -56,6 +57,7 @@ class _Req:
     loading: bool = False  # an async load is in flight (until finished_recving)
     sync_load: bool = False  # a sync load was planned for the next step
     finished: bool = False
+    deferred_epoch: Optional[int] = None  # the gate's epoch when this request was last deferred
 
 
 class SchedulerHalf:
@@ -113,7 +115,7 @@ class SchedulerHalf:
             return st.lookup
         self._release(st.lookup)
         st.lookup = None
-        hit, leases, expires = max_pages, {}, 0
+        hit, leases, expires, cut = max_pages, {}, 0, 0
         rate = self.recompute_rate()
         extra = {"recompute_tokens_per_s": rate} if rate else {}
         for rank in self._fps:
@@ -124,7 +126,8 @@ class SchedulerHalf:
                 if res.lease_expires_unix_ms:
                     expires = res.lease_expires_unix_ms if not expires else min(expires, res.lease_expires_unix_ms)
             hit = min(hit, res.hit_pages)
-        st.lookup = _Lookup(hit, leases, self.clock(), expires)
+            cut = max(cut, int(getattr(res, "budget_cut_pages", 0) or 0))
+        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut)
         return st.lookup
 
     def recompute_rate(self) -> int:
@@ -138,6 +141,9 @@ class SchedulerHalf:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
         st = self._req(request)
+        if st.deferred_epoch is not None and st.deferred_epoch == self.gate.epoch:
+            return None, False  # no hold released since this request was deferred: still deferred, no call
+        st.deferred_epoch = None
         pt = self.cfg.layout.page_tokens
         n = len(st.tokens)
         # Keep at least one prompt token to compute: never cover the whole prompt.
@@ -152,8 +158,18 @@ class SchedulerHalf:
                 log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
         restores = lk is not None and num_computed_tokens % self.cfg.block_tokens == 0 and lk.hit_pages > num_computed_tokens // pt
         blocks = -(-n // self.cfg.block_tokens) if restores else 0
-        if self.gate.query(st.req_id, blocks) == Admission.DEFER:
-            return None, False  # restores hold admission: ask again next step
+        # A hit the query budget cut short while other restores pin it: wait for
+        # them (the budget frees as their loads end) rather than recompute the rest.
+        short = restores and lk.budget_cut > 0 and self.gate.enabled and self.gate.others_hold(st.req_id)
+        if short or self.gate.query(st.req_id, blocks) == Admission.DEFER:
+            if short:
+                self.gate.totals.deferred_budget += 1
+                self.gate.stats.deferred_budget += 1
+            # A deferred request holds no lease (no budget): it looks up again once a hold is released.
+            self._release(st.lookup)
+            st.lookup = None
+            st.deferred_epoch = self.gate.epoch
+            return None, False
         st.saved_pages = lk.hit_pages if lk else 0
         # The local prefix hit may end inside a page (blocks are smaller than
         # pages): the external hit then starts there, the first page loaded

@@ -19,7 +19,7 @@ except Exception:
         data: dict = dataclasses.field(default_factory=dict)
 
 
-_SUMS = ("restores", "hold_s", "deferred_restores", "deferred_misses")
+_SUMS = ("restores", "hold_s", "deferred_restores", "deferred_misses", "deferred_budget")
 
 
 @dataclasses.dataclass
@@ -49,6 +49,7 @@ class OrbitKVStats(KVConnectorStats):
             "orbitkv_gate_hold_ms_avg": round(1000 * hold / n, 1) if n else 0.0,
             "orbitkv_gate_deferred_restores": int(d.get("deferred_restores", 0)),
             "orbitkv_gate_deferred_misses": int(d.get("deferred_misses", 0)),
+            "orbitkv_gate_deferred_budget": int(d.get("deferred_budget", 0)),
             "orbitkv_gate_max_holders": int(d.get("max_holders", 0)),
         }
 
