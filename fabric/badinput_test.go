@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )

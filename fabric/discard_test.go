@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )

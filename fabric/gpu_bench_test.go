@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/cuda"
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	"github.com/orbitkv/orbitkv/transfer"
 )

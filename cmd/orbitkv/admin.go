@@ -11,7 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 

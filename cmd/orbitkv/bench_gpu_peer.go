@@ -24,8 +24,8 @@ import (
 
 	"github.com/orbitkv/orbitkv/cuda"
 	"github.com/orbitkv/orbitkv/fabric"
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	"github.com/orbitkv/orbitkv/transfer"
 )

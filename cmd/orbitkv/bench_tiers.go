@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/fabric"
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 

@@ -7,7 +7,7 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 )
 
 // tinyTiersBench is bench tiers at a test's size: 16 KiB pages.

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/orbitkv/orbitkv/fabric/engineclient"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 

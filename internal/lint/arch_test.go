@@ -72,6 +72,9 @@ var allowedSideways = map[[2]string]bool{
 	{"transfer", "tiers"}: true, // transfer may import tiers
 	{"cuda", "internal"}:  true,
 	{"rdma", "internal"}:  true,
+	// internal/engineclient, the engine client of tests and benches
+	// (DESIGN.md §4), speaks the engine API.
+	{"internal", "proto"}: true,
 }
 
 func TestImportLayers(t *testing.T) {
