@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/fabric/cluster"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
@@ -179,5 +180,18 @@ func (s *adminServer) Peers(context.Context, *pb.PeersRequest) (*pb.PeersRespons
 	if c == nil {
 		return &pb.PeersResponse{}, nil
 	}
-	return &pb.PeersResponse{Clustered: true, Cluster: c.name, Peers: c.peers(uint64(s.p.cat.Len()))}, nil
+	var peers []*pb.PeerInfo
+	for _, m := range c.Peers(uint64(s.p.cat.Len())) {
+		peers = append(peers, peerToPB(m))
+	}
+	return &pb.PeersResponse{Clustered: true, Cluster: c.Name(), Peers: peers}, nil
+}
+
+func peerToPB(m cluster.Member) *pb.PeerInfo {
+	out := &pb.PeerInfo{Name: m.Name, GossipAddr: m.GossipAddr, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
+		State: m.State, Self: m.Self, Pages: m.Pages, Incarnation: m.Incarnation}
+	if !m.SyncedAt.IsZero() {
+		out.SyncedUnixMs = m.SyncedAt.UnixMilli()
+	}
+	return out
 }

@@ -45,7 +45,7 @@ func clusterConfig(t testing.TB, creds clusterCreds, join string) Config {
 	return cfg
 }
 
-func (tp *testPeer) gossipAddr() string { return tp.p.cluster.ml.LocalNode().Address() }
+func (tp *testPeer) gossipAddr() string { return tp.p.cluster.GossipAddr() }
 
 func (tp *testPeer) members() int {
 	resp, err := tp.admin.Peers(ctx(tp.t), &pb.PeersRequest{})

@@ -107,9 +107,9 @@ func (p *Peer) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult
 	if c == nil || out.hit >= len(keys) {
 		return
 	}
-	from := c.remote.Extend(keys[out.hit:], sess.fp, sess.pageBytes, c.usable)
-	out.remote = len(from)
-	out.hit += len(from)
+	n := c.Extend(keys[out.hit:], sess.fp, sess.pageBytes)
+	out.remote = n
+	out.hit += n
 }
 
 // budgetLeftLocked is what the query budget still allows; pages.mu is held.

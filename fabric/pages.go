@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/fabric/cluster"
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers"
@@ -52,7 +53,7 @@ type pageStore struct {
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
 	ssdReads ssdRate
 	// cluster is nil when the peer runs standalone (remote.go).
-	cluster *cluster
+	cluster *cluster.Cluster
 	// faults are the SSD tier's recent faults, for Status (health.go).
 	faults tierFaults
 	log    zerolog.Logger

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/fabric/cluster"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
@@ -35,9 +36,9 @@ type Peer struct {
 	pages    *pageStore
 	sessions *sessions
 	m        *metrics
-	gpu      *gpuState // nil without a usable GPU (see gpu.go)
-	cluster  *cluster  // nil when standalone (cluster.go)
-	dataDir  string    // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
+	gpu      *gpuState        // nil without a usable GPU (see gpu.go)
+	cluster  *cluster.Cluster // nil when standalone (fabric/cluster)
+	dataDir  string           // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
 	// startRepair says what the start repaired in the catalog, for Status
 	// ("" for nothing); set once in New, read-only afterwards.
 	startRepair string
@@ -134,17 +135,14 @@ func (p *Peer) openTiers() error {
 	})
 	opts := catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")}
 	if p.cfg.ClusterAddr != "" {
-		if p.cluster, err = newCluster(p.cfg, p.m.reg, p.log); err != nil {
+		if p.cluster, err = cluster.New(p.cfg.Config, p.cfg.DataDir, p.m.reg, p.log); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}
-		opts.OnChange = p.cluster.announce
+		opts.OnChange = p.cluster.Announce
 	}
 	p.cat, err = catalog.Open(opts)
 	if err != nil {
 		return fmt.Errorf("catalog: %w", err)
-	}
-	if p.cluster != nil {
-		p.cluster.cat = p.cat
 	}
 	return nil
 }
@@ -173,7 +171,7 @@ func (p *Peer) Run(ctx context.Context) error {
 	}
 	stopCluster := func() {}
 	if p.cluster != nil {
-		if stopCluster, err = p.cluster.start(ctx, p.cfg, p.pages); err != nil {
+		if stopCluster, err = p.cluster.Start(ctx, p.cat, p.pages); err != nil {
 			stopMetrics()
 			srv.Stop()
 			wg.Wait()

@@ -34,13 +34,13 @@ func (s *pageStore) fetchRemote(ctx context.Context, sess *session, reqs []pageR
 		if _, ok := s.cat.Get(r.Key); ok {
 			continue
 		}
-		p, ok := c.remote.Get(r.Key)
+		p, ok := c.Remote(r.Key)
 		if !ok || p.Layout != sess.fp || p.Size != sess.pageBytes {
 			continue
 		}
 		o := prev
 		if !p.Holders.Has(o) {
-			if o = pickUsable(p.Holders, c.usable); o < 0 {
+			if o = pickUsable(p.Holders, c.Usable); o < 0 {
 				continue // no live holder: the load reports the page not found
 			}
 		}
@@ -61,10 +61,10 @@ func (s *pageStore) fetchRemote(ctx context.Context, sess *session, reqs []pageR
 // fetchFrom fetches reqs[idx] from one member and commits what arrived.
 func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, reqs []pageReq, idx []int, res []pageResult) {
 	c := s.cluster
-	addr, ok := c.dataAddrOf(origin)
+	addr, ok := c.DataAddr(origin)
 	if !ok {
 		for _, i := range idx {
-			c.remote.Remove(origin, reqs[i].Key)
+			c.Forget(origin, reqs[i].Key)
 			res[i] = notFound("page %s: its holder left the cluster", reqs[i].Key)
 		}
 		return
@@ -86,7 +86,7 @@ func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, re
 		return
 	}
 	s.m.inflight.Inc()
-	got := c.data.Fetch(ctx, addr, wants, dst)
+	got := c.Fetch(ctx, addr, wants, dst)
 	s.m.inflight.Dec()
 	var arrived []*saveItem
 	for j, it := range items {
@@ -99,8 +99,7 @@ func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, re
 		it.entry = catalog.Entry{Key: h.Key, Layout: h.Layout, Size: h.Length, Checksum: h.Checksum,
 			Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
 		arrived = append(arrived, it)
-		c.m.fetchPages.WithLabelValues("ok").Inc()
-		c.m.fetchBytes.Add(float64(h.Length))
+		c.NoteFetch("ok", h.Length)
 	}
 	// commitSaves reports into its own results: the load's stay pending.
 	scratch := make([]pageResult, len(reqs))
@@ -120,16 +119,16 @@ func (s *pageStore) failFetch(origin int, addr string, it *saveItem, err error, 
 	var ce *page.CorruptError
 	switch {
 	case errors.Is(err, tcp.ErrNotFound):
-		c.remote.Remove(origin, it.key)
-		c.m.fetchPages.WithLabelValues("missing").Inc()
+		c.Forget(origin, it.key)
+		c.NoteFetch("missing", 0)
 		res[it.i] = notFound("page %s: no longer held by %s", it.key, addr)
 	case errors.As(err, &ce):
-		c.remote.Remove(origin, it.key)
-		c.m.fetchPages.WithLabelValues("corrupt").Inc()
+		c.Forget(origin, it.key)
+		c.NoteFetch("corrupt", 0)
 		s.m.corruptPages.Inc()
 		res[it.i] = failResult(fmt.Errorf("fetch from %s: %w", addr, err))
 	default:
-		c.m.fetchPages.WithLabelValues("failed").Inc()
+		c.NoteFetch("failed", 0)
 		res[it.i] = failResult(fmt.Errorf("fetch from %s: %w", addr, err))
 	}
 	s.freeDRAM(it.slot)

@@ -1,4 +1,4 @@
-package fabric
+package cluster
 
 import (
 	"context"
@@ -59,15 +59,16 @@ func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *cluste
 	return m
 }
 
-// newCluster prepares the cluster state before the catalog opens (the
-// catalog's change feed goes to announce). Nothing listens yet.
-func newCluster(cfg Config, reg *prometheus.Registry, log zerolog.Logger) (*cluster, error) {
-	name, err := nodeName(cfg)
+// New prepares the cluster state before the catalog opens (the catalog's
+// change feed goes to Announce). Nothing listens yet; dataDir keeps the
+// node name when cfg names none.
+func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logger) (*Cluster, error) {
+	name, err := nodeName(cfg, dataDir)
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{
-		name: name, incarnation: newIncarnation(), log: log.With().Str("node", name).Logger(),
+	c := &Cluster{
+		cfg: cfg, name: name, incarnation: newIncarnation(), log: log.With().Str("node", name).Logger(),
 		remote: catalog.NewRemote(), origins: map[string]*origin{}, conns: map[string]*grpc.ClientConn{},
 		wake: make(chan struct{}, 1), syncs: make(chan struct{}, maxSyncs),
 	}
@@ -87,11 +88,11 @@ func newCluster(cfg Config, reg *prometheus.Registry, log zerolog.Logger) (*clus
 // nodeName is the configured node name, or one kept in the data directory:
 // the host name and a random suffix, so that peers sharing a host name (one
 // per network namespace, containers) stay apart and a restart keeps it.
-func nodeName(cfg Config) (string, error) {
+func nodeName(cfg Config, dataDir string) (string, error) {
 	if cfg.NodeName != "" {
 		return cfg.NodeName, nil
 	}
-	path := filepath.Join(cfg.DataDir, "node-name")
+	path := filepath.Join(dataDir, "node-name")
 	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
 		return strings.TrimSpace(string(b)), nil
 	}
@@ -103,9 +104,12 @@ func nodeName(cfg Config) (string, error) {
 	return name, nil
 }
 
-// start listens on the peer and data addresses, joins the cluster and runs
-// the sender and the syncer until ctx ends; stop leaves and closes.
-func (c *cluster) start(ctx context.Context, cfg Config, src tcp.Source) (stop func(), err error) {
+// Start listens on the peer and data addresses, joins the cluster and runs
+// the sender and the syncer until ctx ends; stop leaves and closes. cat is
+// the catalog the peer service's snapshots read; src serves the data plane.
+func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Source) (stop func(), err error) {
+	cfg := c.cfg
+	c.cat = cat
 	peerLis, err := net.Listen("tcp", cfg.PeerAddr)
 	if err != nil {
 		return nil, fmt.Errorf("peer listener: %w", err)
@@ -165,14 +169,14 @@ func (c *cluster) start(ctx context.Context, cfg Config, src tcp.Source) (stop f
 			}
 			// Lookups stop offering members' pages: the client is closed.
 			for _, o := range c.origins {
-				o.state = "left"
+				o.state = stateLeft
 			}
 			c.mu.Unlock()
 		})
 	}, nil
 }
 
-func (c *cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist.Memberlist, error) {
+func (c *Cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist.Memberlist, error) {
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = c.name
 	host, port, err := splitHostPort(cfg.ClusterAddr)
@@ -233,7 +237,7 @@ func advertised(a net.Addr, host string) string {
 
 // joinLoop joins through the seeds, retrying every second until one
 // answers (seeds may start later than this peer).
-func (c *cluster) joinLoop(ctx context.Context, seeds []string) {
+func (c *Cluster) joinLoop(ctx context.Context, seeds []string) {
 	if len(seeds) == 0 {
 		return
 	}
@@ -252,7 +256,7 @@ func (c *cluster) joinLoop(ctx context.Context, seeds []string) {
 	}
 }
 
-func (c *cluster) peerConn(addr string) (*grpc.ClientConn, error) {
+func (c *Cluster) peerConn(addr string) (*grpc.ClientConn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if cc := c.conns[addr]; cc != nil {
@@ -314,7 +318,7 @@ func splitList(s string) []string {
 }
 
 // mlDelegate connects memberlist to the cluster.
-type mlDelegate struct{ c *cluster }
+type mlDelegate struct{ c *Cluster }
 
 func (d *mlDelegate) NodeMeta(limit int) []byte {
 	d.c.mu.Lock()
@@ -362,7 +366,7 @@ func (w memberlistLog) Write(p []byte) (int, error) {
 // peerServer is the PeerService.
 type peerServer struct {
 	pb.UnimplementedPeerServiceServer
-	c *cluster
+	c *Cluster
 }
 
 // Snapshot streams the catalog: the sequence number is read before the
@@ -396,14 +400,14 @@ func (s *peerServer) Snapshot(req *pb.SnapshotRequest, stream pb.PeerService_Sna
 	return stream.Send(chunk)
 }
 
-func (c *cluster) clientTLS() *tls.Config {
+func (c *Cluster) clientTLS() *tls.Config {
 	if c.tls == nil {
 		return nil
 	}
 	return c.tls.Client
 }
 
-func (c *cluster) serverTLS() *tls.Config {
+func (c *Cluster) serverTLS() *tls.Config {
 	if c.tls == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package fabric
+package cluster
 
 import (
 	"context"
@@ -53,8 +53,9 @@ const (
 	maxSyncs       = 2
 )
 
-// cluster is this peer's membership and view of the shared catalog.
-type cluster struct {
+// Cluster is this peer's membership and view of the shared catalog.
+type Cluster struct {
+	cfg         Config
 	name        string
 	incarnation uint64
 	log         zerolog.Logger
@@ -88,6 +89,21 @@ type cluster struct {
 	wg    sync.WaitGroup
 }
 
+// memberState is where a tracked member stands.
+type memberState uint8
+
+const (
+	stateAlive memberState = iota // in memberlist's view; its pages may be offered
+	stateLeft                     // this peer left the cluster: nothing of it is offered
+)
+
+func (s memberState) String() string {
+	if s == stateAlive {
+		return "alive"
+	}
+	return "left"
+}
+
 // origin is what this peer tracks of one other member.
 type origin struct {
 	name               string
@@ -95,7 +111,7 @@ type origin struct {
 	incarnation        uint64
 	gossipAddr         string
 	peerAddr, dataAddr string
-	state              string
+	state              memberState
 
 	applied     uint64                  // every announcement ≤ applied is in the index
 	synced      bool                    // the index holds a snapshot plus every announcement since
@@ -110,10 +126,10 @@ type origin struct {
 	failures    int
 }
 
-// announce is the catalog's OnChange hook: it numbers the change and queues
+// Announce is the catalog's OnChange hook: it numbers the change and queues
 // it for the sender. It runs under the catalog's writer lock and never
 // blocks.
-func (c *cluster) announce(e catalog.Entry, ch catalog.Change) {
+func (c *Cluster) Announce(e catalog.Entry, ch catalog.Change) {
 	a, ok := announceOf(e, ch)
 	if !ok {
 		return
@@ -134,7 +150,7 @@ func (c *cluster) announce(e catalog.Entry, ch catalog.Change) {
 }
 
 // currentSeq is the last sequence number given to a change.
-func (c *cluster) currentSeq() uint64 {
+func (c *Cluster) currentSeq() uint64 {
 	c.out.Lock()
 	defer c.out.Unlock()
 	return c.out.seq
@@ -142,7 +158,7 @@ func (c *cluster) currentSeq() uint64 {
 
 // runSender sends queued announcements to every live member, and a
 // heartbeat with the last sequence number once a second.
-func (c *cluster) runSender(ctx context.Context) {
+func (c *Cluster) runSender(ctx context.Context) {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
@@ -157,7 +173,7 @@ func (c *cluster) runSender(ctx context.Context) {
 	}
 }
 
-func (c *cluster) sendPending() {
+func (c *Cluster) sendPending() {
 	c.out.Lock()
 	anns := c.out.pending
 	first := c.out.seq - uint64(len(anns)) + 1
@@ -172,7 +188,7 @@ func (c *cluster) sendPending() {
 	c.m.announced.Add(float64(len(anns)))
 }
 
-func (c *cluster) sendHeartbeat() {
+func (c *Cluster) sendHeartbeat() {
 	// Every second, changed or not: one lost heartbeat must not hide a
 	// lost last announcement until the next push/pull.
 	c.out.Lock()
@@ -181,14 +197,14 @@ func (c *cluster) sendHeartbeat() {
 	c.broadcast([][]byte{encodeState(c.name, c.incarnation, seq)})
 }
 
-func (c *cluster) broadcast(msgs [][]byte) {
+func (c *Cluster) broadcast(msgs [][]byte) {
 	// To the addresses this peer tracks, copied under its lock: the *Node
 	// values memberlist's Members returns are updated in place by its own
 	// goroutines (a data race to read them here).
 	c.mu.Lock()
 	var to []memberlist.Address
 	for _, o := range c.origins {
-		if o.state == "alive" && o.gossipAddr != "" {
+		if o.state == stateAlive && o.gossipAddr != "" {
 			to = append(to, memberlist.Address{Addr: o.gossipAddr, Name: o.name})
 		}
 	}
@@ -204,7 +220,7 @@ func (c *cluster) broadcast(msgs [][]byte) {
 }
 
 // receive handles a member's announcement or state message.
-func (c *cluster) receive(msg []byte) {
+func (c *Cluster) receive(msg []byte) {
 	h, body, err := decodeHead(msg)
 	if err != nil {
 		c.m.badMessages.Inc()
@@ -239,7 +255,7 @@ func (c *cluster) receive(msg []byte) {
 
 // admitLocked applies announcement seq of o, or keeps it until the hole
 // before it is filled by a snapshot.
-func (c *cluster) admitLocked(o *origin, seq uint64, a announcement) {
+func (c *Cluster) admitLocked(o *origin, seq uint64, a announcement) {
 	switch {
 	case o.synced && seq <= o.applied:
 		return // a duplicate (memberlist may deliver twice)
@@ -261,7 +277,7 @@ func (c *cluster) admitLocked(o *origin, seq uint64, a announcement) {
 	}
 }
 
-func (c *cluster) applyLocked(o *origin, a announcement) {
+func (c *Cluster) applyLocked(o *origin, a announcement) {
 	if a.op == opHave {
 		if err := c.remote.Add(o.id, a.key, a.layout, a.size); err != nil {
 			c.log.Warn().Err(err).Str("origin", o.name).Msg("announcement not indexed")
@@ -272,7 +288,7 @@ func (c *cluster) applyLocked(o *origin, a announcement) {
 }
 
 // drainEarlyLocked applies kept announcements that now follow on.
-func (c *cluster) drainEarlyLocked(o *origin) {
+func (c *Cluster) drainEarlyLocked(o *origin) {
 	for seq := range o.early {
 		if seq <= o.applied {
 			delete(o.early, seq)
@@ -292,7 +308,7 @@ func (c *cluster) drainEarlyLocked(o *origin) {
 	}
 }
 
-func (c *cluster) checkBehindLocked(o *origin) {
+func (c *Cluster) checkBehindLocked(o *origin) {
 	switch {
 	case o.synced && o.applied >= o.known:
 		o.behindSince = time.Time{}
@@ -304,7 +320,7 @@ func (c *cluster) checkBehindLocked(o *origin) {
 // needsSyncLocked says whether o's part of the index must be rebuilt from
 // a snapshot now.
 func needsSyncLocked(o *origin, now time.Time) bool {
-	if o.syncing || o.state != "alive" || now.Before(o.nextTry) {
+	if o.syncing || o.state != stateAlive || now.Before(o.nextTry) {
 		return false
 	}
 	return !o.synced ||
@@ -314,7 +330,7 @@ func needsSyncLocked(o *origin, now time.Time) bool {
 
 // runSyncer starts snapshot syncs of members whose part of the index is
 // incomplete.
-func (c *cluster) runSyncer(ctx context.Context) {
+func (c *Cluster) runSyncer(ctx context.Context) {
 	t := time.NewTicker(syncTick)
 	defer t.Stop()
 	for {
@@ -349,7 +365,7 @@ func (c *cluster) runSyncer(ctx context.Context) {
 }
 
 // sync rebuilds o's part of the index from its snapshot.
-func (c *cluster) sync(ctx context.Context, o *origin) {
+func (c *Cluster) sync(ctx context.Context, o *origin) {
 	start := time.Now()
 	c.mu.Lock()
 	o.synced = false // announcements wait in early until the snapshot is in
@@ -379,7 +395,7 @@ func (c *cluster) sync(ctx context.Context, o *origin) {
 
 // pullSnapshot streams o's snapshot into the index, replacing what o had
 // there. It returns the sequence number the snapshot includes.
-func (c *cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr string) (uint64, int, error) {
+func (c *Cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr string) (uint64, int, error) {
 	cc, err := c.peerConn(addr)
 	if err != nil {
 		return 0, 0, err
@@ -429,7 +445,7 @@ func (c *cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr 
 
 // memberUp records a member that joined or changed (a restart brings a new
 // incarnation: its old pages leave the index and a snapshot is due).
-func (c *cluster) memberUp(n *memberlist.Node) {
+func (c *Cluster) memberUp(n *memberlist.Node) {
 	if n.Name == c.name {
 		return
 	}
@@ -460,12 +476,12 @@ func (c *cluster) memberUp(n *memberlist.Node) {
 		o.gapSince, o.behindSince, o.nextTry, o.failures = time.Time{}, time.Time{}, time.Time{}, 0
 	}
 	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-	o.peerAddr, o.dataAddr, o.state = meta.peerAddr, meta.dataAddr, "alive"
+	o.peerAddr, o.dataAddr, o.state = meta.peerAddr, meta.dataAddr, stateAlive
 	c.m.members.Set(float64(len(c.origins) + 1))
 }
 
 // memberDown forgets a member that left or failed, with its pages.
-func (c *cluster) memberDown(n *memberlist.Node) {
+func (c *Cluster) memberDown(n *memberlist.Node) {
 	c.mu.Lock()
 	o := c.origins[n.Name]
 	if o == nil {
@@ -487,7 +503,7 @@ func (c *cluster) memberDown(n *memberlist.Node) {
 	}()
 }
 
-func (c *cluster) freeIDLocked() int {
+func (c *Cluster) freeIDLocked() int {
 	for i, used := range c.ids {
 		if !used {
 			c.ids[i] = true
@@ -498,7 +514,7 @@ func (c *cluster) freeIDLocked() int {
 }
 
 // receiveState handles a member's last sequence number (heartbeat, push/pull).
-func (c *cluster) receiveState(buf []byte) {
+func (c *Cluster) receiveState(buf []byte) {
 	h, _, err := decodeHead(buf)
 	if err != nil || h.kind != msgState {
 		return
@@ -511,25 +527,25 @@ func (c *cluster) receiveState(buf []byte) {
 	}
 }
 
-// usable says whether origin id is a live member whose pages this peer has
+// Usable says whether origin id is a live member whose pages this peer has
 // a snapshot of (its current life).
-func (c *cluster) usable(id int) bool {
+func (c *Cluster) Usable(id int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, o := range c.origins {
 		if o.id == id {
-			return o.state == "alive" && o.current
+			return o.state == stateAlive && o.current
 		}
 	}
 	return false
 }
 
-// dataAddrOf returns the data address of origin id, if it is alive.
-func (c *cluster) dataAddrOf(id int) (string, bool) {
+// DataAddr returns the data address of origin id, if it is alive.
+func (c *Cluster) DataAddr(id int) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, o := range c.origins {
-		if o.id == id && o.state == "alive" {
+		if o.id == id && o.state == stateAlive {
 			return o.dataAddr, true
 		}
 	}
@@ -581,29 +597,36 @@ func newIncarnation() uint64 {
 	return binary.LittleEndian.Uint64(b[:]) | 1
 }
 
-// peers lists this peer and the members it tracks, sorted by name.
-func (c *cluster) peers(ownPages uint64) []*pb.PeerInfo {
+// Member is what Peers reports of one member.
+type Member struct {
+	Name, GossipAddr, PeerAddr, DataAddr string
+	State                                string // "alive" or "left"
+	Self                                 bool
+	Pages                                uint64 // pages it announced (this peer: ownPages)
+	Incarnation                          uint64
+	SyncedAt                             time.Time // its last snapshot applied here (zero: none)
+}
+
+// Peers lists this peer and the members it tracks, sorted by name.
+func (c *Cluster) Peers(ownPages uint64) []Member {
 	c.mu.Lock()
-	self := &pb.PeerInfo{Name: c.name, PeerAddr: c.peerAddr, DataAddr: c.dataAddr, State: "alive", Self: true,
+	self := Member{Name: c.name, PeerAddr: c.peerAddr, DataAddr: c.dataAddr, State: stateAlive.String(), Self: true,
 		Pages: ownPages, Incarnation: c.incarnation, GossipAddr: c.gossipAddr}
-	out := []*pb.PeerInfo{self}
+	out := []Member{self}
 	var os []*origin
 	for _, o := range c.origins {
 		os = append(os, o)
 	}
-	infos := make([]*pb.PeerInfo, len(os))
+	infos := make([]Member, len(os))
 	for i, o := range os {
-		infos[i] = &pb.PeerInfo{Name: o.name, GossipAddr: o.gossipAddr, PeerAddr: o.peerAddr, DataAddr: o.dataAddr,
-			State: o.state, Incarnation: o.incarnation}
-		if !o.syncedAt.IsZero() {
-			infos[i].SyncedUnixMs = o.syncedAt.UnixMilli()
-		}
+		infos[i] = Member{Name: o.name, GossipAddr: o.gossipAddr, PeerAddr: o.peerAddr, DataAddr: o.dataAddr,
+			State: o.state.String(), Incarnation: o.incarnation, SyncedAt: o.syncedAt}
 	}
 	c.mu.Unlock()
 	for i, o := range os {
 		infos[i].Pages = uint64(c.remote.Count(o.id))
 	}
 	out = append(out, infos...)
-	slices.SortFunc(out[1:], func(a, b *pb.PeerInfo) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out[1:], func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }

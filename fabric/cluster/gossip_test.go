@@ -1,4 +1,4 @@
-package fabric
+package cluster
 
 import (
 	"fmt"
@@ -56,10 +56,10 @@ func TestAnnouncementsRoundTrip(t *testing.T) {
 }
 
 // testCluster is a cluster with one member, "b", and no network.
-func testCluster(t *testing.T) (*cluster, *origin) {
-	c := &cluster{name: "a", log: zerolog.Nop(), remote: catalog.NewRemote(), origins: map[string]*origin{}}
+func testCluster(t *testing.T) (*Cluster, *origin) {
+	c := &Cluster{name: "a", log: zerolog.Nop(), remote: catalog.NewRemote(), origins: map[string]*origin{}}
 	c.m = newClusterMetrics(prometheus.NewRegistry(), c.remote)
-	o := &origin{name: "b", id: 3, incarnation: 11, state: "alive", synced: true}
+	o := &origin{name: "b", id: 3, incarnation: 11, state: stateAlive, synced: true}
 	c.origins["b"] = o
 	return c, o
 }

@@ -1,4 +1,4 @@
-package fabric
+package cluster
 
 import (
 	"encoding/binary"

@@ -1,0 +1,50 @@
+package cluster
+
+import (
+	"context"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+// What the rest of the peer asks of the cluster: the store's remote fetch
+// (its Members interface), the engine API's lookups and Peers.
+
+// Name is this member's name.
+func (c *Cluster) Name() string { return c.name }
+
+// GossipAddr is the address members reach this peer's gossip at; "" before
+// Start.
+func (c *Cluster) GossipAddr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gossipAddr
+}
+
+// Remote returns what members announced of k.
+func (c *Cluster) Remote(k pagekey.Key) (catalog.RemotePage, bool) { return c.remote.Get(k) }
+
+// Forget drops origin from k's holders: it no longer has the page, or sent
+// it corrupt, so lookups stop offering it from there.
+func (c *Cluster) Forget(origin int, k pagekey.Key) { c.remote.Remove(origin, k) }
+
+// Extend returns how many leading keys live members hold with the layout
+// and size, for a lookup that found the keys before them here.
+func (c *Cluster) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint64) int {
+	return len(c.remote.Extend(keys, layout, size, c.Usable))
+}
+
+// Fetch fetches pages from the data plane at addr into dst.
+func (c *Cluster) Fetch(ctx context.Context, addr string, wants []tcp.Want, dst [][]byte) []tcp.Result {
+	return c.data.Fetch(ctx, addr, wants, dst)
+}
+
+// NoteFetch counts a page fetched for a load, by result (ok, missing,
+// corrupt, failed), and the bytes of one that arrived verified.
+func (c *Cluster) NoteFetch(result string, bytes uint64) {
+	c.m.fetchPages.WithLabelValues(result).Inc()
+	if bytes > 0 {
+		c.m.fetchBytes.Add(float64(bytes))
+	}
+}
