@@ -7,7 +7,6 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/fabric/cluster"
-	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -30,9 +29,8 @@ func (p *Peer) idle() (bool, string) {
 	if p.ssd != nil {
 		ssdInflight = p.ssd.Stats().InFlight
 	}
-	p.pages.mu.Lock()
-	leased, unsealed := p.leasedBytes, len(p.pages.mu.unsealed)
-	p.pages.mu.Unlock()
+	b := p.pages.Backlog()
+	leased, unsealed := b.LeasedBytes, b.UnsealedPages
 	idle := leases == 0 && leased == 0 && ssdInflight == 0 && p.runningOps() == 0 && unsealed == 0
 	return idle, fmt.Sprintf("leases=%d leased_bytes=%d unwaited_ops=%d running_ops=%d ssd_inflight=%d unsealed_pages=%d",
 		leases, leased, ops, p.runningOps(), ssdInflight, unsealed)
@@ -57,12 +55,10 @@ func (p *Peer) runningOps() int {
 func (s *adminServer) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
 	p := s.p
 	ps := p.pool.Stats()
-	problem := p.problem(time.Now())
+	problem := p.problem(p.now())
 	out := &pb.StatusResponse{Healthy: problem == "", Problem: problem, StartRepair: p.startRepair, Version: Version, UptimeMs: time.Since(p.started).Milliseconds(),
 		Sessions: uint32(len(p.sessions.list())), CatalogEntries: uint64(p.cat.Len()), InflightOps: uint32(p.runningOps())}
-	p.pages.mu.Lock()
-	ssdPages := p.pages.mu.ssd.Len()
-	p.pages.mu.Unlock()
+	ssdPages := p.pages.Backlog().SSDPages
 	out.Tiers = append(out.Tiers, &pb.TierStatus{Tier: pb.Tier_TIER_DRAM, CapacityBytes: ps.CapacityBytes, UsedBytes: ps.UsedBytes, Pages: uint64(ps.Slots)})
 	if p.ssd != nil {
 		st := p.ssd.Stats()
@@ -81,7 +77,7 @@ func (s *adminServer) CatalogLookup(_ context.Context, r *pb.CatalogLookupReques
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	res := s.p.cat.Lookup(keys, now())
+	res := s.p.cat.Lookup(keys, time.Now().UnixNano())
 	out := &pb.CatalogLookupResponse{HitPages: uint32(res.Hit)}
 	for _, t := range res.Tiers {
 		out.Tiers = append(out.Tiers, tierToPB(t))
@@ -103,7 +99,7 @@ func (s *adminServer) Evict(ctx context.Context, r *pb.EvictRequest) (*pb.EvictR
 	default:
 		return nil, toStatus(invalid("evict needs tier DRAM or SSD"))
 	}
-	n, err := s.p.pages.evict(ctx, tier, keys)
+	n, err := s.p.pages.Evict(ctx, tier, keys)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -115,7 +111,7 @@ func (s *adminServer) Drain(ctx context.Context, r *pb.DrainRequest) (*pb.DrainR
 	for {
 		idle, detail := s.p.idle()
 		if idle || time.Now().After(deadline) || ctx.Err() != nil {
-			s.p.pages.updateGauges()
+			s.p.pages.UpdateGauges()
 			return &pb.DrainResponse{Idle: idle, Detail: detail}, nil
 		}
 		select {
@@ -123,56 +119,6 @@ func (s *adminServer) Drain(ctx context.Context, r *pb.DrainRequest) (*pb.DrainR
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// evict drops unpinned copies from one tier: the given keys, or every page
-// when keys is empty. A DRAM copy not held on SSD is demoted first (when
-// the SSD tier exists) so eviction from DRAM loses nothing.
-func (s *pageStore) evict(ctx context.Context, tier catalog.Tier, keys []pagekey.Key) (int, error) {
-	if len(keys) == 0 {
-		s.cat.Range(func(e catalog.Entry) bool { keys = append(keys, e.Key); return true })
-	}
-	n := 0
-	for _, k := range keys {
-		if err := ctx.Err(); err != nil {
-			return n, err
-		}
-		ok, err := s.evictOne(ctx, tier, k)
-		if err != nil {
-			return n, err
-		}
-		if ok {
-			n++
-		}
-	}
-	s.updateGauges()
-	return n, nil
-}
-
-func (s *pageStore) evictOne(ctx context.Context, tier catalog.Tier, k pagekey.Key) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.cat.Get(k)
-	if !ok {
-		return false, nil
-	}
-	switch {
-	case tier == catalog.TierDRAM && e.DRAMSlot >= 0 && !s.mu.dram.Pinned(k):
-		if !e.OnSSD && s.ssd != nil {
-			s.mu.dram.Pin(k)
-			s.demoting.Add(1) // in flight from the pin on (allocDRAM waits for it)
-			s.mu.Unlock()
-			s.demoteBatch(ctx, []catalog.Entry{e})
-			s.demoting.Add(-1)
-			s.mu.Lock()
-			e, ok = s.cat.Get(k)
-			return ok && e.DRAMSlot < 0, nil
-		}
-		return s.dropDRAMLocked(e), nil
-	case tier == catalog.TierSSD && e.OnSSD && !s.mu.ssd.Pinned(k):
-		return true, s.dropSSDLocked([]pagekey.Key{k})
-	}
-	return false, nil
 }
 
 func (s *adminServer) Peers(context.Context, *pb.PeersRequest) (*pb.PeersResponse, error) {

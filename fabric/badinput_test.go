@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"errors"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"os"
 	"path/filepath"
 	"strings"
@@ -236,7 +237,7 @@ func TestLoadLeaseOfAnySessionOfTheModel(t *testing.T) {
 			t.Fatal(err)
 		}
 		late := time.UnixMilli(look.LeaseExpiresUnixMs).Add(time.Millisecond)
-		if err := tp.p.checkLoadLease(sess, look.LeaseId, late); !errors.Is(err, errNotFound) || !strings.Contains(err.Error(), "expired") {
+		if err := tp.p.checkLoadLease(sess, look.LeaseId, late); !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "expired") {
 			t.Fatalf("the %s lease after it expired (not yet reaped): %v, want not found, expired", name, err)
 		}
 	}

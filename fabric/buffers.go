@@ -37,7 +37,7 @@ func (p *Peer) checkBuffers(s *session) error {
 
 // noteFault counts an engine buffer fault and logs a session's first.
 func (p *Peer) noteFault(s *session, err error) {
-	p.m.engineFaults.Inc()
+	p.pages.NoteEngineFault()
 	if !s.faulted.Swap(true) {
 		p.log.Warn().Str("session", s.id).Str("engine", s.engineID).Err(err).
 			Msg("engine kv buffer fault: the session's operations fail until it reopens; other sessions are unaffected")

@@ -1,14 +1,32 @@
 package fabric
 
 import (
+	"github.com/orbitkv/orbitkv/fabric/store"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
 	"context"
 	"fmt"
+	"github.com/orbitkv/orbitkv/catalog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
+
+// problem says why the peer is unhealthy at now, "" when it is healthy:
+// what Status reports. Every source of ill health joins here.
+func (p *Peer) problem(now time.Time) string {
+	var out []string
+	for _, s := range []string{p.pages.Problem(now), p.catalogProblem()} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, "; ")
+}
 
 // catalogProblem says why the catalog makes the peer unhealthy, "" when
 // it does not: a catalog that cannot persist fails every save to SSD.
@@ -66,7 +84,7 @@ func (p *Peer) watchCatalog(ctx context.Context) {
 
 // logRecovery logs what the start recovered, rebuilt and dropped, and
 // counts it.
-func (p *Peer) logRecovery(rep recoverReport) {
+func (p *Peer) logRecovery(rep store.RecoverReport) {
 	m := newRecoveryMetrics(p.m.reg, p.cat)
 	m.rebuilt.Add(float64(rep.Rebuilt))
 	m.dropped.Add(float64(rep.Dropped))
@@ -107,4 +125,28 @@ func startRepairText(damage string, rebuilt, dropped int) string {
 		out += " (damage: " + damage + ")"
 	}
 	return out
+}
+
+// recoveryMetrics count what recoveries rebuilt and dropped.
+type recoveryMetrics struct {
+	rebuilt, dropped prometheus.Counter
+}
+
+func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recoveryMetrics {
+	m := &recoveryMetrics{
+		rebuilt: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "rebuilt_pages_total",
+			Help: "SSD pages the catalog did not name (damaged, missing or truncated catalog) rebuilt from the page files' slot headers at start."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "dropped_pages_total",
+			Help: "Catalog entries dropped at start because the page files do not hold their page whole."}),
+	}
+	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "healthy",
+		Help: "1 when the catalog persists commits; 0 while its filesystem is full or its store failed (saves to SSD fail)."},
+		func() float64 {
+			if cat.Health() != nil {
+				return 0
+			}
+			return 1
+		})
+	reg.MustRegister(m.rebuilt, m.dropped, healthy)
+	return m
 }

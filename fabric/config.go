@@ -31,6 +31,10 @@ type Config struct {
 	// tier no longer covers, and remove their files; without it such a
 	// start is refused (discard.go).
 	SSDDiscard bool
+	// Now is the clock of the peer's decisions: lease expiry, the SSD read
+	// rate's age, tier fault windows (nil: time.Now). Not a flag: tests
+	// move it.
+	Now func() time.Time `json:"-"`
 
 	LeaseTTL         time.Duration // default lease lifetime
 	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once

@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"errors"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"io"
 	"os"
 	"path/filepath"
@@ -121,9 +122,9 @@ func TestSmallerSSDTierRefusesToStart(t *testing.T) {
 				p.Close()
 				t.Fatal("started with a tier that drops stored pages")
 			}
-			if !errors.Is(err, errWouldDiscard) || !strings.Contains(err.Error(), "--ssd-discard") ||
+			if !errors.Is(err, store.ErrWouldDiscard) || !strings.Contains(err.Error(), "--ssd-discard") ||
 				!strings.Contains(err.Error(), strconv.Itoa(c.outside)+" pages") {
-				t.Fatalf("refusal %q: want errWouldDiscard naming --ssd-discard and %d pages", err, c.outside)
+				t.Fatalf("refusal %q: want store.ErrWouldDiscard naming --ssd-discard and %d pages", err, c.outside)
 			}
 		})
 	}
@@ -183,8 +184,8 @@ func TestShrunkSSDTierWithoutCatalogRefusesToStart(t *testing.T) {
 				p.Close()
 				t.Fatal("started over pages beyond the tier that only the page files name")
 			}
-			if !errors.Is(err, errWouldDiscard) || !strings.Contains(err.Error(), strconv.Itoa(c.outside)+" pages") {
-				t.Fatalf("refusal %q: want errWouldDiscard naming %d pages", err, c.outside)
+			if !errors.Is(err, store.ErrWouldDiscard) || !strings.Contains(err.Error(), strconv.Itoa(c.outside)+" pages") {
+				t.Fatalf("refusal %q: want store.ErrWouldDiscard naming %d pages", err, c.outside)
 			}
 		})
 	}

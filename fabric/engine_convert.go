@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"path/filepath"
 	"time"
 
@@ -194,14 +195,14 @@ func keysFromPB(in [][]byte, limit int) ([]pagekey.Key, error) {
 
 // pagesFromPB converts and validates a Save/Load page list. Only a load
 // (load true) may name transfer.SkipBlock for a block the engine holds.
-func pagesFromPB(in []*pb.PageRef, sess *session, limit int, load bool) ([]pageReq, error) {
-	if len(sess.bufs) == 0 {
+func pagesFromPB(in []*pb.PageRef, sess *session, limit int, load bool) ([]store.PageReq, error) {
+	if len(sess.Bufs) == 0 {
 		return nil, fmt.Errorf("%w: session %s registered no kv buffers (lookup-only)", errLayoutMismatch, sess.id)
 	}
 	if len(in) == 0 || len(in) > limit {
 		return nil, invalid("%d pages, want 1..%d", len(in), limit)
 	}
-	out := make([]pageReq, len(in))
+	out := make([]store.PageReq, len(in))
 	seen := make(map[pagekey.Key]int, len(in))
 	for i, r := range in {
 		k, err := pagekey.FromBytes(r.Key)
@@ -215,10 +216,10 @@ func pagesFromPB(in []*pb.PageRef, sess *session, limit int, load bool) ([]pageR
 		if !load && transfer.HasSkip(r.Blocks) {
 			return nil, invalid("page %d: a save cannot skip blocks (0xFFFFFFFF)", i)
 		}
-		if err := sess.geom.CheckBlocks(r.Blocks); err != nil {
+		if err := sess.Geom.CheckBlocks(r.Blocks); err != nil {
 			return nil, fmt.Errorf("page %d: %w", i, err)
 		}
-		out[i] = pageReq{Key: k, Blocks: r.Blocks}
+		out[i] = store.PageReq{Key: k, Blocks: r.Blocks}
 	}
 	return out, nil
 }
@@ -235,10 +236,10 @@ func tierToPB(t catalog.Tier) pb.Tier {
 	return pb.Tier_TIER_UNSPECIFIED
 }
 
-var codeToPB = map[pageCode]pb.PageCode{
-	codePending: pb.PageCode_PAGE_PENDING, codeOK: pb.PageCode_PAGE_OK, codeNotFound: pb.PageCode_PAGE_NOT_FOUND,
-	codeCorrupt: pb.PageCode_PAGE_CORRUPT, codeNoSpace: pb.PageCode_PAGE_NO_SPACE, codeDeadline: pb.PageCode_PAGE_DEADLINE,
-	codeIOError: pb.PageCode_PAGE_IO_ERROR, codeCancelled: pb.PageCode_PAGE_CANCELLED,
+var codeToPB = map[store.Code]pb.PageCode{
+	store.CodePending: pb.PageCode_PAGE_PENDING, store.CodeOK: pb.PageCode_PAGE_OK, store.CodeNotFound: pb.PageCode_PAGE_NOT_FOUND,
+	store.CodeCorrupt: pb.PageCode_PAGE_CORRUPT, store.CodeNoSpace: pb.PageCode_PAGE_NO_SPACE, store.CodeDeadline: pb.PageCode_PAGE_DEADLINE,
+	store.CodeIOError: pb.PageCode_PAGE_IO_ERROR, store.CodeCancelled: pb.PageCode_PAGE_CANCELLED,
 }
 
 func statusToPB(o *op, done bool) *pb.OpStatus {

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"bytes"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"os"
 	"strings"
 	"testing"
@@ -79,17 +80,17 @@ func TestEngineFaultDuringCopyFailsThePage(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pages' own paths, past the per-operation check (startPageOp).
-	for name, run := range map[string]func(res []pageResult){
-		"save": func(res []pageResult) {
-			tp.p.pages.save(ctx(t), sess, []pageReq{{Key: mustKey(t, keys[2]), Blocks: []uint32{8, 9, 10, 11}}}, true, res)
+	for name, run := range map[string]func(res []store.Result){
+		"save": func(res []store.Result) {
+			tp.p.pages.Save(ctx(t), &sess.Engine, []store.PageReq{{Key: mustKey(t, keys[2]), Blocks: []uint32{8, 9, 10, 11}}}, true, res)
 		},
-		"load": func(res []pageResult) {
-			tp.p.pages.load(ctx(t), sess, []pageReq{{Key: mustKey(t, keys[0]), Blocks: []uint32{40, 41, 42, 43}}}, res)
+		"load": func(res []store.Result) {
+			tp.p.pages.Load(ctx(t), &sess.Engine, []store.PageReq{{Key: mustKey(t, keys[0]), Blocks: []uint32{40, 41, 42, 43}}}, res)
 		},
 	} {
-		res := make([]pageResult, 1)
+		res := make([]store.Result, 1)
 		run(res)
-		if res[0].Code != codeIOError || !strings.Contains(res[0].Msg, e.shm.Path) {
+		if res[0].Code != store.CodeIOError || !strings.Contains(res[0].Msg, e.shm.Path) {
 			t.Fatalf("%s faulting in the copy: %+v, want PAGE_IO_ERROR naming %s", name, res[0], e.shm.Path)
 		}
 	}

@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"sync"
 	"time"
 
@@ -27,7 +28,7 @@ func (s *engineServer) session(id string) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	sess.touch(time.Now())
+	sess.touch(s.p.now())
 	return sess, nil
 }
 
@@ -40,10 +41,10 @@ func (s *engineServer) OpenSession(_ context.Context, r *pb.OpenSessionRequest) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	out := &pb.OpenSessionResponse{SessionId: sess.id, LayoutFingerprint: sess.fp[:], PageBytes: sess.pageBytes,
+	out := &pb.OpenSessionResponse{SessionId: sess.id, LayoutFingerprint: sess.FP[:], PageBytes: sess.PageBytes,
 		KeepaliveMs: uint32(sess.keepalive / time.Millisecond)}
-	if sess.marks != nil {
-		out.LayerEvents = sess.marks.Handles
+	if sess.Marks != nil {
+		out.LayerEvents = sess.Marks.Handles
 	}
 	return out, nil
 }
@@ -93,8 +94,8 @@ func (s *engineServer) Save(ctx context.Context, r *pb.SaveRequest) (*pb.OpHandl
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, nil, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
-		s.p.pages.save(ctx, sess, pages, toSSD, res)
+	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, false, r.Wait, nil, func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result) {
+		s.p.pages.Save(ctx, &sess.Engine, pages, toSSD, res)
 	})
 }
 
@@ -105,12 +106,14 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 		}
 		return s.layerwiseLoad(ctx, r)
 	}
-	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.leaseCheck(r.LeaseId), s.p.pages.load)
+	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.leaseCheck(r.LeaseId), func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result) {
+		s.p.pages.Load(ctx, &sess.Engine, pages, res)
+	})
 }
 
 // leaseCheck checks a Load's lease, when it names one (lease.go).
 func (s *engineServer) leaseCheck(id string) func(*session) error {
-	return func(sess *session) error { return s.p.checkLoadLease(sess, id, time.Now()) }
+	return func(sess *session) error { return s.p.checkLoadLease(sess, id, s.p.now()) }
 }
 
 // layerwiseLoad starts a layer-wise load and answers once its device copies
@@ -122,12 +125,12 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 		if err := s.leaseCheck(r.LeaseId)(sess); err != nil {
 			return err
 		}
-		if sess.marks == nil {
+		if sess.Marks == nil {
 			return fmt.Errorf("%w: session %s has no layer events (not a CUDA session, or the peer lacks interprocess events): load without layerwise", errLayoutMismatch, sess.id)
 		}
 		return nil
-	}, func(ctx context.Context, sess *session, pages []pageReq, res []pageResult) {
-		s.p.pages.loadLayerwise(ctx, sess, pages, res, func() { once.Do(func() { close(enq) }) })
+	}, func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result) {
+		s.p.pages.LoadLayerwise(ctx, &sess.Engine, pages, res, func() { once.Do(func() { close(enq) }) })
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -145,7 +148,7 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 // an operation; with wait it runs the operation on this call's goroutine (no
 // hand-off to wake up from) and answers with its status.
 func (s *engineServer) pageOp(ctx context.Context, id string, refs []*pb.PageRef, deadlineMs uint32, load, wait bool, check func(*session) error,
-	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*pb.OpHandle, error) {
+	run func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result)) (*pb.OpHandle, error) {
 	var caller context.Context
 	if wait {
 		caller = ctx
@@ -166,7 +169,7 @@ func (s *engineServer) pageOp(ctx context.Context, id string, refs []*pb.PageRef
 // and starts run as an operation (with a caller context: runs it to the end
 // on this goroutine, see startOp). Only a load may skip blocks.
 func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uint32, load bool, caller context.Context, check func(*session) error,
-	run func(ctx context.Context, sess *session, pages []pageReq, res []pageResult)) (*op, error) {
+	run func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result)) (*op, error) {
 	sess, err := s.session(id)
 	if err != nil {
 		return nil, err
@@ -183,7 +186,7 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 	if err != nil {
 		return nil, err
 	}
-	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), caller, func(ctx context.Context, res []pageResult) {
+	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), caller, func(ctx context.Context, res []store.Result) {
 		run(ctx, sess, pages, res)
 	})
 }

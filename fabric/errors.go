@@ -3,6 +3,8 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,12 +25,18 @@ var codeTable = []struct {
 	{transfer.ErrGeometry, codes.InvalidArgument},
 	{hbm.ErrBuffer, codes.FailedPrecondition},
 	{errUnknownSession, codes.NotFound},
-	{errNotFound, codes.NotFound},
+	{store.ErrNotFound, codes.NotFound},
 	{errLayoutMismatch, codes.FailedPrecondition},
 	{errClosing, codes.Unavailable},
 	{errTooManyOps, codes.ResourceExhausted},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
+}
+
+// wrapNotFound is store.ErrNotFound with a message: an unknown lease or
+// operation.
+func wrapNotFound(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{store.ErrNotFound}, args...)...)
 }
 
 // errLayoutMismatch reports a request whose layout differs from its session's.

@@ -75,7 +75,8 @@ func checkFits(t *testing.T, g transfer.Geometry, sizes []uint64) {
 
 // FuzzPages feeds arbitrary Save page lists to the validator.
 func FuzzPages(f *testing.F) {
-	sess := &session{geom: mustSpec(f).geom, bufs: []*transfer.Region{nil}}
+	sess := &session{}
+	sess.Geom, sess.Bufs = mustSpec(f).geom, []*transfer.Region{nil}
 	good, _ := proto.Marshal(&pb.SaveRequest{Pages: []*pb.PageRef{{Key: make([]byte, 16), Blocks: []uint32{0, 1, 2, 3}}}})
 	f.Add(good)
 	odd, _ := proto.Marshal(&pb.SaveRequest{Pages: []*pb.PageRef{{Key: make([]byte, 16), Blocks: []uint32{0, 1, 2, 3}}}, Durability: 7})
@@ -91,7 +92,7 @@ func FuzzPages(f *testing.F) {
 		pages, err := pagesFromPB(r.Pages, sess, 64, false)
 		if err == nil {
 			for _, p := range pages {
-				if err := sess.geom.CheckBlocks(p.Blocks); err != nil || transfer.HasSkip(p.Blocks) {
+				if err := sess.Geom.CheckBlocks(p.Blocks); err != nil || transfer.HasSkip(p.Blocks) {
 					t.Fatalf("save accepted bad blocks %v: %v", p.Blocks, err)
 				}
 			}
@@ -101,7 +102,7 @@ func FuzzPages(f *testing.F) {
 			return
 		}
 		for _, p := range pages {
-			if err := sess.geom.CheckBlocks(p.Blocks); err != nil {
+			if err := sess.Geom.CheckBlocks(p.Blocks); err != nil {
 				t.Fatalf("load accepted bad blocks: %v", err)
 			}
 		}

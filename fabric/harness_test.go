@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,4 +203,25 @@ func mustOK(t testing.TB, st *pb.OpStatus, err error) {
 	if err := engineclient.AllOK(st); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fakeClock is a clock for Config.Now that moves only when told to; it
+// starts at the wall clock's now.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
 }

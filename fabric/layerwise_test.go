@@ -232,8 +232,8 @@ func layerwiseEngine(t *testing.T) (*testPeer, *engine, *fakeGPU) {
 		t.Fatal(err)
 	}
 	fake := &fakeGPU{f: layerFlash}
-	sess.gpu = fake
-	if sess.marks, err = fake.NewMarks(layerFlash.Layers); err != nil {
+	sess.GPU = fake
+	if sess.Marks, err = fake.NewMarks(layerFlash.Layers); err != nil {
 		t.Fatal(err)
 	}
 	return tp, e, fake
@@ -511,7 +511,7 @@ func TestGPUStreamedCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess.gpu = &fakeGPU{f: f}
+	sess.GPU = &fakeGPU{f: f}
 	const pages, perPage = 45, 4
 	r := mrand.New(mrand.NewPCG(7, 8))
 	perm := r.Perm(f.NumBlocks)
@@ -551,13 +551,13 @@ func TestStuckGPUCopyQuarantines(t *testing.T) {
 			slot := float64(dram.SlotBytes(uint64(layerFlash.Size() / layerFlash.NumBlocks * 4)))
 			kept := randKeys(4)
 			okOp(t)(e.Save(ctx(t), refs(kept, 0, 4), pb.Durability_DURABILITY_DRAM))
-			used := tp.p.pages.pool.Stats().UsedBytes
+			used := tp.p.pages.PoolStats().UsedBytes
 			fake.stuck = true
 			st, err := e.Save(ctx(t), refs(randKeys(3), 16, 4), pb.Durability_DURABILITY_DRAM)
 			if err != nil || engineclient.AllOK(st) == nil {
 				t.Fatalf("save over a stuck copy: %v %v, want every page failed", st, err)
 			}
-			if got := tp.p.pages.pool.Stats().UsedBytes; got != used+uint64(3*slot) {
+			if got := tp.p.pages.PoolStats().UsedBytes; got != used+uint64(3*slot) {
 				t.Fatalf("pool holds %d bytes after the stuck save, want %d: its slots must stay allocated", got, used+uint64(3*slot))
 			}
 			h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, Pages: refs(kept, 32, 4), Layerwise: layerwise})
@@ -569,9 +569,7 @@ func TestStuckGPUCopyQuarantines(t *testing.T) {
 				t.Fatalf("load over a stuck copy: %v %v, want every page failed", st, err)
 			}
 			for i, k := range kept {
-				tp.p.pages.mu.Lock()
-				pinned := tp.p.pages.mu.dram.Pinned(mustKey(t, k))
-				tp.p.pages.mu.Unlock()
+				pinned, _ := tp.p.pages.Pinned(mustKey(t, k))
 				if !pinned {
 					t.Fatalf("page %d was unpinned after a stuck load: its slot could be reused under the device", i)
 				}

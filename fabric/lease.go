@@ -2,9 +2,9 @@ package fabric
 
 import (
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"time"
 
-	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
@@ -12,9 +12,7 @@ import (
 // its session closes. Its bytes count against the query budget.
 type lease struct {
 	id      string
-	keys    []pagekey.Key
-	onSSD   []bool // which LRU each key's pin was taken in
-	bytes   uint64
+	pins    store.Pins
 	expires time.Time
 }
 
@@ -34,8 +32,8 @@ type lookupResult struct {
 // recompute is the engine's prefill rate in tokens/s (0: unknown), which
 // decides whether SSD-only pages are worth restoring (ssdrate.go).
 func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration, recompute float64) lookupResult {
-	res := p.cat.Lookup(keys, now())
-	cut, dram := p.pages.cutSlowSSD(sess, recompute, keys[:res.Hit])
+	res := p.cat.Lookup(keys, time.Now().UnixNano())
+	cut, dram := p.pages.CutSlowSSD(&sess.Engine, recompute, keys[:res.Hit])
 	out := lookupResult{hit: res.Hit, recompute: res.Hit - cut}
 	if cut < res.Hit { // the pages before the cut: the DRAM prefix, and a probe's SSD page
 		res.Hit, res.DRAM, res.SSD, out.hit = cut, dram, cut-dram, cut
@@ -52,45 +50,13 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 		}
 		return out
 	}
-	l := &lease{id: newID("l-"), expires: time.Now().Add(ttl)}
-	ps := p.pages
-	ps.mu.Lock()
-	budgetLeft := p.budgetLeftLocked()
-	for i := 0; i < res.Hit; i++ {
-		e, ok := p.cat.Get(keys[i])
-		if !ok {
-			break // evicted since the lookup: the hit ends here
-		}
-		// Charged at the page's real size, whatever layout the session
-		// declared, so the budget stays hard.
-		if l.bytes+e.Size > budgetLeft {
-			out.budgetHits = res.Hit - i
-			break
-		}
-		onSSD := e.DRAMSlot < 0
-		if onSSD {
-			ok = ps.mu.ssd.Pin(e.Key)
-		} else {
-			ok = ps.mu.dram.Pin(e.Key)
-		}
-		if !ok {
-			break
-		}
-		l.keys, l.onSSD = append(l.keys, e.Key), append(l.onSSD, onSSD)
-		l.bytes += e.Size
-		if e.Tier() == catalog.TierDRAM {
-			out.dram++
-		} else {
-			out.ssd++
-		}
-	}
-	p.leasedBytes += l.bytes
-	ps.mu.Unlock()
-	out.hit = len(l.keys)
+	l := &lease{id: newID("l-"), expires: p.now().Add(ttl)}
+	l.pins, out.dram, out.ssd, out.budgetHits = p.pages.LeasePins(keys[:res.Hit])
+	out.hit = l.pins.Len()
 	if out.hit > 0 {
 		out.lease = l
 		p.m.leases.Inc()
-		p.m.queryBytes.Add(float64(l.bytes))
+		p.m.queryBytes.Add(float64(l.pins.Bytes()))
 	}
 	if out.hit == res.Hit && out.recompute == 0 {
 		p.extendRemote(sess, keys, &out)
@@ -107,34 +73,16 @@ func (p *Peer) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult
 	if c == nil || out.hit >= len(keys) {
 		return
 	}
-	n := c.Extend(keys[out.hit:], sess.fp, sess.pageBytes)
+	n := c.Extend(keys[out.hit:], sess.FP, sess.PageBytes)
 	out.remote = n
 	out.hit += n
 }
 
-// budgetLeftLocked is what the query budget still allows; pages.mu is held.
-func (p *Peer) budgetLeftLocked() uint64 {
-	if p.leasedBytes >= p.budget {
-		return 0
-	}
-	return p.budget - p.leasedBytes
-}
-
 // releaseLease unpins a lease's pages and returns its budget.
 func (p *Peer) releaseLease(l *lease) {
-	ps := p.pages
-	ps.mu.Lock()
-	for i, k := range l.keys {
-		if l.onSSD[i] {
-			ps.mu.ssd.Unpin(k)
-		} else {
-			ps.unpinDRAMLocked(k)
-		}
-	}
-	p.leasedBytes -= l.bytes
-	ps.mu.Unlock()
+	p.pages.ReleasePins(l.pins)
 	p.m.leases.Dec()
-	p.m.queryBytes.Sub(float64(l.bytes))
+	p.m.queryBytes.Sub(float64(l.pins.Bytes()))
 }
 
 func (p *Peer) recordLookup(asked, hit int) {
@@ -161,9 +109,9 @@ func (p *Peer) checkLoadLease(sess *session, id string, t time.Time) error {
 			continue
 		case t.After(l.expires):
 			return wrapNotFound("lease %q expired at %s", id, l.expires.Format(time.RFC3339Nano))
-		case !sameModel(holder.layout, sess.layout):
+		case !sameModel(holder.Layout, sess.Layout):
 			return fmt.Errorf("%w: lease %q is held by session %s for model %q (layout %s), not this session's %q (layout %s)",
-				errLayoutMismatch, id, holder.id, holder.layout.Model, holder.fp, sess.layout.Model, sess.fp)
+				errLayoutMismatch, id, holder.id, holder.Layout.Model, holder.FP, sess.Layout.Model, sess.FP)
 		}
 		return nil
 	}

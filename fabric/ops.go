@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"sync/atomic"
 	"time"
 )
@@ -14,7 +15,7 @@ import (
 type op struct {
 	id      string
 	sess    *session
-	results []pageResult
+	results []store.Result
 	done    chan struct{}
 	doneAt  atomic.Int64 // unix nanoseconds, set before done is closed
 }
@@ -37,12 +38,12 @@ var errTooManyOps = errors.New("too many operations not yet waited for")
 // the caller's less inlineMargin, so the answer leaves before the caller
 // stops listening, and no copy of it keeps running after the call.
 
-func (p *Peer) startOp(sess *session, n int, deadline time.Duration, caller context.Context, fn func(ctx context.Context, res []pageResult)) (*op, error) {
+func (p *Peer) startOp(sess *session, n int, deadline time.Duration, caller context.Context, fn func(ctx context.Context, res []store.Result)) (*op, error) {
 	inline := caller != nil
 	if err := sess.begin(); err != nil {
 		return nil, err
 	}
-	o := &op{id: newID("op-"), sess: sess, results: make([]pageResult, n), done: make(chan struct{})}
+	o := &op{id: newID("op-"), sess: sess, results: make([]store.Result, n), done: make(chan struct{})}
 	sess.mu.Lock()
 	if len(sess.mu.ops) >= maxOpsPerSession {
 		sess.mu.Unlock()
@@ -56,7 +57,7 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, caller cont
 		defer sess.work.Done()
 		defer p.m.inflightOps.Dec()
 		defer close(o.done)
-		defer func() { o.doneAt.Store(time.Now().UnixNano()) }()
+		defer func() { o.doneAt.Store(p.now().UnixNano()) }()
 		ctx, cancel := context.WithTimeout(sess.ctx, deadline)
 		defer cancel()
 		if inline { // the caller waits: the op ends before the call does
@@ -68,11 +69,11 @@ func (p *Peer) startOp(sess *session, n int, deadline time.Duration, caller cont
 		}
 		fn(ctx, o.results)
 		for i := range o.results {
-			if o.results[i].Code == codePending {
-				o.results[i] = failResult(fmt.Errorf("not started: %w", context.Cause(ctx)))
+			if o.results[i].Code == store.CodePending {
+				o.results[i] = store.FailResult(fmt.Errorf("not started: %w", context.Cause(ctx)))
 			}
 		}
-		p.pages.updateGauges()
+		p.pages.UpdateGauges()
 	}
 	if inline {
 		runOp()
@@ -101,7 +102,7 @@ func (p *Peer) waitOp(ctx context.Context, sess *session, id string, timeout tim
 	o, ok := sess.mu.ops[id]
 	sess.mu.Unlock()
 	if !ok {
-		return nil, false, fmt.Errorf("%w: unknown operation %q", errNotFound, id)
+		return nil, false, fmt.Errorf("%w: unknown operation %q", store.ErrNotFound, id)
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"net"
 	"net/http"
 	"os"
@@ -33,7 +34,7 @@ type Peer struct {
 	cat      *catalog.Catalog
 	pool     *dram.Pool
 	ssd      *ssd.Store
-	pages    *pageStore
+	pages    *store.Store
 	sessions *sessions
 	m        *metrics
 	gpu      *gpuState        // nil without a usable GPU (see gpu.go)
@@ -43,17 +44,19 @@ type Peer struct {
 	// ("" for nothing); set once in New, read-only afterwards.
 	startRepair string
 
-	// budget is the effective query budget: the configured one, capped at
-	// half the DRAM pool so leases can never pin every slot and stall saves.
-	budget uint64
-	// leasedBytes is the query budget in use; guarded by pages.mu.
-	leasedBytes uint64
-
 	ready       chan struct{} // closed once Run serves
 	metricsBind string        // the bound metrics address; set before ready
 
 	closeOnce sync.Once
 	closeErr  error
+}
+
+// now is the clock of the peer's decisions (Config.Now).
+func (p *Peer) now() time.Time {
+	if p.cfg.Now != nil {
+		return p.cfg.Now()
+	}
+	return time.Now()
 }
 
 // metricsAddr waits until the peer serves and returns its metrics address.
@@ -80,34 +83,45 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		p.closeTiers()
 		return nil, err
 	}
-	p.pages = newPageStore(p.cat, p.pool, p.ssd, p.m)
-	p.pages.cluster, p.pages.log = p.cluster, log
-	gpu, err := openGPU(p.cfg, p.pages.dramR, log)
+	// The effective query budget: the configured one, capped at half the
+	// DRAM pool so leases can never pin every slot and stall saves.
+	budget := min(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes/2)
+	if budget < uint64(cfg.QueryBudgetBytes) {
+		log.Warn().Uint64("query_budget_bytes", budget).Msg("query budget capped at half the dram pool")
+	}
+	p.pages = store.New(p.cat, p.pool, p.ssd, p.storeOptions(budget))
+	gpu, err := openGPU(p.cfg, p.pages.DRAMRegion(), log)
 	if err != nil {
 		p.abandonStart()
 		return nil, err
 	}
 	p.gpu = gpu
-	p.budget = min(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes/2)
-	if p.budget < uint64(cfg.QueryBudgetBytes) {
-		log.Warn().Uint64("query_budget_bytes", p.budget).Msg("query budget capped at half the dram pool")
-	}
-	sc, err := p.pages.scanSSD(filepath.Join(cfg.DataDir, "ssd"), scan)
+	sc, err := p.pages.ScanSSD(filepath.Join(cfg.DataDir, "ssd"), scan)
 	if err != nil {
 		p.abandonStart()
 		return nil, fmt.Errorf("scan ssd page files: %w", err)
 	}
-	if err := p.fitSSDTier(&sc); err != nil { // before recover drops what the tier does not hold
+	if err := p.pages.FitSSDTier(&sc); err != nil { // before recover drops what the tier does not hold
 		p.abandonStart()
 		return nil, err
 	}
-	rep, err := p.pages.recover(sc)
+	rep, err := p.pages.Recover(sc)
 	if err != nil {
 		p.abandonStart()
 		return nil, fmt.Errorf("recover catalog: %w", err)
 	}
 	p.logRecovery(rep)
 	return p, nil
+}
+
+// storeOptions are the store's options from the peer's config.
+func (p *Peer) storeOptions(budget uint64) store.Options {
+	o := store.Options{QueryBudget: budget, SSDDir: filepath.Join(p.cfg.DataDir, "ssd"), SSDDiscard: p.cfg.SSDDiscard,
+		SSDBytes: p.cfg.SSDBytes, SSDFileBytes: p.cfg.SSDFileBytes, Registry: p.m.reg, Log: p.log, Now: p.now}
+	if p.cluster != nil { // a nil *cluster.Cluster must not become a non-nil Members
+		o.Members = p.cluster
+	}
+	return o
 }
 
 func (p *Peer) openTiers() error {
@@ -127,12 +141,7 @@ func (p *Peer) openTiers() error {
 			return fmt.Errorf("ssd tier: %w", err)
 		}
 	}
-	p.m = newMetrics(func() float64 {
-		if p.ssd == nil {
-			return 0
-		}
-		return float64(p.ssd.Stats().InFlight)
-	})
+	p.m = newMetrics()
 	opts := catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")}
 	if p.cfg.ClusterAddr != "" {
 		if p.cluster, err = cluster.New(p.cfg.Config, p.cfg.DataDir, p.m.reg, p.log); err != nil {
@@ -181,9 +190,9 @@ func (p *Peer) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); p.reap(ctx) }()
 	wg.Add(1)
-	go func() { defer wg.Done(); p.pages.runSealer(ctx) }()
+	go func() { defer wg.Done(); p.pages.RunSealer(ctx) }()
 	wg.Add(1)
-	go func() { defer wg.Done(); p.pages.runFlusher(ctx) }()
+	go func() { defer wg.Done(); p.pages.RunFlusher(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); p.watchCatalog(ctx) }()
 	p.metricsBind = metricsAddr
@@ -263,8 +272,8 @@ func (p *Peer) reap(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			p.reapOnce(now)
+		case <-t.C:
+			p.reapOnce(p.now())
 		}
 	}
 }
@@ -281,7 +290,7 @@ func (p *Peer) reapOnce(now time.Time) {
 		}
 		s.forgetStaleOps(now)
 	}
-	p.pages.updateGauges()
+	p.pages.UpdateGauges()
 }
 
 // Close releases everything; it is idempotent.

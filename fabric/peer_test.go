@@ -2,7 +2,7 @@ package fabric
 
 import (
 	"bytes"
-	"math"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"os"
 	"path/filepath"
 	"strings"
@@ -405,7 +405,10 @@ func TestEvictionTrimsPrefixesFromTheTail(t *testing.T) {
 // otherwise: without a rate, before any measured read, with a fast disk, and
 // once the measurement is stale.
 func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
-	tp := startPeer(t, smallConfig(t.TempDir()))
+	clock := newFakeClock()
+	cfg := smallConfig(t.TempDir())
+	cfg.Now, cfg.Keepalive = clock.Now, time.Hour // the clock moves past keepalives
+	tp := startPeer(t, cfg)
 	e := tp.engine(tinyFlash)
 	req := tinyFlash.OpenRequest("m", e.shm.Path)
 	req.RecomputeTokensPerS = 1000 // tinyFlash pages: 16 tokens = 16 ms to recompute
@@ -434,11 +437,7 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 		}
 	}
 	want("no SSD read measured yet", lookup(fast.SessionId), 4, 0, 4, 0)
-	rates := &tp.p.pages.ssdReads
-	setRate := func(bytesPerS float64) {
-		rates.bits.Store(math.Float64bits(bytesPerS))
-		rates.at.Store(time.Now().UnixNano())
-	}
+	setRate := tp.p.pages.SetSSDReadRate
 	// A page restores in pageBytes/rate seconds and recomputes in
 	// PageTokens/1000 seconds: the break-even rate is pageBytes·1000/PageTokens.
 	pageBytes := float64(tinyFlash.Size()/tinyFlash.NumBlocks) * 4 // one page: 4 blocks
@@ -462,7 +461,7 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	want("slow SSD, engine slower than declared", withRate(fast.SessionId, 1000/16), 4, 0, 4, 0)
 	// Promote pages 0 and 1 into DRAM: the hit keeps that DRAM prefix.
 	okOp(t)(e.Load(ctx(t), refs(keys[:2], 32, 4)))
-	if _, fresh := rates.get(); !fresh {
+	if _, fresh := tp.p.pages.SSDReadRate(); !fresh {
 		t.Fatal("an SSD read left no rate measurement")
 	}
 	setRate(slow)
@@ -473,10 +472,10 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	setRate(quick)
 	want("fast SSD", lookup(fast.SessionId), 4, 2, 2, 0)
 	setRate(slow)
-	rates.at.Store(time.Now().Add(-2 * ssdRateTTL).UnixNano())
+	clock.Advance(2 * store.SSDRateTTL)
 	want("stale measurement: a probe restores one SSD page", lookup(fast.SessionId), 3, 2, 1, 1)
 	want("stale measurement: the others keep the last rate", lookup(fast.SessionId), 2, 2, 0, 2)
-	rates.probe.Store(time.Now().Add(-2 * ssdProbeEvery).UnixNano())
+	clock.Advance(2 * store.SSDProbeEvery)
 	want("a probe that led to no read: another one", lookup(fast.SessionId), 3, 2, 1, 1)
 }
 
@@ -494,10 +493,9 @@ func TestFlusherKeepsRoomFree(t *testing.T) {
 	for i := 0; i < len(keys); i += 10 {
 		okOp(t)(e.Save(ctx(t), src[i:i+10], pb.Durability_DURABILITY_DRAM))
 	}
-	pool := tp.p.pages.pool
 	waitFor(t, "the flusher to free an eighth of DRAM", 10*time.Second, func() bool {
-		st := pool.Stats()
-		return st.CapacityBytes-st.UsedBytes >= st.CapacityBytes/flushReserve
+		st := tp.p.pages.PoolStats()
+		return st.CapacityBytes-st.UsedBytes >= st.CapacityBytes/8 // the store's flushReserve
 	})
 	if got := tp.metric("orbitkv_tiers_demoted_pages_total"); got == "orbitkv_tiers_demoted_pages_total 0" {
 		t.Fatal("room was made without demoting")

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,18 +26,13 @@ var (
 // session is one engine worker's registration: its layout, its mapped KV
 // buffers and everything it holds (leases, operations).
 type session struct {
+	// Engine is what the store's saves and loads use: the layout, the
+	// buffers and their geometry, a CUDA session's device transport.
+	store.Engine
 	id        string
 	engineID  string
-	layout    pagekey.Layout
-	fp        pagekey.Fingerprint
-	pageBytes uint64
-	geom      transfer.Geometry
-	bufs      []*transfer.Region
 	mapped    []*hbm.Shared
 	gpuBufs   []*hbm.GPUBuffer // CUDA sessions: the imported IPC buffers
-	gpu       deviceCopier     // CUDA sessions: the device's transport (gpu.go)
-	marks     *transfer.Marks  // CUDA sessions: one interprocess event per layer (layerwise.go)
-	lwTurn    chan struct{}    // one layer-wise load enqueuing at a time (layerwise.go)
 	keepalive time.Duration
 	recompute float64 // the engine's prefill tokens/s; 0 = unknown (ssdrate.go)
 	// faulted: the session's buffer fault was logged (once per session).
@@ -169,14 +165,14 @@ func (s *session) addLease(l *lease) bool {
 
 // openSession maps the engine's buffers and registers the session.
 func (p *Peer) openSession(spec sessionSpec) (*session, error) {
-	s := &session{id: newID("s-"), engineID: spec.engineID, layout: spec.layout, fp: spec.layout.Fingerprint(),
-		geom: spec.geom, keepalive: spec.keepalive, recompute: spec.recompute, lwTurn: make(chan struct{}, 1)}
-	s.pageBytes = s.geom.PageBytes()
+	s := &session{id: newID("s-"), engineID: spec.engineID, keepalive: spec.keepalive, recompute: spec.recompute}
+	s.Layout, s.FP, s.Geom = spec.layout, spec.layout.Fingerprint(), spec.geom
+	s.PageBytes = s.Geom.PageBytes()
 	if len(spec.shm) == 0 && len(spec.cuda) == 0 {
-		s.pageBytes = spec.pageBytes
+		s.PageBytes = spec.pageBytes
 	}
-	if s.pageBytes > uint64(p.cfg.DRAMSlabBytes) {
-		return nil, fmt.Errorf("%w: page of %d bytes exceeds the dram slab (%v); raise --dram-slab-bytes", errInvalid, s.pageBytes, p.cfg.DRAMSlabBytes)
+	if s.PageBytes > uint64(p.cfg.DRAMSlabBytes) {
+		return nil, fmt.Errorf("%w: page of %d bytes exceeds the dram slab (%v); raise --dram-slab-bytes", errInvalid, s.PageBytes, p.cfg.DRAMSlabBytes)
 	}
 	if len(spec.cuda) > 0 {
 		if err := p.importCUDA(s, spec.cuda); err != nil {
@@ -194,16 +190,16 @@ func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 			return nil, err
 		}
 		s.mapped = append(s.mapped, m)
-		s.bufs = append(s.bufs, transfer.HostRegion(b.path, m.Bytes()))
+		s.Bufs = append(s.Bufs, transfer.HostRegion(b.path, m.Bytes()))
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.mu.lastSeen = time.Now()
+	s.mu.lastSeen = p.now()
 	s.mu.leases = make(map[string]*lease)
 	s.mu.ops = make(map[string]*op)
 	p.sessions.add(s)
 	p.m.sessions.Inc()
-	p.log.Info().Str("session", s.id).Str("engine", s.engineID).Str("model", s.layout.Model).
-		Str("layout", s.fp.String()).Uint64("page_bytes", s.pageBytes).Msg("session opened")
+	p.log.Info().Str("session", s.id).Str("engine", s.engineID).Str("model", s.Layout.Model).
+		Str("layout", s.FP.String()).Uint64("page_bytes", s.PageBytes).Msg("session opened")
 	return s, nil
 }
 
@@ -239,8 +235,8 @@ func (s *session) unmap() {
 		_ = b.Close()
 	}
 	s.gpuBufs = nil
-	_ = s.marks.Close()
-	s.marks = nil
+	_ = s.Marks.Close()
+	s.Marks = nil
 }
 
 // sessionSpec is a validated OpenSession request.

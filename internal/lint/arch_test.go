@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -12,11 +13,13 @@ const module = "github.com/orbitkv/orbitkv"
 
 // pkg is the part of `go list -json` these checks read.
 type pkg struct {
-	ImportPath string
-	Doc        string
-	Imports    []string
-	CgoFiles   []string
-	GoFiles    []string
+	ImportPath                string
+	Doc                       string
+	Imports                   []string
+	Deps                      []string // every package it imports, directly or not
+	TestImports, XTestImports []string
+	CgoFiles                  []string
+	GoFiles                   []string
 }
 
 func listPackages(t *testing.T) []pkg {
@@ -136,3 +139,33 @@ func TestEveryPackageHasADocComment(t *testing.T) {
 		}
 	}
 }
+
+// apartWings are the peer's wings that never import each other, directly
+// or through another package, tests included (DESIGN.md §4): the store
+// reaches members through its own Members interface, and the peer wires
+// the cluster into it.
+var apartWings = [][2]string{{"fabric/store", "fabric/cluster"}, {"fabric/cluster", "fabric/store"}}
+
+func TestStoreAndClusterApart(t *testing.T) {
+	checked := 0
+	for _, p := range listPackages(t) {
+		from := rel(p.ImportPath)
+		for _, w := range apartWings {
+			if !within(from, w[0]) {
+				continue
+			}
+			checked++
+			for _, imp := range slices.Concat(p.Deps, p.TestImports, p.XTestImports) {
+				if strings.HasPrefix(imp, module+"/") && within(rel(imp), w[1]) {
+					t.Errorf("%s imports %s: %s and %s never import each other (DESIGN.md §4)", from, rel(imp), w[0], w[1])
+				}
+			}
+		}
+	}
+	if checked < 2 {
+		t.Fatalf("found %d of the wings %v", checked, apartWings)
+	}
+}
+
+// within reports whether package path rel is dir or below it.
+func within(rel, dir string) bool { return rel == dir || strings.HasPrefix(rel, dir+"/") }

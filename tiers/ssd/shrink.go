@@ -50,7 +50,7 @@ func Stray(dir string, n int) ([]string, error) {
 // its start, since a page may begin inside the tier and end past it; a tier
 // that covers every file reads nothing. The catalog may have lost these
 // pages (damaged, deleted), so they are what a start that would give them
-// up must see (fabric/discard.go).
+// up must see (fabric/store/discard.go).
 func ScanBeyond(dir string, tier *Store, fn func(Found)) (ScanStats, error) {
 	ents, err := os.ReadDir(dir)
 	if os.IsNotExist(err) {

@@ -16,7 +16,7 @@
 //   - Per host: an engine prefix cache in HBM (a tiers.LRU of pages, capacity
 //     HBMTokens, tail of a request evicted first like vLLM's free order), and
 //     the peer's DRAM and SSD tiers with byte capacities. The tier code mirrors
-//     fabric's pageStore (fabric/evict.go): a save or SSD-hit promotion needs a
+//     fabric's page store (fabric/store/evict.go): a save or SSD-hit promotion needs a
 //     DRAM slot; a full DRAM drops its oldest unpinned copy that needs no I/O
 //     (already on SSD), or else demotes up to 16 of its oldest pages to SSD
 //     together; a full SSD drops its LRU unpinned copies 16 at a time. A page

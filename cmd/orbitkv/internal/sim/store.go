@@ -9,7 +9,7 @@ import (
 )
 
 // store is one host's HBM prefix cache and peer tiers. Its DRAM/SSD logic
-// mirrors fabric's pageStore (fabric/pages.go): the catalog records which
+// mirrors fabric's page store (fabric/store/store.go): the catalog records which
 // tier holds a page, one tiers.LRU per tier orders eviction and skips pinned
 // pages, and capacity is accounted in bytes.
 type store struct {
@@ -104,7 +104,7 @@ func (s *store) save(k pagekey.Key) error {
 }
 
 // evictBatch is how many pages the peer demotes or drops from SSD in one
-// round (fabric/evict.go).
+// round (fabric/store/evict.go).
 const evictBatch = 16
 
 // allocDRAM makes room for one page the way the peer's allocDRAM does: when

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"context"
@@ -21,22 +21,22 @@ const flushReserve = 8
 const flushTick = 50 * time.Millisecond
 
 // flushLow reports whether free DRAM is below the reserve.
-func (s *pageStore) flushLow() bool {
+func (s *Store) flushLow() bool {
 	return s.pool.FreeBytes() < s.pool.Stats().CapacityBytes/flushReserve
 }
 
 // wakeFlusher nudges the flusher; it never blocks.
-func (s *pageStore) wakeFlusher() {
+func (s *Store) wakeFlusher() {
 	select {
 	case s.flushWake <- struct{}{}:
 	default:
 	}
 }
 
-// runFlusher evicts until ctx ends. The peer's Run owns it; without an SSD
+// RunFlusher evicts until ctx ends. The peer's Run owns it; without an SSD
 // tier it returns at once (evicting means dropping, which costs nothing to
 // do at the last moment).
-func (s *pageStore) runFlusher(ctx context.Context) {
+func (s *Store) RunFlusher(ctx context.Context) {
 	if s.ssd == nil {
 		return
 	}
@@ -71,14 +71,14 @@ const flushBehind = 2 * time.Second
 
 // behind reports whether the disk has fallen behind the saves: the flusher
 // has been demoting for flushBehind and DRAM still lacks its reserve.
-func (s *pageStore) behind() bool {
+func (s *Store) behind() bool {
 	since := s.flushBusySince.Load()
 	return since != 0 && time.Since(time.Unix(0, since)) > flushBehind
 }
 
 // flushOnce makes room once: drops the oldest clean DRAM copy, or demotes a
 // batch of the oldest others. It reports whether anything moved.
-func (s *pageStore) flushOnce(ctx context.Context) bool {
+func (s *Store) flushOnce(ctx context.Context) bool {
 	s.mu.Lock()
 	dropped, demote := s.pickVictimsLocked(false)
 	s.mu.Unlock()

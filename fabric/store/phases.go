@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"sync/atomic"
@@ -71,9 +71,9 @@ type GPUPhases struct {
 	Order map[string][]string // each operation's phase names, in the order it passes them
 }
 
-// GPUPhases returns the phase table since the peer started.
-func (p *Peer) GPUPhases() GPUPhases {
-	t := &p.pages.phases
+// GPUPhases returns the phase table since the store was made.
+func (s *Store) GPUPhases() GPUPhases {
+	t := &s.phases
 	out := GPUPhases{Ops: map[string]int64{}, Phase: map[string]map[string]time.Duration{}, Order: map[string][]string{}}
 	for op := range nGPUOps {
 		out.Ops[gpuOpNames[op]] = t.ops[op].Load()

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
-// pageReq is one page of a Save or Load: its key and engine blocks.
-type pageReq struct {
+// PageReq is one page of a Save or Load: its key and engine blocks.
+type PageReq struct {
 	Key    pagekey.Key
 	Blocks []uint32
 }
@@ -30,19 +30,19 @@ type saveItem struct {
 	unsealed bool
 }
 
-// save copies pages out of the session's buffers into DRAM (and, with
+// Save copies pages out of the session's buffers into DRAM (and, with
 // toSSD, durably onto SSD) and records them in the catalog. It works in
 // chunks: each chunk is committed (and so becomes evictable) before the next
 // is gathered, so a request larger than the DRAM pool still goes through.
 // res receives one result per page.
-func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
-	chunk := s.saveChunk(sess.pageBytes)
-	if sess.gpu != nil {
-		chunk = s.gpuChunk(sess.pageBytes)
+func (s *Store) Save(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) {
+	chunk := s.saveChunk(sess.PageBytes)
+	if sess.GPU != nil {
+		chunk = s.gpuChunk(sess.PageBytes)
 	}
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
-		if sess.gpu != nil {
+		if sess.GPU != nil {
 			s.saveGPU(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi]) // one device copy, fed as planned (gpu.go)
 		} else {
 			s.saveChunkOf(ctx, sess, reqs[lo:hi], toSSD, res[lo:hi])
@@ -56,7 +56,7 @@ func (s *pageStore) save(ctx context.Context, sess *session, reqs []pageReq, toS
 // touchTailFirst marks a request's pages used, last page first, so within a
 // prefix the tail is the least recently used: eviction trims prefixes from
 // the end and never strands a stored tail behind an evicted head.
-func (s *pageStore) touchTailFirst(reqs []pageReq) {
+func (s *Store) touchTailFirst(reqs []PageReq) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := len(reqs) - 1; i >= 0; i-- {
@@ -72,12 +72,12 @@ func (s *pageStore) touchTailFirst(reqs []pageReq) {
 
 // saveChunk is how many pages one save commits at a time: a quarter of the
 // DRAM pool's slots, between 1 and 16.
-func (s *pageStore) saveChunk(pageBytes uint64) int {
+func (s *Store) saveChunk(pageBytes uint64) int {
 	slots := s.pool.Stats().CapacityBytes / dram.SlotBytes(pageBytes)
 	return int(max(1, min(16, slots/4)))
 }
 
-func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageReq, toSSD bool, res []pageResult) {
+func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) {
 	gathered := make([]*saveItem, len(reqs))
 	parallel(len(reqs), func(i int) {
 		r := reqs[i]
@@ -87,7 +87,7 @@ func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageR
 		}
 		it, err := s.gather(ctx, sess, r, toSSD)
 		if err != nil {
-			res[i] = failResult(err)
+			res[i] = FailResult(err)
 			return
 		}
 		it.i = i
@@ -108,12 +108,12 @@ func (s *pageStore) saveChunkOf(ctx context.Context, sess *session, reqs []pageR
 // gather copies one page into a fresh DRAM slot; with sum (a save that must
 // reach SSD) it checksums the page while copying, else the page is sealed
 // later, off the engine's path (seal.go).
-func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq, sum bool) (*saveItem, error) {
+func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, sum bool) (*saveItem, error) {
 	alloc := s.allocCacheFill
 	if sum { // bound for SSD: demote to make room, as ever
 		alloc = s.allocDRAM
 	}
-	slot, err := alloc(ctx, sess.pageBytes)
+	slot, err := alloc(ctx, sess.PageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("dram slot: %w", err)
 	}
@@ -121,7 +121,7 @@ func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq, sum bo
 	defer s.m.inflight.Dec()
 	s.copying.Add(1)
 	defer s.copying.Add(-1)
-	descs, err := sess.geom.Gather(nil, sess.bufs, r.Blocks, s.dramR, s.pool.Offset(slot))
+	descs, err := sess.Geom.Gather(nil, sess.Bufs, r.Blocks, s.dramR, s.pool.Offset(slot))
 	var crc uint32
 	switch {
 	case err == nil && sum:
@@ -135,18 +135,18 @@ func (s *pageStore) gather(ctx context.Context, sess *session, r pageReq, sum bo
 		return nil, fmt.Errorf("gather page: %w", err)
 	}
 	buf := s.pool.Bytes(slot)
-	clear(buf[sess.pageBytes:]) // O_DIRECT writes the padding too
-	e := catalog.Entry{Key: r.Key, Layout: sess.fp, Size: sess.pageBytes, Checksum: crc,
+	clear(buf[sess.PageBytes:]) // O_DIRECT writes the padding too
+	e := catalog.Entry{Key: r.Key, Layout: sess.FP, Size: sess.PageBytes, Checksum: crc,
 		Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: now()}
 	return &saveItem{key: r.Key, slot: slot, entry: e, unsealed: !sum}, nil
 }
 
 // writeThrough makes every item durable on SSD with one batched write; items
 // that fail are dropped (slot freed, result set).
-func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []pageResult) []*saveItem {
+func (s *Store) writeThrough(ctx context.Context, items []*saveItem, res []Result) []*saveItem {
 	if s.ssd == nil {
 		for _, it := range items {
-			res[it.i] = pageResult{Code: codeNoSpace, Msg: "ssd tier disabled"}
+			res[it.i] = Result{Code: CodeNoSpace, Msg: "ssd tier disabled"}
 			s.freeDRAM(it.slot)
 		}
 		return nil
@@ -156,7 +156,7 @@ func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []p
 	for _, it := range items {
 		loc, err := s.allocSSD(it.entry.Size)
 		if err != nil {
-			res[it.i] = failResult(fmt.Errorf("ssd slot: %w", err))
+			res[it.i] = FailResult(fmt.Errorf("ssd slot: %w", err))
 			s.freeDRAM(it.slot)
 			continue
 		}
@@ -169,7 +169,7 @@ func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []p
 	for j, it := range ok {
 		if errs[j] != nil {
 			s.noteSSDError("write", errs[j])
-			res[it.i] = failResult(fmt.Errorf("ssd write: %w", errs[j]))
+			res[it.i] = FailResult(fmt.Errorf("ssd write: %w", errs[j]))
 			s.freeSSD(it.loc)
 			s.freeDRAM(it.slot)
 			continue
@@ -187,7 +187,7 @@ func (s *pageStore) writeThrough(ctx context.Context, items []*saveItem, res []p
 // every copy it names holds the bytes its checksum covers even when the two
 // saves' bytes differ (nondeterministic KV). The replaced DRAM slot is
 // retired (retire.go): loads that pinned it finish from it first.
-func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
+func (s *Store) commitSaves(items []*saveItem, res []Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var entries []catalog.Entry
@@ -214,7 +214,7 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 	}
 	if err := s.cat.Put(entries...); err != nil {
 		for _, it := range fresh {
-			res[it.i] = failResult(fmt.Errorf("catalog: %w", err))
+			res[it.i] = FailResult(fmt.Errorf("catalog: %w", err))
 			s.releaseLocked(it)
 		}
 		return
@@ -246,14 +246,14 @@ func (s *pageStore) commitSaves(items []*saveItem, res []pageResult) {
 	s.m.savedPages.Add(float64(len(fresh)))
 }
 
-func (s *pageStore) releaseLocked(it *saveItem) {
+func (s *Store) releaseLocked(it *saveItem) {
 	s.pool.Free(it.slot)
 	if it.entry.OnSSD {
 		s.ssd.Free(it.loc)
 	}
 }
 
-func (s *pageStore) freeDRAM(slot dram.Slot) {
+func (s *Store) freeDRAM(slot dram.Slot) {
 	s.mu.Lock()
 	s.pool.Free(slot)
 	s.mu.Unlock()

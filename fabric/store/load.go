@@ -1,11 +1,10 @@
-package fabric
+package store
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/tiers/dram"
@@ -16,7 +15,7 @@ import (
 // loadItem tracks one page through a load.
 type loadItem struct {
 	i      int
-	req    pageReq
+	req    PageReq
 	entry  catalog.Entry
 	slot   dram.Slot
 	tier   catalog.Tier // where the bytes came from
@@ -27,15 +26,15 @@ type loadItem struct {
 // pinRef remembers which LRU a pin was taken in, so it is released there.
 type pinRef struct{ ssd bool }
 
-// load copies pages from the tiers into the session's buffers: DRAM pages
+// Load copies pages from the tiers into the session's buffers: DRAM pages
 // directly, SSD pages through a DRAM slot (read, verified, promoted), all
 // SSD reads of the request in one batch.
 // It works in chunks (see saveChunk) so a request larger than the DRAM pool
 // still goes through.
-func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
-	chunk := s.saveChunk(sess.pageBytes)
-	if sess.gpu != nil {
-		chunk = s.gpuChunk(sess.pageBytes)
+func (s *Store) Load(ctx context.Context, sess *Engine, reqs []PageReq, res []Result) {
+	chunk := s.saveChunk(sess.PageBytes)
+	if sess.GPU != nil {
+		chunk = s.gpuChunk(sess.PageBytes)
 	}
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
@@ -44,15 +43,15 @@ func (s *pageStore) load(ctx context.Context, sess *session, reqs []pageReq, res
 	s.touchTailFirst(reqs)
 }
 
-func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
+func (s *Store) loadChunk(ctx context.Context, sess *Engine, reqs []PageReq, res []Result) {
 	var clk *clock
-	if sess.gpu != nil {
+	if sess.GPU != nil {
 		clk = s.phases.start(gpuLoad)
 	}
 	s.fetchRemote(ctx, sess, reqs, res)
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
-	if sess.gpu != nil {
+	if sess.GPU != nil {
 		clk.lap(phasePin)
 		stuck := s.scatterGPU(ctx, sess, items, res, clk) // one device copy (gpu.go)
 		s.releaseLoads(items, stuck)
@@ -61,11 +60,11 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 	}
 	parallel(len(items), func(j int) {
 		it := items[j]
-		if res[it.i].Code != codePending {
+		if res[it.i].Code != CodePending {
 			return
 		}
 		if err := s.scatter(ctx, sess, it); err != nil {
-			res[it.i] = failResult(err)
+			res[it.i] = FailResult(err)
 			return
 		}
 		res[it.i] = okResult(it.tier)
@@ -74,13 +73,13 @@ func (s *pageStore) loadChunk(ctx context.Context, sess *session, reqs []pageReq
 }
 
 // pinForLoad resolves every page still pending and pins it where it is.
-func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) []*loadItem {
+func (s *Store) pinForLoad(sess *Engine, reqs []PageReq, res []Result) []*loadItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	items := make([]*loadItem, 0, len(reqs))
 	for i := len(reqs) - 1; i >= 0; i-- { // tail first: see commitSaves
 		r := reqs[i]
-		if res[i].Code != codePending {
+		if res[i].Code != CodePending {
 			continue // failed already (a remote fetch)
 		}
 		e, ok := s.cat.Get(r.Key)
@@ -88,7 +87,7 @@ func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) 
 		case !ok:
 			res[i] = notFound("page %s", r.Key)
 			continue
-		case e.Layout != sess.fp || e.Size != sess.pageBytes:
+		case e.Layout != sess.FP || e.Size != sess.PageBytes:
 			res[i] = notFound("page %s has another layout (%d bytes)", r.Key, e.Size)
 			continue
 		}
@@ -102,7 +101,7 @@ func (s *pageStore) pinForLoad(sess *session, reqs []pageReq, res []pageResult) 
 
 // pinItemLocked pins and touches an item's page in the LRU of the tier it
 // is read from; s.mu is held.
-func (s *pageStore) pinItemLocked(it *loadItem) {
+func (s *Store) pinItemLocked(it *loadItem) {
 	k, e := it.req.Key, it.entry
 	if e.DRAMSlot >= 0 {
 		s.mu.dram.Pin(k)
@@ -117,7 +116,7 @@ func (s *pageStore) pinItemLocked(it *loadItem) {
 
 // readFromSSD reads the SSD-resident items into fresh DRAM slots, verifying
 // each page, and promotes the good ones. A corrupt page leaves the catalog.
-func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loadItem, res []pageResult) {
+func (s *Store) readFromSSD(ctx context.Context, sess *Engine, items []*loadItem, res []Result) {
 	var reads []ssd.ReadReq
 	var pending []*loadItem
 	for _, it := range items {
@@ -126,7 +125,7 @@ func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loa
 		}
 		slot, err := s.allocDRAM(ctx, it.entry.Size)
 		if err != nil {
-			res[it.i] = failResult(fmt.Errorf("dram slot for ssd read: %w", err))
+			res[it.i] = FailResult(fmt.Errorf("dram slot for ssd read: %w", err))
 			continue
 		}
 		it.slot, it.owned = slot, true
@@ -137,7 +136,7 @@ func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loa
 		return
 	}
 	s.m.inflight.Inc()
-	start := time.Now()
+	start := s.now()
 	errs := s.ssd.Read(ctx, reads)
 	var got uint64
 	for j, it := range pending {
@@ -145,7 +144,8 @@ func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loa
 			got += it.entry.Size
 		}
 	}
-	s.ssdReads.note(got, time.Since(start))
+	end := s.now()
+	s.ssdReads.note(got, end.Sub(start), end)
 	s.m.inflight.Dec()
 	for j, it := range pending {
 		if errs[j] != nil {
@@ -161,7 +161,7 @@ func (s *pageStore) readFromSSD(ctx context.Context, sess *session, items []*loa
 // dropped from the catalog, so it stops being offered and announced, and
 // counted; the engine recomputes it. A read cut short by the caller's
 // context or a closing tier leaves the page alone.
-func (s *pageStore) failRead(it *loadItem, err error, res []pageResult) {
+func (s *Store) failRead(it *loadItem, err error, res []Result) {
 	if s.noteSSDError("read", err) {
 		reason := "io_error"
 		if isCorrupt(err) {
@@ -171,13 +171,13 @@ func (s *pageStore) failRead(it *loadItem, err error, res []pageResult) {
 		s.dropUnreadable(it)
 		s.m.ssdDropped.WithLabelValues(reason).Inc()
 	}
-	res[it.i] = failResult(fmt.Errorf("ssd read: %w", err))
+	res[it.i] = FailResult(fmt.Errorf("ssd read: %w", err))
 	s.freeDRAM(it.slot)
 	it.owned = false
 }
 
 // dropUnreadable removes a page whose SSD copy failed to read or verify.
-func (s *pageStore) dropUnreadable(it *loadItem) {
+func (s *Store) dropUnreadable(it *loadItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.cat.Get(it.req.Key)
@@ -202,7 +202,7 @@ func (s *pageStore) dropUnreadable(it *loadItem) {
 
 // promote records a verified SSD read as the page's DRAM copy, unless
 // another load promoted it first (then ours stays private to this load).
-func (s *pageStore) promote(it *loadItem) {
+func (s *Store) promote(it *loadItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.cat.Get(it.req.Key)
@@ -221,12 +221,12 @@ func (s *pageStore) promote(it *loadItem) {
 }
 
 // scatter copies one page blob from its DRAM slot into the engine blocks.
-func (s *pageStore) scatter(ctx context.Context, sess *session, it *loadItem) error {
+func (s *Store) scatter(ctx context.Context, sess *Engine, it *loadItem) error {
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 	s.copying.Add(1)
 	defer s.copying.Add(-1)
-	descs, err := sess.geom.Scatter(nil, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
+	descs, err := sess.Geom.Scatter(nil, sess.Bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot))
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func (s *pageStore) scatter(ctx context.Context, sess *session, it *loadItem) er
 // noteCopyFault counts a copy that faulted in an engine's buffer (its file
 // shrank while the copy ran, past the operation's checkBuffers); the
 // session's next operation is refused, and logged, by that check.
-func (s *pageStore) noteCopyFault(err error) {
+func (s *Store) noteCopyFault(err error) {
 	var fe *transfer.FaultError
 	if errors.As(err, &fe) {
 		s.m.engineFaults.Inc()
@@ -250,7 +250,7 @@ func (s *pageStore) noteCopyFault(err error) {
 }
 
 // unpinLoads releases the pins and private slots of a finished load.
-func (s *pageStore) unpinLoads(items []*loadItem) {
+func (s *Store) unpinLoads(items []*loadItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, it := range items {
@@ -269,8 +269,8 @@ func (s *pageStore) unpinLoads(items []*loadItem) {
 
 // loadedTokens counts the tokens a load wrote into the engine: the blocks
 // it copied, skipped ones (already computed by the engine) excluded.
-func loadedTokens(sess *session, items []*loadItem) int {
-	blockTokens := int(sess.layout.PageTokens) / sess.geom.BlocksPerPage
+func loadedTokens(sess *Engine, items []*loadItem) int {
+	blockTokens := int(sess.Layout.PageTokens) / sess.Geom.BlocksPerPage
 	n := 0
 	for _, it := range items {
 		for _, b := range it.req.Blocks {

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const evictBatch = 16
 // allocDRAM returns a free DRAM slot. When the pool is full it evicts the
 // least recently used unpinned pages: copies already on SSD (or with no SSD
 // tier) are dropped at once; the others are demoted in batches first.
-func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
+func (s *Store) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
 	return s.allocDRAMAs(ctx, size, false)
 }
 
@@ -33,11 +33,11 @@ func (s *pageStore) allocDRAM(ctx context.Context, size uint64) (dram.Slot, erro
 // instead, as a DRAM-only peer would drop it, while the flusher goes on
 // writing what the disk can absorb. A burst the disk keeps up with still
 // demotes, and loses nothing.
-func (s *pageStore) allocCacheFill(ctx context.Context, size uint64) (dram.Slot, error) {
+func (s *Store) allocCacheFill(ctx context.Context, size uint64) (dram.Slot, error) {
 	return s.allocDRAMAs(ctx, size, s.behind())
 }
 
-func (s *pageStore) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.Slot, error) {
+func (s *Store) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.Slot, error) {
 	failed := 0 // our own demotions that moved nothing
 	for {
 		if err := ctx.Err(); err != nil {
@@ -66,7 +66,7 @@ func (s *pageStore) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dr
 			// hold, or refusing): another demotion in flight may still free
 			// room, but a disk that keeps refusing must fail us soon.
 			if failed++; failed > maxFailedDemotions || s.demoting.Load() == 0 {
-				return 0, errNoSpace
+				return 0, ErrNoSpace
 			}
 			if err := sleepCtx(ctx, time.Millisecond); err != nil {
 				return 0, err
@@ -78,7 +78,7 @@ func (s *pageStore) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dr
 				return 0, err
 			}
 		default:
-			return 0, errNoSpace // nothing could move: every candidate is pinned
+			return 0, ErrNoSpace // nothing could move: every candidate is pinned
 		}
 	}
 }
@@ -102,7 +102,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // or else pins and returns up to evictBatch pages to demote. With
 // dropUnflushed (a cache fill's allocation) the oldest copy is dropped even
 // when it is held nowhere else.
-func (s *pageStore) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []catalog.Entry) {
+func (s *Store) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []catalog.Entry) {
 	for len(demote) < evictBatch {
 		victim, ok := s.mu.dram.Victim()
 		if !ok {
@@ -144,7 +144,7 @@ func (s *pageStore) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote 
 
 // dropDRAMLocked removes a page's DRAM copy; a page held nowhere else leaves
 // the catalog first, then its slot is freed. It reports whether it did.
-func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
+func (s *Store) dropDRAMLocked(e catalog.Entry) bool {
 	if e.DRAMSlot < 0 {
 		return false
 	}
@@ -167,7 +167,7 @@ func (s *pageStore) dropDRAMLocked(e catalog.Entry) bool {
 // them there with one catalog commit, then drops their DRAM copies unless
 // someone else pinned them meanwhile. It unpins every page it was given and
 // returns how many pages it moved.
-func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
+func (s *Store) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
 	pages = s.sealForWrite(pages)
 	var reqs []ssd.WriteReq
 	var written []catalog.Entry
@@ -226,7 +226,7 @@ func (s *pageStore) demoteBatch(ctx context.Context, pages []catalog.Entry) int 
 
 // allocSSD returns a free SSD slot, dropping the least recently used
 // unpinned SSD copies, a batch at a time, until one is free.
-func (s *pageStore) allocSSD(size uint64) (ssd.Loc, error) {
+func (s *Store) allocSSD(size uint64) (ssd.Loc, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
@@ -244,7 +244,7 @@ func (s *pageStore) allocSSD(size uint64) (ssd.Loc, error) {
 			victims = append(victims, v)
 		}
 		if len(victims) == 0 {
-			return ssd.Loc{}, errNoSpace
+			return ssd.Loc{}, ErrNoSpace
 		}
 		if err := s.dropSSDLocked(victims); err != nil {
 			for _, v := range victims {
@@ -257,7 +257,7 @@ func (s *pageStore) allocSSD(size uint64) (ssd.Loc, error) {
 
 // dropSSDLocked removes pages' SSD copies: the catalog forgets them first
 // (one commit), then the slots are freed.
-func (s *pageStore) dropSSDLocked(keys []pagekey.Key) error {
+func (s *Store) dropSSDLocked(keys []pagekey.Key) error {
 	var keep []catalog.Entry
 	var del []pagekey.Key
 	var keepLocs, delLocs []ssd.Loc
@@ -296,15 +296,65 @@ func (s *pageStore) dropSSDLocked(keys []pagekey.Key) error {
 
 // freeSSDCopiesLocked frees the SSD slots of pages whose catalog entries no
 // longer name them.
-func (s *pageStore) freeSSDCopiesLocked(pages []catalog.Entry, locs []ssd.Loc) {
+func (s *Store) freeSSDCopiesLocked(pages []catalog.Entry, locs []ssd.Loc) {
 	for i, e := range pages {
 		s.mu.ssd.Remove(e.Key)
 		s.ssd.Free(locs[i])
 	}
 }
 
-func (s *pageStore) freeSSD(loc ssd.Loc) {
+func (s *Store) freeSSD(loc ssd.Loc) {
 	s.mu.Lock()
 	s.ssd.Free(loc)
 	s.mu.Unlock()
+}
+
+// Evict drops unpinned copies from one tier: the given keys, or every page
+// when keys is empty. A DRAM copy not held on SSD is demoted first (when
+// the SSD tier exists) so eviction from DRAM loses nothing.
+func (s *Store) Evict(ctx context.Context, tier catalog.Tier, keys []pagekey.Key) (int, error) {
+	if len(keys) == 0 {
+		s.cat.Range(func(e catalog.Entry) bool { keys = append(keys, e.Key); return true })
+	}
+	n := 0
+	for _, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		ok, err := s.evictOne(ctx, tier, k)
+		if err != nil {
+			return n, err
+		}
+		if ok {
+			n++
+		}
+	}
+	s.UpdateGauges()
+	return n, nil
+}
+
+func (s *Store) evictOne(ctx context.Context, tier catalog.Tier, k pagekey.Key) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.cat.Get(k)
+	if !ok {
+		return false, nil
+	}
+	switch {
+	case tier == catalog.TierDRAM && e.DRAMSlot >= 0 && !s.mu.dram.Pinned(k):
+		if !e.OnSSD && s.ssd != nil {
+			s.mu.dram.Pin(k)
+			s.demoting.Add(1) // in flight from the pin on (allocDRAM waits for it)
+			s.mu.Unlock()
+			s.demoteBatch(ctx, []catalog.Entry{e})
+			s.demoting.Add(-1)
+			s.mu.Lock()
+			e, ok = s.cat.Get(k)
+			return ok && e.DRAMSlot < 0, nil
+		}
+		return s.dropDRAMLocked(e), nil
+	case tier == catalog.TierSSD && e.OnSSD && !s.mu.ssd.Pinned(k):
+		return true, s.dropSSDLocked([]pagekey.Key{k})
+	}
+	return false, nil
 }

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"context"
@@ -38,19 +38,9 @@ import (
 // so the engine's stream never hangs; the engine must then not use the
 // layers' KV (its Wait says so).
 
-// lwLock takes the session's layer-wise turn, or fails when ctx ends first.
-func (s *session) lwLock(ctx context.Context) (release func(), err error) {
-	select {
-	case s.lwTurn <- struct{}{}:
-		return func() { <-s.lwTurn }, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for the session's previous layer-wise load to be enqueued: %w", ctx.Err())
-	}
-}
-
-// loadLayerwise is a layer-wise load; enqueued is called exactly once, when
+// LoadLayerwise is a layer-wise load; enqueued is called exactly once, when
 // the device batch is enqueued or the load ended without one.
-func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pageReq, res []pageResult, enqueued func()) {
+func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq, res []Result, enqueued func()) {
 	t0 := time.Now()
 	at := t0
 	phase := func(name string) { // the enqueue histogram, one phase at a time
@@ -96,7 +86,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	var f transfer.Flight
 	var groups [][]transfer.Desc
 	var moving []*loadItem
-	gate, err := sess.gpu.OpenGates(sess.marks)
+	gate, err := sess.GPU.OpenGates(sess.Marks)
 	switch {
 	case err != nil:
 		failPending(res, fmt.Errorf("layer-wise load: %w", err))
@@ -111,7 +101,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 		groups, moving, err = s.planLayers(sess, items, res, buf)
 		phase("plan")
 		if err == nil && len(moving) > 0 {
-			f, err = sess.gpu.StartGated(ctx, groups, gate)
+			f, err = sess.GPU.StartGated(ctx, groups, gate)
 		}
 		if err != nil || len(moving) == 0 {
 			gate.Release() // StartGated released it on error; idempotent
@@ -126,7 +116,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 			return
 		}
 		if err == nil {
-			f, err = sess.gpu.StartGroups(ctx, groups, sess.marks)
+			f, err = sess.GPU.StartGroups(ctx, groups, sess.Marks)
 		}
 	}
 	unlock()
@@ -144,7 +134,7 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 	}
 	if err != nil {
 		for _, it := range moving {
-			res[it.i] = failResult(fmt.Errorf("layer-wise scatter over cuda: %w", err))
+			res[it.i] = FailResult(fmt.Errorf("layer-wise scatter over cuda: %w", err))
 		}
 		return
 	}
@@ -157,9 +147,9 @@ func (s *pageStore) loadLayerwise(ctx context.Context, sess *session, reqs []pag
 }
 
 // anyPending reports whether some item still needs copying.
-func anyPending(items []*loadItem, res []pageResult) bool {
+func anyPending(items []*loadItem, res []Result) bool {
 	for _, it := range items {
-		if res[it.i].Code == codePending {
+		if res[it.i].Code == CodePending {
 			return true
 		}
 	}
@@ -168,26 +158,26 @@ func anyPending(items []*loadItem, res []pageResult) bool {
 
 // planLayers plans the pending items layer-major into *buf: group l holds
 // layer l's K and V segments of every page, in page order.
-func (s *pageStore) planLayers(sess *session, items []*loadItem, res []pageResult, buf *[]transfer.Desc) ([][]transfer.Desc, []*loadItem, error) {
+func (s *Store) planLayers(sess *Engine, items []*loadItem, res []Result, buf *[]transfer.Desc) ([][]transfer.Desc, []*loadItem, error) {
 	moving := make([]*loadItem, 0, len(items))
 	for _, it := range items {
-		if res[it.i].Code != codePending {
+		if res[it.i].Code != CodePending {
 			continue
 		}
-		if err := sess.geom.CheckBlocks(it.req.Blocks); err != nil {
-			res[it.i] = failResult(err)
+		if err := sess.Geom.CheckBlocks(it.req.Blocks); err != nil {
+			res[it.i] = FailResult(err)
 			continue
 		}
 		moving = append(moving, it)
 	}
-	layers := len(sess.geom.Segments) / 2
+	layers := len(sess.Geom.Segments) / 2
 	groups := make([][]transfer.Desc, layers)
 	starts := make([]int, layers)
 	for l := range layers {
 		starts[l] = len(*buf)
 		for j, it := range moving {
 			err := appendPlan(buf, j == 0, func(dst []transfer.Desc) ([]transfer.Desc, error) {
-				return sess.geom.ScatterSegments(dst, sess.bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot), 2*l, 2*l+2)
+				return sess.Geom.ScatterSegments(dst, sess.Bufs, it.req.Blocks, s.dramR, s.pool.Offset(it.slot), 2*l, 2*l+2)
 			})
 			if err != nil {
 				return nil, moving, fmt.Errorf("plan layer %d: %w", l, err)
@@ -205,10 +195,10 @@ func (s *pageStore) planLayers(sess *session, items []*loadItem, res []pageResul
 }
 
 // failPending fails every page still pending.
-func failPending(res []pageResult, err error) {
+func failPending(res []Result, err error) {
 	for i := range res {
-		if res[i].Code == codePending {
-			res[i] = failResult(err)
+		if res[i].Code == CodePending {
+			res[i] = FailResult(err)
 		}
 	}
 }

@@ -1,10 +1,9 @@
-package fabric
+package store
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,18 +15,6 @@ import (
 // reports a problem from a fault until faultWindow has passed with no new
 // one (docs/operations.md, "Page integrity").
 const faultWindow = time.Minute
-
-// problem says why the peer is unhealthy at now, "" when it is healthy:
-// what Status reports. Every source of ill health joins here.
-func (p *Peer) problem(now time.Time) string {
-	var out []string
-	for _, s := range []string{p.pages.faults.problem(now), p.catalogProblem()} {
-		if s != "" {
-			out = append(out, s)
-		}
-	}
-	return strings.Join(out, "; ")
-}
 
 // tierFaults remembers the SSD tier's recent faults for Status: I/O errors
 // of reads and writes, and pages that failed verification on read. It is a
@@ -78,14 +65,14 @@ func tierFault(err error) bool {
 // a tier fault, other than a page failing verification, and records it for
 // Status; the first fault of a spell is logged (one line, not one per
 // page). It reports whether err was a tier fault.
-func (s *pageStore) noteSSDError(op string, err error) bool {
+func (s *Store) noteSSDError(op string, err error) bool {
 	if !tierFault(err) {
 		return false
 	}
 	if !isCorrupt(err) {
 		s.m.ssdErrors.WithLabelValues(op).Inc()
 	}
-	if s.faults.note(fmt.Sprintf("%s: %v", op, err), time.Now()) {
+	if s.faults.note(fmt.Sprintf("%s: %v", op, err), s.now()) {
 		s.log.Warn().Err(err).Str("op", op).Dur("unhealthy_for", faultWindow).
 			Msg("ssd tier fault: failed pages are dropped and counted; status is unhealthy until no fault for the window")
 	}

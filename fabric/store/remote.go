@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -17,25 +18,47 @@ import (
 // load, and later lookups, find them here) and then loaded like any DRAM
 // page. The other way, Open serves this peer's pages to members.
 
+// Members is what the store's remote fetch needs of the cluster
+// (fabric/cluster's *Cluster implements it; the store never imports the
+// cluster). Origins are the small integers of catalog.Holders.
+type Members interface {
+	// Remote returns what members announced of k.
+	Remote(k pagekey.Key) (catalog.RemotePage, bool)
+	// Usable says whether origin is a live member whose announcements this
+	// peer holds in full (its pages may be fetched).
+	Usable(origin int) bool
+	// DataAddr returns the data plane address of origin, if it is alive.
+	DataAddr(origin int) (string, bool)
+	// Forget drops origin from k's holders: it no longer has the page, or
+	// sent it corrupt.
+	Forget(origin int, k pagekey.Key)
+	// Fetch fetches pages from the data plane at addr into dst, one result
+	// per want, each verified against its header.
+	Fetch(ctx context.Context, addr string, wants []tcp.Want, dst [][]byte) []tcp.Result
+	// NoteFetch counts a fetched page by result (ok, missing, corrupt,
+	// failed) and the bytes of one that arrived.
+	NoteFetch(result string, bytes uint64)
+}
+
 // fetchRemote fetches the pages of reqs that no local tier holds and a live
 // member announced with the session's layout. A page that cannot be fetched
 // fails its request here, with the reason; the others are left to the load.
-func (s *pageStore) fetchRemote(ctx context.Context, sess *session, reqs []pageReq, res []pageResult) {
-	c := s.cluster
+func (s *Store) fetchRemote(ctx context.Context, sess *Engine, reqs []PageReq, res []Result) {
+	c := s.members
 	if c == nil {
 		return
 	}
 	byOrigin := map[int][]int{}
 	prev := -1
 	for i, r := range reqs {
-		if res[i].Code != codePending {
+		if res[i].Code != CodePending {
 			continue
 		}
 		if _, ok := s.cat.Get(r.Key); ok {
 			continue
 		}
 		p, ok := c.Remote(r.Key)
-		if !ok || p.Layout != sess.fp || p.Size != sess.pageBytes {
+		if !ok || p.Layout != sess.FP || p.Size != sess.PageBytes {
 			continue
 		}
 		o := prev
@@ -59,8 +82,8 @@ func (s *pageStore) fetchRemote(ctx context.Context, sess *session, reqs []pageR
 }
 
 // fetchFrom fetches reqs[idx] from one member and commits what arrived.
-func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, reqs []pageReq, idx []int, res []pageResult) {
-	c := s.cluster
+func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []PageReq, idx []int, res []Result) {
+	c := s.members
 	addr, ok := c.DataAddr(origin)
 	if !ok {
 		for _, i := range idx {
@@ -73,13 +96,13 @@ func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, re
 	dst := make([][]byte, 0, len(idx))
 	items := make([]*saveItem, 0, len(idx))
 	for _, i := range idx {
-		slot, err := s.allocDRAM(ctx, sess.pageBytes)
+		slot, err := s.allocDRAM(ctx, sess.PageBytes)
 		if err != nil {
-			res[i] = failResult(fmt.Errorf("dram slot for a remote page: %w", err))
+			res[i] = FailResult(fmt.Errorf("dram slot for a remote page: %w", err))
 			continue
 		}
-		wants = append(wants, tcp.Want{Key: reqs[i].Key, Layout: sess.fp, Size: sess.pageBytes})
-		dst = append(dst, s.pool.Bytes(slot)[:sess.pageBytes])
+		wants = append(wants, tcp.Want{Key: reqs[i].Key, Layout: sess.FP, Size: sess.PageBytes})
+		dst = append(dst, s.pool.Bytes(slot)[:sess.PageBytes])
 		items = append(items, &saveItem{i: i, key: reqs[i].Key, slot: slot})
 	}
 	if len(wants) == 0 {
@@ -102,10 +125,10 @@ func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, re
 		c.NoteFetch("ok", h.Length)
 	}
 	// commitSaves reports into its own results: the load's stay pending.
-	scratch := make([]pageResult, len(reqs))
+	scratch := make([]Result, len(reqs))
 	s.commitSaves(arrived, scratch)
 	for _, it := range arrived {
-		if scratch[it.i].Code != codeOK {
+		if scratch[it.i].Code != CodeOK {
 			res[it.i] = scratch[it.i]
 		}
 	}
@@ -114,8 +137,8 @@ func (s *pageStore) fetchFrom(ctx context.Context, sess *session, origin int, re
 // failFetch records a page that did not arrive: a page its holder no longer
 // has, or one that arrived corrupt, leaves the remote index (the next
 // lookup does not offer it again).
-func (s *pageStore) failFetch(origin int, addr string, it *saveItem, err error, res []pageResult) {
-	c := s.cluster
+func (s *Store) failFetch(origin int, addr string, it *saveItem, err error, res []Result) {
+	c := s.members
 	var ce *page.CorruptError
 	switch {
 	case errors.Is(err, tcp.ErrNotFound):
@@ -126,10 +149,10 @@ func (s *pageStore) failFetch(origin int, addr string, it *saveItem, err error, 
 		c.Forget(origin, it.key)
 		c.NoteFetch("corrupt", 0)
 		s.m.corruptPages.Inc()
-		res[it.i] = failResult(fmt.Errorf("fetch from %s: %w", addr, err))
+		res[it.i] = FailResult(fmt.Errorf("fetch from %s: %w", addr, err))
 	default:
 		c.NoteFetch("failed", 0)
-		res[it.i] = failResult(fmt.Errorf("fetch from %s: %w", addr, err))
+		res[it.i] = FailResult(fmt.Errorf("fetch from %s: %w", addr, err))
 	}
 	s.freeDRAM(it.slot)
 }
@@ -138,14 +161,14 @@ func (s *pageStore) failFetch(origin int, addr string, it *saveItem, err error, 
 // the asked layout and size (reading SSD-only ones into DRAM, verified),
 // seals DRAM pages not yet checksummed, and returns their headers and DRAM
 // bytes; release unpins them.
-func (s *pageStore) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
-	res := make([]pageResult, len(wants))
+func (s *Store) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
+	res := make([]Result, len(wants))
 	items := s.pinForServe(wants, res)
 	s.readFromSSD(ctx, nil, items, res)
 	var dramIdx []int
 	var entries []catalog.Entry
 	for j, it := range items {
-		if res[it.i].Code == codePending && it.tier == catalog.TierDRAM {
+		if res[it.i].Code == CodePending && it.tier == catalog.TierDRAM {
 			dramIdx, entries = append(dramIdx, j), append(entries, it.entry)
 		}
 	}
@@ -154,7 +177,7 @@ func (s *pageStore) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, fun
 	}
 	pages := make([]tcp.Page, len(wants))
 	for _, it := range items {
-		if res[it.i].Code != codePending {
+		if res[it.i].Code != CodePending {
 			continue
 		}
 		pages[it.i] = tcp.Page{Header: header(it.entry), Data: s.pool.Bytes(it.slot)[:it.entry.Size]}
@@ -163,7 +186,7 @@ func (s *pageStore) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, fun
 }
 
 // pinForServe pins the pages of wants held here as asked, like pinForLoad.
-func (s *pageStore) pinForServe(wants []tcp.Want, res []pageResult) []*loadItem {
+func (s *Store) pinForServe(wants []tcp.Want, res []Result) []*loadItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	items := make([]*loadItem, 0, len(wants))
@@ -173,7 +196,7 @@ func (s *pageStore) pinForServe(wants []tcp.Want, res []pageResult) []*loadItem 
 			res[i] = notFound("page %s", w.Key)
 			continue
 		}
-		it := &loadItem{i: i, req: pageReq{Key: w.Key}, entry: e, tier: e.Tier()}
+		it := &loadItem{i: i, req: PageReq{Key: w.Key}, entry: e, tier: e.Tier()}
 		s.pinItemLocked(it)
 		items = append(items, it)
 	}

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"testing"

@@ -1,11 +1,9 @@
-package fabric
+package store
 
 import (
 	"cmp"
 	"fmt"
 	"slices"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -20,8 +18,8 @@ import (
 // slot no longer holds its page is dropped; nothing is served that the
 // page files do not hold whole.
 
-// recoverReport is what recovery did, for the start log and the metrics.
-type recoverReport struct {
+// RecoverReport is what recovery did, for the start log and the metrics.
+type RecoverReport struct {
 	Kept    int // catalog entries whose page the files hold
 	Rebuilt int // pages taken from the page files that the catalog did not name right
 	Dropped int // catalog entries whose page the files do not hold
@@ -110,21 +108,21 @@ func entryOfFound(f ssd.Found) catalog.Entry {
 		Generation: h.Generation, DRAMSlot: -1, OnSSD: true, SSD: catLoc(f.Loc)}
 }
 
-// ssdScan is what a start read from the page files: the whole pages inside
+// SSDScan is what a start read from the page files: the whole pages inside
 // the configured tier (recovery's source) and those beyond it, which only a
 // shrunk configuration has (fitSSDTier's, with the catalog's).
-type ssdScan struct {
+type SSDScan struct {
 	scanned bool // the tier's files were read; else the catalog is trusted
 	stats   ssd.ScanStats
 	found   []ssd.Found // inside the tier
 	beyond  []ssd.Found // outside it: past a file's size, in files it does not use
 }
 
-// scanSSD reads the page files in dir at start: the tier's when scan (they
+// ScanSSD reads the page files in dir at start: the tier's when scan (they
 // existed before this start), and, whether or not, what lies beyond the
 // tier, so that pages the catalog lost there are not given up unseen.
-func (s *pageStore) scanSSD(dir string, scan bool) (ssdScan, error) {
-	var sc ssdScan
+func (s *Store) ScanSSD(dir string, scan bool) (SSDScan, error) {
+	var sc SSDScan
 	if scan && s.ssd != nil {
 		var err error
 		if sc.stats, err = s.ssd.Scan(func(f ssd.Found) { sc.found = append(sc.found, f) }); err != nil {
@@ -140,7 +138,7 @@ func (s *pageStore) scanSSD(dir string, scan bool) (ssdScan, error) {
 
 // forget drops the found pages of keys (given up by --ssd-discard): no
 // older copy of theirs inside the tier comes back in their place.
-func (sc *ssdScan) forget(keys []pagekey.Key) {
+func (sc *SSDScan) forget(keys []pagekey.Key) {
 	gone := map[pagekey.Key]bool{}
 	for _, k := range keys {
 		gone[k] = true
@@ -149,14 +147,14 @@ func (sc *ssdScan) forget(keys []pagekey.Key) {
 	sc.beyond = slices.DeleteFunc(sc.beyond, func(f ssd.Found) bool { return gone[f.Header.Key] })
 }
 
-// recover rebuilds the catalog, SSD allocation and LRU order at start.
+// Recover rebuilds the catalog, SSD allocation and LRU order at start.
 // When sc scanned the tier's files they are reconciled with the catalog;
 // else the catalog is trusted. Every kept page's slot is Reserved; a
 // candidate whose slot cannot be (out of range, overlapping a kept page)
 // gives way to the key's next candidate. Pages beyond the tier are not
 // recovery's: fitSSDTier ruled on them first.
-func (s *pageStore) recover(sc ssdScan) (recoverReport, error) {
-	rep := recoverReport{Scan: sc.stats, Scanned: sc.scanned}
+func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
+	rep := RecoverReport{Scan: sc.stats, Scanned: sc.scanned}
 	var entries []catalog.Entry
 	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
 	found := sc.found
@@ -193,12 +191,12 @@ func (s *pageStore) recover(sc ssdScan) (recoverReport, error) {
 	for _, e := range kept {
 		s.mu.ssd.Touch(e.Key)
 	}
-	s.updateGauges()
+	s.UpdateGauges()
 	return rep, nil
 }
 
 // reserveFirst reserves the first candidate whose slot the SSD tier takes.
-func (s *pageStore) reserveFirst(cands []catalog.Entry) (catalog.Entry, bool) {
+func (s *Store) reserveFirst(cands []catalog.Entry) (catalog.Entry, bool) {
 	if s.ssd == nil {
 		return catalog.Entry{}, false
 	}
@@ -208,28 +206,4 @@ func (s *pageStore) reserveFirst(cands []catalog.Entry) (catalog.Entry, bool) {
 		}
 	}
 	return catalog.Entry{}, false
-}
-
-// recoveryMetrics count what recoveries rebuilt and dropped.
-type recoveryMetrics struct {
-	rebuilt, dropped prometheus.Counter
-}
-
-func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recoveryMetrics {
-	m := &recoveryMetrics{
-		rebuilt: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "rebuilt_pages_total",
-			Help: "SSD pages the catalog did not name (damaged, missing or truncated catalog) rebuilt from the page files' slot headers at start."}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "dropped_pages_total",
-			Help: "Catalog entries dropped at start because the page files do not hold their page whole."}),
-	}
-	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "healthy",
-		Help: "1 when the catalog persists commits; 0 while its filesystem is full or its store failed (saves to SSD fail)."},
-		func() float64 {
-			if cat.Health() != nil {
-				return 0
-			}
-			return 1
-		})
-	reg.MustRegister(m.rebuilt, m.dropped, healthy)
-	return m
 }

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -15,7 +15,7 @@ import (
 
 // retireDRAMLocked frees slot, which no catalog entry names any more, once
 // nothing pins key in DRAM; s.mu is held.
-func (s *pageStore) retireDRAMLocked(k pagekey.Key, slot dram.Slot) {
+func (s *Store) retireDRAMLocked(k pagekey.Key, slot dram.Slot) {
 	if !s.mu.dram.Pinned(k) {
 		s.pool.Free(slot)
 		return
@@ -25,7 +25,7 @@ func (s *pageStore) retireDRAMLocked(k pagekey.Key, slot dram.Slot) {
 
 // unpinDRAMLocked undoes one DRAM pin of k and frees k's retired slots when
 // it was the last; s.mu is held.
-func (s *pageStore) unpinDRAMLocked(k pagekey.Key) {
+func (s *Store) unpinDRAMLocked(k pagekey.Key) {
 	s.mu.dram.Unpin(k)
 	if s.mu.dram.Pinned(k) {
 		return

@@ -1,21 +1,20 @@
-package fabric
+package store
 
 import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
-// errWouldDiscard reports a start whose configuration would drop stored
+// ErrWouldDiscard reports a start whose configuration would drop stored
 // pages: the SSD tier is disabled or smaller than the files that hold them.
-var errWouldDiscard = errors.New("the configuration would discard stored pages")
+var ErrWouldDiscard = errors.New("the configuration would discard stored pages")
 
-// fitSSDTier compares the stored SSD pages with the configured SSD tier:
+// FitSSDTier compares the stored SSD pages with the configured SSD tier:
 // the catalog's, and those the scan found beyond the tier (a catalog that
 // was damaged or deleted no longer names them; DESIGN.md §7). Pages the
 // tier no longer covers (--ssd-bytes 0 or smaller, other --ssd-file-bytes)
@@ -24,38 +23,38 @@ var errWouldDiscard = errors.New("the configuration would discard stored pages")
 // the files beyond the tier are removed (the kept ones trimmed to their
 // size), and it says how many went. Nothing is changed when the start is
 // refused.
-func (p *Peer) fitSSDTier(sc *ssdScan) error {
-	dir := filepath.Join(p.cfg.DataDir, "ssd")
+func (s *Store) FitSSDTier(sc *SSDScan) error {
+	dir := s.opts.SSDDir
 	files := 0
-	if p.ssd != nil {
-		files = p.ssd.Files()
+	if s.ssd != nil {
+		files = s.ssd.Files()
 	}
 	stray, err := ssd.Stray(dir, files)
 	if err != nil {
 		return err
 	}
-	out := p.pagesOutsideSSD(sc)
+	out := s.pagesOutsideSSD(sc)
 	switch {
 	case len(out.keys) == 0 && len(stray) == 0:
 		return nil
-	case !p.cfg.SSDDiscard && len(out.keys) > 0:
+	case !s.opts.SSDDiscard && len(out.keys) > 0:
 		return fmt.Errorf("%w: %d pages (%d bytes) are stored in %s beyond the configured SSD tier (--ssd-bytes %v, --ssd-file-bytes %v): "+
 			"restart with the sizes they were written under to keep them, or with --ssd-discard to drop them and remove their files",
-			errWouldDiscard, len(out.keys), out.bytes, dir, p.cfg.SSDBytes, p.cfg.SSDFileBytes)
-	case !p.cfg.SSDDiscard:
-		p.log.Warn().Strs("files", stray).Msg("ssd page files beyond the configured tier hold no current pages; left in place (--ssd-discard removes them)")
+			ErrWouldDiscard, len(out.keys), out.bytes, dir, s.opts.SSDBytes, s.opts.SSDFileBytes)
+	case !s.opts.SSDDiscard:
+		s.log.Warn().Strs("files", stray).Msg("ssd page files beyond the configured tier hold no current pages; left in place (--ssd-discard removes them)")
 		return nil
 	}
 	sc.forget(out.keys)
-	return p.discardSSD(out, stray)
+	return s.discardSSD(out, stray)
 }
 
 // discardSSD drops the outside pages from the catalog, then removes the
 // stray files and trims the kept ones: the catalog never names a slot whose
 // bytes are gone.
-func (p *Peer) discardSSD(out outsidePages, stray []string) error {
+func (s *Store) discardSSD(out outsidePages, stray []string) error {
 	if len(out.catalogued) > 0 {
-		if err := p.cat.Delete(out.catalogued...); err != nil {
+		if err := s.cat.Delete(out.catalogued...); err != nil {
 			return fmt.Errorf("discard %d ssd pages: %w", len(out.keys), err)
 		}
 	}
@@ -64,14 +63,14 @@ func (p *Peer) discardSSD(out outsidePages, stray []string) error {
 			return fmt.Errorf("discard ssd file: %w", err)
 		}
 	}
-	if p.ssd != nil {
-		if err := p.ssd.Trim(); err != nil {
+	if s.ssd != nil {
+		if err := s.ssd.Trim(); err != nil {
 			return fmt.Errorf("discard ssd file tails: %w", err)
 		}
 	} else {
-		_ = os.Remove(filepath.Join(p.cfg.DataDir, "ssd")) // only if empty
+		_ = os.Remove(s.opts.SSDDir) // only if empty
 	}
-	p.log.Warn().Int("discarded_pages", len(out.keys)).Strs("removed_files", stray).
+	s.log.Warn().Int("discarded_pages", len(out.keys)).Strs("removed_files", stray).
 		Msg("--ssd-discard: dropped the ssd pages the configured tier no longer holds")
 	return nil
 }
@@ -90,7 +89,7 @@ type outsidePages struct {
 // an entry of the key inside the tier (its slot's header confirms it, or
 // the tier was not scanned) and no copy inside the tier is newer. Older
 // copies beyond the tier are freed slots' bytes, as inside it.
-func (p *Peer) pagesOutsideSSD(sc *ssdScan) outsidePages {
+func (s *Store) pagesOutsideSSD(sc *SSDScan) outsidePages {
 	inside := map[pagekey.Key][]catalog.Entry{}
 	for _, f := range sc.found {
 		inside[f.Header.Key] = append(inside[f.Header.Key], entryOfFound(f))
@@ -114,9 +113,9 @@ func (p *Peer) pagesOutsideSSD(sc *ssdScan) outsidePages {
 		}
 		return true
 	}
-	p.cat.Range(func(e catalog.Entry) bool {
+	s.cat.Range(func(e catalog.Entry) bool {
 		switch {
-		case e.OnSSD && (p.ssd == nil || !p.ssd.Holds(ssdLoc(e.SSD))):
+		case e.OnSSD && (s.ssd == nil || !s.ssd.Holds(ssdLoc(e.SSD))):
 			out.add(e.Key, e.Size, true)
 		case !e.OnSSD || !sc.scanned:
 		case vouched(e, inside[e.Key]):

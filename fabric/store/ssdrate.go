@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"math"
@@ -17,17 +17,17 @@ import (
 // gets lookups that stop at the first SSD-only page while the measured SSD
 // read rate is below that break-even.
 
-// ssdRateTTL is how long a measured SSD read rate is trusted. Past it one
+// SSDRateTTL is how long a measured SSD read rate is trusted. Past it one
 // lookup (a probe) includes one SSD page past the DRAM prefix, so that its
 // read measures the disk anew, while the others keep to the last rate:
 // about one slow page read per TTL when the disk stays slow, and a disk
 // that got faster is noticed. Before any read every lookup includes SSD pages.
-const ssdRateTTL = 10 * time.Second
+const SSDRateTTL = 10 * time.Second
 
-// ssdProbeEvery is how often a stale rate lets a probe through: a probe's
+// SSDProbeEvery is how often a stale rate lets a probe through: a probe's
 // lookup may never lead to a read (the engine computes the prompt after
 // all), so another one goes after this long.
-const ssdProbeEvery = time.Second
+const SSDProbeEvery = time.Second
 
 // ssdRate is an exponentially weighted average of the SSD tier's read
 // throughput, bytes per second, over read batches.
@@ -37,25 +37,25 @@ type ssdRate struct {
 	probe atomic.Int64  // unix nanoseconds of the last probe let through
 }
 
-// note records a read batch of n bytes that took d.
-func (r *ssdRate) note(n uint64, d time.Duration) {
+// note records a read batch of n bytes that took d, ending at now.
+func (r *ssdRate) note(n uint64, d time.Duration, now time.Time) {
 	if n == 0 || d <= 0 {
 		return
 	}
 	sample := float64(n) / d.Seconds()
 	// Blend with a fresh average; a stale one (a probe after a quiet spell)
 	// is replaced, so a disk that got faster is believed at once.
-	if old, fresh := r.get(); fresh && old > 0 {
+	if old, fresh := r.get(now); fresh && old > 0 {
 		sample = 0.7*old + 0.3*sample
 	}
 	r.bits.Store(math.Float64bits(sample))
-	r.at.Store(time.Now().UnixNano())
+	r.at.Store(now.UnixNano())
 }
 
-// get returns the rate and whether it is fresh.
-func (r *ssdRate) get() (float64, bool) {
+// get returns the rate and whether it is fresh at now.
+func (r *ssdRate) get(now time.Time) (float64, bool) {
 	at := r.at.Load()
-	if at == 0 || time.Since(time.Unix(0, at)) > ssdRateTTL {
+	if at == 0 || now.Sub(time.Unix(0, at)) > SSDRateTTL {
 		return 0, false
 	}
 	return math.Float64frombits(r.bits.Load()), true
@@ -72,37 +72,37 @@ const (
 
 // forLookup returns the rate a lookup should judge by and what to do with
 // SSD-only pages: before any measurement, include them; once the rate is
-// stale, one lookup per ssdProbeEvery is a probe that restores a single SSD
+// stale, one lookup per SSDProbeEvery is a probe that restores a single SSD
 // page (a read of one page measures the disk; an 8K-token prefix read from
 // a slow disk would hold the engine's restore admission for seconds).
-func (r *ssdRate) forLookup() (float64, verdict) {
-	if rate, fresh := r.get(); fresh {
+func (r *ssdRate) forLookup(at time.Time) (float64, verdict) {
+	if rate, fresh := r.get(at); fresh {
 		return rate, judgeRate
 	}
 	if r.at.Load() == 0 {
 		return 0, includeAll
 	}
-	now := time.Now().UnixNano()
-	if p := r.probe.Load(); now-p > int64(ssdProbeEvery) && r.probe.CompareAndSwap(p, now) {
+	now := at.UnixNano()
+	if p := r.probe.Load(); now-p > int64(SSDProbeEvery) && r.probe.CompareAndSwap(p, now) {
 		return 0, probeOne
 	}
 	return math.Float64frombits(r.bits.Load()), judgeRate
 }
 
-// cutSlowSSD returns how many leading pages of a hit chain the session
+// CutSlowSSD returns how many leading pages of a hit chain the session
 // should restore (cut) and how many of those are the chain's DRAM prefix:
 // all of them, unless the engine's prefill rate (recompute, tokens/s:
 // measured by the engine and sent with the lookup, or declared by the
 // session) is known and the fresh SSD read rate makes an SSD-only page
 // slower to restore than to recompute; then up to the first SSD-only page
 // (one past it for a probe).
-func (s *pageStore) cutSlowSSD(sess *session, recompute float64, chain []pagekey.Key) (cut, dram int) {
+func (s *Store) CutSlowSSD(sess *Engine, recompute float64, chain []pagekey.Key) (cut, dram int) {
 	cut = s.cutSlowSSDAt(sess, recompute, chain)
 	return cut, min(cut, s.dramPrefix(chain))
 }
 
 // dramPrefix is the number of leading pages of chain held in DRAM.
-func (s *pageStore) dramPrefix(chain []pagekey.Key) int {
+func (s *Store) dramPrefix(chain []pagekey.Key) int {
 	for i, k := range chain {
 		if e, ok := s.cat.Get(k); !ok || e.DRAMSlot < 0 {
 			return i
@@ -111,7 +111,7 @@ func (s *pageStore) dramPrefix(chain []pagekey.Key) int {
 	return len(chain)
 }
 
-func (s *pageStore) cutSlowSSDAt(sess *session, recompute float64, chain []pagekey.Key) int {
+func (s *Store) cutSlowSSDAt(sess *Engine, recompute float64, chain []pagekey.Key) int {
 	if recompute <= 0 || len(chain) == 0 || s.ssd == nil {
 		return len(chain)
 	}
@@ -119,13 +119,13 @@ func (s *pageStore) cutSlowSSDAt(sess *session, recompute float64, chain []pagek
 	if first == len(chain) {
 		return first // all in DRAM: nothing to judge (and no probe spent)
 	}
-	rate, v := s.ssdReads.forLookup()
+	rate, v := s.ssdReads.forLookup(s.now())
 	switch {
 	case v == includeAll:
 		return len(chain)
 	case v == probeOne:
 		return first + 1
-	case float64(sess.pageBytes)/rate <= float64(sess.layout.PageTokens)/recompute:
+	case float64(sess.PageBytes)/rate <= float64(sess.Layout.PageTokens)/recompute:
 		return len(chain)
 	}
 	return first

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/catalog"
-	"github.com/orbitkv/orbitkv/fabric/cluster"
+	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers"
@@ -21,16 +21,17 @@ import (
 	"github.com/orbitkv/orbitkv/transfer"
 )
 
-// errNoSpace reports that no tier could make room: every page is pinned.
-var errNoSpace = errors.New("no room: every page is pinned")
+// ErrNoSpace reports that no tier could make room: every page is pinned.
+var ErrNoSpace = errors.New("no room: every page is pinned")
 
-// pageStore moves pages between engine buffers and the local tiers and keeps
+// Store moves pages between engine buffers and the local tiers and keeps
 // the catalog, the DRAM pool, the SSD tier and their LRUs consistent. Every
 // metadata change happens under mu; bytes move outside it, protected by pins.
-type pageStore struct {
+type Store struct {
 	cat   *catalog.Catalog
 	pool  *dram.Pool
 	ssd   *ssd.Store // nil when the SSD tier is disabled
+	opts  Options
 	local transfer.Local
 	dramR *transfer.Region
 	m     *metrics
@@ -52,9 +53,9 @@ type pageStore struct {
 	phases phaseTable
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
 	ssdReads ssdRate
-	// cluster is nil when the peer runs standalone (remote.go).
-	cluster *cluster.Cluster
-	// faults are the SSD tier's recent faults, for Status (health.go).
+	// members is nil when the peer runs standalone (remote.go).
+	members Members
+	// faults are the SSD tier's recent faults, for Status (faults.go).
 	faults tierFaults
 	log    zerolog.Logger
 	mu     struct {
@@ -63,18 +64,51 @@ type pageStore struct {
 		gen       uint64
 		unsealed  map[pagekey.Key]struct{}    // DRAM pages whose checksum is pending
 		retired   map[pagekey.Key][]dram.Slot // replaced DRAM copies still pinned (retire.go)
+		leased    uint64                      // query budget in use by leases' pins (pins.go)
 	}
 }
 
-func newPageStore(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, m *metrics) *pageStore {
-	s := &pageStore{cat: cat, pool: pool, ssd: st, m: m, dramR: transfer.HostRegion("dram", pool.Region())}
+// Options configure a Store beyond the tiers it is given.
+type Options struct {
+	// QueryBudget is the bytes all leases may pin at once (pins.go).
+	QueryBudget uint64
+	// SSDDir is the SSD tier's directory, scanned at start (recover.go).
+	SSDDir string
+	// SSDDiscard lets a start drop the SSD pages the configured tier no
+	// longer covers (discard.go); SSDBytes and SSDFileBytes are the
+	// configured sizes, named in the refusal.
+	SSDDiscard             bool
+	SSDBytes, SSDFileBytes bytesize.Size
+	// Members fetches pages other members hold; nil runs standalone.
+	Members Members
+	// Registry takes the store's metrics.
+	Registry *prometheus.Registry
+	Log      zerolog.Logger
+	// Now is the clock of the store's decisions (the SSD rate's age, tier
+	// fault windows); nil is time.Now.
+	Now func() time.Time
+}
+
+// New returns the store over an open catalog and tiers (st nil: no SSD tier).
+func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *Store {
+	s := &Store{cat: cat, pool: pool, ssd: st, opts: opts, members: opts.Members, log: opts.Log,
+		dramR: transfer.HostRegion("dram", pool.Region())}
+	if s.opts.Now == nil {
+		s.opts.Now = time.Now
+	}
 	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.sealWake = make(chan struct{}, 1)
 	s.flushWake = make(chan struct{}, 1)
-	m.reg.MustRegister(s.phases.collectors()...)
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
+	s.m = newMetrics(opts.Registry, func() float64 {
+		if st == nil {
+			return 0
+		}
+		return float64(st.Stats().InFlight)
+	})
+	opts.Registry.MustRegister(s.phases.collectors()...)
+	opts.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
 		Name: "ssd_read_bytes_per_second", Help: "The SSD tier's measured read rate (moving average of read batches; 0 before the first)."},
 		func() float64 { return math.Float64frombits(s.ssdReads.bits.Load()) }))
 	return s
@@ -90,15 +124,15 @@ func header(e catalog.Entry) page.Header {
 }
 
 // nextGen returns a fresh generation number.
-func (s *pageStore) nextGen() uint64 {
+func (s *Store) nextGen() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.gen++
 	return s.mu.gen
 }
 
-// updateGauges refreshes the tier gauges.
-func (s *pageStore) updateGauges() {
+// UpdateGauges refreshes the tier gauges.
+func (s *Store) UpdateGauges() {
 	ps := s.pool.Stats()
 	s.m.tierBytes.WithLabelValues("dram").Set(float64(ps.UsedBytes))
 	s.m.tierPages.WithLabelValues("dram").Set(float64(ps.Slots))
@@ -115,6 +149,9 @@ func (s *pageStore) updateGauges() {
 }
 
 func now() int64 { return time.Now().UnixNano() }
+
+// now is the time of a decision (Options.Now).
+func (s *Store) now() time.Time { return s.opts.Now() }
 
 // copyWorkers is how many pages of one operation are copied at once: one
 // per CPU (a single core's memcpy does not saturate memory bandwidth).

@@ -1,4 +1,4 @@
-package fabric
+package store
 
 import (
 	"context"
@@ -32,7 +32,7 @@ const sealBacklog = 4096
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // markUnsealedLocked records pages whose checksum is pending.
-func (s *pageStore) markUnsealedLocked(keys []pagekey.Key) {
+func (s *Store) markUnsealedLocked(keys []pagekey.Key) {
 	for _, k := range keys {
 		s.mu.unsealed[k] = struct{}{}
 	}
@@ -43,8 +43,8 @@ func (s *pageStore) markUnsealedLocked(keys []pagekey.Key) {
 	}
 }
 
-// runSealer seals pages until ctx ends. The peer's Run owns it.
-func (s *pageStore) runSealer(ctx context.Context) {
+// RunSealer seals pages until ctx ends. The peer's Run owns it.
+func (s *Store) RunSealer(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -64,7 +64,7 @@ func (s *pageStore) runSealer(ctx context.Context) {
 
 // waitForCopyGap returns once no page copy is running or the backlog is
 // too long to wait; false when ctx ended.
-func (s *pageStore) waitForCopyGap(ctx context.Context) bool {
+func (s *Store) waitForCopyGap(ctx context.Context) bool {
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
 	for s.copying.Load() > 0 {
@@ -83,19 +83,19 @@ func (s *pageStore) waitForCopyGap(ctx context.Context) bool {
 // sealUrgent reports a backlog too long to wait for a gap between copies:
 // sealBacklog pages, or a quarter of the pages in DRAM (large pages fill
 // the pool long before 4,096 of them wait).
-func (s *pageStore) sealUrgent() bool {
+func (s *Store) sealUrgent() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.sealUrgentLocked()
 }
 
-func (s *pageStore) sealUrgentLocked() bool {
+func (s *Store) sealUrgentLocked() bool {
 	n := len(s.mu.unsealed)
 	return n >= sealBacklog || (n > 0 && 4*n >= s.pool.Stats().Slots)
 }
 
 // sealSome seals up to sealBatch unsealed pages and returns how many it took.
-func (s *pageStore) sealSome(ctx context.Context) int {
+func (s *Store) sealSome(ctx context.Context) int {
 	s.mu.Lock()
 	var batch []catalog.Entry
 	var bufs [][]byte
@@ -141,7 +141,7 @@ func (s *pageStore) sealSome(ctx context.Context) int {
 
 // recordSealLocked stores a page's checksum if the page is still the one that
 // was summed.
-func (s *pageStore) recordSealLocked(e catalog.Entry, sum uint32) {
+func (s *Store) recordSealLocked(e catalog.Entry, sum uint32) {
 	if _, pending := s.mu.unsealed[e.Key]; !pending {
 		return
 	}
@@ -161,13 +161,13 @@ func (s *pageStore) recordSealLocked(e catalog.Entry, sum uint32) {
 
 // sealForWrite returns entries with their checksums, computing the pending
 // ones inline from their DRAM slots. The pages must be pinned in DRAM.
-func (s *pageStore) sealForWrite(entries []catalog.Entry) []catalog.Entry {
+func (s *Store) sealForWrite(entries []catalog.Entry) []catalog.Entry {
 	return s.sealEntries(entries, parallel)
 }
 
 // sealEntries is sealForWrite with the checksums spread by each (parallel,
 // or one at a time for background work).
-func (s *pageStore) sealEntries(entries []catalog.Entry, each func(n int, fn func(i int))) []catalog.Entry {
+func (s *Store) sealEntries(entries []catalog.Entry, each func(n int, fn func(i int))) []catalog.Entry {
 	s.mu.Lock()
 	var todo []int
 	for i, e := range entries {

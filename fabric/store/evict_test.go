@@ -1,15 +1,13 @@
-package fabric
+package store
 
 import (
 	"context"
 	"errors"
-	"io"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/catalog"
 )
@@ -17,16 +15,9 @@ import (
 // TestFailedDemotionFailsFast: an allocation whose own demotion moves
 // nothing (the SSD full, nothing on it that may go) fails at once with no
 // space, even while another demotion is writing, instead of waiting out its
-// deadline. The peer is not Run, so no flusher makes room behind the test.
+// deadline. No flusher runs, so nothing makes room behind the test.
 func TestFailedDemotionFailsFast(t *testing.T) {
-	cfg := smallConfig(t.TempDir())
-	cfg.SSDBytes, cfg.SSDFileBytes = 64<<20, 64<<20
-	p, err := New(cfg, zerolog.New(io.Discard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ps := p.pages
+	ps := testStore(t, 64<<20)
 	const page = 512 << 10
 	for { // the SSD full of slots no catalog entry names: nothing there can be evicted
 		if _, err := ps.ssd.Alloc(page); err != nil {
@@ -39,7 +30,7 @@ func TestFailedDemotionFailsFast(t *testing.T) {
 		if err != nil {
 			break
 		}
-		k := mustKey(t, randKeys(1)[0])
+		k := randKey(t)
 		if err := ps.cat.Put(catalog.Entry{Key: k, Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: now()}); err != nil {
 			t.Fatal(err)
 		}
@@ -49,8 +40,8 @@ func TestFailedDemotionFailsFast(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = ps.allocDRAM(c, page)
-	if !errors.Is(err, errNoSpace) || time.Since(start) > time.Second {
+	_, err := ps.allocDRAM(c, page)
+	if !errors.Is(err, ErrNoSpace) || time.Since(start) > time.Second {
 		t.Fatalf("allocDRAM = %v after %v; want no space at once", err, time.Since(start))
 	}
 }
@@ -60,16 +51,9 @@ func TestFailedDemotionFailsFast(t *testing.T) {
 // than flushBehind) takes the slot of the oldest DRAM-only page by dropping
 // it — no SSD write on the engine's path — while an allocation for an
 // SSD-bound save still demotes, and so does a cache fill while the disk
-// keeps up. The peer is not Run, so no flusher makes room behind the test.
+// keeps up. No flusher runs, so nothing makes room behind the test.
 func TestCacheFillDropsInsteadOfDemoting(t *testing.T) {
-	cfg := smallConfig(t.TempDir())
-	cfg.SSDBytes, cfg.SSDFileBytes = 64<<20, 64<<20
-	p, err := New(cfg, zerolog.New(io.Discard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ps := p.pages
+	ps := testStore(t, 64<<20)
 	const page = 512 << 10
 	var keys []catalog.Entry
 	for i := 0; ; i++ { // DRAM full of pages held there only, oldest first
@@ -77,7 +61,7 @@ func TestCacheFillDropsInsteadOfDemoting(t *testing.T) {
 		if err != nil {
 			break
 		}
-		e := catalog.Entry{Key: mustKey(t, randKeys(1)[0]), Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: now()}
+		e := catalog.Entry{Key: randKey(t), Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: now()}
 		if err := ps.cat.Put(e); err != nil {
 			t.Fatal(err)
 		}

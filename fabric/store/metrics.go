@@ -1,0 +1,77 @@
+package store
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the store's Prometheus series, named orbitkv_<subsystem>_<name>
+// (docs/configuration.md). Gauges return to zero when the peer is idle.
+type metrics struct {
+	savedPages, loadedTokens    prometheus.Counter
+	loadedPages, evictedPages   *prometheus.CounterVec
+	demotedPages, promotedPages prometheus.Counter
+	unflushedDrops              prometheus.Counter
+	corruptPages                prometheus.Counter
+	ssdDropped, ssdErrors       *prometheus.CounterVec
+	engineFaults                prometheus.Counter
+	unsealedPages               prometheus.Gauge
+	quarantined                 prometheus.Gauge
+	inflight                    prometheus.Gauge
+	ssdInflight                 prometheus.GaugeFunc
+
+	tierBytes, tierPages, tierCapacity *prometheus.GaugeVec
+	catalogEntries                     prometheus.Gauge
+
+	// Layer-wise loads: the Load call's serial phases before it answers
+	// (turn, pin, plan, start; total), and enqueue to device completion.
+	enqueueSec *prometheus.HistogramVec
+	deviceSec  prometheus.Histogram
+}
+
+func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
+	f := func(sub, name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "orbitkv", Subsystem: sub, Name: name, Help: help}
+	}
+	counter := func(sub, name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts(f(sub, name, help)))
+	}
+	gauge := func(sub, name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts(f(sub, name, help)))
+	}
+	m := &metrics{
+		savedPages:   counter("fabric", "saved_pages_total", "Pages newly stored by saves."),
+		loadedTokens: counter("fabric", "loaded_tokens_total", "Tokens of KV restored into engines."),
+		loadedPages:  prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "loaded_pages_total", "Pages restored into engines, by source tier.")), []string{"tier"}),
+		evictedPages: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "evicted_pages_total", "Page copies dropped from a tier.")), []string{"tier"}),
+		demotedPages: counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
+		unflushedDrops: counter("tiers", "dram_unflushed_drops_total",
+			"DRAM-only pages dropped, not demoted, to make room for a DRAM-acknowledged save: the SSD's writes fell behind the saves."),
+		promotedPages: counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
+		corruptPages:  counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
+		ssdDropped: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_dropped_pages_total",
+			"Pages dropped from the catalog because their SSD copy failed to read: reason io_error (an I/O error or short read) or corrupt (verification).")), []string{"reason"}),
+		ssdErrors: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_errors_total",
+			"SSD page operations that failed with an I/O error (errno, short transfer, failed sync), by op: read or write.")), []string{"op"}),
+		engineFaults: counter("fabric", "engine_buffer_faults_total",
+			"Engine KV buffer faults: operations refused because the buffer's file shrank under its mapping, and page copies that faulted in it."),
+		unsealedPages:  gauge("tiers", "unsealed_pages", "DRAM pages whose checksum is still being computed."),
+		quarantined:    gauge("transfer", "quarantined_bytes", "DRAM kept out of use for the process's life: a GPU copy naming it never finished."),
+		inflight:       gauge("transfer", "inflight_copies", "Page copies in progress."),
+		tierBytes:      prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "used_bytes", "Bytes of allocated slots.")), []string{"tier"}),
+		tierPages:      prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "pages", "Pages held.")), []string{"tier"}),
+		tierCapacity:   prometheus.NewGaugeVec(prometheus.GaugeOpts(f("tiers", "capacity_bytes", "Tier capacity.")), []string{"tier"}),
+		catalogEntries: gauge("catalog", "entries", "Catalog entries."),
+	}
+	buckets := prometheus.ExponentialBuckets(25e-6, 2, 16) // 25 µs .. 0.8 s
+	m.enqueueSec = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "orbitkv", Subsystem: "transfer",
+		Name: "enqueue_seconds", Buckets: buckets,
+		Help: "Layer-wise loads: time before the Load call answers, by phase (turn, pin, plan, start, total)."}, []string{"phase"})
+	m.deviceSec = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "orbitkv", Subsystem: "transfer",
+		Name: "layerwise_device_seconds", Buckets: buckets,
+		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
+	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
+	reg.MustRegister(m.savedPages, m.loadedTokens, m.loadedPages, m.evictedPages, m.demotedPages, m.unflushedDrops, m.promotedPages,
+		m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults, m.unsealedPages, m.quarantined, m.inflight, m.ssdInflight,
+		m.tierBytes, m.tierPages, m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec)
+	return m
+}
