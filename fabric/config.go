@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/orbitkv/orbitkv/fabric/cluster"
+	"github.com/orbitkv/orbitkv/fabric/engineapi"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
@@ -36,13 +37,8 @@ type Config struct {
 	// move it.
 	Now func() time.Time `json:"-"`
 
-	LeaseTTL         time.Duration // default lease lifetime
-	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once
-	Keepalive        time.Duration // a session without a keepalive for this long is closed
-	OpDeadline       time.Duration // default deadline of a Save or Load
-
-	MaxKeys  int // most keys in one Lookup
-	MaxPages int // most pages in one Save or Load
+	// The engine API's budgets and bounds (fabric/engineapi).
+	engineapi.Limits
 
 	// CUDA is "auto" (pin the DRAM pool and serve CUDA sessions when a GPU
 	// is present, else run without), "off", or "require" (fail to start
@@ -62,23 +58,19 @@ type Config struct {
 // DefaultConfig returns the embedded default `make run` uses.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:          "./data",
-		MetricsAddr:      "127.0.0.1:9464",
-		DRAMBytes:        1 << 30,
-		DRAMSlabBytes:    64 << 20,
-		SSDBytes:         4 << 30,
-		SSDFileBytes:     1 << 30,
-		SSDQueueDepth:    32,
-		LeaseTTL:         30 * time.Second,
-		QueryBudgetBytes: 2 << 30,
-		Keepalive:        10 * time.Second,
-		OpDeadline:       30 * time.Second,
-		MaxKeys:          1 << 16,
-		MaxPages:         4096,
-		CUDA:             "auto",
-		CUDACopiers:      4,
-		CUDAMethod:       "auto",
-		CUDALayerGates:   true,
+		DataDir:       "./data",
+		MetricsAddr:   "127.0.0.1:9464",
+		DRAMBytes:     1 << 30,
+		DRAMSlabBytes: 64 << 20,
+		SSDBytes:      4 << 30,
+		SSDFileBytes:  1 << 30,
+		SSDQueueDepth: 32,
+		Limits: engineapi.Limits{LeaseTTL: 30 * time.Second, QueryBudgetBytes: 2 << 30, Keepalive: 10 * time.Second,
+			OpDeadline: 30 * time.Second, MaxKeys: 1 << 16, MaxPages: 4096},
+		CUDA:           "auto",
+		CUDACopiers:    4,
+		CUDAMethod:     "auto",
+		CUDALayerGates: true,
 	}
 }
 
@@ -94,12 +86,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SSDQueueDepth, "ssd-queue-depth", c.SSDQueueDepth, "io_uring submissions in flight")
 	fs.BoolVar(&c.SSDNoSync, "ssd-no-sync", c.SSDNoSync, "skip fdatasync on SSD writes (benchmarks only)")
 	fs.BoolVar(&c.SSDDiscard, "ssd-discard", c.SSDDiscard, "start even if the SSD tier is now smaller than the pages on disk: drop those pages and remove their files")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "default lease lifetime")
-	fs.Var(&c.QueryBudgetBytes, "query-budget-bytes", "bytes all live leases may hold at once")
-	fs.DurationVar(&c.Keepalive, "keepalive", c.Keepalive, "close a session silent for this long")
-	fs.DurationVar(&c.OpDeadline, "op-deadline", c.OpDeadline, "default deadline of a save or load")
-	fs.IntVar(&c.MaxKeys, "max-keys", c.MaxKeys, "most keys in one lookup")
-	fs.IntVar(&c.MaxPages, "max-pages", c.MaxPages, "most pages in one save or load")
+	c.Limits.RegisterFlags(fs)
 	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")
 	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, pitched, batch, streams, per-segment")
@@ -122,11 +109,7 @@ func (c *Config) Validate() error {
 	if c.SSDBytes > 0 && c.SSDFileBytes == 0 {
 		errs = append(errs, errors.New("ssd-file-bytes must be positive"))
 	}
-	for name, d := range map[string]time.Duration{"lease-ttl": c.LeaseTTL, "keepalive": c.Keepalive, "op-deadline": c.OpDeadline} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %v", name, d))
-		}
-	}
+	errs = append(errs, c.Limits.Validate()...)
 	switch c.CUDA {
 	case "":
 		c.CUDA = "auto"
@@ -139,9 +122,6 @@ func (c *Config) Validate() error {
 	}
 	if c.CUDACopiers < 0 || c.CUDACopiers > 64 {
 		errs = append(errs, fmt.Errorf("cuda-copiers %d, want 1..64", c.CUDACopiers))
-	}
-	if c.MaxKeys <= 0 || c.MaxPages <= 0 {
-		errs = append(errs, errors.New("max-keys and max-pages must be positive"))
 	}
 	errs = append(errs, c.Config.Validate()...)
 	return errors.Join(errs...)

@@ -71,21 +71,21 @@ func TestEngineFaultDuringCopyFailsThePage(t *testing.T) {
 	e := tp.engineIn(tinyFlash, shmDir(t))
 	keys := randKeys(4)
 	okOp(t)(e.Save(ctx(t), refs(keys[:2], 0, 4), pb.Durability_DURABILITY_DRAM))
-	sess, err := tp.p.sessions.get(e.Session)
+	sess, err := tp.p.api.Engine(e.Session)
 	if err != nil {
 		t.Fatal(err)
 	}
-	slots := tp.p.pool.Stats().Slots
+	slots := tp.p.pages.PoolStats().Slots
 	if err := os.Truncate(e.shm.Path, 0); err != nil {
 		t.Fatal(err)
 	}
 	// The pages' own paths, past the per-operation check (startPageOp).
 	for name, run := range map[string]func(res []store.Result){
 		"save": func(res []store.Result) {
-			tp.p.pages.Save(ctx(t), &sess.Engine, []store.PageReq{{Key: mustKey(t, keys[2]), Blocks: []uint32{8, 9, 10, 11}}}, true, res)
+			tp.p.pages.Save(ctx(t), sess, []store.PageReq{{Key: mustKey(t, keys[2]), Blocks: []uint32{8, 9, 10, 11}}}, true, res)
 		},
 		"load": func(res []store.Result) {
-			tp.p.pages.Load(ctx(t), &sess.Engine, []store.PageReq{{Key: mustKey(t, keys[0]), Blocks: []uint32{40, 41, 42, 43}}}, res)
+			tp.p.pages.Load(ctx(t), sess, []store.PageReq{{Key: mustKey(t, keys[0]), Blocks: []uint32{40, 41, 42, 43}}}, res)
 		},
 	} {
 		res := make([]store.Result, 1)
@@ -97,7 +97,7 @@ func TestEngineFaultDuringCopyFailsThePage(t *testing.T) {
 	if got := tp.metric("orbitkv_fabric_engine_buffer_faults_total"); got != "orbitkv_fabric_engine_buffer_faults_total 2" {
 		t.Fatalf("fault counter %q, want 2 (one save, one load)", got)
 	}
-	if got := tp.p.pool.Stats().Slots; got != slots {
+	if got := tp.p.pages.PoolStats().Slots; got != slots {
 		t.Fatalf("%d dram slots in use after the faults, want %d", got, slots)
 	}
 	look, err := e.Lookup(ctx(t), keys, false)

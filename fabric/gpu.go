@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"fmt"
+	"github.com/orbitkv/orbitkv/fabric/engineapi"
 	"github.com/orbitkv/orbitkv/fabric/store"
 	"sync"
 	"time"
@@ -85,7 +86,7 @@ func openGPU(cfg Config, dramR *transfer.Region, log zerolog.Logger) (*gpuState,
 // device returns the opened device and its transport, opening them on first use.
 func (g *gpuState) device(ordinal int) (*gpuDevice, error) {
 	if ordinal < 0 || ordinal >= g.count {
-		return nil, fmt.Errorf("%w: CUDA device %d, this peer sees %d", errInvalid, ordinal, g.count)
+		return nil, fmt.Errorf("%w: CUDA device %d, this peer sees %d", engineapi.ErrInvalid, ordinal, g.count)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -146,60 +147,29 @@ func (p *Peer) CUDAStats() map[int]transfer.CUDAStats {
 	return out
 }
 
-// importCUDA maps a session's CUDA buffers; all of them must live on one
-// device. On error nothing stays mapped.
-func (p *Peer) importCUDA(s *session, specs []cudaSpec) error {
-	if p.gpu == nil {
-		return hbm.ErrNoGPU
-	}
-	dev := specs[0].device
-	for i, b := range specs {
-		if b.device != dev {
-			return fmt.Errorf("%w: buffer %d is on CUDA device %d, buffer 0 on %d: one session, one device", errInvalid, i, b.device, dev)
-		}
-	}
-	gd, err := p.gpu.device(dev)
-	if err != nil {
-		return err
-	}
-	for i, b := range specs {
-		buf, err := p.gpu.imp.Import(gd.d, b.handle, b.offset, b.size)
-		if err != nil {
-			s.unmap()
-			return fmt.Errorf("buffer %d: %w", i, err)
-		}
-		s.gpuBufs = append(s.gpuBufs, buf)
-		s.Bufs = append(s.Bufs, &transfer.Region{Name: fmt.Sprintf("cuda%d/buffer%d", dev, i), Kind: transfer.Device,
-			Device: uint64(buf.Ptr), Ordinal: dev, Size: buf.Size})
-	}
-	s.GPU = gd.xfer
-	p.openMarks(s)
-	return nil
-}
-
-// openMarks gives a CUDA session its per-layer interprocess events, the
-// layer-wise load capability; without them (an old driver, no IPC events)
-// the session works as before and announces no layer events.
-func (p *Peer) openMarks(s *session) {
-	m, err := s.GPU.NewMarks(len(s.Geom.Segments) / 2)
-	if err != nil {
-		p.log.Info().Err(err).Str("session", s.id).Msg("cuda: no layer events; layer-wise loads off for this session")
-		return
-	}
-	s.Marks = m
-}
-
-// cudaSpec is a validated CUDA IPC buffer of an OpenSession request.
-type cudaSpec struct {
-	handle []byte
-	device int
-	offset uint64
-	size   uint64
-}
-
 // GPUPhases is where CUDA sessions' whole-request loads and saves spent
 // their time, by phase (fabric/store's phase timer).
 type GPUPhases = store.GPUPhases
 
 // GPUPhases returns the phase table since the peer started.
 func (p *Peer) GPUPhases() GPUPhases { return p.pages.GPUPhases() }
+
+// Copier returns device ordinal's transport, opening it on first use
+// (engineapi.GPU).
+func (g *gpuState) Copier(ordinal int) (store.DeviceCopier, error) {
+	gd, err := g.device(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	return gd.xfer, nil
+}
+
+// Import maps an engine's CUDA IPC allocation on device ordinal
+// (engineapi.GPU).
+func (g *gpuState) Import(ordinal int, handle []byte, offset, size uint64) (*hbm.GPUBuffer, error) {
+	gd, err := g.device(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	return g.imp.Import(gd.d, handle, offset, size)
+}

@@ -140,7 +140,7 @@ func benchGPUPath(b *testing.B, blockTokens, pages int, idle time.Duration) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sess, err := p.sessions.get(e.Session)
+	sess, err := p.api.Engine(e.Session)
 	if err != nil {
 		b.Fatal(err)
 	}

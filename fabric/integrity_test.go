@@ -111,7 +111,7 @@ func TestResaveWhilePinned(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the replaced dram copies to be freed", 5*time.Second, func() bool {
-		return tp.p.pool.Stats().Slots == len(keys)
+		return tp.p.pages.PoolStats().Slots == len(keys)
 	})
 	if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
 		t.Fatal(err)
@@ -196,7 +196,7 @@ func TestResaveConcurrently(t *testing.T) {
 		}
 		return true
 	})
-	if got := tp.p.pool.Stats().Slots; got != inDRAM {
+	if got := tp.p.pages.PoolStats().Slots; got != inDRAM {
 		t.Fatalf("%d dram slots allocated for %d pages in dram: replaced copies leaked", got, inDRAM)
 	}
 }

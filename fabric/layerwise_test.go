@@ -227,7 +227,7 @@ var layerFlash = engineclient.Flash{Layers: 4, NumBlocks: 64, BlockTokens: 4, Pa
 func layerwiseEngine(t *testing.T) (*testPeer, *engine, *fakeGPU) {
 	tp := startPeer(t, smallConfig(t.TempDir()))
 	e := tp.engine(layerFlash)
-	sess, err := tp.p.sessions.get(e.Session)
+	sess, err := tp.p.api.Engine(e.Session)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +507,7 @@ func TestGPUStreamedCopies(t *testing.T) {
 	f.NumBlocks = 512
 	tp := startPeer(t, smallConfig(t.TempDir()))
 	e := tp.engine(f)
-	sess, err := tp.p.sessions.get(e.Session)
+	sess, err := tp.p.api.Engine(e.Session)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,44 +5,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// metrics are the peer's Prometheus registry and the engine API's series,
-// named orbitkv_<subsystem>_<name>; the store and the cluster register
-// theirs in the same registry. Gauges return to zero when the peer is idle.
+// metrics is the peer's Prometheus registry: the wings register their
+// series in it (orbitkv_<subsystem>_<name>, docs/configuration.md), the
+// root the Go runtime's and the process's.
 type metrics struct {
 	reg *prometheus.Registry
-
-	lookupHit, lookupMiss        prometheus.Counter
-	lookupRecompute              prometheus.Counter
-	lookupBudgetCut              prometheus.Counter
-	sessions, leases, queryBytes prometheus.Gauge
-	inflightOps                  prometheus.Gauge
 }
 
 func newMetrics() *metrics {
-	f := func(sub, name, help string) prometheus.Opts {
-		return prometheus.Opts{Namespace: "orbitkv", Subsystem: sub, Name: name, Help: help}
-	}
-	counter := func(sub, name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts(f(sub, name, help)))
-	}
-	gauge := func(sub, name, help string) prometheus.Gauge {
-		return prometheus.NewGauge(prometheus.GaugeOpts(f(sub, name, help)))
-	}
-	m := &metrics{
-		reg:        prometheus.NewRegistry(),
-		lookupHit:  counter("fabric", "lookup_hit_pages_total", "Pages found by lookups."),
-		lookupMiss: counter("fabric", "lookup_miss_pages_total", "Pages asked for by lookups and not found."),
-		lookupRecompute: counter("fabric", "lookup_recompute_pages_total",
-			"Pages found only on SSD that lookups left to recompute: the SSD reads slower than the session's engine computes."),
-		lookupBudgetCut: counter("fabric", "lookup_budget_cut_pages_total",
-			"Pages stored in the peer that leasing lookups cut from their hit because the query budget was spent (also counted as misses)."),
-		sessions:    gauge("fabric", "sessions", "Open engine sessions."),
-		leases:      gauge("fabric", "leases", "Live leases."),
-		queryBytes:  gauge("fabric", "query_bytes", "Bytes held by live leases (query budget in use)."),
-		inflightOps: gauge("transfer", "inflight_ops", "Save and load operations in progress."),
-	}
-	m.reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.lookupBudgetCut, m.sessions, m.leases,
-		m.queryBytes, m.inflightOps,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

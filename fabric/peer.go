@@ -18,7 +18,7 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/fabric/cluster"
-	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	"github.com/orbitkv/orbitkv/fabric/engineapi"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
@@ -28,18 +28,18 @@ var Version = "dev"
 
 // Peer is one host's OrbitKV peer.
 type Peer struct {
-	cfg      Config
-	log      zerolog.Logger
-	started  time.Time
-	cat      *catalog.Catalog
-	pool     *dram.Pool
-	ssd      *ssd.Store
-	pages    *store.Store
-	sessions *sessions
-	m        *metrics
-	gpu      *gpuState        // nil without a usable GPU (see gpu.go)
-	cluster  *cluster.Cluster // nil when standalone (fabric/cluster)
-	dataDir  string           // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
+	cfg     Config
+	log     zerolog.Logger
+	started time.Time
+	cat     *catalog.Catalog
+	pool    *dram.Pool
+	ssd     *ssd.Store
+	pages   *store.Store
+	api     *engineapi.API // the engine and admin services; set at the end of New
+	m       *metrics
+	gpu     *gpuState        // nil without a usable GPU (see gpu.go)
+	cluster *cluster.Cluster // nil when standalone (fabric/cluster)
+	dataDir string           // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
 	// startRepair says what the start repaired in the catalog, for Status
 	// ("" for nothing); set once in New, read-only afterwards.
 	startRepair string
@@ -77,7 +77,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Peer{cfg: cfg, log: log, started: time.Now(), sessions: newSessions(), ready: make(chan struct{}), dataDir: dataDir}
+	p := &Peer{cfg: cfg, log: log, started: time.Now(), ready: make(chan struct{}), dataDir: dataDir}
 	scan := pageFilesExist(filepath.Join(cfg.DataDir, "ssd")) // before openTiers creates them
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
@@ -111,7 +111,19 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, fmt.Errorf("recover catalog: %w", err)
 	}
 	p.logRecovery(rep)
+	p.api = engineapi.New(cfg.Limits, p.apiDeps())
 	return p, nil
+}
+
+// apiDeps are what the engine API serves from.
+func (p *Peer) apiDeps() engineapi.Deps {
+	d := engineapi.Deps{Catalog: p.cat, Store: p.pages, Cluster: p.cluster, SSD: p.ssd, DataDir: p.dataDir,
+		MaxPageBytes: p.cfg.DRAMSlabBytes, Health: p.problem, StartRepair: p.startRepair, Version: Version,
+		Started: p.started, Registry: p.m.reg, Log: p.log, Now: p.now}
+	if p.gpu != nil { // a nil *gpuState must not become a non-nil GPU
+		d.GPU = p.gpu
+	}
+	return d
 }
 
 // storeOptions are the store's options from the peer's config.
@@ -166,8 +178,7 @@ func (p *Peer) Run(ctx context.Context) error {
 		return err
 	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxConcurrentStreams(1024))
-	pb.RegisterEngineServiceServer(srv, &engineServer{p: p})
-	pb.RegisterAdminServiceServer(srv, &adminServer{p: p})
+	p.api.Register(srv)
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
 	wg.Add(1)
@@ -188,7 +199,7 @@ func (p *Peer) Run(ctx context.Context) error {
 		}
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); p.reap(ctx) }()
+	go func() { defer wg.Done(); p.api.Reap(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); p.pages.RunSealer(ctx) }()
 	wg.Add(1)
@@ -206,7 +217,7 @@ func (p *Peer) Run(ctx context.Context) error {
 	stopCluster() // leave first: members stop offering our pages
 	cancel()
 	stopMetrics()
-	p.closeSessions()
+	p.api.CloseSessions()
 	srv.Stop()
 	wg.Wait()
 	return errors.Join(err, p.Close())
@@ -264,48 +275,15 @@ func (p *Peer) serveMetrics(wg *sync.WaitGroup, errc chan<- error) (string, func
 	return lis.Addr().String(), stop, nil
 }
 
-// reap closes sessions that missed their keepalive and expired leases.
-func (p *Peer) reap(ctx context.Context) {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p.reapOnce(p.now())
-		}
-	}
-}
-
-func (p *Peer) reapOnce(now time.Time) {
-	for _, s := range p.sessions.list() {
-		if s.expired(now) {
-			p.log.Warn().Str("session", s.id).Str("engine", s.engineID).Msg("session missed its keepalive; closing")
-			p.closeSession(s.id)
-			continue
-		}
-		for _, l := range s.takeExpiredLeases(now) {
-			p.releaseLease(l)
-		}
-		s.forgetStaleOps(now)
-	}
-	p.pages.UpdateGauges()
-}
-
 // Close releases everything; it is idempotent.
 func (p *Peer) Close() error {
 	p.closeOnce.Do(func() {
-		p.closeSessions()
+		if p.api != nil {
+			p.api.CloseSessions()
+		}
 		p.closeErr = p.closeTiers()
 	})
 	return p.closeErr
-}
-
-func (p *Peer) closeSessions() {
-	for _, s := range p.sessions.list() {
-		p.closeSession(s.id)
-	}
 }
 
 // abandonStart undoes a start that fails after the tiers opened: the tiers
@@ -333,4 +311,16 @@ func (p *Peer) closeTiers() error {
 		errs = append(errs, p.pool.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// realDir is dir absolute, with symlinks resolved.
+func realDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return "", fmt.Errorf("resolve the data dir %s: %w", dir, err)
+	}
+	return abs, nil
 }

@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 // adminServer implements pb.AdminServiceServer.
 type adminServer struct {
 	pb.UnimplementedAdminServiceServer
-	p *Peer
+	p *API
 }
 
 // Idle reports whether no lease, operation or SSD I/O is outstanding.
-func (p *Peer) idle() (bool, string) {
+func (p *API) idle() (bool, string) {
 	leases, ops := 0, 0
 	for _, s := range p.sessions.list() {
 		s.mu.Lock()
@@ -36,7 +36,7 @@ func (p *Peer) idle() (bool, string) {
 		leases, leased, ops, p.runningOps(), ssdInflight, unsealed)
 }
 
-func (p *Peer) runningOps() int {
+func (p *API) runningOps() int {
 	n := 0
 	for _, s := range p.sessions.list() {
 		s.mu.Lock()
@@ -54,9 +54,9 @@ func (p *Peer) runningOps() int {
 
 func (s *adminServer) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
 	p := s.p
-	ps := p.pool.Stats()
-	problem := p.problem(p.now())
-	out := &pb.StatusResponse{Healthy: problem == "", Problem: problem, StartRepair: p.startRepair, Version: Version, UptimeMs: time.Since(p.started).Milliseconds(),
+	ps := p.pages.PoolStats()
+	problem := p.health(p.now())
+	out := &pb.StatusResponse{Healthy: problem == "", Problem: problem, StartRepair: p.startRepair, Version: p.version, UptimeMs: p.now().Sub(p.started).Milliseconds(),
 		Sessions: uint32(len(p.sessions.list())), CatalogEntries: uint64(p.cat.Len()), InflightOps: uint32(p.runningOps())}
 	ssdPages := p.pages.Backlog().SSDPages
 	out.Tiers = append(out.Tiers, &pb.TierStatus{Tier: pb.Tier_TIER_DRAM, CapacityBytes: ps.CapacityBytes, UsedBytes: ps.UsedBytes, Pages: uint64(ps.Slots)})

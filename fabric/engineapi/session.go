@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // Errors the engine API maps to gRPC codes (see errors.go).
 var (
 	errUnknownSession = errors.New("unknown session")
-	errInvalid        = errors.New("invalid request")
+	ErrInvalid        = errors.New("invalid request")
 	errClosing        = errors.New("peer is shutting down")
 )
 
@@ -164,15 +164,15 @@ func (s *session) addLease(l *lease) bool {
 }
 
 // openSession maps the engine's buffers and registers the session.
-func (p *Peer) openSession(spec sessionSpec) (*session, error) {
+func (p *API) openSession(spec sessionSpec) (*session, error) {
 	s := &session{id: newID("s-"), engineID: spec.engineID, keepalive: spec.keepalive, recompute: spec.recompute}
 	s.Layout, s.FP, s.Geom = spec.layout, spec.layout.Fingerprint(), spec.geom
 	s.PageBytes = s.Geom.PageBytes()
 	if len(spec.shm) == 0 && len(spec.cuda) == 0 {
 		s.PageBytes = spec.pageBytes
 	}
-	if s.PageBytes > uint64(p.cfg.DRAMSlabBytes) {
-		return nil, fmt.Errorf("%w: page of %d bytes exceeds the dram slab (%v); raise --dram-slab-bytes", errInvalid, s.PageBytes, p.cfg.DRAMSlabBytes)
+	if s.PageBytes > uint64(p.maxPageBytes) {
+		return nil, fmt.Errorf("%w: page of %d bytes exceeds the dram slab (%v); raise --dram-slab-bytes", ErrInvalid, s.PageBytes, p.maxPageBytes)
 	}
 	if len(spec.cuda) > 0 {
 		if err := p.importCUDA(s, spec.cuda); err != nil {
@@ -205,7 +205,7 @@ func (p *Peer) openSession(spec sessionSpec) (*session, error) {
 
 // closeSession cancels a session's operations, waits for them, releases its
 // leases and unmaps its buffers.
-func (p *Peer) closeSession(id string) bool {
+func (p *API) closeSession(id string) bool {
 	s, ok := p.sessions.remove(id)
 	if !ok {
 		return false

@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"context"
@@ -20,7 +20,7 @@ var codeTable = []struct {
 	err  error
 	code codes.Code
 }{
-	{errInvalid, codes.InvalidArgument},
+	{ErrInvalid, codes.InvalidArgument},
 	{pagekey.ErrKeySize, codes.InvalidArgument},
 	{transfer.ErrGeometry, codes.InvalidArgument},
 	{hbm.ErrBuffer, codes.FailedPrecondition},

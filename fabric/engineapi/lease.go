@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"fmt"
@@ -31,7 +31,7 @@ type lookupResult struct {
 // budget is shortened, never over-committed.
 // recompute is the engine's prefill rate in tokens/s (0: unknown), which
 // decides whether SSD-only pages are worth restoring (ssdrate.go).
-func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration, recompute float64) lookupResult {
+func (p *API) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration, recompute float64) lookupResult {
 	res := p.cat.Lookup(keys, time.Now().UnixNano())
 	cut, dram := p.pages.CutSlowSSD(&sess.Engine, recompute, keys[:res.Hit])
 	out := lookupResult{hit: res.Hit, recompute: res.Hit - cut}
@@ -68,7 +68,7 @@ func (p *Peer) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Dur
 // with the pages that follow it on live members. They are not leased here:
 // the load fetches them (remote.go), and one gone meanwhile fails its
 // blocks, which the engine recomputes.
-func (p *Peer) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult) {
+func (p *API) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult) {
 	c := p.cluster
 	if c == nil || out.hit >= len(keys) {
 		return
@@ -79,13 +79,13 @@ func (p *Peer) extendRemote(sess *session, keys []pagekey.Key, out *lookupResult
 }
 
 // releaseLease unpins a lease's pages and returns its budget.
-func (p *Peer) releaseLease(l *lease) {
+func (p *API) releaseLease(l *lease) {
 	p.pages.ReleasePins(l.pins)
 	p.m.leases.Dec()
 	p.m.queryBytes.Sub(float64(l.pins.Bytes()))
 }
 
-func (p *Peer) recordLookup(asked, hit int) {
+func (p *API) recordLookup(asked, hit int) {
 	p.m.lookupHit.Add(float64(hit))
 	p.m.lookupMiss.Add(float64(asked - hit))
 }
@@ -96,7 +96,7 @@ func (p *Peer) recordLookup(asked, hit int) {
 // scheduler's lookup-only session takes the leases its workers load with).
 // An unknown or expired lease is NotFound, another model's
 // FailedPrecondition; the adapters then load without it.
-func (p *Peer) checkLoadLease(sess *session, id string, t time.Time) error {
+func (p *API) checkLoadLease(sess *session, id string, t time.Time) error {
 	if id == "" {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"context"
@@ -20,7 +20,7 @@ const maxAskMultiple = 10
 // engineServer implements pb.EngineServiceServer.
 type engineServer struct {
 	pb.UnimplementedEngineServiceServer
-	p *Peer
+	p *API
 }
 
 func (s *engineServer) session(id string) (*session, error) {
@@ -102,7 +102,7 @@ func (s *engineServer) Save(ctx context.Context, r *pb.SaveRequest) (*pb.OpHandl
 func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandle, error) {
 	if r.Layerwise {
 		if r.Wait {
-			return nil, toStatus(fmt.Errorf("%w: a layer-wise load answers once enqueued; it cannot also wait", errInvalid))
+			return nil, toStatus(fmt.Errorf("%w: a layer-wise load answers once enqueued; it cannot also wait", ErrInvalid))
 		}
 		return s.layerwiseLoad(ctx, r)
 	}

@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"context"
@@ -24,11 +24,7 @@ type op struct {
 // the peer forgets it.
 const opRetention = 5 * time.Minute
 
-// maxOpsPerSession bounds a session's operations not yet waited for, so an
-// engine that never calls Wait cannot grow the peer without limit.
-var maxOpsPerSession = 16384 // a var so tests can lower it
-
-// errTooManyOps reports a session at maxOpsPerSession.
+// errTooManyOps reports a session at Limits.MaxUnwaitedOps.
 var errTooManyOps = errors.New("too many operations not yet waited for")
 
 // startOp runs fn in a goroutine owned by the session (and the peer), with a
@@ -38,17 +34,17 @@ var errTooManyOps = errors.New("too many operations not yet waited for")
 // the caller's less inlineMargin, so the answer leaves before the caller
 // stops listening, and no copy of it keeps running after the call.
 
-func (p *Peer) startOp(sess *session, n int, deadline time.Duration, caller context.Context, fn func(ctx context.Context, res []store.Result)) (*op, error) {
+func (p *API) startOp(sess *session, n int, deadline time.Duration, caller context.Context, fn func(ctx context.Context, res []store.Result)) (*op, error) {
 	inline := caller != nil
 	if err := sess.begin(); err != nil {
 		return nil, err
 	}
 	o := &op{id: newID("op-"), sess: sess, results: make([]store.Result, n), done: make(chan struct{})}
 	sess.mu.Lock()
-	if len(sess.mu.ops) >= maxOpsPerSession {
+	if limit := p.cfg.maxOps(); len(sess.mu.ops) >= limit {
 		sess.mu.Unlock()
 		sess.work.Done()
-		return nil, fmt.Errorf("%w: session %s has %d; call Wait", errTooManyOps, sess.id, maxOpsPerSession)
+		return nil, fmt.Errorf("%w: session %s has %d; call Wait", errTooManyOps, sess.id, limit)
 	}
 	sess.mu.ops[o.id] = o
 	sess.mu.Unlock()
@@ -89,7 +85,7 @@ const inlineMargin = 50 * time.Millisecond
 
 // forgetOp drops a finished operation whose status its caller has (a Save
 // or Load that waited).
-func (p *Peer) forgetOp(sess *session, id string) {
+func (p *API) forgetOp(sess *session, id string) {
 	sess.mu.Lock()
 	delete(sess.mu.ops, id)
 	sess.mu.Unlock()
@@ -97,7 +93,7 @@ func (p *Peer) forgetOp(sess *session, id string) {
 
 // waitOp waits up to timeout for an operation. A finished operation is
 // forgotten once its results are returned.
-func (p *Peer) waitOp(ctx context.Context, sess *session, id string, timeout time.Duration) (*op, bool, error) {
+func (p *API) waitOp(ctx context.Context, sess *session, id string, timeout time.Duration) (*op, bool, error) {
 	sess.mu.Lock()
 	o, ok := sess.mu.ops[id]
 	sess.mu.Unlock()

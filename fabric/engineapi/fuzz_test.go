@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"math/big"

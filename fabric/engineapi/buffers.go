@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"fmt"
@@ -21,7 +21,7 @@ import (
 // mapping (engine memory is untrusted): the operation is refused before any
 // copy could fault. The first such refusal of a session is logged. It
 // holds the session open (begin) so its buffers stay mapped meanwhile.
-func (p *Peer) checkBuffers(s *session) error {
+func (p *API) checkBuffers(s *session) error {
 	if err := s.begin(); err != nil {
 		return err
 	}
@@ -36,7 +36,7 @@ func (p *Peer) checkBuffers(s *session) error {
 }
 
 // noteFault counts an engine buffer fault and logs a session's first.
-func (p *Peer) noteFault(s *session, err error) {
+func (p *API) noteFault(s *session, err error) {
 	p.pages.NoteEngineFault()
 	if !s.faulted.Swap(true) {
 		p.log.Warn().Str("session", s.id).Str("engine", s.engineID).Err(err).
@@ -48,7 +48,7 @@ func (p *Peer) noteFault(s *session, err error) {
 // followed, to a path inside the peer's data dir: its SSD page files and its
 // catalog are the peer's own, and a session mapping them would overwrite
 // stored pages with its KV blocks.
-func (p *Peer) checkBufferPath(path string) error {
+func (p *API) checkBufferPath(path string) error {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return fmt.Errorf("%w: resolve %s: %v", hbm.ErrBuffer, path, err)
@@ -82,16 +82,4 @@ func linkedInto(dir, path string) string {
 		return nil
 	})
 	return found
-}
-
-// realDir is dir absolute, with symlinks resolved.
-func realDir(dir string) (string, error) {
-	abs, err := filepath.Abs(dir)
-	if err == nil {
-		abs, err = filepath.EvalSymlinks(abs)
-	}
-	if err != nil {
-		return "", fmt.Errorf("resolve the data dir %s: %w", dir, err)
-	}
-	return abs, nil
 }

@@ -1,4 +1,4 @@
-package fabric
+package engineapi
 
 import (
 	"fmt"
@@ -33,7 +33,7 @@ var dtypeBytes = map[string]uint64{"bf16": 2, "fp16": 2, "float16": 2, "bfloat16
 	"fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
 
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
 func layoutFromPB(l *pb.Layout) (pagekey.Layout, error) {
