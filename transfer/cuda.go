@@ -106,13 +106,13 @@ type copierSlot struct {
 	segs []cuda.Segment
 }
 
-// Name implements Transport.
+// Name implements Copier.
 func (c *CUDA) Name() string { return "cuda/" + c.method.String() }
 
 // Method is the copy method the copiers resolved to.
 func (c *CUDA) Method() cuda.Method { return c.method }
 
-// Copy implements Transport: the whole batch in one copier batch.
+// Copy implements Copier: the whole batch in one copier batch.
 func (c *CUDA) Copy(ctx context.Context, batch []Desc) error {
 	return c.CopyGroups(ctx, [][]Desc{batch}, nil)
 }

@@ -19,10 +19,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // between chunks, so a deadline stops a large batch promptly.
 type Local struct{}
 
-// Name implements Transport.
+// Name implements Copier.
 func (Local) Name() string { return "local" }
 
-// Copy implements Transport.
+// Copy implements Copier.
 func (l Local) Copy(ctx context.Context, batch []Desc) error {
 	_, err := l.copy(ctx, batch, false)
 	return err

@@ -1,11 +1,9 @@
 package cluster
 
 import (
-	"context"
-
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
-	"github.com/orbitkv/orbitkv/transfer/tcp"
+	"github.com/orbitkv/orbitkv/transfer"
 )
 
 // What the rest of the peer asks of the cluster: the store's remote fetch
@@ -35,9 +33,16 @@ func (c *Cluster) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size ui
 	return len(c.remote.Extend(keys, layout, size, c.Usable))
 }
 
-// Fetch fetches pages from the data plane at addr into dst.
-func (c *Cluster) Fetch(ctx context.Context, addr string, wants []tcp.Want, dst [][]byte) []tcp.Result {
-	return c.data.Fetch(ctx, addr, wants, dst)
+// Route returns the transport that reaches origin and its endpoint there,
+// if origin is alive: the TCP data plane and the member's data address.
+// (An RDMA transport, rdma/, is chosen here per member once it exists: when
+// both ends have a usable device.)
+func (c *Cluster) Route(origin int) (transfer.Transport, string, bool) {
+	addr, ok := c.DataAddr(origin)
+	if !ok {
+		return nil, "", false
+	}
+	return c.data, addr, true
 }
 
 // NoteFetch counts a page fetched for a load, by result (ok, missing,

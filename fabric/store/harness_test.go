@@ -20,7 +20,10 @@ import (
 // testStore is a store over a 4 MiB DRAM pool (1 MiB slabs), an SSD tier
 // of ssdBytes in one file (0: none) and a catalog, all in a temp dir; it
 // is closed when the test ends. Nothing runs in the background.
-func testStore(t testing.TB, ssdBytes uint64) *Store {
+func testStore(t testing.TB, ssdBytes uint64) *Store { return testStoreWith(t, ssdBytes, nil) }
+
+// testStoreWith is testStore with members to fetch remote pages from.
+func testStoreWith(t testing.TB, ssdBytes uint64, members Members) *Store {
 	t.Helper()
 	dir := t.TempDir()
 	pool, err := dram.New(dram.Config{Bytes: 4 << 20, SlabBytes: 1 << 20})
@@ -41,7 +44,7 @@ func testStore(t testing.TB, ssdBytes uint64) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cat.Close() })
-	return New(cat, pool, st, Options{QueryBudget: 1 << 20, SSDDir: filepath.Join(dir, "ssd"), Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
+	return New(cat, pool, st, Options{QueryBudget: 1 << 20, SSDDir: filepath.Join(dir, "ssd"), Members: members, Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
 }
 
 // testEngine is a shared-memory engine of the fabric tests' tiny layout:

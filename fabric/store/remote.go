@@ -9,6 +9,7 @@ import (
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/transfer"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -27,14 +28,14 @@ type Members interface {
 	// Usable says whether origin is a live member whose announcements this
 	// peer holds in full (its pages may be fetched).
 	Usable(origin int) bool
-	// DataAddr returns the data plane address of origin, if it is alive.
-	DataAddr(origin int) (string, bool)
+	// Route returns the transport that reaches origin and origin's
+	// endpoint on it (the cluster chooses per member: RDMA where both ends
+	// have a usable device, the TCP data plane otherwise); false when
+	// origin is not alive.
+	Route(origin int) (t transfer.Transport, endpoint string, ok bool)
 	// Forget drops origin from k's holders: it no longer has the page, or
 	// sent it corrupt.
 	Forget(origin int, k pagekey.Key)
-	// Fetch fetches pages from the data plane at addr into dst, one result
-	// per want, each verified against its header.
-	Fetch(ctx context.Context, addr string, wants []tcp.Want, dst [][]byte) []tcp.Result
 	// NoteFetch counts a fetched page by result (ok, missing, corrupt,
 	// failed) and the bytes of one that arrived.
 	NoteFetch(result string, bytes uint64)
@@ -81,10 +82,11 @@ func (s *Store) fetchRemote(ctx context.Context, sess *Engine, reqs []PageReq, r
 	wg.Wait()
 }
 
-// fetchFrom fetches reqs[idx] from one member and commits what arrived.
+// fetchFrom fetches reqs[idx] from one member over the transport its route
+// names, verifies every page that arrived and commits the good ones.
 func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []PageReq, idx []int, res []Result) {
 	c := s.members
-	addr, ok := c.DataAddr(origin)
+	tr, endpoint, ok := c.Route(origin)
 	if !ok {
 		for _, i := range idx {
 			c.Forget(origin, reqs[i].Key)
@@ -92,29 +94,18 @@ func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []
 		}
 		return
 	}
-	wants := make([]tcp.Want, 0, len(idx))
-	dst := make([][]byte, 0, len(idx))
-	items := make([]*saveItem, 0, len(idx))
-	for _, i := range idx {
-		slot, err := s.allocDRAM(ctx, sess.PageBytes)
-		if err != nil {
-			res[i] = FailResult(fmt.Errorf("dram slot for a remote page: %w", err))
-			continue
-		}
-		wants = append(wants, tcp.Want{Key: reqs[i].Key, Layout: sess.FP, Size: sess.PageBytes})
-		dst = append(dst, s.pool.Bytes(slot)[:sess.PageBytes])
-		items = append(items, &saveItem{i: i, key: reqs[i].Key, slot: slot})
-	}
-	if len(wants) == 0 {
+	batch, items := s.planFetch(ctx, sess, reqs, idx, res)
+	if len(batch) == 0 {
 		return
 	}
 	s.m.inflight.Inc()
-	got := c.Fetch(ctx, addr, wants, dst)
+	got := tr.Submit(ctx, endpoint, batch)
+	s.checkFetched(batch, got)
 	s.m.inflight.Dec()
 	var arrived []*saveItem
 	for j, it := range items {
 		if err := got[j].Err; err != nil {
-			s.failFetch(origin, addr, it, err, res)
+			s.failFetch(origin, endpoint, it, err, res)
 			continue
 		}
 		h := got[j].Header
@@ -134,6 +125,43 @@ func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []
 	}
 }
 
+// planFetch takes a fresh DRAM slot for each page of reqs[idx] and names
+// it as a Read's local region: the transport writes each page straight
+// into its slot.
+func (s *Store) planFetch(ctx context.Context, sess *Engine, reqs []PageReq, idx []int, res []Result) ([]transfer.RemoteDesc, []*saveItem) {
+	batch := make([]transfer.RemoteDesc, 0, len(idx))
+	items := make([]*saveItem, 0, len(idx))
+	for _, i := range idx {
+		slot, err := s.allocDRAM(ctx, sess.PageBytes)
+		if err != nil {
+			res[i] = FailResult(fmt.Errorf("dram slot for a remote page: %w", err))
+			continue
+		}
+		batch = append(batch, transfer.RemoteDesc{Op: transfer.Read, Remote: transfer.PageKey(reqs[i].Key, sess.FP),
+			Len: sess.PageBytes, Local: s.dramR, LocalOff: s.pool.Offset(slot)})
+		items = append(items, &saveItem{i: i, key: reqs[i].Key, slot: slot})
+	}
+	return batch, items
+}
+
+// checkFetched verifies every completed Read (DESIGN.md §7: every page is
+// checked on network receive): the header the remote sent must name the
+// page asked for, at the size asked for, and the bytes must match its
+// checksum. A page that fails gets a *page.CorruptError; none is ever
+// stored. The checksums run on up to copyWorkers cores.
+func (s *Store) checkFetched(batch []transfer.RemoteDesc, got []transfer.Completion) {
+	parallel(len(batch), func(j int) {
+		d, h := batch[j], got[j].Header
+		switch {
+		case got[j].Err != nil:
+		case h.Key != d.Remote.Page || h.Layout != d.Remote.Layout || h.Length != d.Len:
+			got[j].Err = &page.CorruptError{Key: d.Remote.Page, Reason: fmt.Sprintf("the transport delivered page %s (%d bytes) for %s (%d bytes)", h.Key, h.Length, d.Remote.Page, d.Len)}
+		default:
+			got[j].Err = h.Verify(d.LocalBytes())
+		}
+	})
+}
+
 // failFetch records a page that did not arrive: a page its holder no longer
 // has, or one that arrived corrupt, leaves the remote index (the next
 // lookup does not offer it again).
@@ -141,7 +169,7 @@ func (s *Store) failFetch(origin int, addr string, it *saveItem, err error, res 
 	c := s.members
 	var ce *page.CorruptError
 	switch {
-	case errors.Is(err, tcp.ErrNotFound):
+	case errors.Is(err, transfer.ErrRemoteNotFound):
 		c.Forget(origin, it.key)
 		c.NoteFetch("missing", 0)
 		res[it.i] = notFound("page %s: no longer held by %s", it.key, addr)

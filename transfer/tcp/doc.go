@@ -3,6 +3,10 @@
 // (a slot of its DRAM pool), and verifies every page's checksum on receipt
 // (DESIGN.md §7). It is what moves pages between hosts where no RDMA device
 // exists; the gossip that tells a peer who holds a page is not its business.
+// The Client is a transfer.Transport (transport.go: Submit, Reads of pages
+// named by content into host memory, checksums left to the caller as that
+// contract says); Fetch is the same request with the checksums verified
+// here, for callers outside the contract (orbitkv bench fabric).
 //
 // # Wire format (version 1, little endian)
 //

@@ -54,9 +54,12 @@ func (m *memSource) add(seed uint64, size int) Want {
 
 func (m *memSource) Open(ctx context.Context, wants []Want) ([]Page, func()) {
 	m.opens.Add(1)
-	if m.block != nil {
+	m.mu.Lock()
+	block := m.block
+	m.mu.Unlock()
+	if block != nil {
 		select {
-		case <-m.block:
+		case <-block:
 		case <-ctx.Done():
 		}
 	}
@@ -347,7 +350,7 @@ func FuzzClientAnswer(f *testing.F) {
 		res := make([]Result, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		got, err := c.exchange(ctx, cn, []Want{w}, dst, res, errs)
+		got, err := c.exchange(ctx, cn, []Want{w}, dst, res, errs, true)
 		client.Close()
 		if err == nil && got == 1 && errs[0] == nil && !bytes.Equal(dst[0], data) {
 			t.Fatalf("reported a fetched page whose bytes differ: %x", dst[0])

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/orbitkv/orbitkv/transfer"
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -42,7 +43,7 @@ var ErrProtocol = errors.New("tcp data plane: protocol error")
 
 // ErrNotFound reports a page the server does not hold (any more), or holds
 // with another layout or size.
-var ErrNotFound = errors.New("page not held by the remote peer")
+var ErrNotFound = transfer.ErrRemoteNotFound
 
 // request is a decoded fetch request.
 type request struct {
