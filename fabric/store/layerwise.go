@@ -38,23 +38,29 @@ import (
 // so the engine's stream never hangs; the engine must then not use the
 // layers' KV (its Wait says so).
 
+// The phases of a layer-wise load before it answers (the enqueue
+// histogram's phase label; "total" is their sum).
+const (
+	layerTurn = iota
+	layerPin
+	layerGates
+	layerPlan
+	layerStart
+)
+
+var layerPhaseNames = [...]string{"turn", "pin", "gates", "plan", "start"}
+
 // LoadLayerwise is a layer-wise load; enqueued is called exactly once, when
 // the device batch is enqueued or the load ended without one.
 func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq, res []Result, enqueued func()) {
-	t0 := time.Now()
-	at := t0
-	phase := func(name string) { // the enqueue histogram, one phase at a time
-		now := time.Now()
-		s.m.enqueueSec.WithLabelValues(name).Observe(now.Sub(at).Seconds())
-		at = now
-	}
+	clk := newClock(func(p int, d time.Duration) { s.m.enqueueSec.WithLabelValues(layerPhaseNames[p]).Observe(d.Seconds()) })
 	release, err := sess.lwLock(ctx)
 	if err != nil {
 		enqueued()
 		failPending(res, err)
 		return
 	}
-	phase("turn")
+	clk.lap(layerTurn)
 	held, answered := true, false
 	answer := func() {
 		if !answered {
@@ -75,7 +81,7 @@ func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq,
 	var stuck []*loadItem // set when the copy got stuck: the device may still read their slots
 	defer func() { s.releaseLoads(items, stuck) }()
 	s.readFromSSD(ctx, sess, items, res)
-	phase("pin")
+	clk.lap(layerPin)
 	if !anyPending(items, res) {
 		return
 	}
@@ -96,10 +102,10 @@ func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq,
 		// answers now, and the copies are planned and enqueued after it
 		// (the engine's forward starts meanwhile); the session's turn is
 		// held until they are, so loads open gates in order.
-		phase("gates")
+		clk.lap(layerGates)
 		answer()
 		groups, moving, err = s.planLayers(sess, items, res, buf)
-		phase("plan")
+		clk.lap(layerPlan)
 		if err == nil && len(moving) > 0 {
 			f, err = sess.GPU.StartGated(ctx, groups, gate)
 		}
@@ -111,7 +117,7 @@ func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq,
 		}
 	default:
 		groups, moving, err = s.planLayers(sess, items, res, buf)
-		phase("plan")
+		clk.lap(layerPlan)
 		if len(moving) == 0 {
 			return
 		}
@@ -120,11 +126,11 @@ func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq,
 		}
 	}
 	unlock()
-	phase("start")
-	s.m.enqueueSec.WithLabelValues("total").Observe(at.Sub(t0).Seconds())
+	clk.lap(layerStart)
+	s.m.enqueueSec.WithLabelValues("total").Observe(clk.total().Seconds())
 	if err == nil {
 		err = f.Wait(ctx)
-		s.m.deviceSec.Observe(time.Since(at).Seconds())
+		s.m.deviceSec.Observe(time.Since(clk.last).Seconds())
 	}
 	if err != nil && gate != nil {
 		gate.Release() // never leave the engine's stream behind a closed gate

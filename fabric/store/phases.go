@@ -44,24 +44,33 @@ type phaseTable struct {
 	nanos [nGPUOps][nPhases]atomic.Int64
 }
 
-// clock times one operation's phases: lap(p) charges the time since the
-// previous lap to phase p.
+// clock is the store's one phase timer: it times an operation's phases,
+// lap(p) charging the time since the previous lap to phase p through
+// record. Whole-request CUDA loads and saves record into the phase table;
+// layer-wise loads into the enqueue histogram (layerwise.go).
 type clock struct {
-	t    *phaseTable
-	op   gpuOp
-	last time.Time
+	start, last time.Time
+	record      func(phase int, d time.Duration)
+}
+
+func newClock(record func(phase int, d time.Duration)) *clock {
+	now := time.Now()
+	return &clock{start: now, last: now, record: record}
 }
 
 func (t *phaseTable) start(op gpuOp) *clock {
 	t.ops[op].Add(1)
-	return &clock{t: t, op: op, last: time.Now()}
+	return newClock(func(phase int, d time.Duration) { t.nanos[op][phase].Add(int64(d)) })
 }
 
 func (c *clock) lap(phase int) {
 	now := time.Now()
-	c.t.nanos[c.op][phase].Add(int64(now.Sub(c.last)))
+	c.record(phase, now.Sub(c.last))
 	c.last = now
 }
+
+// total is the time from the clock's start to its last lap.
+func (c *clock) total() time.Duration { return c.last.Sub(c.start) }
 
 // GPUPhases is a snapshot of the phase table: operations counted and total
 // time per phase, by operation ("load", "save") and phase name.
