@@ -52,7 +52,7 @@ func (s *Store) RunFlusher(ctx context.Context) {
 		}
 		wake = s.flushWake
 		for ctx.Err() == nil && s.flushLow() {
-			s.flushBusySince.CompareAndSwap(0, time.Now().UnixNano())
+			s.flushBusySince.CompareAndSwap(0, s.now().UnixNano())
 			if !s.flushOnce(ctx) {
 				wake = nil // every candidate pinned, or the SSD refused: wait for the tick
 				break
@@ -73,7 +73,7 @@ const flushBehind = 2 * time.Second
 // has been demoting for flushBehind and DRAM still lacks its reserve.
 func (s *Store) behind() bool {
 	since := s.flushBusySince.Load()
-	return since != 0 && time.Since(time.Unix(0, since)) > flushBehind
+	return since != 0 && s.now().Sub(time.Unix(0, since)) > flushBehind
 }
 
 // flushOnce makes room once: drops the oldest clean DRAM copy, or demotes a
