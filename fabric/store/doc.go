@@ -14,8 +14,8 @@
 //     covers, under its generation: a durable re-save of a DRAM-only page
 //     replaces that copy rather than adding to it (commitSaves).
 //   - A page is pinned (tiers.LRU) for every lease and copy that needs it,
-//     and eviction never picks a pinned page; pins are taken and released
-//     in pins.go and load.go only, leases' pins against the query budget.
+//     and eviction never picks a pinned page; only the store takes and
+//     releases pins (pins.go says where), leases' against the query budget.
 //   - A page that fails its checksum, or whose SSD copy cannot be read, is
 //     removed from the catalog (so no longer announced) and reported as
 //     corrupt or as an I/O error; it is never copied into an engine. SSD

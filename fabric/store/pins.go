@@ -5,9 +5,11 @@ import (
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
-// Pins by tier, in one place. A page is pinned in the LRU of the tier it
-// is read from (tiers.LRU), for every lease and copy that needs it, and
-// eviction never picks a pinned page. A DRAM pin is always undone through
+// Pins by tier. A page is pinned in the LRU of the tier it is read from
+// (tiers.LRU), for every lease and copy that needs it, and eviction never
+// picks a pinned page. Only the store takes and releases pins: leases'
+// here (the engine API holds a Pins value and gives it back), copies' in
+// load.go, demotions' in evict.go. A DRAM pin is always undone through
 // unpinDRAMLocked, which frees the key's retired slots with its last pin
 // (retire.go). Leases' pins count against the query budget
 // (Options.QueryBudget), so leases can never pin every slot.

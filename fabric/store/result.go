@@ -57,7 +57,3 @@ var ErrNotFound = errors.New("page not found")
 func notFound(format string, args ...any) Result {
 	return FailResult(fmt.Errorf("%w: "+format, append([]any{ErrNotFound}, args...)...))
 }
-
-func wrapNotFound(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrNotFound}, args...)...)
-}
