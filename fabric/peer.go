@@ -77,7 +77,8 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Peer{cfg: cfg, log: log, started: time.Now(), ready: make(chan struct{}), dataDir: dataDir}
+	p := &Peer{cfg: cfg, log: log, ready: make(chan struct{}), dataDir: dataDir}
+	p.started = p.now()
 	scan := pageFilesExist(filepath.Join(cfg.DataDir, "ssd")) // before openTiers creates them
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
