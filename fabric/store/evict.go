@@ -25,16 +25,25 @@ func (s *Store) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
 
 // allocCacheFill returns a DRAM slot for a save acknowledged in DRAM (a
 // cache fill). Once the disk has fallen behind the saves (flush.go,
-// behind) it no longer waits for demotions: a save that waits for the disk
-// holds the engine's blocks (vLLM frees a request's blocks only once its
-// saves end) — on the H200 such saves spent 27 s of a 60-s run in
-// allocation and the SSD configuration served slower than none
-// (docs/benchmarks.md). The oldest unpinned DRAM-only page is dropped
+// behind: cache fills waiting for demotions more than fillWaitLimit a
+// second) it stops waiting for the disk: a save that waits holds the
+// engine's blocks (vLLM frees a request's blocks only once its saves end)
+// — on the H200 such saves spent 27 s of a 60-s run in allocation and the
+// SSD configuration served slower than none (docs/benchmarks.md). The
+// oldest unpinned DRAM-only page not used within fillProtect is dropped
 // instead, as a DRAM-only peer would drop it, while the flusher goes on
 // writing what the disk can absorb. A burst the disk keeps up with still
 // demotes, and loses nothing.
 func (s *Store) allocCacheFill(ctx context.Context, size uint64) (dram.Slot, error) {
-	return s.allocDRAMAs(ctx, size, s.behind())
+	if s.behind() {
+		return s.allocDRAMAs(ctx, size, true)
+	}
+	start := s.now()
+	slot, err := s.allocDRAMAs(ctx, size, false)
+	if end := s.now(); end.Sub(start) > 0 {
+		s.fillWaits.add(end, end.Sub(start))
+	}
+	return slot, err
 }
 
 func (s *Store) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.Slot, error) {
@@ -119,7 +128,7 @@ func (s *Store) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []ca
 			dropped = s.dropDRAMLocked(e)
 			break
 		}
-		if dropUnflushed {
+		if dropUnflushed && s.now().Sub(time.Unix(0, e.LastAccess)) > fillProtect {
 			if dropped = s.dropDRAMLocked(e); dropped {
 				s.m.unflushedDrops.Inc()
 			}

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/tiers/dram"
 )
 
 // TestFailedDemotionFailsFast: an allocation whose own demotion moves
@@ -47,11 +48,12 @@ func TestFailedDemotionFailsFast(t *testing.T) {
 }
 
 // TestCacheFillDropsInsteadOfDemoting: a DRAM-acknowledged save that finds
-// the pool full while the disk is behind (the flusher demoting for longer
-// than flushBehind) takes the slot of the oldest DRAM-only page by dropping
-// it — no SSD write on the engine's path — while an allocation for an
-// SSD-bound save still demotes, and so does a cache fill while the disk
-// keeps up. No flusher runs, so nothing makes room behind the test.
+// the pool full while the disk is behind (cache fills waited for demotions
+// more than fillWaitLimit this second) takes the slot of the oldest
+// DRAM-only page by dropping it — no SSD write on the engine's path — unless
+// that page was used within fillProtect; an allocation for an SSD-bound save
+// still demotes, and so does a cache fill while the disk keeps up. The
+// store is not Run, so no flusher makes room behind the test.
 func TestCacheFillDropsInsteadOfDemoting(t *testing.T) {
 	ps := testStore(t, 64<<20)
 	const page = 512 << 10
@@ -61,7 +63,11 @@ func TestCacheFillDropsInsteadOfDemoting(t *testing.T) {
 		if err != nil {
 			break
 		}
-		e := catalog.Entry{Key: randKey(t), Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: now()}
+		used := now()
+		if i == 0 {
+			used = time.Now().Add(-time.Minute).UnixNano() // the only page not used lately
+		}
+		e := catalog.Entry{Key: randKey(t), Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: used}
 		if err := ps.cat.Put(e); err != nil {
 			t.Fatal(err)
 		}
@@ -70,37 +76,61 @@ func TestCacheFillDropsInsteadOfDemoting(t *testing.T) {
 	}
 	c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	ps.flushBusySince.Store(time.Now().Add(-2 * flushBehind).UnixNano()) // the disk behind
-	if _, err := ps.allocCacheFill(c, page); err != nil {
-		t.Fatal(err)
+	alloc := func(what string, f func(context.Context, uint64) (dram.Slot, error)) {
+		t.Helper()
+		if _, err := f(c, page); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
 	}
+	counts := func(what string, drops float64, demoted bool) {
+		t.Helper()
+		if d, m := counterValue(t, ps.m.unflushedDrops), counterValue(t, ps.m.demotedPages); d != drops || (m > 0) != demoted {
+			t.Fatalf("%s: %v unflushed drops, %v demoted; want %v drops, demotions %v", what, d, m, drops, demoted)
+		}
+	}
+	ps.fillWaits.add(ps.now(), 2*fillWaitLimit) // the disk behind
+	alloc("cache fill, disk behind", ps.allocCacheFill)
 	if _, ok := ps.cat.Get(keys[0].Key); ok {
 		t.Fatal("the oldest DRAM-only page should have been dropped for the cache fill")
 	}
-	if got := counterValue(t, ps.m.unflushedDrops); got != 1 {
-		t.Fatalf("unflushed drops = %v, want 1", got)
+	counts("cache fill, disk behind", 1, false)
+	alloc("cache fill, disk behind, next page used lately", ps.allocCacheFill)
+	if e, ok := ps.cat.Get(keys[1].Key); !ok || !e.OnSSD {
+		t.Fatalf("a page used within fillProtect is demoted, not dropped: %+v, %v", e, ok)
 	}
-	if got := counterValue(t, ps.m.demotedPages); got != 0 {
-		t.Fatalf("a cache fill demoted %v pages; want none", got)
-	}
-	if _, err := ps.allocDRAM(c, page); err != nil {
-		t.Fatal(err)
-	}
-	if e, ok := ps.cat.Get(keys[1].Key); !ok || !e.OnSSD || e.DRAMSlot >= 0 {
-		t.Fatalf("an SSD-bound allocation should demote the next oldest page: %+v, %v", e, ok)
-	}
-	if got := counterValue(t, ps.m.unflushedDrops); got != 1 {
-		t.Fatalf("unflushed drops = %v after a demoting allocation, want still 1", got)
-	}
-	ps.flushBusySince.Store(time.Now().UnixNano()) // demoting, but not for long: a burst
-	if _, err := ps.allocCacheFill(c, page); err != nil {
-		t.Fatal(err)
-	}
-	if e, ok := ps.cat.Get(keys[2].Key); !ok || !e.OnSSD {
-		t.Fatalf("a cache fill while the disk keeps up should demote: %+v, %v", e, ok)
-	}
+	counts("cache fill, recent victims", 1, true)
+	alloc("SSD-bound save", ps.allocDRAM)
+	ps.fillWaits.mu.Lock()
+	ps.fillWaits.cur, ps.fillWaits.prev = 0, 0 // the disk keeps up
+	ps.fillWaits.mu.Unlock()
+	alloc("cache fill, disk keeping up", ps.allocCacheFill)
 	if got := counterValue(t, ps.m.unflushedDrops); got != 1 {
 		t.Fatalf("unflushed drops = %v, want still 1", got)
+	}
+	for _, k := range keys[1:] { // nothing else lost: every other page still held (DRAM or SSD)
+		if _, ok := ps.cat.Get(k.Key); !ok {
+			t.Fatalf("page %x lost", k.Key)
+		}
+	}
+}
+
+// TestWaitWindow: waits count in the current second and the one before it.
+func TestWaitWindow(t *testing.T) {
+	var w waitWindow
+	t0 := time.Unix(1000, 0)
+	w.add(t0, 60*time.Millisecond)
+	w.add(t0.Add(500*time.Millisecond), 60*time.Millisecond)
+	if !w.over(t0.Add(900*time.Millisecond), 100*time.Millisecond) {
+		t.Fatal("120 ms within a second should be over 100 ms")
+	}
+	if !w.over(t0.Add(1500*time.Millisecond), 100*time.Millisecond) {
+		t.Fatal("the last second's waits still count")
+	}
+	if w.over(t0.Add(2500*time.Millisecond), 100*time.Millisecond) {
+		t.Fatal("waits two seconds old no longer count")
+	}
+	if w.over(t0.Add(10*time.Second), 0) {
+		t.Fatal("a long quiet spell starts afresh")
 	}
 }
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -52,28 +53,65 @@ func (s *Store) RunFlusher(ctx context.Context) {
 		}
 		wake = s.flushWake
 		for ctx.Err() == nil && s.flushLow() {
-			s.flushBusySince.CompareAndSwap(0, s.now().UnixNano())
 			if !s.flushOnce(ctx) {
 				wake = nil // every candidate pinned, or the SSD refused: wait for the tick
 				break
 			}
 		}
-		if !s.flushLow() {
-			s.flushBusySince.Store(0) // caught up
-		}
 	}
 }
 
-// flushBehind is how long the flusher must have been demoting without
-// getting DRAM's reserve back before the disk counts as behind the saves:
-// longer than a burst the disk absorbs, short beside a sustained run.
-const flushBehind = 2 * time.Second
+// fillWaitLimit is how long, within a second, DRAM-acknowledged saves may
+// wait for demotions before the disk counts as behind the saves: a burst
+// the disk absorbs waits a few milliseconds; on the H200 (4 GiB DRAM, a
+// disk writing 1.3 GB/s, saves coming at 1.5 GB/s) they waited 460 ms of
+// every second.
+const fillWaitLimit = 100 * time.Millisecond
 
-// behind reports whether the disk has fallen behind the saves: the flusher
-// has been demoting for flushBehind and DRAM still lacks its reserve.
+// fillProtect is how recently used a DRAM-only page must not have been for
+// a cache fill to drop it: the pages of the save itself and of the requests
+// beside it stay (a save larger than the free pool demotes its own older
+// pages rather than dropping them).
+const fillProtect = time.Second
+
+// behind reports whether the disk has fallen behind the saves: cache fills
+// waited for it more than fillWaitLimit in this second or the last.
 func (s *Store) behind() bool {
-	since := s.flushBusySince.Load()
-	return since != 0 && s.now().Sub(time.Unix(0, since)) > flushBehind
+	return s.fillWaits.over(s.now(), fillWaitLimit)
+}
+
+// waitWindow sums waits in one-second windows: the current one and the one
+// before it.
+type waitWindow struct {
+	mu        sync.Mutex
+	start     time.Time
+	cur, prev time.Duration
+}
+
+func (w *waitWindow) roll(now time.Time) {
+	switch d := now.Sub(w.start); {
+	case d < time.Second:
+	case d < 2*time.Second:
+		w.start, w.prev, w.cur = w.start.Add(time.Second), w.cur, 0
+	default:
+		w.start, w.prev, w.cur = now, 0, 0
+	}
+}
+
+// add records a wait of d that ended at now.
+func (w *waitWindow) add(now time.Time, d time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.roll(now)
+	w.cur += d
+}
+
+// over reports whether the waits of the current or the last window exceed limit.
+func (w *waitWindow) over(now time.Time, limit time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.roll(now)
+	return w.cur > limit || w.prev > limit
 }
 
 // flushOnce makes room once: drops the oldest clean DRAM copy, or demotes a

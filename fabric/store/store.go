@@ -45,10 +45,9 @@ type Store struct {
 	// end of the write (evict.go): an allocation whose candidates they hold
 	// waits for them instead of failing.
 	demoting atomic.Int64
-	// flushBusySince is when the flusher's current run of demotions began
-	// (unix ns; 0 while DRAM has its reserve free): a run that lasts means
-	// the disk writes slower than the saves come (flush.go, behind).
-	flushBusySince atomic.Int64
+	// fillWaits is the time DRAM-acknowledged saves spent waiting for the
+	// disk to take older pages, in one-second windows (flush.go, behind).
+	fillWaits waitWindow
 	// phases times CUDA sessions' whole-request loads and saves (phases.go).
 	phases phaseTable
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
