@@ -104,7 +104,7 @@ func TestOpenOverTheFake(t *testing.T) {
 func TestRegisterDeviceThroughDmabuf(t *testing.T) {
 	f := newFakeVerbs("d0", "d1")
 	e := openFake(t, f, Config{}, "d0", "d1")
-	if _, err := e.RegisterDevice("hbm", 1<<40, 1<<21, nil); !errors.Is(err, ErrNotSupported) {
+	if _, err := e.RegisterDevice("hbm", 1<<40, 1<<21, LocalOnly, nil); !errors.Is(err, ErrNotSupported) {
 		t.Fatalf("no exporter: %v, want ErrNotSupported", err)
 	}
 	exported := 0
@@ -116,14 +116,14 @@ func TestRegisterDeviceThroughDmabuf(t *testing.T) {
 		}
 		return r, err
 	}
-	r, err := e.RegisterDevice("hbm", 1<<40, 1<<21, export)
+	r, err := e.RegisterDevice("hbm", 1<<40, 1<<21, LocalOnly, export)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if exported != 1 || len(r.mrs) != 2 || r.Addr != 1<<40 {
 		t.Fatalf("exported %d times, %d MRs, addr %#x", exported, len(r.mrs), r.Addr)
 	}
-	if _, err := e.RegisterDevice("hbm", 1<<40+1, 4096, export); err == nil {
+	if _, err := e.RegisterDevice("hbm", 1<<40+1, 4096, LocalOnly, export); err == nil {
 		t.Fatal("unaligned device range registered")
 	}
 }

@@ -158,7 +158,7 @@ func (c *Conn) createQP(l *lane) error {
 	return nil
 }
 
-// info is this side's ConnInfo: its lanes and every registered region.
+// info is this side's ConnInfo: its lanes and every region it offers.
 func (c *Conn) info() ConnInfo {
 	ci := ConnInfo{ID: c.id}
 	for _, l := range c.lanes {
@@ -166,7 +166,9 @@ func (c *Conn) info() ConnInfo {
 	}
 	c.e.mu.Lock()
 	for _, r := range c.e.regionsLocked() {
-		ci.Regions = append(ci.Regions, r.remote(c.lanes))
+		if r.Access != LocalOnly {
+			ci.Regions = append(ci.Regions, r.remote(c.lanes))
+		}
 	}
 	c.e.mu.Unlock()
 	return ci
@@ -286,7 +288,11 @@ func (c *Conn) recoverLocked(ctx context.Context) error {
 	c.setRemote(peer)
 	var errs []error
 	for _, l := range todo {
-		errs = append(errs, c.connectLane(l, peer.Lanes[l.idx]))
+		if err := c.connectLane(l, peer.Lanes[l.idx]); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		c.e.stats.reconnects.Add(1)
 	}
 	return errors.Join(errs...)
 }

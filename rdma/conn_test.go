@@ -53,10 +53,10 @@ func newPair(t *testing.T, cfg Config) *pair {
 	p.ma, p.mb = p.f.alloc(1<<20), p.f.alloc(1<<20)
 	fillRandom(p.mb, 1)
 	var err error
-	if p.ra, err = p.a.RegisterHost("a-pool", p.ma); err != nil {
+	if p.ra, err = p.a.RegisterHost("a-pool", p.ma, LocalOnly); err != nil {
 		t.Fatal(err)
 	}
-	if p.rb, err = p.b.RegisterHost("b-pool", p.mb); err != nil {
+	if p.rb, err = p.b.RegisterHost("b-pool", p.mb, RemoteRead|RemoteWrite); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -228,6 +228,9 @@ func TestErrorCompletionRetriesOnAnotherLaneThenRecovers(t *testing.T) {
 			t.Fatalf("lane %+v still down after recovery", l)
 		}
 	}
+	if s := p.a.Stats(); s.Reconnects != 1 || s.ErrorCompletions != 1 || s.OpsFailed != 0 || s.BytesRead != 2*4*64<<10 || s.Batches != 2 {
+		t.Fatalf("stats %+v", s)
+	}
 }
 
 func TestErrorCompletionWithoutRetriesFailsOnlyItsOp(t *testing.T) {
@@ -270,6 +273,9 @@ func TestTimeoutFlushesDrainsAndRecovers(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("timed-out batch took %v", d)
+	}
+	if s := p.a.Stats(); s.Timeouts != 1 || s.OpsFailed != 2 || s.QPsDestroyed != 0 {
+		t.Fatalf("stats %+v", s)
 	}
 	for _, l := range p.conn.lanes {
 		q := p.f.qpOf(l.qp)
@@ -325,7 +331,7 @@ func TestMTUIsNegotiatedDown(t *testing.T) {
 	f.devices["b0"].port.ActiveMTU = 3 // 1024 bytes
 	a, b := openFake(t, f, Config{}, "a0"), openFake(t, f, Config{}, "b0")
 	mem := f.alloc(8192)
-	if _, err := b.RegisterHost("b", mem); err != nil {
+	if _, err := b.RegisterHost("b", mem, RemoteRead); err != nil {
 		t.Fatal(err)
 	}
 	c, err := a.Dial(ctxFor(t, time.Second), func(_ context.Context, l ConnInfo) (ConnInfo, error) {
@@ -387,5 +393,76 @@ func TestEveryLaneFailingEndsBeforeTheDeadline(t *testing.T) {
 		if err == nil || errors.Is(err, ErrTimeout) {
 			t.Fatalf("op %d: %v, want a failure before the deadline", i, err)
 		}
+	}
+}
+
+func TestParallelConnsToOnePeer(t *testing.T) {
+	p := newPair(t, Config{SliceBytes: 8 << 10})
+	conns := []*Conn{p.conn}
+	for range 3 {
+		c, err := p.a.Dial(ctxFor(t, time.Second), p.exchange)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	errc := make(chan error, len(conns))
+	for i, c := range conns {
+		go func() {
+			// Each connection reads its own quarter of the pages into its own
+			// quarter of A's region.
+			page := uint64(16 << 10)
+			var ops []Op
+			for j := range 8 {
+				k := uint64(i*8 + j)
+				ops = append(ops, Op{Remote: p.rb.Key, RemoteOff: k * page, Local: []Segment{{p.ra, k * page, page}}})
+			}
+			errc <- errors.Join(c.Read(ctxFor(t, 5*time.Second), ops)...)
+		}()
+	}
+	for range conns {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(p.ma[:32*16<<10], p.mb[:32*16<<10]) {
+		t.Fatal("parallel reads: destination differs")
+	}
+}
+
+func TestRegionAccessIsEnforced(t *testing.T) {
+	p := newPair(t, Config{})
+	ro := p.f.alloc(8192)
+	rr, err := p.b.RegisterHost("b-read-only", ro, RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hidden, err := p.b.RegisterHost("b-local", p.f.alloc(8192), LocalOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.a.Dial(ctxFor(t, time.Second), p.exchange) // sees the regions registered so far
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.remote[hidden.Key]; ok {
+		t.Fatal("a LocalOnly region was offered to the peer")
+	}
+	p.b.mu.Lock()
+	offered := len(p.b.mu.conns[c.id].remote)
+	p.b.mu.Unlock()
+	if offered != 0 {
+		t.Fatalf("the dialer offered %d regions, all LocalOnly", offered)
+	}
+	op := []Op{{Remote: rr.Key, Local: []Segment{{p.ra, 0, 4096}}}}
+	if errs := c.Read(ctxFor(t, time.Second), op); errs[0] != nil {
+		t.Fatalf("READ of a RemoteRead region: %v", errs[0])
+	}
+	var ce *CompletionError
+	if errs := c.Write(ctxFor(t, time.Second), op); !errors.As(errs[0], &ce) || ce.Status != WCRemAccessErr {
+		t.Fatalf("WRITE into a RemoteRead region: %v, want a remote access error", errs[0])
+	}
+	if errs := c.Read(ctxFor(t, time.Second), []Op{{Remote: hidden.Key, Local: []Segment{{p.ra, 0, 1}}}}); errs[0] == nil {
+		t.Fatal("READ of a LocalOnly region succeeded")
 	}
 }

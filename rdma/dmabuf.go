@@ -19,7 +19,7 @@ type DmabufExporter func(ptr, size uint64) (fd int, err error)
 // the NIC driver, and the GPU's memory exported by export). Work requests
 // address it by ptr (the IOVA), so an Op's segments use the device offsets
 // directly. ptr and size must be multiples of the host page size.
-func (e *Engine) RegisterDevice(name string, ptr, size uint64, export DmabufExporter) (*Region, error) {
+func (e *Engine) RegisterDevice(name string, ptr, size uint64, access Access, export DmabufExporter) (*Region, error) {
 	if export == nil {
 		return nil, fmt.Errorf("register %s: %w: no dmabuf exporter (GPUDirect needs the CUDA hook)", name, ErrNotSupported)
 	}
@@ -32,7 +32,7 @@ func (e *Engine) RegisterDevice(name string, ptr, size uint64, export DmabufExpo
 		return nil, fmt.Errorf("register %s: export %d bytes at %#x as dmabuf: %w", name, size, ptr, err)
 	}
 	defer syscall.Close(fd) // each MR holds its own reference to the dmabuf
-	return e.register(name, ptr, size, func(n *nic) (mrInfo, error) {
-		return e.v.regDmabufMR(n.pd, 0, size, ptr, fd, accessAll)
+	return e.register(name, ptr, size, access, func(n *nic) (mrInfo, error) {
+		return e.v.regDmabufMR(n.pd, 0, size, ptr, fd, access.mrAccess())
 	})
 }

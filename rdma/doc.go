@@ -39,6 +39,15 @@
 //  6. One batch per Conn at a time (its mutex); parallel batches use
 //     several Conns. Work request IDs carry the batch number, so a stale
 //     completion can never be taken for a new one.
+//  7. Peers see only the regions registered with RemoteRead or RemoteWrite,
+//     and each MR carries only the access asked for: a destination
+//     (LocalOnly) is never in ConnInfo, and a RemoteRead region refuses a
+//     WRITE at the responder's NIC.
+//
+// A batch in flight polls its CQs without blocking, yielding the processor
+// between empty polls (runtime.Gosched): it keeps a core busy while it
+// waits, as RDMA pollers do, and notices its deadline every 64 empty polls.
+// Engine.Stats returns counters for the peer's metrics.
 //
 // # Connections
 //

@@ -12,9 +12,10 @@ import (
 // and protection domain each, on one port), the memory it registered on all
 // of them, and the connections made through it.
 type Engine struct {
-	v    verbs
-	cfg  Config
-	nics []*nic
+	v     verbs
+	cfg   Config
+	nics  []*nic
+	stats counters
 
 	mu struct {
 		sync.Mutex
@@ -199,28 +200,58 @@ type Region struct {
 	Name string
 	Addr uint64 // address (IOVA) of byte 0 in work requests
 	Len  uint64
-	mrs  []mrInfo // one per NIC, in NIC order
+	// Access is what peers may do; LocalOnly regions are not offered.
+	Access Access
+	mrs    []mrInfo // one per NIC, in NIC order
 }
 
-// RegisterHost registers host memory for local access and remote READ and
-// WRITE on every NIC. The memory must stay mapped until Deregister and
-// must not be Go heap memory (the NIC reads and writes it behind Go's
-// back): the DRAM pool's mmapped slabs are.
-func (e *Engine) RegisterHost(name string, mem []byte) (*Region, error) {
+// Access says what peers may do to a region. Every region is a local
+// source and destination of this side's own READs and WRITEs.
+type Access uint8
+
+const (
+	// LocalOnly regions are not offered to peers (not in ConnInfo): the
+	// destination slots of this side's READs, the engine HBM it loads.
+	LocalOnly Access = 0
+	// RemoteRead lets connected peers READ the region (the DRAM pool a
+	// peer serves pages from).
+	RemoteRead Access = 1
+	// RemoteWrite lets connected peers WRITE into the region.
+	RemoteWrite Access = 2
+)
+
+// mrAccess is the verbs access of a region: local write always (a READ's
+// destination, and required with remote write), remote as asked.
+func (a Access) mrAccess() uint32 {
+	f := uint32(accessLocalWrite)
+	if a&RemoteRead != 0 {
+		f |= accessRemoteRead
+	}
+	if a&RemoteWrite != 0 {
+		f |= accessRemoteWrite
+	}
+	return f
+}
+
+// RegisterHost registers host memory on every NIC, with access for peers.
+// The memory must stay mapped until Deregister and must not be Go heap
+// memory (the NIC reads and writes it behind Go's back): the DRAM pool's
+// mmapped slabs are.
+func (e *Engine) RegisterHost(name string, mem []byte, access Access) (*Region, error) {
 	if len(mem) == 0 {
 		return nil, fmt.Errorf("register %s: empty region", name)
 	}
 	addr := addrOf(mem)
-	return e.register(name, addr, uint64(len(mem)), func(n *nic) (mrInfo, error) {
-		return e.v.regMR(n.pd, uintptr(addr), uint64(len(mem)), accessAll)
+	return e.register(name, addr, uint64(len(mem)), access, func(n *nic) (mrInfo, error) {
+		return e.v.regMR(n.pd, uintptr(addr), uint64(len(mem)), access.mrAccess())
 	})
 }
 
 // addrOf is the address of b's first byte, as work requests carry it.
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
 
-func (e *Engine) register(name string, addr, length uint64, reg func(*nic) (mrInfo, error)) (*Region, error) {
-	r := &Region{e: e, Name: name, Addr: addr, Len: length}
+func (e *Engine) register(name string, addr, length uint64, access Access, reg func(*nic) (mrInfo, error)) (*Region, error) {
+	r := &Region{e: e, Name: name, Addr: addr, Len: length, Access: access}
 	for _, n := range e.nics {
 		mr, err := reg(n)
 		if err != nil {

@@ -59,7 +59,7 @@ const (
 func negotiatedMTU(local, peer MTU) MTU { return min(local, peer) }
 
 func initAttr(l laneEnd) qpAttr {
-	return qpAttr{State: QPInit, Port: l.Port, Access: accessAll}
+	return qpAttr{State: QPInit, Port: l.Port, Access: accessAll} // per-QP gate; each MR narrows it
 }
 
 func rtrAttr(l laneEnd, peer LaneInfo) qpAttr {

@@ -39,6 +39,7 @@ func (c *Conn) do(ctx context.Context, op opcode, ops []Op) []error {
 		b.left[s.op]++
 	}
 	b.run(ctx)
+	c.e.stats.count(op, ops, b.errs)
 	return b.errs
 }
 
@@ -218,6 +219,7 @@ func (b *batch) complete(l *lane, w completion) {
 		return
 	}
 	if w.Status != WCFlushErr {
+		b.c.e.stats.errCompletions.Add(1)
 		s.tries++
 	}
 	if s.tries > max(0, b.c.e.cfg.Retries) || b.errs[s.op] != nil {
@@ -239,6 +241,7 @@ func (b *batch) timeout(ctx context.Context) {
 		}
 	}
 	b.draining = true
+	b.c.e.stats.timeouts.Add(1)
 	drainBy := time.Now().Add(b.c.e.cfg.DrainTimeout)
 	wc := make([]completion, 64)
 	for b.inflight() > 0 && time.Now().Before(drainBy) {
@@ -248,6 +251,7 @@ func (b *batch) timeout(ctx context.Context) {
 	}
 	for _, l := range b.c.lanes {
 		if l.inflight > 0 {
+			b.c.e.stats.qpsLost.Add(1)
 			b.c.e.v.destroyQP(l.qp)
 			b.c.e.v.destroyCQ(l.cq)
 			l.qp, l.cq, l.inflight = 0, 0, 0

@@ -41,7 +41,7 @@ type rdmaSide struct {
 	reg *rdma.Region
 }
 
-func openRDMASide(cfg rdma.Config, bytes uint64) (*rdmaSide, error) {
+func openRDMASide(cfg rdma.Config, bytes uint64, access rdma.Access) (*rdmaSide, error) {
 	e, err := rdma.Open(cfg)
 	if err != nil {
 		return nil, err
@@ -52,7 +52,7 @@ func openRDMASide(cfg rdma.Config, bytes uint64) (*rdmaSide, error) {
 		return nil, fmt.Errorf("map %d bytes: %w", bytes, err)
 	}
 	s := &rdmaSide{e: e, mem: mem}
-	if s.reg, err = e.RegisterHost("bench", mem); err != nil {
+	if s.reg, err = e.RegisterHost("bench", mem, access); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -70,12 +70,18 @@ func (s *rdmaSide) close() {
 // from its contents.
 func (b *transferBench) measureRDMA(ctx context.Context, c *cell) error {
 	n, per := b.pagesPer(c.size), b.batchOf(c.size)
-	src, err := openRDMASide(b.RDMA, uint64(n)*c.size)
+	// READ: A (dst) reads B (src), which offers remote READ; WRITE: A
+	// (src) writes into B (dst), which offers remote WRITE.
+	srcAccess, dstAccess := rdma.RemoteRead, rdma.LocalOnly
+	if c.op == "write" {
+		srcAccess, dstAccess = rdma.LocalOnly, rdma.RemoteWrite
+	}
+	src, err := openRDMASide(b.RDMA, uint64(n)*c.size, srcAccess)
 	if err != nil {
 		return err
 	}
 	defer src.close()
-	dst, err := openRDMASide(b.RDMA, uint64(c.conns*per)*c.size)
+	dst, err := openRDMASide(b.RDMA, uint64(c.conns*per)*c.size, dstAccess)
 	if err != nil {
 		return err
 	}
