@@ -87,7 +87,11 @@ func (e *Engine) Dial(ctx context.Context, exchange Exchange) (*Conn, error) {
 // Accept answers a dialer's connection data: for a new ID it creates one
 // lane per dialer lane (spread over this engine's NICs) and connects it;
 // for a known ID it reconnects the lanes whose QP number or PSN changed
-// (the dialer recovered them). It returns the data to send back.
+// (the dialer recovered them) and those broken on this side. It returns
+// the data to send back and the accepted Conn, which the caller closes
+// when the member leaves. IDs are the dialer's random 64-bit numbers; the
+// peer service should accept them only from the member that first sent
+// them (it knows the member from its mutual-TLS certificate).
 func (e *Engine) Accept(peer ConnInfo) (ConnInfo, *Conn, error) {
 	if err := peer.validate(); err != nil {
 		return ConnInfo{}, nil, err
@@ -226,7 +230,7 @@ func (c *Conn) reaccept(peer ConnInfo) (ConnInfo, error) {
 		if p.QPN == l.peer.QPN && p.PSN == l.peer.PSN && l.state == laneUp {
 			continue
 		}
-		if err := c.resetLane(l); err != nil {
+		if err := c.resetLane(l, true); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -235,9 +239,11 @@ func (c *Conn) reaccept(peer ConnInfo) (ConnInfo, error) {
 	return c.info(), errors.Join(errs...)
 }
 
-// resetLane brings a drained lane's QP back to RESET with a new PSN (a new
-// QP if the old one was destroyed because it would not drain).
-func (c *Conn) resetLane(l *lane) error {
+// resetLane brings a drained lane's QP back to RESET, with a new PSN if
+// fresh (a new QP if the old one was destroyed because it would not drain).
+// A lane reset only because the peer restarted its end keeps its PSN: the
+// peer already holds it.
+func (c *Conn) resetLane(l *lane, fresh bool) error {
 	if l.inflight != 0 {
 		return fmt.Errorf("rdma: reset lane %d on %s with %d requests in flight", l.idx, l.nic.info.Name, l.inflight)
 	}
@@ -247,7 +253,9 @@ func (c *Conn) resetLane(l *lane) error {
 	if err := c.e.v.modifyQP(l.qp, qpAttr{State: QPReset}); err != nil {
 		return fmt.Errorf("reset QP %#x on %s: %w", l.qpn, l.nic.info.Name, err)
 	}
-	l.psn = rand.Uint32() & qpnMask
+	if fresh {
+		l.psn = rand.Uint32() & qpnMask
+	}
 	return nil
 }
 
@@ -269,7 +277,7 @@ func (c *Conn) recoverLocked(ctx context.Context) error {
 			continue
 		}
 		l.failures++
-		if err := c.resetLane(l); err != nil {
+		if err := c.resetLane(l, true); err != nil {
 			l.state = laneDown
 			continue
 		}
@@ -287,8 +295,22 @@ func (c *Conn) recoverLocked(ctx context.Context) error {
 	}
 	c.setRemote(peer)
 	var errs []error
-	for _, l := range todo {
-		if err := c.connectLane(l, peer.Lanes[l.idx]); err != nil {
+	for _, l := range c.lanes {
+		p := peer.Lanes[l.idx]
+		switch {
+		case l.state == laneBroken: // reset above
+		case l.state == laneUp && (p.QPN != l.peer.QPN || p.PSN != l.peer.PSN):
+			// The peer reset its end of a lane that was up here (it had
+			// broken there): this end starts again too, with the PSN the
+			// peer was just sent.
+			if err := c.resetLane(l, false); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		default:
+			continue
+		}
+		if err := c.connectLane(l, p); err != nil {
 			errs = append(errs, err)
 			continue
 		}

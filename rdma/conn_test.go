@@ -201,7 +201,7 @@ func TestBadOpsFailAloneBeforeTheNetwork(t *testing.T) {
 func TestErrorCompletionRetriesOnAnotherLaneThenRecovers(t *testing.T) {
 	p := newPair(t, Config{SliceBytes: 16 << 10})
 	var failed atomic.Bool
-	p.f.wcFault = func(w sendWR) (WCStatus, bool) { // the first request fails
+	p.f.wcFault = func(_ string, w sendWR) (WCStatus, bool) { // the first request fails
 		return WCRemAccessErr, !failed.Swap(true)
 	}
 	ops := scatterOps(p, 4, 64<<10)
@@ -235,7 +235,7 @@ func TestErrorCompletionRetriesOnAnotherLaneThenRecovers(t *testing.T) {
 
 func TestErrorCompletionWithoutRetriesFailsOnlyItsOp(t *testing.T) {
 	p := newPair(t, Config{Retries: -1, SliceBytes: 64 << 10})
-	p.f.wcFault = func(w sendWR) (WCStatus, bool) {
+	p.f.wcFault = func(_ string, w sendWR) (WCStatus, bool) {
 		return WCRemAccessErr, w.RemoteAddr == p.rb.Addr+2*(64<<10)
 	}
 	ops := scatterOps(p, 4, 64<<10)
@@ -310,7 +310,7 @@ func TestTimeoutDestroysAQPThatWillNotDrain(t *testing.T) {
 
 func TestReconnectsAreBounded(t *testing.T) {
 	p := newPair(t, Config{MaxReconnects: 2, Retries: -1})
-	p.f.wcFault = func(sendWR) (WCStatus, bool) { return WCRetryExcErr, true } // every request fails
+	p.f.wcFault = func(string, sendWR) (WCStatus, bool) { return WCRetryExcErr, true } // every request fails
 	p.failAccept.Store(true)
 	ops := scatterOps(p, 2, 64<<10)
 	var last []error
@@ -387,7 +387,7 @@ func TestEveryLaneFailingEndsBeforeTheDeadline(t *testing.T) {
 	// Regression: a slice retried onto a lane that broke before it was
 	// posted sat in that lane's queue until the deadline.
 	p := newPair(t, Config{})
-	p.f.wcFault = func(sendWR) (WCStatus, bool) { return WCRetryExcErr, true }
+	p.f.wcFault = func(string, sendWR) (WCStatus, bool) { return WCRetryExcErr, true }
 	ops := scatterOps(p, 2, 64<<10)
 	for i, err := range p.conn.Read(ctxFor(t, 5*time.Second), ops) {
 		if err == nil || errors.Is(err, ErrTimeout) {
@@ -464,5 +464,67 @@ func TestRegionAccessIsEnforced(t *testing.T) {
 	}
 	if errs := c.Read(ctxFor(t, time.Second), []Op{{Remote: hidden.Key, Local: []Segment{{p.ra, 0, 1}}}}); errs[0] == nil {
 		t.Fatal("READ of a LocalOnly region succeeded")
+	}
+}
+
+func TestRecoveryRestartsBothEndsOfALane(t *testing.T) {
+	// A lane broken on the accepting side only (its own batch failed there)
+	// is reset when the dialer next reconnects; the dialer must then start
+	// its end of that lane again too, or the acceptor's requests carry PSNs
+	// the dialer's QP does not expect.
+	p := newPair(t, Config{Retries: 1})
+	ra, err := p.a.RegisterHost("a-served", p.f.alloc(1<<16), RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.a.Dial(ctxFor(t, time.Second), p.exchange)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.b.mu.Lock()
+	bc := p.b.mu.conns[c.id]
+	p.b.mu.Unlock()
+	fromA := func(n int) []Op {
+		var ops []Op
+		for i := range n {
+			ops = append(ops, Op{Remote: ra.Key, RemoteOff: uint64(i) * 4096, Local: []Segment{{p.rb, uint64(i) * 4096, 4096}}})
+		}
+		return ops
+	}
+	fromB := scatterOps(p, 2, 4096)
+	var failB, failA atomic.Bool
+	p.f.wcFault = func(dev string, w sendWR) (WCStatus, bool) {
+		switch dev {
+		case "b0": // B's lane 0 breaks in B's own batch
+			return WCRemAccessErr, !failB.Swap(true)
+		case "a1": // A's lane 1 breaks in A's batch
+			return WCRemAccessErr, !failA.Swap(true)
+		}
+		return WCSuccess, false
+	}
+	// A's lane 1 breaks; A's work finishes on lane 0.
+	if err := errors.Join(c.Read(ctxFor(t, time.Second), fromB)...); err != nil {
+		t.Fatalf("A's batch (retried on its other lane): %v", err)
+	}
+	// B's lane 0 breaks (and its lane 1, whose far end is A's broken lane 1).
+	bc.Read(ctxFor(t, time.Second), fromA(2))
+	// A recovers lane 1; B resets its lanes 0 and 1; A's lane 0, up all
+	// along, must restart too.
+	if err := errors.Join(c.Read(ctxFor(t, time.Second), fromB)...); err != nil {
+		t.Fatalf("A after recovery: %v", err)
+	}
+	for _, l := range append(c.Lanes(), bc.Lanes()...) {
+		if !l.Up {
+			t.Fatalf("lane %+v down after recovery", l)
+		}
+	}
+	before := p.b.Stats().ErrorCompletions
+	// B's requests on every lane must be accepted by A's QPs.
+	p.f.wcFault = nil
+	if err := errors.Join(bc.Read(ctxFor(t, time.Second), fromA(8))...); err != nil {
+		t.Fatalf("B after A's recovery: %v", err)
+	}
+	if e := p.b.Stats().ErrorCompletions; e != before {
+		t.Fatalf("B's requests after recovery: %d error completions", e-before)
 	}
 }

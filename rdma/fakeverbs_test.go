@@ -32,9 +32,9 @@ type fakeVerbs struct {
 	mem     []fakeBuf
 
 	calls    map[string]int
-	failCall map[string]map[int]int          // method → call number (1-based, 0 = every) → errno
-	wcFault  func(w sendWR) (WCStatus, bool) // an error status for w, or false
-	hold     func(w sendWR) bool             // never complete w while its QP is up
+	failCall map[string]map[int]int                      // method → call number (1-based, 0 = every) → errno
+	wcFault  func(dev string, w sendWR) (WCStatus, bool) // an error status for w posted on dev, or false
+	hold     func(w sendWR) bool                         // never complete w while its QP is up
 	reorder  *rand.Rand
 	copied   uint64 // bytes moved by completed work requests
 }
@@ -72,6 +72,7 @@ type fakeQP struct {
 	qpn     uint32
 	state   QPState
 	attr    qpAttr // RTR's
+	sqPSN   uint32 // RTS's
 	caps    qpCaps
 	out     int      // posted, not yet completed
 	done    int      // completed successfully
@@ -331,8 +332,10 @@ func (f *fakeVerbs) modifyQP(h handle, a qpAttr) error {
 	switch a.State {
 	case QPRTR:
 		q.attr = a
+	case QPRTS:
+		q.sqPSN = a.SQPSN
 	case QPReset:
-		q.attr, q.out, q.held = qpAttr{}, 0, nil // reset discards the queues, completions included
+		q.attr, q.sqPSN, q.out, q.held = qpAttr{}, 0, 0, nil // reset discards the queues, completions included
 	case QPErr:
 		f.flushLocked(q)
 	}
@@ -381,7 +384,7 @@ func (f *fakeVerbs) executeLocked(q *fakeQP, w sendWR) {
 	default:
 		st := WCSuccess
 		if f.wcFault != nil {
-			if s, ok := f.wcFault(w); ok {
+			if s, ok := f.wcFault(q.dev.name, w); ok {
 				st = s
 			}
 		}
@@ -439,15 +442,15 @@ func (f *fakeVerbs) transferLocked(q *fakeQP, w sendWR) WCStatus {
 	return WCSuccess
 }
 
-// peerLocked is the QP q is connected to, if that QP is connected back to q
-// and able to respond (RTR or RTS).
+// peerLocked is the QP q is connected to, if that QP is connected back to q,
+// able to respond (RTR or RTS) and expecting q's packet sequence numbers.
 func (f *fakeVerbs) peerLocked(q *fakeQP) *fakeQP {
 	for _, d := range f.devices {
 		if d.gid != q.attr.DGID {
 			continue
 		}
 		p := d.qps[q.attr.DestQPN]
-		if p == nil || p.destroy || (p.state != QPRTR && p.state != QPRTS) || p.attr.DestQPN != q.qpn || p.attr.DGID != q.dev.gid {
+		if p == nil || p.destroy || (p.state != QPRTR && p.state != QPRTS) || p.attr.DestQPN != q.qpn || p.attr.DGID != q.dev.gid || p.attr.RQPSN != q.sqPSN {
 			return nil
 		}
 		return p
