@@ -267,7 +267,25 @@ func (c *Conn) recoverLocked(ctx context.Context) error {
 	if c.exchange == nil {
 		return nil
 	}
-	var todo []*lane
+	n := c.resetBrokenLocked()
+	if n == 0 {
+		return nil
+	}
+	peer, err := c.exchange(ctx, c.info())
+	if err == nil && len(peer.Lanes) != len(c.lanes) {
+		err = fmt.Errorf("%w: peer answered with %d lanes, this side %d", ErrBadConnInfo, len(peer.Lanes), len(c.lanes))
+	}
+	if err != nil {
+		return fmt.Errorf("rdma: reconnect %d lane(s): %w", n, err)
+	}
+	c.setRemote(peer)
+	return c.reconnectLocked(peer)
+}
+
+// resetBrokenLocked resets every broken lane that has reconnects left (a
+// new PSN each) and leaves the others down; it returns how many it reset.
+func (c *Conn) resetBrokenLocked() int {
+	n := 0
 	for _, l := range c.lanes {
 		if l.state != laneBroken {
 			continue
@@ -281,29 +299,23 @@ func (c *Conn) recoverLocked(ctx context.Context) error {
 			l.state = laneDown
 			continue
 		}
-		todo = append(todo, l)
+		n++
 	}
-	if len(todo) == 0 {
-		return nil
-	}
-	peer, err := c.exchange(ctx, c.info())
-	if err == nil && len(peer.Lanes) != len(c.lanes) {
-		err = fmt.Errorf("%w: peer answered with %d lanes, this side %d", ErrBadConnInfo, len(peer.Lanes), len(c.lanes))
-	}
-	if err != nil {
-		return fmt.Errorf("rdma: reconnect %d lane(s): %w", len(todo), err)
-	}
-	c.setRemote(peer)
+	return n
+}
+
+// reconnectLocked connects the lanes reset here to the peer's answer, and
+// restarts the lanes that were up here but that the peer reset (they had
+// broken there), keeping the PSN the peer was just sent.
+func (c *Conn) reconnectLocked(peer ConnInfo) error {
 	var errs []error
 	for _, l := range c.lanes {
 		p := peer.Lanes[l.idx]
 		switch {
-		case l.state == laneBroken: // reset above
+		case l.state == laneBroken: // reset by resetBrokenLocked
 		case l.state == laneUp && (p.QPN != l.peer.QPN || p.PSN != l.peer.PSN):
-			// The peer reset its end of a lane that was up here (it had
-			// broken there): this end starts again too, with the PSN the
-			// peer was just sent.
 			if err := c.resetLane(l, false); err != nil {
+				l.state = laneBroken
 				errs = append(errs, err)
 				continue
 			}

@@ -86,25 +86,14 @@ func (b *transferBench) measureRDMA(ctx context.Context, c *cell) error {
 		return err
 	}
 	defer dst.close()
-	sums := make([]uint32, n) // computed from the contents, before anything moves
-	for i := range n {
-		pg := src.mem[uint64(i)*c.size : uint64(i+1)*c.size]
-		fillPage(pg, c.size, i)
-		sums[i] = page.Checksum(pg)
-	}
+	sums := fillSource(src, c.size, n)
 	local, remote := dst, src // READ: A (dst) reads B (src)
 	if c.op == "write" {
 		local, remote = src, dst // WRITE: A (src) writes into B (dst)
 	}
-	exchange := func(_ context.Context, info rdma.ConnInfo) (rdma.ConnInfo, error) {
-		reply, _, err := remote.e.Accept(info)
-		return reply, err
-	}
-	conns := make([]*rdma.Conn, c.conns)
-	for i := range conns {
-		if conns[i], err = local.e.Dial(ctx, exchange); err != nil {
-			return err
-		}
+	conns, err := dialLoopback(ctx, local.e, remote.e, c.conns)
+	if err != nil {
+		return err
 	}
 	var rates []float64
 	for r := range b.Rounds + 1 {
@@ -119,6 +108,36 @@ func (b *transferBench) measureRDMA(ctx context.Context, c *cell) error {
 	}
 	c.gbps = median(rates)
 	return nil
+}
+
+// fillSource writes the n source pages and returns their checksums,
+// computed from the contents before anything moves.
+func fillSource(src *rdmaSide, size uint64, n int) []uint32 {
+	sums := make([]uint32, n)
+	for i := range n {
+		pg := src.mem[uint64(i)*size : uint64(i+1)*size]
+		fillPage(pg, size, i)
+		sums[i] = page.Checksum(pg)
+	}
+	return sums
+}
+
+// dialLoopback opens n connections from local to remote, the connection
+// data handed across in process (the peer gRPC service's job between
+// hosts).
+func dialLoopback(ctx context.Context, local, remote *rdma.Engine, n int) ([]*rdma.Conn, error) {
+	exchange := func(_ context.Context, info rdma.ConnInfo) (rdma.ConnInfo, error) {
+		reply, _, err := remote.Accept(info)
+		return reply, err
+	}
+	conns := make([]*rdma.Conn, n)
+	for i := range conns {
+		var err error
+		if conns[i], err = local.Dial(ctx, exchange); err != nil {
+			return nil, err
+		}
+	}
+	return conns, nil
 }
 
 func (b *transferBench) rdmaRound(ctx context.Context, c *cell, conns []*rdma.Conn, dst *rdmaSide, sums []uint32, local, remote *rdma.Region) (float64, int64, error) {
