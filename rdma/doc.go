@@ -64,8 +64,10 @@
 //
 // All of the above talks to libibverbs through the unexported verbs
 // interface (verbs.go). verbs_cgo.go is the real binding;
-// fakeverbs_test.go is an in-memory FAKE of it, used by every test above
-// the verbs calls: it moves bytes between fake devices, enforces the QP
+// binding_test.go runs the binding itself end to end against a stand-in
+// libibverbs compiled from testdata/standin_ibverbs.c against the real
+// verbs.h; fakeverbs_test.go is an in-memory FAKE of the seam, used by every
+// test above the verbs calls: it moves bytes between fake devices, enforces the QP
 // state machine, and can fail any call, complete out of order, return
 // error completions or never complete. What the fake proves and what only
 // hardware can is in docs/rdma.md.

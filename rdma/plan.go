@@ -36,7 +36,8 @@ type wrSlice struct {
 	len       uint64
 	segs      []Segment
 	lane      int // lane it was last posted on, -1 before
-	tries     int // error completions (not flushes) so far
+	tries     int   // error completions (not flushes) so far
+	lastErr   error // the last of them
 }
 
 // planSlices cuts ops into work-request slices. An op that cannot run (an

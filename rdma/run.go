@@ -107,7 +107,11 @@ func (b *batch) enqueue(i, avoid int) {
 	}
 	j := pickLane(usable, b.next, avoid)
 	if j < 0 {
-		b.fail(i, ErrLaneDown)
+		err := error(ErrLaneDown)
+		if last := b.slices[i].lastErr; last != nil { // say why it needed another lane
+			err = fmt.Errorf("%w, and %w to retry on", last, ErrLaneDown)
+		}
+		b.fail(i, err)
 		return
 	}
 	b.next = j
@@ -221,9 +225,10 @@ func (b *batch) complete(l *lane, w completion) {
 	if w.Status != WCFlushErr {
 		b.c.e.stats.errCompletions.Add(1)
 		s.tries++
+		s.lastErr = &CompletionError{Device: l.nic.info.Name, Status: w.Status, VendorErr: w.VendorErr}
 	}
 	if s.tries > max(0, b.c.e.cfg.Retries) || b.errs[s.op] != nil {
-		b.fail(si, &CompletionError{Device: l.nic.info.Name, Status: w.Status, VendorErr: w.VendorErr})
+		b.fail(si, cmpOrErr(s.lastErr, &CompletionError{Device: l.nic.info.Name, Status: w.Status, VendorErr: w.VendorErr}))
 		return
 	}
 	b.enqueue(si, l.idx)
@@ -263,4 +268,11 @@ func (b *batch) timeout(ctx context.Context) {
 			b.errs[op] = err
 		}
 	}
+}
+
+func cmpOrErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
 }
