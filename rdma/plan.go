@@ -35,7 +35,7 @@ type wrSlice struct {
 	remoteOff uint64 // offset in the remote region
 	len       uint64
 	segs      []Segment
-	lane      int // lane it was last posted on, -1 before
+	lane      int   // lane it was last posted on, -1 before
 	tries     int   // error completions (not flushes) so far
 	lastErr   error // the last of them
 }
