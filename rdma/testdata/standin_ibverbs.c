@@ -9,6 +9,7 @@
 
 #include <infiniband/verbs.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,11 @@
 #undef ibv_reg_mr
 
 #define MAXOBJ 256
+
+// One lock for the whole stand-in: several connections post and poll from
+// several threads.
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+#define LOCKED(ret_type, body) do { pthread_mutex_lock(&mu); ret_type r_ = body; pthread_mutex_unlock(&mu); return r_; } while (0)
 
 static struct ibv_device dev;
 static struct ibv_mr *mrs[MAXOBJ];
@@ -88,7 +94,7 @@ static int slot(void **tab) {
 	return -1;
 }
 
-struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+static struct ibv_mr *ibv_reg_mr_locked(struct ibv_pd *pd, void *addr, size_t len, int access) {
 	int i = slot((void **)mrs);
 	if (i < 0 || !addr || !len) { errno = EINVAL; return NULL; }
 	struct ibv_mr *m = calloc(1, sizeof *m);
@@ -98,12 +104,12 @@ struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 	mrs[i] = m;
 	return m;
 }
-int ibv_dereg_mr(struct ibv_mr *m) {
+static int ibv_dereg_mr_locked(struct ibv_mr *m) {
 	for (int i = 0; i < MAXOBJ; i++) if (mrs[i] == m) { mrs[i] = NULL; free(m); return 0; }
 	return EINVAL;
 }
 
-struct ibv_cq *ibv_create_cq(struct ibv_context *c, int cqe, void *ctx, struct ibv_comp_channel *ch, int vec) {
+static struct ibv_cq *ibv_create_cq_locked(struct ibv_context *c, int cqe, void *ctx, struct ibv_comp_channel *ch, int vec) {
 	(void)ctx; (void)ch; (void)vec;
 	int i = slot((void **)cqs);
 	if (i < 0 || cqe < 1 || cqe > 4096) { errno = EINVAL; return NULL; }
@@ -112,12 +118,12 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *c, int cqe, void *ctx, struct i
 	cqs[i] = q;
 	return &q->cq;
 }
-int ibv_destroy_cq(struct ibv_cq *cq) {
+static int ibv_destroy_cq_locked(struct ibv_cq *cq) {
 	for (int i = 0; i < MAXOBJ; i++) if (cqs[i] && &cqs[i]->cq == cq) { free(cqs[i]); cqs[i] = NULL; return 0; }
 	return EINVAL;
 }
 
-struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
+static struct ibv_qp *ibv_create_qp_locked(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
 	int i = slot((void **)qps);
 	if (i < 0 || a->qp_type != IBV_QPT_RC || !a->send_cq || a->cap.max_send_wr == 0) { errno = EINVAL; return NULL; }
 	struct sqp *q = calloc(1, sizeof *q);
@@ -127,7 +133,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
 	qps[i] = q;
 	return &q->qp;
 }
-int ibv_destroy_qp(struct ibv_qp *qp) {
+static int ibv_destroy_qp_locked(struct ibv_qp *qp) {
 	for (int i = 0; i < MAXOBJ; i++) if (qps[i] && &qps[i]->qp == qp) { free(qps[i]); qps[i] = NULL; return 0; }
 	return EINVAL;
 }
@@ -154,7 +160,7 @@ static void push(struct sqp *q, uint64_t id, enum ibv_wc_status st) {
 #define RTS_MASK (IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | \
                   IBV_QP_MAX_QP_RD_ATOMIC)
 
-int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
+static int ibv_modify_qp_locked(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
 	struct sqp *q = (struct sqp *)qp;
 	int to = a->qp_state;
 	switch (to) {
@@ -216,7 +222,7 @@ static enum ibv_wc_status execute(struct sqp *q, struct ibv_send_wr *w) {
 	return IBV_WC_SUCCESS;
 }
 
-static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+static int post_send_locked(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	struct sqp *q = (struct sqp *)qp;
 	for (; wr; wr = wr->next) {
 		if ((q->state != IBV_QPS_RTS && q->state != IBV_QPS_ERR) || q->outstanding >= q->max_wr ||
@@ -231,7 +237,7 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 	return 0;
 }
 
-static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+static int poll_cq_locked(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 	struct scq *c = cq_of(cq);
 	int k = 0;
 	for (; k < n && c->head != c->tail; k++) {
@@ -241,3 +247,20 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 	}
 	return k;
 }
+
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) { LOCKED(struct ibv_mr *, ibv_reg_mr_locked(pd, addr, len, access)); }
+
+int ibv_dereg_mr(struct ibv_mr *m) { LOCKED(int, ibv_dereg_mr_locked(m)); }
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *c, int cqe, void *ctx, struct ibv_comp_channel *ch, int vec) { LOCKED(struct ibv_cq *, ibv_create_cq_locked(c, cqe, ctx, ch, vec)); }
+
+int ibv_destroy_cq(struct ibv_cq *cq) { LOCKED(int, ibv_destroy_cq_locked(cq)); }
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) { LOCKED(struct ibv_qp *, ibv_create_qp_locked(pd, a)); }
+
+int ibv_destroy_qp(struct ibv_qp *qp) { LOCKED(int, ibv_destroy_qp_locked(qp)); }
+
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) { LOCKED(int, ibv_modify_qp_locked(qp, a, mask)); }
+
+static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) { LOCKED(int, post_send_locked(qp, wr, bad)); }
+static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) { LOCKED(int, poll_cq_locked(cq, n, wc)); }
