@@ -528,3 +528,28 @@ func TestRecoveryRestartsBothEndsOfALane(t *testing.T) {
 		t.Fatalf("B's requests after recovery: %d error completions", e-before)
 	}
 }
+
+func TestDeadlineHoldsWhileForeignCompletionsKeepComing(t *testing.T) {
+	// Regression: the deadline was checked only after 64 empty polls, so a
+	// CQ that kept returning completions of no batch of ours (stale ones)
+	// kept a stuck batch spinning past its deadline.
+	p := newPair(t, Config{})
+	p.f.hold = func(sendWR) bool { return true }
+	p.f.noise = true
+	done := make(chan []error, 1)
+	go func() { done <- p.conn.Read(ctxFor(t, 50*time.Millisecond), scatterOps(p, 2, 4096)) }()
+	timer := time.NewTimer(5 * time.Second)
+	defer timer.Stop()
+	select {
+	case errs := <-done:
+		if !errors.Is(errs[0], ErrTimeout) {
+			t.Fatalf("op 0: %v, want ErrTimeout", errs[0])
+		}
+	case <-timer.C:
+		p.f.mu.Lock()
+		p.f.noise = false // let it end, so that Close does not wait forever
+		p.f.mu.Unlock()
+		<-done
+		t.Fatal("batch still running 5 s after its 50 ms deadline")
+	}
+}

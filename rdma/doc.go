@@ -46,7 +46,7 @@
 //
 // A batch in flight polls its CQs without blocking, yielding the processor
 // between empty polls (runtime.Gosched): it keeps a core busy while it
-// waits, as RDMA pollers do, and notices its deadline every 64 empty polls.
+// waits, as RDMA pollers do, and checks its deadline every 64 polls.
 // Engine.Stats returns counters for the peer's metrics.
 //
 // # Connections

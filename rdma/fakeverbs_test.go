@@ -36,6 +36,7 @@ type fakeVerbs struct {
 	wcFault  func(dev string, w sendWR) (WCStatus, bool) // an error status for w posted on dev, or false
 	hold     func(w sendWR) bool                         // never complete w while its QP is up
 	reorder  *rand.Rand
+	noise    bool   // every poll also returns a completion of no batch of ours
 	copied   uint64 // bytes moved by completed work requests
 }
 
@@ -491,15 +492,29 @@ func (f *fakeVerbs) pollCQ(h handle, out []completion) (int, error) {
 	}
 	n := copy(out, cq.queue)
 	cq.queue = cq.queue[n:]
-	for _, w := range out[:n] {
-		for _, o := range f.objs {
-			if q, ok := o.(*fakeQP); ok && q.cq == cq && q.out > 0 && f.ownsLocked(q, w.ID) {
-				q.out--
-				break
-			}
+	if f.noise && n < len(out) {
+		out[n] = completion{ID: 0xdead << 32, Status: WCSuccess}
+		n++
+		// the noise completion belongs to no QP: not counted
+		for _, w := range out[:n-1] {
+			f.countLocked(cq, w)
 		}
+		return n, nil
+	}
+	for _, w := range out[:n] {
+		f.countLocked(cq, w)
 	}
 	return n, nil
+}
+
+// countLocked takes a polled completion off its QP's outstanding count.
+func (f *fakeVerbs) countLocked(cq *fakeCQ, w completion) {
+	for _, o := range f.objs {
+		if q, ok := o.(*fakeQP); ok && q.cq == cq && q.out > 0 && f.ownsLocked(q, w.ID) {
+			q.out--
+			return
+		}
+	}
 }
 
 // ownsLocked: with one QP per CQ (the engine's layout) every completion on

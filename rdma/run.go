@@ -82,17 +82,14 @@ func (b *batch) run(ctx context.Context) {
 		b.enqueue(i, -1)
 	}
 	wc := make([]completion, 64)
-	for idle := 0; b.open > 0 || b.inflight() > 0; {
+	for iter := 1; b.open > 0 || b.inflight() > 0; iter++ {
 		b.post()
-		if b.poll(wc) > 0 {
-			idle = 0
-			continue
+		n := b.poll(wc)
+		if iter%64 == 0 && ctx.Err() != nil { // also while completions keep coming
+			b.timeout(ctx)
+			return
 		}
-		if idle++; idle%64 == 0 {
-			if ctx.Err() != nil {
-				b.timeout(ctx)
-				return
-			}
+		if n == 0 {
 			runtime.Gosched()
 		}
 	}
