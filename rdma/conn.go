@@ -62,6 +62,9 @@ type LaneStatus struct {
 // Dial creates the lanes, exchanges connection data through exchange and
 // brings every QP to RTS.
 func (e *Engine) Dial(ctx context.Context, exchange Exchange) (*Conn, error) {
+	if err := e.live(); err != nil {
+		return nil, err
+	}
 	lanes := make([]int, 0, len(e.nics)*e.cfg.QPsPerNIC)
 	for i := range e.nics {
 		for range e.cfg.QPsPerNIC {
@@ -81,7 +84,10 @@ func (e *Engine) Dial(ctx context.Context, exchange Exchange) (*Conn, error) {
 		c.close()
 		return nil, fmt.Errorf("rdma: dial: %w", err)
 	}
-	return c, e.track(c)
+	if err := e.track(c); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Accept answers a dialer's connection data: for a new ID it creates one
@@ -94,6 +100,9 @@ func (e *Engine) Dial(ctx context.Context, exchange Exchange) (*Conn, error) {
 // them (it knows the member from its mutual-TLS certificate).
 func (e *Engine) Accept(peer ConnInfo) (ConnInfo, *Conn, error) {
 	if err := peer.validate(); err != nil {
+		return ConnInfo{}, nil, err
+	}
+	if err := e.live(); err != nil {
 		return ConnInfo{}, nil, err
 	}
 	e.mu.Lock()
@@ -117,7 +126,10 @@ func (e *Engine) Accept(peer ConnInfo) (ConnInfo, *Conn, error) {
 		}
 		return ConnInfo{}, nil, fmt.Errorf("rdma: accept: %w", err)
 	}
-	return c.info(), c, e.track(c)
+	if err := e.track(c); err != nil {
+		return ConnInfo{}, nil, err
+	}
+	return c.info(), c, nil
 }
 
 func (e *Engine) track(c *Conn) error {

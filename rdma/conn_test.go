@@ -381,6 +381,16 @@ func TestCloseReleasesEveryVerbsObject(t *testing.T) {
 	if errs := p.conn.Read(ctxFor(t, time.Second), scatterOps(p, 1, 4096)); !errors.Is(errs[0], ErrClosed) {
 		t.Fatalf("read after Close: %v", errs[0])
 	}
+	calls := p.f.count("regMR") + p.f.count("createQP")
+	if _, err := p.a.RegisterHost("late", p.f.alloc(4096), LocalOnly); !errors.Is(err, ErrClosed) {
+		t.Fatalf("register after Close: %v", err)
+	}
+	if _, err := p.a.Dial(ctxFor(t, time.Second), p.exchange); !errors.Is(err, ErrClosed) {
+		t.Fatalf("dial after Close: %v", err)
+	}
+	if n := p.f.count("regMR") + p.f.count("createQP"); n != calls {
+		t.Fatalf("%d verbs calls on released protection domains after Close", n-calls)
+	}
 }
 
 func TestEveryLaneFailingEndsBeforeTheDeadline(t *testing.T) {

@@ -181,6 +181,17 @@ func (e *Engine) pickGID(ctx handle, name string, port uint8, pi portInfo) (int,
 	return 0, GID{}, fmt.Errorf("%s port %d: no non-zero GID among %d", name, port, pi.GIDs)
 }
 
+// live reports ErrClosed after Close. (Close must not race the calls that
+// create verbs objects: it releases the protection domains they use.)
+func (e *Engine) live() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
 // NICs returns the device ports in use, in lane order.
 func (e *Engine) NICs() []NIC {
 	out := make([]NIC, len(e.nics))
@@ -251,6 +262,9 @@ func (e *Engine) RegisterHost(name string, mem []byte, access Access) (*Region, 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
 
 func (e *Engine) register(name string, addr, length uint64, access Access, reg func(*nic) (mrInfo, error)) (*Region, error) {
+	if err := e.live(); err != nil {
+		return nil, err
+	}
 	r := &Region{e: e, Name: name, Addr: addr, Len: length, Access: access}
 	for _, n := range e.nics {
 		mr, err := reg(n)
