@@ -3,6 +3,7 @@ module github.com/orbitkv/orbitkv
 go 1.26.0
 
 require (
+	github.com/Mellanox/rdmamap v1.1.0
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/cockroachdb/pebble/v2 v2.1.7
 	github.com/pawelgaczynski/giouring v0.0.0-20230826085535-69588b89acb9
@@ -52,6 +53,8 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/rogpeppe/go-internal v1.9.0 // indirect
 	github.com/sean-/seed v0.0.0-20170313163322-e2103e2c3529 // indirect
+	github.com/vishvananda/netlink v1.1.0 // indirect
+	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect
 	golang.org/x/exp v0.0.0-20230626212559-97b1e661b5df // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/text v0.42.0 // indirect

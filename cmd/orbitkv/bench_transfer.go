@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/bytesize"
+	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/rdma"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+// bench transfer: a matrix of transport (tcp; rdma where a device exists)
+// × READ/WRITE × payload size × connections, every transfer's bytes checked
+// against the checksum the receiving side computed itself from the page's
+// deterministic contents, TCP beside iperf3 on the same link. --netns runs
+// it between two network namespaces joined by a veth pair that it makes
+// and removes; --serve/--client run the two sides by hand.
+type transferBench struct {
+	Transports []string
+	Ops        []string
+	Sizes      []uint64
+	Conns      []int
+	Seconds    float64
+	Rounds     int
+	BatchBytes uint64 // bytes per request (pages = BatchBytes / size, at least 1)
+	PoolBytes  uint64 // bytes of pages each side holds per size
+	RDMA       rdma.Config
+}
+
+func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
+	netns := fs.Bool("netns", false, "make two network namespaces joined by a veth pair, run both sides and iperf3 in them, remove them at the end (root)")
+	serve := fs.String("serve", "", "serve the matrix's pages over TCP on this address until interrupted")
+	client := fs.String("client", "", "run the matrix against a --serve side at this address")
+	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (with --client; --netns starts its own)")
+	transports := fs.String("transports", "tcp,rdma", "transports to measure")
+	ops := fs.String("ops", "read,write", "operations to measure")
+	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
+	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
+	b := transferBench{}
+	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round")
+	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
+	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
+	fs.Var(&batch, "batch-bytes", "bytes per request")
+	fs.Var(&pool, "pool-bytes", "bytes of pages held per size on each side")
+	b.RDMA.GIDIndex = -1
+	b.RDMA.RegisterFlags(fs) // --rdma-devices (the NIC allowlist), --rdma-gid-index, …
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b.BatchBytes, b.PoolBytes = uint64(batch), uint64(pool)
+	if err := b.parse(*transports, *ops, *sizes, *conns); err != nil {
+		return err
+	}
+	switch {
+	case *netns:
+		return benchTransferNetns(ctx, out, args)
+	case *serve != "":
+		return b.serve(ctx, out, *serve)
+	case *client != "":
+		return b.client(ctx, out, *client, *iperf)
+	}
+	return errors.New("bench transfer: give --netns, or --serve ADDR and --client ADDR")
+}
+
+func (b *transferBench) parse(transports, ops, sizes, conns string) error {
+	b.Transports, b.Ops = splitList(transports), splitList(ops)
+	for _, t := range b.Transports {
+		if t != "tcp" && t != "rdma" {
+			return fmt.Errorf("bench transfer: unknown transport %q (tcp, rdma)", t)
+		}
+	}
+	for _, o := range b.Ops {
+		if o != "read" && o != "write" {
+			return fmt.Errorf("bench transfer: unknown op %q (read, write)", o)
+		}
+	}
+	for _, s := range splitList(sizes) {
+		n, err := bytesize.Parse(s)
+		if err != nil || n == 0 || uint64(n) > tcp.MaxPageBytes {
+			return fmt.Errorf("bench transfer: size %q: want 1 B … 1 GiB", s)
+		}
+		b.Sizes = append(b.Sizes, uint64(n))
+	}
+	for _, s := range splitList(conns) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 64 {
+			return fmt.Errorf("bench transfer: conns %q: want 1…64", s)
+		}
+		b.Conns = append(b.Conns, n)
+	}
+	if len(b.Sizes) == 0 || len(b.Conns) == 0 || len(b.Ops) == 0 || len(b.Transports) == 0 || b.Rounds < 1 || b.Seconds <= 0 {
+		return errors.New("bench transfer: empty matrix")
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// pagesPer is how many pages of size each side holds.
+func (b *transferBench) pagesPer(size uint64) int {
+	return min(1024, max(4, int(b.PoolBytes/size)))
+}
+
+// batchOf is how many pages one request moves.
+func (b *transferBench) batchOf(size uint64) int {
+	return min(b.pagesPer(size), max(1, int(b.BatchBytes/size)))
+}
+
+// transferKey names page i of size; both sides derive it.
+func transferKey(size uint64, i int) pagekey.Key {
+	var k pagekey.Key
+	binary.LittleEndian.PutUint64(k[:], size)
+	binary.LittleEndian.PutUint32(k[8:], uint32(i))
+	copy(k[12:], "xfer")
+	return k
+}
+
+// fillPage writes page i of size's deterministic contents into dst.
+func fillPage(dst []byte, size uint64, i int) {
+	r := rand.New(rand.NewPCG(size, uint64(i)))
+	for j := 0; j+8 <= len(dst); j += 8 {
+		binary.LittleEndian.PutUint64(dst[j:], r.Uint64())
+	}
+	for j := len(dst) &^ 7; j < len(dst); j++ {
+		dst[j] = byte(r.Uint32())
+	}
+}
+
+// transferPages is what one side holds for the matrix: the pages of every
+// size, and each page's checksum, computed locally from its contents.
+type transferPages struct {
+	data map[pagekey.Key][]byte
+	sums map[pagekey.Key]uint32
+}
+
+func (b *transferBench) pages(keep bool) *transferPages {
+	p := &transferPages{data: map[pagekey.Key][]byte{}, sums: map[pagekey.Key]uint32{}}
+	for _, size := range b.Sizes {
+		scratch := make([]byte, size)
+		for i := range b.pagesPer(size) {
+			buf := scratch
+			if keep {
+				buf = make([]byte, size)
+			}
+			fillPage(buf, size, i)
+			k := transferKey(size, i)
+			p.sums[k] = page.Checksum(buf)
+			if keep {
+				p.data[k] = buf
+			}
+		}
+	}
+	return p
+}
+
+// Open serves held pages (tcp.Source).
+func (p *transferPages) Open(_ context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
+	out := make([]tcp.Page, len(wants))
+	for i, w := range wants {
+		if d, ok := p.data[w.Key]; ok && uint64(len(d)) == w.Size {
+			out[i] = tcp.Page{Header: page.Header{Key: w.Key, Layout: benchLayout, Length: w.Size, Checksum: p.sums[w.Key], Generation: 1}, Data: d}
+		}
+	}
+	return out, func() {}
+}
+
+func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) error {
+	p := b.pages(true)
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := tcp.NewServer(p, nil)
+	go func() { <-ctx.Done(); srv.Close() }()
+	fmt.Fprintf(out, "serving %d pages on %s\n", len(p.data), lis.Addr())
+	if err := srv.Serve(lis); !errors.Is(err, tcp.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// cell is one row of the matrix.
+type cell struct {
+	transport, op string
+	size          uint64
+	conns         int
+	gbps          float64 // GB/s, verified bytes
+	pages         int64   // pages moved and verified
+	skip          string
+}
+
+func (b *transferBench) client(ctx context.Context, out io.Writer, addr, iperfHost string) error {
+	sums := b.pages(false).sums
+	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request\n",
+		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "transport\top\tsize\tconns\tGB/s\tGbit/s\tiperf3 Gbit/s\tvs iperf3\tpages verified\t")
+	var rdmaWhy string
+	if contains(b.Transports, "rdma") {
+		rdmaWhy = b.rdmaSkipReason()
+	}
+	for _, n := range b.Conns {
+		base := -1.0
+		if iperfHost != "" && contains(b.Transports, "tcp") {
+			v, err := iperf3(ctx, iperfHost, n, time.Duration(float64(b.Rounds)*b.Seconds*float64(time.Second)))
+			if err != nil {
+				return fmt.Errorf("iperf3 baseline (-P %d): %w", n, err)
+			}
+			base = v
+		}
+		for _, t := range b.Transports {
+			for _, op := range b.Ops {
+				for _, size := range b.Sizes {
+					c := cell{transport: t, op: op, size: size, conns: n}
+					if err := b.measure(ctx, &c, addr, sums, rdmaWhy); err != nil {
+						tw.Flush()
+						return fmt.Errorf("%s %s %s × %d: %w", t, op, bytesize.Size(size), n, err)
+					}
+					printCell(tw, c, base)
+				}
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if contains(b.Transports, "tcp") && contains(b.Ops, "write") {
+		fmt.Fprintln(out, "note: tcp WRITE skipped: transfer/tcp only fetches (READ); the batched Transport interface adds WRITE")
+	}
+	if rdmaWhy != "" {
+		fmt.Fprintf(out, "note: rdma skipped: %s\n", rdmaWhy)
+	}
+	return nil
+}
+
+func printCell(w io.Writer, c cell, base float64) {
+	if c.skip != "" {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\tskipped\t\t\t\t%s\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.skip)
+		return
+	}
+	ratio, b := "", ""
+	if base > 0 && c.transport == "tcp" {
+		ratio, b = fmt.Sprintf("%.0f%%", 100*c.gbps*8/base), fmt.Sprintf("%.1f", base)
+	}
+	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%.2f\t%.1f\t%s\t%s\t%d\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.gbps, c.gbps*8, b, ratio, c.pages)
+}
+
+func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums map[pagekey.Key]uint32, rdmaWhy string) error {
+	switch {
+	case c.transport == "rdma" && rdmaWhy != "":
+		c.skip = "no device"
+		return nil
+	case c.transport == "rdma":
+		return b.measureRDMA(ctx, c)
+	case c.op == "write":
+		c.skip = "no WRITE op in transfer/tcp"
+		return nil
+	}
+	cl := tcp.NewClient(nil)
+	defer cl.Close()
+	var rates []float64
+	for r := range b.Rounds + 1 { // round 0 warms up (connections, destination memory)
+		rate, pages, err := b.tcpRound(ctx, cl, addr, c, sums)
+		if err != nil {
+			return err
+		}
+		if r > 0 {
+			rates = append(rates, rate)
+			c.pages += pages
+		}
+	}
+	c.gbps = median(rates)
+	return nil
+}
+
+// tcpRound fetches pages of c.size on c.conns connections for one round
+// and returns the verified rate in GB/s. A page counts only if the client
+// checked its bytes against the header's checksum and that checksum is the
+// one this side computed from the page's contents.
+func (b *transferBench) tcpRound(ctx context.Context, cl *tcp.Client, addr string, c *cell, sums map[pagekey.Key]uint32) (float64, int64, error) {
+	d := time.Duration(b.Seconds * float64(time.Second))
+	n, per := b.pagesPer(c.size), b.batchOf(c.size)
+	var moved, pages atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, c.conns)
+	start := time.Now()
+	for s := range c.conns {
+		wg.Go(func() {
+			dst := make([][]byte, per)
+			for j := range dst {
+				dst[j] = make([]byte, c.size)
+			}
+			for i := s * per; time.Since(start) < d; i += c.conns * per {
+				wants := make([]tcp.Want, per)
+				for j := range wants {
+					wants[j] = tcp.Want{Key: transferKey(c.size, (i+j)%n), Layout: benchLayout, Size: c.size}
+				}
+				fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				res := cl.Fetch(fctx, addr, wants, dst)
+				cancel()
+				for j, r := range res {
+					if err := checkFetched(r, wants[j], sums); err != nil {
+						errc <- err
+						return
+					}
+				}
+				moved.Add(int64(per) * int64(c.size))
+				pages.Add(int64(per))
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return 0, 0, err
+	default:
+	}
+	return gbps(uint64(moved.Load()), time.Since(start)), pages.Load(), nil
+}
+
+func checkFetched(r tcp.Result, w tcp.Want, sums map[pagekey.Key]uint32) error {
+	switch {
+	case r.Err != nil:
+		return r.Err
+	case r.Header.Key != w.Key || r.Header.Length != w.Size:
+		return fmt.Errorf("page %x: header names %x, %d bytes", w.Key[:8], r.Header.Key[:8], r.Header.Length)
+	case r.Header.Checksum != sums[w.Key]:
+		return fmt.Errorf("page %x: checksum %08x, computed here %08x", w.Key[:8], r.Header.Checksum, sums[w.Key])
+	}
+	return nil
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func fmtSizes(s []uint64) []string {
+	out := make([]string, len(s))
+	for i, n := range s {
+		out[i] = bytesize.Size(n).String()
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// benchTransferNetns makes namespaces A and B joined by a veth pair, runs
+// the --serve side and an iperf3 server in A and the --client side in B
+// (this binary again, with the same matrix flags), and removes everything
+// at the end, also on error or interrupt.
+func benchTransferNetns(ctx context.Context, out io.Writer, args []string) error {
+	if os.Geteuid() != 0 {
+		return errors.New("bench transfer --netns: network namespaces need root")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	h, err := newNetnsPair(fmt.Sprintf("okv-bt-%d", os.Getpid()), fmt.Sprintf("10.79.%d", os.Getpid()%250))
+	if err != nil {
+		return err
+	}
+	defer h.remove()
+	matrix := withoutFlag(args, "netns")
+	addr := h.addr[0] + ":7949"
+	iperfSrv, err := startReady(ctx, h.exec(0, "iperf3", "-s", "-B", h.addr[0], "--forceflush"), "Server listening")
+	if err != nil {
+		return fmt.Errorf("iperf3 server: %w", err)
+	}
+	defer iperfSrv.stop()
+	srv, err := startReady(ctx, h.exec(0, self, append([]string{"bench", "transfer", "--serve", addr}, matrix...)...), "serving ")
+	if err != nil {
+		return fmt.Errorf("serve side: %w", err)
+	}
+	defer srv.stop()
+	fmt.Fprintf(out, "link: veth between network namespaces %s (%s) and %s (%s)\n", h.ns[0], h.addr[0], h.ns[1], h.addr[1])
+	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0]}, matrix...)...)
+	cl.Stdout, cl.Stderr = out, out
+	return cl.Run()
+}
+
+// netnsPair is two network namespaces joined by a veth pair.
+type netnsPair struct {
+	ns, addr, link [2]string
+}
+
+func newNetnsPair(prefix, subnet string) (*netnsPair, error) {
+	h := &netnsPair{}
+	for i := range 2 {
+		h.ns[i] = fmt.Sprintf("%s-%c", prefix, 'a'+i)
+		h.addr[i] = fmt.Sprintf("%s.%d", subnet, i+1)
+		h.link[i] = fmt.Sprintf("okvbt%d%c", os.Getpid()%100000, 'a'+i)
+	}
+	steps := [][]string{{"netns", "add", h.ns[0]}, {"netns", "add", h.ns[1]},
+		{"link", "add", h.link[0], "type", "veth", "peer", "name", h.link[1]}}
+	for i := range 2 {
+		steps = append(steps, []string{"link", "set", h.link[i], "netns", h.ns[i]},
+			[]string{"-n", h.ns[i], "addr", "add", h.addr[i] + "/24", "dev", h.link[i]},
+			[]string{"-n", h.ns[i], "link", "set", h.link[i], "up"},
+			[]string{"-n", h.ns[i], "link", "set", "lo", "up"})
+	}
+	for _, s := range steps {
+		if b, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
+			h.remove()
+			return nil, fmt.Errorf("ip %s: %v: %s", strings.Join(s, " "), err, strings.TrimSpace(string(b)))
+		}
+	}
+	return h, nil
+}
+
+// remove deletes both namespaces (the veth pair goes with them).
+func (h *netnsPair) remove() {
+	for _, n := range h.ns {
+		exec.Command("ip", "netns", "del", n).Run()
+	}
+}
+
+func (h *netnsPair) exec(i int, name string, args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", h.ns[i], name}, args...)...)
+}
+
+// child is a process the bench started; exited is closed once it has been
+// waited for.
+type child struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// startReady starts cmd and returns once a line of its output contains
+// ready, or fails if it exits or 10 s pass first. Its later output is
+// discarded.
+func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error) {
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, exited: make(chan struct{})}
+	go func() { cmd.Wait(); pw.Close(); close(c.exited) }()
+	found := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		ok := false
+		for sc.Scan() {
+			if !ok && strings.Contains(sc.Text(), ready) {
+				ok = true
+				found <- true
+			}
+		}
+		if !ok {
+			found <- false
+		}
+	}()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	select {
+	case ok := <-found:
+		if ok {
+			return c, nil
+		}
+		return nil, fmt.Errorf("%s exited before it was ready", cmd.Args)
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	c.stop()
+	return nil, fmt.Errorf("%s not ready (%q) within 10 s", cmd.Args, ready)
+}
+
+// stop interrupts the process (by its pid), waits up to 5 s, then kills it.
+func (c *child) stop() {
+	if c == nil {
+		return
+	}
+	c.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-c.exited:
+		return
+	case <-time.After(5 * time.Second):
+	}
+	c.cmd.Process.Kill()
+	<-c.exited
+}
+
+// withoutFlag drops --name (a bool flag) from args.
+func withoutFlag(args []string, name string) []string {
+	var out []string
+	for _, a := range args {
+		if a == "-"+name || a == "--"+name || strings.HasPrefix(a, "--"+name+"=") || strings.HasPrefix(a, "-"+name+"=") {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}

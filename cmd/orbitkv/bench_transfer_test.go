@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+func smallTransferBench(t *testing.T) *transferBench {
+	t.Helper()
+	b := &transferBench{Seconds: 0.05, Rounds: 1, BatchBytes: 16 << 10, PoolBytes: 64 << 10}
+	b.RDMA.GIDIndex = -1
+	if err := b.parse("tcp,rdma", "read,write", "4KiB,16KiB", "1,2"); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// serveTransfer serves src on loopback until the test ends.
+func serveTransfer(t *testing.T, src tcp.Source) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := tcp.NewServer(src, nil)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Close()
+		if err := <-done; !errors.Is(err, tcp.ErrServerClosed) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return lis.Addr().String()
+}
+
+// TestTransferMatrixRuns runs the whole matrix over loopback with tiny
+// cells (not a measurement): every TCP READ cell moves verified pages, the
+// TCP WRITE cells and, on a machine without RDMA, the rdma cells are
+// printed as skipped with the reason.
+func TestTransferMatrixRuns(t *testing.T) {
+	b := smallTransferBench(t)
+	addr := serveTransfer(t, b.pages(true))
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.client(ctx, &out, addr, ""); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	rows := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 0 && (f[0] == "tcp" || f[0] == "rdma") {
+			rows++
+		}
+		if len(f) >= 9 && f[0] == "tcp" && f[1] == "READ" && f[len(f)-1] == "0" {
+			t.Errorf("READ row verified no pages: %q", l)
+		}
+	}
+	if rows != 2*2*2*2 {
+		t.Fatalf("%d matrix rows, want 16:\n%s", rows, out.String())
+	}
+	if b.rdmaSkipReason() != "" && !strings.Contains(out.String(), "rdma skipped: no RDMA device") {
+		t.Fatalf("rdma rows not skipped with the reason:\n%s", out.String())
+	}
+}
+
+// lyingSource serves pages whose bytes and header checksum agree with each
+// other but not with the page's true contents: the TCP client's own check
+// passes, the bench's must not.
+type lyingSource struct{ p *transferPages }
+
+func (s lyingSource) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
+	pages, done := s.p.Open(ctx, wants)
+	for i := range pages {
+		if pages[i].Data != nil {
+			bad := bytes.Clone(pages[i].Data)
+			bad[0]++
+			pages[i].Data, pages[i].Header.Checksum = bad, page.Checksum(bad)
+		}
+	}
+	return pages, done
+}
+
+func TestTransferMatrixRefusesWrongBytes(t *testing.T) {
+	b := smallTransferBench(t)
+	b.Transports, b.Ops = []string{"tcp"}, []string{"read"}
+	addr := serveTransfer(t, lyingSource{b.pages(true)})
+	var out bytes.Buffer
+	err := b.client(context.Background(), &out, addr, "")
+	if err == nil || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("bench over wrong bytes: %v, want a checksum error\n%s", err, out.String())
+	}
+}
+
+func TestTransferMatrixFlags(t *testing.T) {
+	for _, bad := range [][4]string{
+		{"udp", "read", "4KiB", "1"}, {"tcp", "copy", "4KiB", "1"},
+		{"tcp", "read", "0", "1"}, {"tcp", "read", "4KiB", "0"}, {"tcp", "read", "", "1"},
+	} {
+		var b transferBench
+		b.Rounds, b.Seconds = 1, 1
+		if err := b.parse(bad[0], bad[1], bad[2], bad[3]); err == nil {
+			t.Errorf("parse(%q) accepted", bad)
+		}
+	}
+	if got := withoutFlag([]string{"--netns", "--sizes", "1MiB", "-netns=true"}, "netns"); strings.Join(got, " ") != "--sizes 1MiB" {
+		t.Errorf("withoutFlag = %q", got)
+	}
+}
+
+// TestTransferMatrixRDMARowsOverStandIn runs the rdma rows through the real
+// binding against rdma's stand-in libibverbs (rdma/testdata), in a child
+// process (a process holds one libibverbs): every row moves and verifies
+// pages. The stand-in copies with memcpy, so its rates mean nothing.
+func TestTransferMatrixRDMARowsOverStandIn(t *testing.T) {
+	if os.Getenv("ORBITKV_RDMA_STANDIN") != "" { // the child
+		b := smallTransferBench(t)
+		b.Transports = []string{"rdma"}
+		var out bytes.Buffer
+		if err := b.client(context.Background(), &out, "", ""); err != nil {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		t.Log(out.String())
+		for _, l := range strings.Split(out.String(), "\n") {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == "rdma" && (strings.Contains(l, "skipped") || f[len(f)-1] == "0") {
+				t.Errorf("rdma row moved nothing: %q", l)
+			}
+		}
+		return
+	}
+	cc, err := exec.LookPath("cc")
+	if _, herr := os.Stat("/usr/include/infiniband/verbs.h"); err != nil || herr != nil {
+		t.Skip("no C compiler or infiniband/verbs.h (libibverbs-dev): stand-in not built")
+	}
+	lib := filepath.Join(t.TempDir(), "libibverbs-standin.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, "../../rdma/testdata/standin_ibverbs.c").CombinedOutput(); err != nil {
+		t.Fatalf("build the stand-in: %v\n%s", err, out)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTransferMatrixRDMARowsOverStandIn$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "ORBITKV_RDMA_STANDIN=1", "ORBITKV_LIBIBVERBS="+lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestTransferMatrixRDMARowsOverStandIn") {
+		t.Fatalf("child over the stand-in: %v\n%s", err, out)
+	}
+}
