@@ -207,6 +207,43 @@ func TestLeasePinsAndBudget(t *testing.T) {
 	}
 }
 
+// TestLoadEndsItsLease: a Load naming a lease with end_lease frees the
+// lease's query budget when the load ends; a later Release answers NotFound
+// and a Load without end_lease leaves the lease alone.
+func TestLoadEndsItsLease(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(4)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	load := func(end bool) string {
+		t.Helper()
+		look, err := e.Lookup(ctx(t), keys, true)
+		if err != nil || look.LeaseId == "" {
+			t.Fatalf("lookup: %v %v", look, err)
+		}
+		h, err := e.C.Load(ctx(t), &pb.LoadRequest{SessionId: e.Session, LeaseId: look.LeaseId, Pages: refs(keys, 32, 4), Wait: true, EndLease: end})
+		mustOK(t, h.GetStatus(), err)
+		return look.LeaseId
+	}
+	kept := load(false)
+	if got := tp.metric("orbitkv_fabric_leases"); got != "orbitkv_fabric_leases 1" {
+		t.Fatalf("a load without end_lease ended its lease: %q", got)
+	}
+	if _, err := e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: kept}); err != nil {
+		t.Fatal(err)
+	}
+	ended := load(true)
+	for _, m := range []string{"orbitkv_fabric_leases 0", "orbitkv_fabric_query_bytes 0"} {
+		if got := tp.metric(strings.Fields(m)[0]); got != m {
+			t.Fatalf("after a load with end_lease: %q, want %q", got, m)
+		}
+	}
+	_, err := e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: ended})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("release of an ended lease: %v, want NotFound", err)
+	}
+}
+
 func TestSessionLossReleasesLeases(t *testing.T) {
 	tp := startPeer(t, smallConfig(t.TempDir()))
 	f := tinyFlash

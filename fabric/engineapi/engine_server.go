@@ -108,6 +108,9 @@ func (s *engineServer) Load(ctx context.Context, r *pb.LoadRequest) (*pb.OpHandl
 	}
 	return s.pageOp(ctx, r.SessionId, r.Pages, r.DeadlineMs, true, r.Wait, s.leaseCheck(r.LeaseId), func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result) {
 		s.p.pages.Load(ctx, &sess.Engine, pages, res)
+		if r.EndLease {
+			s.p.endLease(r.LeaseId)
+		}
 	})
 }
 
@@ -131,6 +134,9 @@ func (s *engineServer) layerwiseLoad(ctx context.Context, r *pb.LoadRequest) (*p
 		return nil
 	}, func(ctx context.Context, sess *session, pages []store.PageReq, res []store.Result) {
 		s.p.pages.LoadLayerwise(ctx, &sess.Engine, pages, res, func() { once.Do(func() { close(enq) }) })
+		if r.EndLease {
+			s.p.endLease(r.LeaseId)
+		}
 	})
 	if err != nil {
 		return nil, toStatus(err)

@@ -85,6 +85,20 @@ func (p *API) releaseLease(l *lease) {
 	p.m.queryBytes.Sub(float64(l.pins.Bytes()))
 }
 
+// endLease ends a lease a finished Load named with end_lease, whichever
+// session holds it ("" or a lease already gone: nothing to do).
+func (p *API) endLease(id string) {
+	if id == "" {
+		return
+	}
+	for _, holder := range p.sessions.list() {
+		if l, ok := holder.takeLease(id); ok {
+			p.releaseLease(l)
+			return
+		}
+	}
+}
+
 func (p *API) recordLookup(asked, hit int) {
 	p.m.lookupHit.Add(float64(hit))
 	p.m.lookupMiss.Add(float64(asked - hit))

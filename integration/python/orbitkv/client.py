@@ -462,7 +462,7 @@ class Session:
         return self._op(h, sid, "save", len(refs))
 
     def load(self, pages: Iterable[PageRef], *, lease_id: str = "", deadline_ms: int = 0,
-             layerwise: bool = False, wait: bool = False) -> "Op":
+             layerwise: bool = False, wait: bool = False, end_lease: bool = False) -> "Op":
         """Loads pages into this session's blocks. ``lease_id`` may come from
         any session of the peer for the same model, any TP rank (the
         scheduler's lookup-only one); an unknown or expired lease raises
@@ -475,12 +475,16 @@ class Session:
         layer-wise load per session at a time; enqueue the waits on one
         load's events before starting the next (the events are reused).
 
-        ``wait`` (not with ``layerwise``): as for ``save``."""
+        ``wait`` (not with ``layerwise``): as for ``save``.
+
+        ``end_lease``: the peer ends the lease when the load ends (its query
+        budget is free at once); releasing it afterwards raises NotFound."""
         if wait and layerwise:
             raise ValueError("a layer-wise load answers once enqueued; it cannot also wait")
         refs = [p.to_proto() for p in pages]
         h, sid = self._call("load", "Load", lambda sid: engine_pb2.LoadRequest(
-            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms, layerwise=layerwise, wait=wait),
+            session_id=sid, lease_id=lease_id, pages=refs, deadline_ms=deadline_ms, layerwise=layerwise, wait=wait,
+            end_lease=end_lease and bool(lease_id)),
             timeout=self._wait_timeout(wait, deadline_ms))
         return self._op(h, sid, "load", len(refs))
 

@@ -1330,7 +1330,11 @@ type LoadRequest struct {
 	// Answer when the load is done (bounded by its deadline), with its status
 	// in OpHandle.status: one call instead of Load then Wait. Not with
 	// layerwise, whose call answers once the copies are enqueued.
-	Wait          bool `protobuf:"varint,6,opt,name=wait,proto3" json:"wait,omitempty"`
+	Wait bool `protobuf:"varint,6,opt,name=wait,proto3" json:"wait,omitempty"`
+	// End the named lease when this load ends (the load pins its pages
+	// itself): its query budget is free again at once, not at a Release one
+	// engine step later. A Release of it afterwards answers NOT_FOUND.
+	EndLease      bool `protobuf:"varint,7,opt,name=end_lease,json=endLease,proto3" json:"end_lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1403,6 +1407,13 @@ func (x *LoadRequest) GetLayerwise() bool {
 func (x *LoadRequest) GetWait() bool {
 	if x != nil {
 		return x.Wait
+	}
+	return false
+}
+
+func (x *LoadRequest) GetEndLease() bool {
+	if x != nil {
+		return x.EndLease
 	}
 	return false
 }
@@ -1828,7 +1839,7 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"durability\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
 	"deadlineMs\x12\x12\n" +
-	"\x04wait\x18\x05 \x01(\bR\x04wait\"\xc5\x01\n" +
+	"\x04wait\x18\x05 \x01(\bR\x04wait\"\xe2\x01\n" +
 	"\vLoadRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x19\n" +
@@ -1837,7 +1848,8 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
 	"deadlineMs\x12\x1c\n" +
 	"\tlayerwise\x18\x05 \x01(\bR\tlayerwise\x12\x12\n" +
-	"\x04wait\x18\x06 \x01(\bR\x04wait\"M\n" +
+	"\x04wait\x18\x06 \x01(\bR\x04wait\x12\x1b\n" +
+	"\tend_lease\x18\a \x01(\bR\bendLease\"M\n" +
 	"\bOpHandle\x12\x13\n" +
 	"\x05op_id\x18\x01 \x01(\tR\x04opId\x12,\n" +
 	"\x06status\x18\x02 \x01(\v2\x14.orbitkv.v1.OpStatusR\x06status\"`\n" +

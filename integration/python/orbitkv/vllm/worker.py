@@ -222,7 +222,8 @@ class WorkerHalf:
         t0 = time.perf_counter()
         if self.session.ready:  # peer down: no call; every block fails (recompute)
             try:
-                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True)
+                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True,
+                                       end_lease=True)
             except errors.OrbitKVError as e:
                 if lease:
                     try:
@@ -330,7 +331,9 @@ class WorkerHalf:
             return OpResult("", True, ())
         try:
             try:
-                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, wait=True)
+                # The lease ends with the load: its budget is free for the next restore at once.
+                op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, wait=True,
+                                       end_lease=True)
             except (errors.NotFound, errors.InvalidRequest, errors.FailedPrecondition) as e:
                 if not lease:
                     raise
