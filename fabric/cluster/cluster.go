@@ -67,6 +67,7 @@ type Cluster struct {
 	ml         *memberlist.Memberlist
 	data       *tcp.Client
 	dataSrv    *tcp.Server
+	served     servedStats // orbitkv_cluster_served_*: dataSrv's counters (served.go)
 	peerSrv    *grpc.Server
 	peerAddr   string // advertised; guarded by mu
 	dataAddr   string // advertised; guarded by mu

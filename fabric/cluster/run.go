@@ -80,6 +80,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 		c.tls = &t
 	}
 	c.m = newClusterMetrics(reg, c.remote)
+	c.served.register(reg)
 	c.m.members.Set(1)
 	c.data = tcp.NewClient(c.clientTLS())
 	return c, nil
@@ -124,6 +125,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 		opts = append(opts, grpc.Creds(credentials.NewTLS(c.tls.Server)))
 	}
 	c.dataSrv = tcp.NewServer(src, c.serverTLS())
+	c.served.srv.Store(c.dataSrv)
 	c.dataSrv.OnError = func(remote string, err error) {
 		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
 	}
