@@ -220,12 +220,16 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 		name          string
 		beforePrefill bool // the fault is on while the producer saves (its announcements are lost)
 		apply         func() fault
-		resync        bool // after healing, b's lookups must find the prompt's pages on a again
+		resync        bool          // after healing, b's lookups must find the prompt's pages on a again
+		hold          time.Duration // keep the fault this long after b declared a failed
 	}{
-		{"delay", false, func() fault { return slowLink(t, a, netem) }, false},
-		{"loss", false, func() fault { return lossyLink(t, a, netem) }, false},
-		{"partition-a-b", true, func() fault { return partition(t, a, b) }, true},
-		{"link-down", false, func() fault { return linkDown(t, a) }, true},
+		{"delay", false, func() fault { return slowLink(t, a, netem) }, false, 0},
+		{"loss", false, func() fault { return lossyLink(t, a, netem) }, false, 0},
+		{"partition-a-b", true, func() fault { return partition(t, a, b) }, true, 0},
+		{"link-down", false, func() fault { return linkDown(t, a) }, true, 0},
+		// Past memberlist's GossipToTheDeadTime nobody gossips to a failed
+		// member any more: only the peers' rejoin brings the cluster back.
+		{"link-down-long", false, func() fault { return linkDown(t, a) }, true, memberlist.DefaultLANConfig().GossipToTheDeadTime},
 	}
 	start := env.counters()
 	for _, tc := range cases {
@@ -252,12 +256,16 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 			if c.Took > bound {
 				t.Errorf("decode under %s took %v, over its deadlines' bound %v", f.what, c.Took, bound)
 			}
-			if tc.name == "link-down" { // the partition outlasts failure detection: b drops a's pages
+			if strings.HasPrefix(tc.name, "link-down") { // the partition outlasts failure detection: b drops a's pages
 				start := time.Now()
 				waitFor(t, "host-b to declare host-a failed", failureDetection(3), func() bool {
 					return scrape(env.peers[1], "orbitkv_cluster_members") == 2
 				})
 				t.Logf("host-b declared host-a failed %v after the decode", time.Since(start).Round(time.Millisecond))
+				if tc.hold > 0 {
+					t.Logf("keeping host-a's link down for %v more", tc.hold)
+					time.Sleep(tc.hold) // holds the fault for a duration; no condition to wait on
+				}
 			}
 			heal()
 			if !tc.resync {
