@@ -41,7 +41,7 @@ test-python:
 # The connector against the real vLLM package (its own environment, built by
 # scripts/install-vllm.sh): vLLM's Scheduler driving it, the base-class contract,
 # the KV layout byte tests. ORBITKV_REQUIRE=vllm: a missing vLLM fails.
-VLLM_TESTS := test_vllm_real_scheduler.py test_vllm_layouts.py test_vllm_config.py test_vllm_connector.py
+VLLM_TESTS := test_vllm_real_scheduler.py test_vllm_layouts.py test_vllm_config.py test_vllm_connector.py test_vllm_pd.py
 test-vllm: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ./scripts/install-vllm.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
