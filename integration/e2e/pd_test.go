@@ -251,8 +251,17 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 				}
 			}
 			defer heal()
+			mark := len(env.cons.log.String())
 			c := env.decode(t, ctx, p, params)
 			t.Logf("%s: decode took %v, restored %d of %d tokens", f.what, c.Took.Round(time.Millisecond), c.Restored, pdPages*refPageTokens)
+			if said := env.cons.log.String()[mark:]; c.Restored < pdPages*refPageTokens {
+				// What did not arrive is said, with the reason, before it is recomputed.
+				if !strings.Contains(said, "recomputing") {
+					t.Errorf("the consumer recomputed %d tokens without saying why; its log:\n%s",
+						pdPages*refPageTokens-c.Restored, said)
+				}
+				t.Logf("the consumer said: %s", strings.TrimSpace(lastLines(said, 1)))
+			}
 			if c.Took > bound {
 				t.Errorf("decode under %s took %v, over its deadlines' bound %v", f.what, c.Took, bound)
 			}
