@@ -47,6 +47,7 @@ type pdEnv struct {
 	prod, cons *refEngine
 	ref        *refEngine
 	refOut     map[string][]int // serial reference outputs by prompt
+	top        *testing.T       // the whole test: what must outlive a subtest (a restarted peer) is its
 	rng        *mrand.Rand
 }
 
@@ -62,13 +63,16 @@ func TestPDHandoffThreeHosts(t *testing.T) {
 	env := startPD(t, py, l)
 
 	t.Run("handoff", func(t *testing.T) { env.cleanHandoffs(t, ctx) })
-	t.Run("faults", func(t *testing.T) { env.faultedHandoffs(t, ctx) })
+	// Before the faults: memberlist's Lifeguard stretches a peer's probes
+	// for a while after its own probes failed (its health score), so the
+	// failure-detection bound holds for a cluster that has been healthy.
 	t.Run("member-killed", func(t *testing.T) { env.memberKilled(t, ctx) })
+	t.Run("faults", func(t *testing.T) { env.faultedHandoffs(t, ctx) })
 }
 
 // startPD starts the three peers, the two engines and the reference.
 func startPD(t *testing.T, py string, l *lan) *pdEnv {
-	env := &pdEnv{lan: l, refOut: map[string][]int{}, rng: mrand.New(mrand.NewPCG(14, 1))}
+	env := &pdEnv{lan: l, refOut: map[string][]int{}, rng: mrand.New(mrand.NewPCG(14, 1)), top: t}
 	for i, h := range l.hosts {
 		env.dirs[i] = t.TempDir()
 		env.args[i] = []string{"--cluster-addr", h.addr + ":7946", "--node-name", hostName(i), "--cluster-insecure",
@@ -304,16 +308,17 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 }
 
 // failureDetection is how long memberlist (the LAN configuration the peers
-// use for probing) may take to declare a killed member dead with n members:
-// until its turn in the probe round (n-1 probe intervals), the failed probe
-// itself (one interval: direct, indirect and TCP fallback), the suspicion
-// timeout (SuspicionMult × max(1, log10 n) × ProbeInterval: no
-// confirmations expected in so small a cluster), then the dead message's
-// gossip to the others.
+// use for probing) may take to declare a killed member dead with n members
+// that were healthy: until the member's next turn in the probe round (each
+// peer probes the others in turn and reshuffles after each round, so up to
+// 2(n-1) probe intervals after its last probe), the failed probe itself (one
+// interval: direct, indirect and TCP fallback), the suspicion timeout
+// (SuspicionMult × max(1, log10 n) × ProbeInterval: no confirmations are
+// expected in so small a cluster), then the dead message's gossip.
 func failureDetection(n int) time.Duration {
 	c := memberlist.DefaultLANConfig()
 	suspicion := time.Duration(float64(c.SuspicionMult) * math.Max(1, math.Log10(float64(n))) * float64(c.ProbeInterval))
-	return time.Duration(n)*c.ProbeInterval + suspicion + 2*c.GossipInterval
+	return time.Duration(2*(n-1)+1)*c.ProbeInterval + suspicion + 2*c.GossipInterval
 }
 
 // memberKilled: peer c holds pages (some on SSD); after a SIGKILL the
@@ -353,7 +358,7 @@ func (env *pdEnv) memberKilled(t *testing.T, ctx context.Context) {
 		t.Errorf("the killed member's pages stayed in the lookups for %v, over the failure-detection bound %v", took, bound)
 	}
 
-	env.peers[2] = startPeerIn(t, env.lan.hosts[2].ns, env.dirs[2], env.args[2]...)
+	env.peers[2] = startPeerIn(env.top, env.lan.hosts[2].ns, env.dirs[2], env.args[2]...)
 	env.waitMembers(t, 3)
 	waitLookup(t, eb, keys, n)
 	mustAllOK(t)(eb.Load(ctx, dst))
