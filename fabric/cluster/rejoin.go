@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // Rejoining failed members. memberlist gossips to a member it declared
@@ -99,8 +101,9 @@ func (r *rejoiner) due(now time.Time) []string {
 	return r.set.due(now)
 }
 
-// runRejoin tries the due failed members every rejoinFirst until ctx ends.
-func (c *Cluster) runRejoin(ctx context.Context) {
+// run tries the due failed members every rejoinFirst until ctx ends,
+// joining them through join (memberlist's Join).
+func (r *rejoiner) run(ctx context.Context, join func([]string) (int, error), log zerolog.Logger) {
 	t := time.NewTicker(rejoinFirst)
 	defer t.Stop()
 	for {
@@ -108,25 +111,25 @@ func (c *Cluster) runRejoin(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			for _, addr := range c.rejoin.due(now) {
+			for _, addr := range r.due(now) {
 				if ctx.Err() != nil {
 					return
 				}
-				c.tryRejoin(addr)
+				tryRejoin(addr, join, log)
 			}
 		}
 	}
 }
 
-func (c *Cluster) tryRejoin(addr string) {
+func tryRejoin(addr string, join func([]string) (int, error), log zerolog.Logger) {
 	conn, err := net.DialTimeout("tcp", addr, rejoinDial)
 	if err != nil {
 		return // still unreachable
 	}
 	conn.Close()
-	if n, err := c.ml.Join([]string{addr}); n > 0 {
-		c.log.Info().Str("member", addr).Msg("rejoined a failed member")
+	if n, err := join([]string{addr}); n > 0 {
+		log.Info().Str("member", addr).Msg("rejoined a failed member")
 	} else {
-		c.log.Debug().Err(err).Str("member", addr).Msg("rejoin")
+		log.Debug().Err(err).Str("member", addr).Msg("rejoin")
 	}
 }

@@ -145,7 +145,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	c.ml = ml
 	ctx, cancel := context.WithCancel(ctx)
 	c.wg.Add(4)
-	go func() { defer c.wg.Done(); c.runRejoin(ctx) }()
+	go func() { defer c.wg.Done(); c.rejoin.run(ctx, c.ml.Join, c.log) }()
 	go func() { defer c.wg.Done(); c.runSender(ctx) }()
 	go func() { defer c.wg.Done(); c.runSyncer(ctx) }()
 	go func() { defer c.wg.Done(); c.joinLoop(ctx, splitList(cfg.ClusterJoin)) }()
