@@ -191,6 +191,10 @@ func (env *pdEnv) cleanHandoffs(t *testing.T, ctx context.Context) {
 		}
 		t.Logf("handoff: decode %v", c.Took.Round(time.Millisecond))
 	}
+	// Nothing leaks: the producer freed its blocks once its saves were done
+	// (bounded by the save deadline), the consumer once it finished.
+	env.prod.waitDrained(t, 10*time.Second)
+	env.cons.waitDrained(t, 10*time.Second)
 	after := env.counters()
 	moved := float64(n * pdPages)
 	if d := after.savedA - before.savedA; d != moved {
@@ -297,6 +301,8 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 			}
 		})
 	}
+	env.prod.waitDrained(t, 10*time.Second)
+	env.cons.waitDrained(t, 10*time.Second)
 	end := env.counters()
 	if end.corruptB != 0 {
 		t.Errorf("host-b dropped %v corrupt pages", end.corruptB)

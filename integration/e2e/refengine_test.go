@@ -191,3 +191,34 @@ func (e *refEngine) complete(ctx context.Context, prompt []int, maxTokens int, p
 	}
 	return completion{Tokens: out.Choices[0].TokenIDs, Restored: out.Usage.Restored, Params: out.Params, Took: time.Since(start)}, nil
 }
+
+// metric reads one sample of the engine's /metrics (orbitkv_refengine_NAME;
+// -1 when unreadable).
+func (e *refEngine) metric(name string) float64 {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get(e.url + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "orbitkv_refengine_"+name {
+			var v float64
+			if _, err := fmt.Sscan(f[1], &v); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// waitDrained waits until the engine holds no finished request's blocks
+// and every block is free again (none leaked to a transfer).
+func (e *refEngine) waitDrained(t *testing.T, d time.Duration) {
+	t.Helper()
+	waitFor(t, e.name+" to hold no blocks", d, func() bool {
+		total := e.metric("kv_blocks")
+		return total > 0 && e.metric("requests_held") == 0 && e.metric("kv_blocks_free") == total
+	})
+}
