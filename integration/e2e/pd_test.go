@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -48,6 +49,7 @@ type pdEnv struct {
 	ref        *refEngine
 	refOut     map[string][]int // serial reference outputs by prompt
 	top        *testing.T       // the whole test: what must outlive a subtest (a restarted peer) is its
+	other      otherPages       // pages host-c holds, not part of any handoff
 	rng        *mrand.Rand
 }
 
@@ -61,6 +63,7 @@ func TestPDHandoffThreeHosts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), pdBudget)
 	defer cancel()
 	env := startPD(t, py, l)
+	env.saveOtherPages(t, ctx)
 
 	t.Run("handoff", func(t *testing.T) { env.cleanHandoffs(t, ctx) })
 	// Before the faults: memberlist's Lifeguard stretches a peer's probes
@@ -331,19 +334,42 @@ func failureDetection(n int) time.Duration {
 // others' lookups drop them within the failure-detection time, and after
 // c's restart on the same data directory they find its SSD pages again and
 // load them byte-exact.
-func (env *pdEnv) memberKilled(t *testing.T, ctx context.Context) {
-	shmC, shmB, shmA := newShm(t), newShm(t), newShm(t)
-	rand.Read(shmC.Mem)
-	ec, eb, ea := openEngine(t, env.peers[2], shmC), openEngine(t, env.peers[1], shmB), openEngine(t, env.peers[0], shmA)
+// otherPages are pages an engine session on host-c saved (on SSD), and
+// sessions on a and b that look them up.
+type otherPages struct {
+	shmC, shmB *engineclient.Shm
+	ea, eb     *engineProc
+	keys       [][]byte
+	src, dst   []*pb.PageRef
+}
+
+// saveOtherPages has host-c hold pages of its own (durable on its SSD)
+// from the start: the handoffs run beside a third member's pages in every
+// index; memberKilled then kills c.
+func (env *pdEnv) saveOtherPages(t *testing.T, ctx context.Context) {
+	o := &env.other
+	var shmA *engineclient.Shm
+	o.shmC, o.shmB, shmA = newShm(t), newShm(t), newShm(t)
+	rand.Read(o.shmC.Mem)
+	ec := openEngine(t, env.peers[2], o.shmC)
+	o.eb, o.ea = openEngine(t, env.peers[1], o.shmB), openEngine(t, env.peers[0], shmA)
 	const n = 4
-	keys := make([][]byte, n)
-	src, dst := make([]*pb.PageRef, n), make([]*pb.PageRef, n)
-	for i := range keys {
-		keys[i] = randKey()
-		src[i] = &pb.PageRef{Key: keys[i], Blocks: blocksOf(i)}
-		dst[i] = &pb.PageRef{Key: keys[i], Blocks: blocksOf(10 + i)}
+	o.keys = make([][]byte, n)
+	o.src, o.dst = make([]*pb.PageRef, n), make([]*pb.PageRef, n)
+	for i := range o.keys {
+		o.keys[i] = randKey()
+		o.src[i] = &pb.PageRef{Key: o.keys[i], Blocks: blocksOf(i)}
+		o.dst[i] = &pb.PageRef{Key: o.keys[i], Blocks: blocksOf(10 + i)}
 	}
-	mustAllOK(t)(ec.Save(ctx, src, pb.Durability_DURABILITY_SSD))
+	mustAllOK(t)(ec.Save(ctx, o.src, pb.Durability_DURABILITY_SSD))
+	waitLookup(t, o.eb, o.keys, n)
+	waitLookup(t, o.ea, o.keys, n)
+}
+
+func (env *pdEnv) memberKilled(t *testing.T, ctx context.Context) {
+	o := &env.other
+	keys, src, dst, shmC, shmB, ea, eb := o.keys, o.src, o.dst, o.shmC, o.shmB, o.ea, o.eb
+	n := len(keys)
 	waitLookup(t, eb, keys, n)
 	waitLookup(t, ea, keys, n)
 
