@@ -172,3 +172,8 @@ def test_consumer_recomputes_after_its_wait_when_pages_never_come(real_peer):
     assert r.output_token_ids == want
     assert took >= 0.3 and (ho.completed, ho.timed_out) == (0, 1)
     assert st["external_restored_tokens"] == 0 and _saved(real_peer) == 0
+
+
+def test_own_member_of_a_standalone_peer_is_asked_once(real_peer):
+    assert pd.own_member(real_peer.socket, 2.0) == {}  # answered: standalone, no member entry
+    assert pd.own_member(real_peer.socket + ".absent", 0.2) is None  # not answered: ask again later

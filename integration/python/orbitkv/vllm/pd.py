@@ -175,7 +175,8 @@ def wants_handoff(role: str, request: Any) -> bool:
 
 def own_member(socket_path: str, timeout_s: float) -> Optional[dict]:
     """The peer's own cluster entry (name, data_addr) through its admin
-    service on the engine socket; None if it is standalone or unreachable."""
+    service on the engine socket: {} when the peer answered without one
+    (standalone), None when it could not be asked (ask again later)."""
     import grpc
 
     from orbitkv._proto import admin_pb2, admin_pb2_grpc
@@ -189,4 +190,4 @@ def own_member(socket_path: str, timeout_s: float) -> Optional[dict]:
     for p in resp.peers:
         if p.self:
             return {"name": p.name, "data_addr": p.data_addr}
-    return None
+    return {}
