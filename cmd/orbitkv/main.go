@@ -6,6 +6,7 @@
 //	orbitkv bench tiers      DRAM, SSD and Redis comparisons
 //	orbitkv bench lookup     catalog lookup latency with many entries
 //	orbitkv bench ssd        the SSD tier beside fio
+//	orbitkv bench cluster    catalog convergence across peers (scripts/bench-cluster-netns.sh)
 package main
 
 import (

@@ -67,6 +67,8 @@ type Cluster struct {
 	ml         *memberlist.Memberlist
 	data       *tcp.Client
 	dataSrv    *tcp.Server
+	served     servedStats // orbitkv_cluster_served_*: dataSrv's counters (served.go)
+	rejoin     rejoiner    // failed members to join again (rejoin.go)
 	peerSrv    *grpc.Server
 	peerAddr   string // advertised; guarded by mu
 	dataAddr   string // advertised; guarded by mu
@@ -478,6 +480,7 @@ func (c *Cluster) memberUp(n *memberlist.Node) {
 	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	o.peerAddr, o.dataAddr, o.state = meta.peerAddr, meta.dataAddr, stateAlive
 	c.m.members.Set(float64(len(c.origins) + 1))
+	c.rejoin.memberUp(n.Name)
 }
 
 // memberDown forgets a member that left or failed, with its pages.
@@ -491,6 +494,7 @@ func (c *Cluster) memberDown(n *memberlist.Node) {
 	delete(c.origins, n.Name)
 	c.m.members.Set(float64(len(c.origins) + 1))
 	c.mu.Unlock()
+	c.rejoin.memberDown(n.Name, o.gossipAddr)
 	// The index scan runs off memberlist's callback (it holds its node
 	// lock); the id is reused only after it.
 	go func() {

@@ -14,4 +14,8 @@
 //     leaves or fails takes its pages out of the index at once.
 //   - Announcements are applied in sequence per member; a duplicate is
 //     ignored, a hole waits for a snapshot (cluster.go).
+//   - A member that went down is tried again (rejoin.go) until it is back
+//     or an hour has passed, so a partition longer than memberlist's
+//     GossipToTheDeadTime heals; the data plane's serving side is counted
+//     (served.go).
 package cluster

@@ -80,6 +80,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 		c.tls = &t
 	}
 	c.m = newClusterMetrics(reg, c.remote)
+	c.served.register(reg)
 	c.m.members.Set(1)
 	c.data = tcp.NewClient(c.clientTLS())
 	return c, nil
@@ -124,6 +125,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 		opts = append(opts, grpc.Creds(credentials.NewTLS(c.tls.Server)))
 	}
 	c.dataSrv = tcp.NewServer(src, c.serverTLS())
+	c.served.srv.Store(c.dataSrv)
 	c.dataSrv.OnError = func(remote string, err error) {
 		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
 	}
@@ -142,7 +144,8 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	}
 	c.ml = ml
 	ctx, cancel := context.WithCancel(ctx)
-	c.wg.Add(3)
+	c.wg.Add(4)
+	go func() { defer c.wg.Done(); c.rejoin.run(ctx, c.ml.Join, c.log) }()
 	go func() { defer c.wg.Done(); c.runSender(ctx) }()
 	go func() { defer c.wg.Done(); c.runSyncer(ctx) }()
 	go func() { defer c.wg.Done(); c.joinLoop(ctx, splitList(cfg.ClusterJoin)) }()

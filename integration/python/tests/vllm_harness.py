@@ -56,6 +56,7 @@ class Finished:
     req_id: str
     tokens: list[int]
     reason: str
+    kv_transfer_params: Optional[dict] = None  # what vLLM returns to the client (a P/D producer's handoff)
 
 
 class Harness:
@@ -101,10 +102,13 @@ class Harness:
 
     # --- requests ----------------------------------------------------------------
 
-    def add(self, req_id: str, prompt: list[int], max_tokens: int = 2, priority: int = 0) -> Request:
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 2, priority: int = 0,
+            kv_transfer_params: Optional[dict] = None) -> Request:
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
                       priority=priority, block_hasher=self._hasher)
+        if kv_transfer_params is not None:  # what vLLM's API server passes in from the request body
+            req.kv_transfer_params = kv_transfer_params
         self.scheduler.add_request(req)
         return req
 
@@ -154,7 +158,8 @@ class Harness:
                 toks = self._out.setdefault(o.request_id, [])
                 toks.extend(o.new_token_ids)
                 if o.finish_reason is not None:
-                    self.finished[o.request_id] = Finished(o.request_id, list(toks), str(o.finish_reason))
+                    self.finished[o.request_id] = Finished(o.request_id, list(toks), str(o.finish_reason),
+                                                           getattr(o, "kv_transfer_params", None))
         return so
 
     def run(self, max_steps: int = 100000, timeout_s: float = 60.0, min_s: float = 0.0) -> int:
@@ -276,7 +281,7 @@ def _vllm_config(socket: str, block_size: int, max_batched: int, max_seqs: int, 
     kvt = None
     if connector:
         kvt = KVTransferConfig(kv_connector="OrbitKVConnector", kv_connector_module_path="orbitkv.vllm",
-                               kv_role="kv_both", kv_load_failure_policy=failure_policy,
+                               kv_role=extra.get("kv_role", "kv_both"), kv_load_failure_policy=failure_policy,
                                kv_connector_extra_config={"socket": socket, "load_deadline_ms": 5000,
                                                           "save_deadline_ms": 5000, **extra})
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kvt,

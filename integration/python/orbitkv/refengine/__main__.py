@@ -32,6 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--connector", default="none", choices=["none", "orbitkv"])
     p.add_argument("--orbitkv-socket", default=None, help="the OrbitKV peer's engine socket")
+    p.add_argument("--kv-role", default=None, choices=["kv_producer", "kv_consumer", "kv_both"],
+                   help="P/D role of the connector (vLLM's kv_role; default kv_both): orbitkv.vllm.pd")
     p.add_argument("--connector-extra", default=None,
                    help="JSON object merged into kv_connector_extra_config")
     a = p.parse_args(argv)
@@ -56,6 +58,8 @@ def main(argv=None) -> int:
     if a.connector == "orbitkv":
         from .connector import load_connector
         extra.setdefault("socket", a.orbitkv_socket)
+        if a.kv_role:
+            extra["kv_role"] = a.kv_role
         connector = lambda c, pool: load_connector("orbitkv", c, pool, extra)  # noqa: E731
     from .service import Service
     stop = threading.Event()

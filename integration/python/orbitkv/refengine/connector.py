@@ -78,9 +78,11 @@ def vllm_config_for(cfg: EngineConfig, pool: KVPool, extra: Dict[str, Any]) -> t
     extra.setdefault("shm_path", pool.shm_path)
     extra.setdefault("byte_layout", "vllm-flash")
     extra.setdefault("engine_id", cfg.engine_id)
+    role = str(extra.get("kv_role", "kv_both"))  # P/D role (orbitkv.vllm.pd), vLLM's kv_role
     kv_transfer = ns(kv_connector="OrbitKVConnector", kv_connector_module_path="orbitkv.vllm",
-                     kv_role="kv_both", kv_connector_extra_config=extra, engine_id=cfg.engine_id,
-                     kv_load_failure_policy="recompute", is_kv_producer=True, is_kv_consumer=True)
+                     kv_role=role, kv_connector_extra_config=extra, engine_id=cfg.engine_id,
+                     kv_load_failure_policy="recompute", is_kv_producer=role != "kv_consumer",
+                     is_kv_consumer=role != "kv_producer")
     kv_transfer.get_from_extra_config = lambda key, default=None: extra.get(key, default)
     return ns(
         model_config=model_config,

@@ -39,6 +39,13 @@ Extra-config keys (all optional except ``socket``):
                     num_layers, kv_heads, head_dim, tp_size, byte_layout
   model, revision, dtype, byte_layout   the same, as top-level keys
   tp_rank           worker rank when vLLM's parallel state is unavailable
+  kv_role           P/D role (orbitkv.vllm.pd), default vLLM's kv_transfer_config.kv_role:
+                    "kv_producer" saves every prompt page and returns kv_transfer_params
+                    naming its peer and page count; "kv_consumer" never saves and, for a
+                    request whose kv_transfer_params say do_remote_prefill, waits up to
+                    pd_wait_ms for the producer's pages; "kv_both" (default) does both.
+  pd_wait_ms        how long a consumer waits for a handed-off request's pages to be
+                    visible before it recomputes what is missing (default 2000)
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from typing import Any, Mapping, Optional
 
 from orbitkv.keys import Layout
 from orbitkv.vllm._compat import vllm_byte_layout
+
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
 
@@ -71,6 +80,13 @@ class ConnectorConfig:
     kv_layout: str = "auto"
     tp_rank: Optional[int] = None
     engine_id: str = "vllm"
+    kv_role: str = "kv_both"
+    pd_wait_ms: int = 2000
+
+    @property
+    def saves(self) -> bool:
+        """Whether this engine saves its KV (a kv_consumer never does)."""
+        return self.kv_role != "kv_consumer"
 
     @property
     def blocks_per_page(self) -> int:
@@ -85,6 +101,10 @@ class ConnectorConfig:
             )
         if self.recompute_tokens_per_s < 0:
             raise ValueError(f"orbitkv connector: recompute_tokens_per_s must be >= 0, got {self.recompute_tokens_per_s}")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"orbitkv connector: kv_role must be one of {', '.join(KV_ROLES)}, got {self.kv_role!r}")
+        if self.pd_wait_ms < 0:
+            raise ValueError(f"orbitkv connector: pd_wait_ms must be >= 0, got {self.pd_wait_ms}")
         if self.durability not in ("dram", "ssd"):
             raise ValueError(f"orbitkv connector: durability must be dram or ssd, got {self.durability!r}")
 
@@ -135,6 +155,14 @@ def extra_config_of(vllm_config: Any) -> dict[str, Any]:
     return dict(extra or {})
 
 
+def kv_role_of(vllm_config: Any, extra: Mapping[str, Any]) -> str:
+    """The P/D role: extra config's kv_role, else vLLM's kv_transfer_config.kv_role."""
+    if extra.get("kv_role"):
+        return str(extra["kv_role"])
+    kvt = None if isinstance(vllm_config, Mapping) else getattr(vllm_config, "kv_transfer_config", None)
+    return str(getattr(kvt, "kv_role", None) or "kv_both")
+
+
 def load_config(vllm_config: Any) -> ConnectorConfig:
     """Builds the config from a VllmConfig (or any object with
     ``kv_transfer_config.kv_connector_extra_config``, or the extra-config
@@ -165,6 +193,8 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         kv_layout=str(extra.get("kv_layout", "auto")),
         tp_rank=int(extra["tp_rank"]) if "tp_rank" in extra else None,
         engine_id=str(extra.get("engine_id", "vllm")),
+        kv_role=kv_role_of(vllm_config, extra),
+        pd_wait_ms=int(extra.get("pd_wait_ms", 2000)),
     )
     cfg.validate()
     return cfg

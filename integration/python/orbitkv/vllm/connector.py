@@ -23,12 +23,14 @@ from orbitkv.vllm._compat import (
     KVConnectorMetadata,
     KVConnectorTransferResults,
     _at_least,
+    block_ids_of,
     is_scheduler,
     kv_cache_layout,
     vllm_version,
 )
 from orbitkv.vllm.config import ConnectorConfig, load_config
 from orbitkv.vllm.metadata import OrbitKVMetadata
+from orbitkv.vllm import pd
 from orbitkv.vllm.scheduler import LookupBackend, SchedulerHalf
 from orbitkv.vllm.stats import OrbitKVStats, from_data
 from orbitkv.vllm.worker import WorkerHalf
@@ -101,8 +103,22 @@ class OrbitKVConnector(KVConnectorBase_V1):
                 lookup_backend = self._control
             mode = {} if self.cfg.gate_strict else gate_mode(vllm_config, kv_cache_config)
             self._sched = SchedulerHalf(self.cfg, lookup_backend, **mode)
+            self._init_pd()
         else:
             self._worker = WorkerHalf(self.cfg, _tp_rank(self.cfg))
+
+    def _init_pd(self) -> None:
+        """P/D roles (orbitkv.vllm.pd): consumers wait for handed-off pages,
+        producers report them."""
+        self._member: Optional[dict] = None  # the peer's own cluster entry, asked for once
+        self.handoffs: Optional[pd.Handoffs] = None
+        if self.cfg.kv_role != "kv_producer":
+            self.handoffs = pd.Handoffs(self.cfg.pd_wait_ms, self.cfg.layout.page_tokens, self.scheduler.peek_hit)
+
+    def _own_member(self) -> Optional[dict]:
+        if self._member is None and self._control is not None and self._control.available:
+            self._member = pd.own_member(self.cfg.socket, min(0.5, self.cfg.timeout_s))
+        return self._member
 
     def _init_base(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         if isinstance(vllm_config, Mapping):
@@ -143,6 +159,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return self._worker
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        if self.handoffs is not None and self.handoffs.should_wait(request):
+            return None, False  # a handed-off request's pages are not all visible yet
         return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -155,7 +173,14 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self.scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: Any = None) -> tuple[bool, Optional[dict]]:
-        return self.scheduler.request_finished(request, block_ids)
+        if self.handoffs is not None:
+            self.handoffs.forget(request.request_id)
+        pages = self.scheduler.planned_pages(request)
+        delay, params = self.scheduler.request_finished(request, block_ids)
+        if pd.wants_handoff(self.cfg.kv_role, request):
+            params = pd.handoff_params(self.cfg.engine_id, pages, self.cfg.layout.page_tokens, self._own_member(),
+                                       block_ids_of(block_ids) if block_ids is not None else None)
+        return delay, params
 
     def take_events(self) -> Iterable[Any]:
         return ()

@@ -130,6 +130,23 @@ class SchedulerHalf:
         st.lookup = _Lookup(hit, leases, self.clock(), expires, cut)
         return st.lookup
 
+    def peek_hit(self, request: Any, max_pages: int) -> int:
+        """Leading pages of the request's first max_pages the peer holds for
+        every TP rank, by a lookup without a lease (orbitkv.vllm.pd polls it
+        while a handed-off request's pages arrive); 0 while the peer is down."""
+        if max_pages <= 0 or not self._available():
+            return 0
+        st = self._req(request)
+        hit = max_pages
+        for rank in self._fps:
+            hit = min(hit, self.backend.lookup(self._keys(st, rank)[:max_pages]).hit_pages)
+        return hit
+
+    def planned_pages(self, request: Any) -> int:
+        """Pages of the request in the peer or being saved (0 if unknown)."""
+        st = self._reqs.get(str(request.request_id))
+        return st.saved_pages if st is not None else 0
+
     def recompute_rate(self) -> int:
         """The engine's prefill rate the peer should weigh SSD restores
         against: as measured from this engine's steps, else as configured
@@ -276,6 +293,8 @@ class SchedulerHalf:
             return
         if not self._available():
             return  # peer down: no save (nor save hold); a later step saves these pages if it is back
+        if not self.cfg.saves:
+            return  # a kv_consumer never saves (nor holds a save): orbitkv.vllm.pd
         pages = range(st.saved_pages, upto)
         ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
         blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]

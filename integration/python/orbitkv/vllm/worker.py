@@ -91,6 +91,17 @@ def _record_event(device: Any) -> Any:
     return ev
 
 
+def _log_failed_pages(req_id: str, res: OpResult) -> None:
+    """Says why pages of a load failed (the engine recomputes them)."""
+    bad = res.failed_indices()
+    if not bad:
+        return
+    first = res.pages[bad[0]] if res.pages else None
+    why = f"{first.code.name}: {first.message}" if first is not None else "not done by its deadline"
+    log.warning("orbitkv load for %s: %d of %d pages failed, recomputing them (first: %s)", req_id, len(bad),
+                len(res.pages), why)
+
+
 def _result_of(f: cf.Future) -> OpResult:
     try:
         return f.result()
@@ -354,7 +365,9 @@ class WorkerHalf:
                     raise
                 log.info("load with lease %s refused (%s); retrying without it", lease, e)
                 op = self.session.load(refs, deadline_ms=self.cfg.load_deadline_ms, wait=True)
-            return self._wait(op, self.cfg.load_deadline_ms)
+            res = self._wait(op, self.cfg.load_deadline_ms)
+            _log_failed_pages(spec.req_id, res)
+            return res
         except errors.OrbitKVError as e:
             log.warning("orbitkv load for %s failed, recomputing: %s", spec.req_id, e)
             return OpResult("", True, ())

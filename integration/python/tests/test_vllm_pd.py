@@ -1,0 +1,74 @@
+"""P/D roles under vLLM's own Scheduler (installed vLLM, CPU): vLLM's
+kv_role reaches the connector, a kv_producer's handoff params come back
+through vLLM's outputs, and a kv_consumer given them waits (vLLM keeps the
+request waiting while get_num_new_matched_tokens answers None), restores the
+prompt byte-exact and saves nothing; promised pages that never come cost
+the wait, then recompute. Skips without vLLM, as test_vllm_real_scheduler."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+if os.environ.get("ORBITKV_REQUIRE") != "vllm":
+    pytest.importorskip("vllm", reason="vLLM is not installed here (make test runs this in its vLLM environment)")
+
+from orbitkv.vllm import pd  # noqa: E402
+from tests.vllm_harness import Harness  # noqa: E402
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+def _saved(peer) -> float:
+    return peer.metrics().get("orbitkv_fabric_saved_pages_total", 0)
+
+
+def test_producer_hands_a_prompt_to_a_consumer_through_vllm(real_peer):
+    prompt = _prompt(40, 300)  # 4 pages of 64 tokens saved, 4 loaded ((300 - 1) // 64)
+    ref = Harness(real_peer.socket, num_blocks=64, connector=False)
+    ref.add("r", prompt, max_tokens=3)
+    ref.run()
+    ref.close()
+
+    prod = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_producer", "engine_id": "prefill"})
+    assert prod.connector.cfg.kv_role == "kv_producer"
+    prod.add("p", prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
+    prod.run()
+    prod.close()  # joins the saves
+    params = prod.finished["p"].kv_transfer_params
+    assert params and params["do_remote_prefill"] and params[pd.PAGES] == 300 // 64, params
+    assert prod.finished["p"].tokens == ref.finished["r"].tokens[:1]
+    saved = _saved(real_peer)
+    assert saved == 4
+
+    cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000})
+    try:
+        cons.add("d", prompt, max_tokens=3, kv_transfer_params=params)
+        cons.run()
+        assert cons.finished["d"].tokens == ref.finished["r"].tokens
+        assert cons.loaded_pages == 4 and cons.checked_tokens >= 4 * 64
+        assert (cons.connector.handoffs.completed, cons.connector.handoffs.timed_out) == (1, 0)
+    finally:
+        cons.close()
+    assert _saved(real_peer) == saved  # the consumer saved nothing
+
+
+def test_consumer_waits_then_recomputes_pages_that_never_come(real_peer):
+    prompt = _prompt(41, 300)
+    cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 300})
+    try:
+        cons.add("d", prompt, max_tokens=2, kv_transfer_params=pd.handoff_params("gone", 4, 64, None))
+        t0 = time.monotonic()
+        cons.run()
+        took = time.monotonic() - t0
+        assert set(cons.finished) == {"d"} and cons.loaded_pages == 0
+        assert took >= 0.3 and cons.connector.handoffs.timed_out == 1
+    finally:
+        cons.close()
+    assert _saved(real_peer) == 0
