@@ -40,6 +40,7 @@ type Peer struct {
 	gpu     *gpuState        // nil without a usable GPU (see gpu.go)
 	cluster *cluster.Cluster // nil when standalone (fabric/cluster)
 	dataDir string           // cfg.DataDir absolute, symlinks resolved (checkBufferPath)
+	dirLock *dirLock         // held from New until Close or a failed start is undone (datadir_lock.go)
 	// startRepair says what the start repaired in the catalog, for Status
 	// ("" for nothing); set once in New, read-only afterwards.
 	startRepair string
@@ -79,9 +80,13 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	}
 	p := &Peer{cfg: cfg, log: log, ready: make(chan struct{}), dataDir: dataDir}
 	p.started = p.now()
+	if p.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
 	scan := pageFilesExist(filepath.Join(cfg.DataDir, "ssd")) // before openTiers creates them
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
+		p.dirLock.release()
 		return nil, err
 	}
 	// The effective query budget: the configured one, capped at half the
@@ -282,7 +287,7 @@ func (p *Peer) Close() error {
 		if p.api != nil {
 			p.api.CloseSessions()
 		}
-		p.closeErr = p.closeTiers()
+		p.closeErr = errors.Join(p.closeTiers(), p.dirLock.release()) // the lock last: nothing of the data dir is open
 	})
 	return p.closeErr
 }
@@ -297,6 +302,7 @@ func (p *Peer) abandonStart() {
 			p.log.Warn().Err(err).Msg("abandoned start: page files it created")
 		}
 	}
+	p.dirLock.release() // after the removal: no other start sees the files go
 }
 
 func (p *Peer) closeTiers() error {
