@@ -65,7 +65,7 @@ func DefaultConfig() Config {
 		SSDBytes:      4 << 30,
 		SSDFileBytes:  1 << 30,
 		SSDQueueDepth: 32,
-		Limits: engineapi.Limits{LeaseTTL: 30 * time.Second, QueryBudgetBytes: 2 << 30, Keepalive: 10 * time.Second,
+		Limits: engineapi.Limits{LeaseTTL: 30 * time.Second, Keepalive: 10 * time.Second, // QueryBudgetBytes 0: half the pool
 			OpDeadline: 30 * time.Second, MaxKeys: 1 << 16, MaxPages: 4096},
 		CUDA:           "auto",
 		CUDACopiers:    4,
@@ -124,5 +124,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("cuda-copiers %d, want 1..64", c.CUDACopiers))
 	}
 	errs = append(errs, c.Config.Validate()...)
+	errs = append(errs, c.validateLimits()...) // config_check.go
 	return errors.Join(errs...)
 }

@@ -51,7 +51,7 @@ func openGPU(cfg Config, dramR *transfer.Region, log zerolog.Logger) (*gpuState,
 		if cfg.CUDA == "require" {
 			return nil, fmt.Errorf("cuda required: %w", err)
 		}
-		log.Info().Err(err).Msg("cuda: not available; serving shared-memory sessions only")
+		log.Info().Str("reason", err.Error()).Msg("cuda: not available; serving shared-memory sessions only")
 		return nil, nil
 	}
 	if err := cuda.Init(); err != nil {

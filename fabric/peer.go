@@ -89,10 +89,8 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		p.dirLock.release()
 		return nil, err
 	}
-	// The effective query budget: the configured one, capped at half the
-	// DRAM pool so leases can never pin every slot and stall saves.
-	budget := min(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes/2)
-	if budget < uint64(cfg.QueryBudgetBytes) {
+	budget, capped := queryBudget(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes) // config_check.go
+	if capped {
 		log.Warn().Uint64("query_budget_bytes", budget).Msg("query budget capped at half the dram pool")
 	}
 	p.pages = store.New(p.cat, p.pool, p.ssd, p.storeOptions(budget))

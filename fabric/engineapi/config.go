@@ -13,7 +13,7 @@ import (
 // them (fabric.Config).
 type Limits struct {
 	LeaseTTL         time.Duration // default lease lifetime
-	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once
+	QueryBudgetBytes bytesize.Size // bytes all live leases may hold at once (0: half the DRAM pool, also its cap)
 	Keepalive        time.Duration // a session without a keepalive for this long is closed
 	OpDeadline       time.Duration // default deadline of a Save or Load
 
@@ -36,7 +36,7 @@ func (c *Limits) maxOps() int {
 // RegisterFlags binds the limits to flags (documented in docs/configuration.md).
 func (c *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "default lease lifetime")
-	fs.Var(&c.QueryBudgetBytes, "query-budget-bytes", "bytes all live leases may hold at once")
+	fs.Var(&c.QueryBudgetBytes, "query-budget-bytes", "bytes all live leases may hold at once (default and cap: half of --dram-bytes)")
 	fs.DurationVar(&c.Keepalive, "keepalive", c.Keepalive, "close a session silent for this long")
 	fs.DurationVar(&c.OpDeadline, "op-deadline", c.OpDeadline, "default deadline of a save or load")
 	fs.IntVar(&c.MaxKeys, "max-keys", c.MaxKeys, "most keys in one lookup")

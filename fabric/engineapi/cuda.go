@@ -55,7 +55,7 @@ func (p *API) importCUDA(s *session, specs []cudaSpec) error {
 func (p *API) openMarks(s *session) {
 	m, err := s.GPU.NewMarks(len(s.Geom.Segments) / 2)
 	if err != nil {
-		p.log.Info().Err(err).Str("session", s.id).Msg("cuda: no layer events; layer-wise loads off for this session")
+		p.log.Info().Str("reason", err.Error()).Str("session", s.id).Msg("cuda: no layer events; layer-wise loads off for this session")
 		return
 	}
 	s.Marks = m
