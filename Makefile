@@ -3,17 +3,29 @@
 GO        ?= go
 LDFLAGS   := -ldflags=-checklinkname=0
 BIN       := bin/orbitkv
+# The binary's version and git revision (orbitkv version, status, the start
+# log, orbitkv_build_info): stamped at link time into internal/buildinfo.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILDINFO := github.com/orbitkv/orbitkv/internal/buildinfo
+BUILD_LDFLAGS := -ldflags="-checklinkname=0 -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).revision=$(REVISION)"
+# go-nvml (v0.13.4-1, its newest) wraps every NVML call, those NVML 13 deprecated
+# too, and its cgo prologue warns for each of them on every cold build. Our own
+# cgo (cuda/) builds without a warning (internal/lint TestCgoBuildIsQuiet checks
+# both with these flags); -O2 -g are Go's defaults.
+CGO_CFLAGS ?= -O2 -g
+export CGO_CFLAGS += -Wno-deprecated-declarations
 DATA      ?= ./data
 PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run test test-go test-python test-vllm test-sglang deps bench crash proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-python test-vllm test-sglang deps bench crash proto vet fmt clean
 
 all: build
 
 build:
-	$(GO) build $(LDFLAGS) -o $(BIN) ./cmd/orbitkv
+	$(GO) build $(BUILD_LDFLAGS) -o $(BIN) ./cmd/orbitkv
 
 # A peer on the embedded default: DRAM pool + SSD files under $(DATA), the
 # engine socket at $(DATA)/orbitkv.sock, metrics on 127.0.0.1:9464.
@@ -81,6 +93,17 @@ proto:
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
+
+# The Python package as a wheel in $(DIST) (pip install $(DIST)/orbitkv-*.whl into
+# the engine's environment). Offline: the build backend comes from $(PYTHON)'s
+# own setuptools and wheel, nothing is downloaded.
+DIST ?= dist
+wheel:
+	$(PYTHON) -m pip wheel --no-deps --no-index --no-build-isolation --wheel-dir $(DIST) ./integration/python
+	rm -rf integration/python/build integration/python/orbitkv.egg-info
+
+print-cgo-cflags:
+	@echo $(CGO_CFLAGS)
 
 clean:
 	rm -rf bin

@@ -19,12 +19,14 @@ import (
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/fabric/cluster"
 	"github.com/orbitkv/orbitkv/fabric/engineapi"
+	"github.com/orbitkv/orbitkv/internal/buildinfo"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
-// Version is the peer's version string, set by the build.
-var Version = "dev"
+// Version is the peer's version, git revision and Go toolchain, stamped by
+// the build (internal/buildinfo).
+var Version = buildinfo.String()
 
 // Peer is one host's OrbitKV peer.
 type Peer struct {

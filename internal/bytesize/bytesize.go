@@ -1,5 +1,7 @@
-// Package bytesize parses and prints byte counts with binary suffixes
-// ("256MiB", "4GiB", "1048576"), for flags and logs.
+// Package bytesize parses and prints byte counts, for flags, config files
+// and logs. Binary suffixes are powers of 1024 (KiB, MiB, GiB, TiB, and the
+// Kubernetes spellings Ki, Mi, Gi, Ti); decimal ones powers of 1000 (KB,
+// MB, GB, TB): 1GiB is 1073741824 bytes, 1GB is 1000000000.
 package bytesize
 
 import (
@@ -16,7 +18,8 @@ var units = []struct {
 	mul    uint64
 }{
 	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
-	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1},
+	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
+	{"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}, {"B", 1},
 }
 
 // Parse reads a byte count: an integer with an optional unit suffix.
@@ -31,7 +34,7 @@ func Parse(s string) (Size, error) {
 	}
 	n, err := strconv.ParseUint(t, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("byte size %q: want an integer with an optional unit (KiB, MiB, GiB, TiB)", s)
+		return 0, fmt.Errorf("byte size %q: want an integer with an optional unit: KiB, MiB, GiB, TiB (x1024) or KB, MB, GB, TB (x1000)", s)
 	}
 	if n != 0 && n*mul/mul != n {
 		return 0, fmt.Errorf("byte size %q overflows", s)
@@ -57,4 +60,19 @@ func (s *Size) Set(v string) error {
 	}
 	*s = n
 	return nil
+}
+
+// Human prints the size for people, in the largest binary unit it reaches,
+// with one decimal where it is not whole: "9 MiB", "1.5 GiB", "512 B".
+func (s Size) Human() string {
+	for _, u := range units[:4] {
+		if uint64(s) >= u.mul {
+			v := float64(s) / float64(u.mul)
+			if uint64(s)%u.mul == 0 {
+				return fmt.Sprintf("%.0f %s", v, u.suffix)
+			}
+			return fmt.Sprintf("%.1f %s", v, u.suffix)
+		}
+	}
+	return fmt.Sprintf("%d B", uint64(s))
 }

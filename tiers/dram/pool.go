@@ -264,3 +264,10 @@ func removeInt(s []int, v int) []int {
 	}
 	return s
 }
+
+// FreeSlabs is the number of slabs not yet bound to a slot size.
+func (p *Pool) FreeSlabs() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.mu.free)
+}

@@ -153,3 +153,25 @@ func TestFreeBytes(t *testing.T) {
 		t.Fatalf("all freed: %d free, want %d", got, 3*64<<10)
 	}
 }
+
+// TestEffectivelyFull: pages whose slot does not divide a slab fill the
+// pool while used bytes stay well below capacity; FreeBytes and FreeSlabs
+// (orbitkv_tiers_dram_free_bytes, _free_slabs) say it is full.
+func TestEffectivelyFull(t *testing.T) {
+	p := newPool(t, 3, 64<<10)
+	if p.FreeSlabs() != 3 {
+		t.Fatalf("empty pool: %d free slabs", p.FreeSlabs())
+	}
+	for i := 0; i < 3; i++ { // 40 KiB slots: one per slab
+		if _, err := p.Alloc(36 << 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Alloc(36 << 10); !errors.Is(err, ErrFull) {
+		t.Fatalf("fourth page: %v, want ErrFull", err)
+	}
+	st := p.Stats()
+	if used := float64(st.UsedBytes) / float64(st.CapacityBytes); used > 0.7 || p.FreeBytes() != 0 || p.FreeSlabs() != 0 {
+		t.Fatalf("full pool: used %.0f%%, free bytes %d, free slabs %d; want ~62%%, 0, 0", 100*used, p.FreeBytes(), p.FreeSlabs())
+	}
+}
