@@ -16,10 +16,7 @@ func TestEveryServeFlagIsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := fabric.DefaultConfig()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
-	fs.String("log-level", "", "")
+	fs := newServeFlags(&serveSettings{cfg: fabric.DefaultConfig()}, "serve")
 	n := 0
 	fs.VisitAll(func(f *flag.Flag) {
 		n++
@@ -29,5 +26,30 @@ func TestEveryServeFlagIsDocumented(t *testing.T) {
 	})
 	if n < 10 {
 		t.Fatalf("only %d flags registered", n)
+	}
+}
+
+// TestDocumentedConfigFileIsValid: the example config file in
+// docs/configuration.md loads and validates.
+func TestDocumentedConfigFileIsValid(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(doc)
+	start := strings.Index(text, "```yaml\n")
+	end := strings.Index(text[start+8:], "```")
+	if start < 0 || end < 0 {
+		t.Fatal("no yaml example in docs/configuration.md")
+	}
+	s, err := loadServeSettings("serve", []string{"--config", writeFile(t, text[start+8:start+8+end])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if s.cfg.DRAMBytes != 64<<30 || s.cfg.SSDBytes != 1e12 {
+		t.Fatalf("example read as dram %v ssd %v", s.cfg.DRAMBytes, s.cfg.SSDBytes)
 	}
 }

@@ -2,45 +2,33 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"os"
-	"runtime/debug"
 
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/fabric"
+	"github.com/orbitkv/orbitkv/internal/buildinfo"
 )
 
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				return "orbitkv " + s.Value
-			}
-		}
-	}
-	return "orbitkv " + fabric.Version
-}
+func version() string { return "orbitkv " + buildinfo.String() }
 
 func runServe(ctx context.Context, args []string, _ io.Writer) error {
-	cfg := fabric.DefaultConfig()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
-	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
+	s, err := loadServeSettings("serve", args)
+	if err != nil {
 		return err
 	}
-	lvl, err := zerolog.ParseLevel(*level)
+	lvl, err := zerolog.ParseLevel(s.logLevel)
 	if err != nil {
 		return err
 	}
 	log := zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Logger()
-	if err := cfg.Validate(); err != nil {
+	if err := s.cfg.Validate(); err != nil {
 		return err
 	}
-	log.Info().Interface("config", cfg).Str("version", version()).Msg("starting")
-	peer, err := fabric.New(cfg, log)
+	log.Info().Fields(map[string]any{"config": s.fields()}).Str("config_file", s.file).
+		Str("version", buildinfo.Version()).Str("revision", buildinfo.Revision()).Str("go", buildinfo.GoVersion()).Msg("starting")
+	peer, err := fabric.New(s.cfg, log)
 	if err != nil {
 		return err
 	}
