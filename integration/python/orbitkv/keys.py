@@ -113,3 +113,39 @@ def extend_chain(fp: bytes, page_tokens: int, tokens: Sequence[int], keys: list[
         prev = next_key(fp, prev, tokens[i * page_tokens : (i + 1) * page_tokens])
         keys.append(prev)
     return keys
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``orbitkv-keys --layout JSON|FILE --tokens IDS``: prints the page keys
+    of a prompt's token ids under an engine's layout, one hex key a line —
+    the keys the adapters save and look up, and the chain ``orbitkv catalog
+    lookup --layout L --tokens T`` asks the peer about."""
+    import argparse
+    import json
+    import os
+    import re
+    import sys
+
+    p = argparse.ArgumentParser(prog="orbitkv-keys", description=main.__doc__.splitlines()[0])
+    p.add_argument("--layout", required=True, help="JSON object with every Layout field, or a file holding it")
+    p.add_argument("--tokens", required=True, help="token ids separated by commas or spaces; @FILE reads a file, - stdin")
+    a = p.parse_args(argv)
+    text = a.layout if a.layout.lstrip().startswith("{") else open(a.layout).read()
+    if a.tokens == "-":
+        toks = sys.stdin.read()
+    elif a.tokens.startswith("@"):
+        toks = open(os.path.expanduser(a.tokens[1:])).read()
+    else:
+        toks = a.tokens
+    try:
+        layout = Layout.from_dict(json.loads(text))
+        tokens = [int(t) for t in re.split(r"[\s,\[\]]+", toks) if t]
+    except (ValueError, KeyError) as e:
+        p.error(f"bad --layout or --tokens: {e!r}")
+    for k in chain(layout.fingerprint(), layout.page_tokens, tokens):
+        print(k.hex())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
