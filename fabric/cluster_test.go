@@ -105,6 +105,9 @@ func TestClusterSharesPages(t *testing.T) {
 	if got := b.metric(`orbitkv_cluster_fetched_pages_total{result="ok"}`); !strings.HasSuffix(got, " 6") {
 		t.Errorf("fetched pages metric: %q", got)
 	}
+	if got := b.metric("orbitkv_cluster_fetch_duration_seconds_count"); got == "" || strings.HasSuffix(got, " 0") {
+		t.Errorf("the load's fetch was not timed: %q", got)
+	}
 
 	// Pages a drops leave b's view of a (b still holds its own copies).
 	more := randKeys(3)

@@ -10,10 +10,13 @@ import (
 // root the Go runtime's and the process's.
 type metrics struct {
 	reg *prometheus.Registry
+	rpc *rpcMetrics // every RPC's rate, errors and duration (observe.go)
 }
 
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.rpc = newRPCMetrics(m.reg)
+	registerBuildInfo(m.reg)
 	return m
 }

@@ -91,7 +91,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		p.dirLock.release()
 		return nil, err
 	}
-	budget, capped := queryBudget(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes) // config_check.go
+	budget, capped := queryBudget(uint64(cfg.QueryBudgetBytes), p.pool.Stats().CapacityBytes) // config.go
 	if capped {
 		log.Warn().Uint64("query_budget_bytes", budget).Msg("query budget capped at half the dram pool")
 	}
@@ -160,6 +160,7 @@ func (p *Peer) openTiers() error {
 		}
 	}
 	p.m = newMetrics()
+	registerPoolGauges(p.m.reg, p.pool) // observe.go
 	opts := catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")}
 	if p.cfg.ClusterAddr != "" {
 		if p.cluster, err = cluster.New(p.cfg.Config, p.cfg.DataDir, p.m.reg, p.log); err != nil {
@@ -183,7 +184,7 @@ func (p *Peer) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxConcurrentStreams(1024))
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxConcurrentStreams(1024), grpc.ChainUnaryInterceptor(p.m.rpc.unary))
 	p.api.Register(srv)
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
@@ -265,6 +266,7 @@ func (p *Peer) serveMetrics(wg *sync.WaitGroup, errc chan<- error) (string, func
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(p.m.reg, promhttp.HandlerOpts{}))
+	p.handleProbes(mux) // /healthz, /readyz (probes.go)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	wg.Add(1)
 	go func() {

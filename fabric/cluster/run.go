@@ -56,7 +56,20 @@ func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *cluste
 	reg.MustRegister(m.members, m.announced, m.received, m.sendErrors, m.badMessages, m.syncs, m.fetchPages, m.fetchBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("remote_pages", "Pages other members announced (distinct keys).")),
 			func() float64 { return float64(remote.Len()) }))
+	m.initLabels()
 	return m
+}
+
+// initLabels makes every result the cluster's counters can take visible
+// at zero from the start (a rate() over them is defined before the first
+// event).
+func (m *clusterMetrics) initLabels() {
+	for _, result := range []string{"ok", "failed"} {
+		m.syncs.WithLabelValues(result)
+	}
+	for _, result := range []string{"ok", "missing", "corrupt", "failed"} {
+		m.fetchPages.WithLabelValues(result)
+	}
 }
 
 // New prepares the cluster state before the catalog opens (the catalog's

@@ -192,8 +192,10 @@ func (s *engineServer) startPageOp(id string, refs []*pb.PageRef, deadlineMs uin
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	return s.p.startOp(sess, len(pages), min(durationMs(deadlineMs, s.p.cfg.OpDeadline), maxAskMultiple*s.p.cfg.OpDeadline), caller, func(ctx context.Context, res []store.Result) {
 		run(ctx, sess, pages, res)
+		s.p.m.ops.done(ctx, load, start, res) // observe.go
 	})
 }
 

@@ -13,6 +13,7 @@ type metrics struct {
 	lookupBudgetCut              prometheus.Counter
 	sessions, leases, queryBytes prometheus.Gauge
 	inflightOps                  prometheus.Gauge
+	ops                          *opMetrics // Save and Load durations and outcomes (observe.go)
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -39,5 +40,6 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	reg.MustRegister(m.lookupHit, m.lookupMiss, m.lookupRecompute, m.lookupBudgetCut, m.sessions, m.leases,
 		m.queryBytes, m.inflightOps)
+	m.ops = newOpMetrics(reg)
 	return m
 }

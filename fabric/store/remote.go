@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/page"
@@ -99,7 +100,9 @@ func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []
 		return
 	}
 	s.m.inflight.Inc()
+	start := time.Now()
 	got := tr.Submit(ctx, endpoint, batch)
+	s.m.fetchSeconds.Observe(time.Since(start).Seconds())
 	s.checkFetched(batch, got)
 	s.m.inflight.Dec()
 	var arrived []*saveItem
