@@ -2,7 +2,6 @@ package rdma
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -12,8 +11,9 @@ import (
 )
 
 // ErrUnregistered reports a descriptor whose local region the engine has
-// not registered.
-var ErrUnregistered = errors.New("rdma transport: local region not registered")
+// not registered. It wraps transfer.ErrUnsupported: another transport may
+// still carry the descriptor.
+var ErrUnregistered = fmt.Errorf("rdma transport: local region not registered: %w", transfer.ErrUnsupported)
 
 // Placement is where a member holds a page it serves to RDMA READs: the
 // key of one of the regions in its ConnInfo, the page's offset in it, and
