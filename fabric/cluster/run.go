@@ -24,6 +24,7 @@ import (
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pki"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	ibv "github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -83,6 +84,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 	c.served.register(reg)
 	c.m.members.Set(1)
 	c.data = tcp.NewClient(c.clientTLS())
+	c.rd = newRDMASide(cfg.RDMA, reg, c.log)
 	return c, nil
 }
 
@@ -129,6 +131,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	c.dataSrv.OnError = func(remote string, err error) {
 		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
 	}
+	c.rd.open(ibv.Open) // logs the data plane: RDMA, or why TCP
 	c.peerSrv = grpc.NewServer(opts...)
 	pb.RegisterPeerServiceServer(c.peerSrv, &peerServer{c: c})
 	c.wg.Add(2)
@@ -140,12 +143,14 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 		c.peerSrv.Stop()
 		c.dataSrv.Close()
 		c.wg.Wait()
+		c.rd.close()
 		return nil, err
 	}
 	c.ml = ml
 	ctx, cancel := context.WithCancel(ctx)
-	c.wg.Add(4)
+	c.wg.Add(5)
 	go func() { defer c.wg.Done(); c.rejoin.run(ctx, c.ml.Join, c.log) }()
+	go func() { defer c.wg.Done(); c.runRDMA(ctx) }()
 	go func() { defer c.wg.Done(); c.runSender(ctx) }()
 	go func() { defer c.wg.Done(); c.runSyncer(ctx) }()
 	go func() { defer c.wg.Done(); c.joinLoop(ctx, splitList(cfg.ClusterJoin)) }()
@@ -166,6 +171,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 			c.dataSrv.Close()
 			c.data.Close()
 			c.wg.Wait()
+			c.rd.close()
 			c.mu.Lock()
 			for _, cc := range c.conns {
 				cc.Close()
@@ -326,7 +332,7 @@ type mlDelegate struct{ c *Cluster }
 func (d *mlDelegate) NodeMeta(limit int) []byte {
 	d.c.mu.Lock()
 	defer d.c.mu.Unlock()
-	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr}.encode()
+	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr, rdma: d.c.rd.local() == ""}.encode()
 	if len(b) > limit {
 		d.c.log.Error().Int("bytes", len(b)).Int("limit", limit).Msg("node metadata too long")
 		return nil
