@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,11 +93,25 @@ func (r *rdmaSide) open(open func(ibv.Config) (*ibv.Engine, error)) {
 		if len(r.cfg.Devices) > 0 { // asked for by name: worth a warning
 			ev = r.log.Warn()
 		}
-		ev.Str("reason", err.Error()).Msg(fmt.Sprintf("rdma: no RDMA device (%v); data plane uses TCP", err))
+		ev.Str("reason", err.Error()).Msg(noDeviceLine(err))
 	default:
 		r.why = "rdma open failed"
 		r.log.Warn().Err(err).Msg(fmt.Sprintf("rdma: open failed (%v); data plane uses TCP", err))
 	}
+}
+
+// noDeviceLine is the start's log line without a device: "rdma: no RDMA
+// device (why); data plane uses TCP".
+func noDeviceLine(err error) string {
+	why := strings.TrimPrefix(err.Error(), ibv.ErrNoDevice.Error())
+	why = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(why), ":"))
+	if why == "" {
+		return "rdma: no RDMA device; data plane uses TCP"
+	}
+	if i := strings.Index(why, ")"); strings.HasPrefix(why, "(") && i > 0 { // "(hint): rest" → "hint: rest"
+		why = why[1:i] + why[i+1:]
+	}
+	return "rdma: no RDMA device (" + why + "); data plane uses TCP"
 }
 
 // local is "" with a usable device, else why not.

@@ -208,3 +208,19 @@ func TestMetaCarriesTheRDMAFlag(t *testing.T) {
 		t.Fatalf("metadata without flags: %+v, %v", got, err)
 	}
 }
+
+func TestNoDeviceLine(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{ibv.ErrNoDevice, "rdma: no RDMA device; data plane uses TCP"},
+		{fmt.Errorf("%w (the kernel has no RDMA support): list devices: errno 38", ibv.ErrNoDevice),
+			"rdma: no RDMA device (the kernel has no RDMA support: list devices: errno 38); data plane uses TCP"},
+		{ibv.ErrNoLibrary, "rdma: no RDMA device (libibverbs not found: no RDMA device); data plane uses TCP"},
+	} {
+		if got := noDeviceLine(tc.err); got != tc.want {
+			t.Errorf("%v:\n got %q\nwant %q", tc.err, got, tc.want)
+		}
+	}
+}
