@@ -10,6 +10,7 @@ import (
 	"github.com/orbitkv/orbitkv/fabric/cluster"
 	"github.com/orbitkv/orbitkv/fabric/engineapi"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
+	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
@@ -71,6 +72,8 @@ func DefaultConfig() Config {
 		CUDACopiers:    4,
 		CUDAMethod:     "auto",
 		CUDALayerGates: true,
+		// RDMA: every device, the first non-zero GID of each port.
+		Config: cluster.Config{RDMA: rdma.Config{GIDIndex: -1}},
 	}
 }
 
