@@ -11,11 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	ibv "github.com/orbitkv/orbitkv/rdma"
 	trdma "github.com/orbitkv/orbitkv/transfer/rdma"
 )
@@ -250,8 +247,10 @@ func (r *rdmaSide) owner(id uint64, member string) error {
 	return nil
 }
 
-// runRDMA dials the members that advertised a device until ctx ends.
-func (c *Cluster) runRDMA(ctx context.Context) {
+// run dials the members that advertised a device until ctx ends: members
+// lists the live ones (true: it advertised a device), exchange carries
+// connection data to one over the peer service.
+func (r *rdmaSide) run(ctx context.Context, members func() map[string]bool, exchange func(context.Context, string, ibv.ConnInfo) (ibv.ConnInfo, error)) {
 	t := time.NewTicker(rdmaTick)
 	defer t.Stop()
 	for {
@@ -260,75 +259,33 @@ func (c *Cluster) runRDMA(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, m := range c.rd.due(c.rdmaMembers(), time.Now()) {
-			c.dialRDMA(ctx, m)
+		for _, m := range r.due(members(), time.Now()) {
+			r.dial(ctx, m, exchange)
 		}
 	}
 }
 
-// rdmaMembers maps each live member to whether it advertised a device.
-func (c *Cluster) rdmaMembers() map[string]bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]bool, len(c.origins))
-	for _, o := range c.origins {
-		if o.state == stateAlive {
-			out[o.name] = o.rdma
-		}
-	}
-	return out
-}
-
-// dialRDMA connects to member through an exchange over the peer service.
-func (c *Cluster) dialRDMA(ctx context.Context, member string) {
+// dial connects to member through exchange.
+func (r *rdmaSide) dial(ctx context.Context, member string, exchange func(context.Context, string, ibv.ConnInfo) (ibv.ConnInfo, error)) {
 	ctx, cancel := context.WithTimeout(ctx, rdmaDialLimit)
 	defer cancel()
-	conn, err := c.rd.eng.Dial(ctx, func(ctx context.Context, local ibv.ConnInfo) (ibv.ConnInfo, error) {
-		return c.exchangeRDMA(ctx, member, local)
+	conn, err := r.eng.Dial(ctx, func(ctx context.Context, local ibv.ConnInfo) (ibv.ConnInfo, error) {
+		return exchange(ctx, member, local)
 	})
-	c.rd.dialed(member, conn, err, time.Now())
-	c.rd.show(member, c.rd.choice(member, true))
+	r.dialed(member, conn, err, time.Now())
+	r.show(member, r.choice(member, true))
 }
 
-// exchangeRDMA sends local to member's peer service and returns its answer.
-func (c *Cluster) exchangeRDMA(ctx context.Context, member string, local ibv.ConnInfo) (ibv.ConnInfo, error) {
-	c.mu.Lock()
-	o := c.origins[member]
-	addr := ""
-	if o != nil {
-		addr = o.peerAddr
-	}
-	c.mu.Unlock()
-	if addr == "" {
-		return ibv.ConnInfo{}, fmt.Errorf("member %s left", member)
-	}
-	wire, err := local.Marshal()
-	if err != nil {
-		return ibv.ConnInfo{}, err
-	}
-	cc, err := c.peerConn(addr)
-	if err != nil {
-		return ibv.ConnInfo{}, err
-	}
-	resp, err := pb.NewPeerServiceClient(cc).ExchangeRDMA(ctx, &pb.RDMAExchange{From: c.name, ConnInfo: wire})
-	if err != nil {
-		return ibv.ConnInfo{}, fmt.Errorf("exchange with %s: %w", member, err)
-	}
-	return ibv.UnmarshalConnInfo(resp.ConnInfo)
-}
-
-// ExchangeRDMA accepts a member's connection data and answers with this
-// peer's (rdma.Engine.Accept).
-func (s *peerServer) ExchangeRDMA(ctx context.Context, req *pb.RDMAExchange) (*pb.RDMAExchange, error) {
-	r := s.c.rd
+// accept answers a member's ExchangeRDMA: its connection data in, this
+// peer's out (Engine.Accept), the errors as gRPC statuses.
+func (r *rdmaSide) accept(member string, wire []byte) ([]byte, error) {
 	if r.eng == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "%s: %s", s.c.name, r.local())
+		return nil, status.Error(codes.FailedPrecondition, r.local())
 	}
-	info, err := ibv.UnmarshalConnInfo(req.ConnInfo)
+	info, err := ibv.UnmarshalConnInfo(wire)
 	if err != nil {
 		return nil, rdmaStatus(err)
 	}
-	member := senderOf(ctx, req.From)
 	if err := r.owner(info.ID, member); err != nil {
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}
@@ -341,11 +298,11 @@ func (s *peerServer) ExchangeRDMA(ctx context.Context, req *pb.RDMAExchange) (*p
 		r.mu.accepted[member] = append(r.mu.accepted[member], conn)
 	}
 	r.mu.Unlock()
-	wire, err := reply.Marshal()
+	out, err := reply.Marshal()
 	if err != nil {
 		return nil, rdmaStatus(err)
 	}
-	return &pb.RDMAExchange{From: s.c.name, ConnInfo: wire}, nil
+	return out, nil
 }
 
 func containsConn(cs []*ibv.Conn, c *ibv.Conn) bool {
@@ -355,17 +312,6 @@ func containsConn(cs []*ibv.Conn, c *ibv.Conn) bool {
 		}
 	}
 	return false
-}
-
-// senderOf is the calling member: its mutual-TLS certificate's name, or
-// (a cluster without TLS, --cluster-insecure) the name it gives.
-func senderOf(ctx context.Context, from string) string {
-	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
-			return ti.State.PeerCertificates[0].Subject.CommonName
-		}
-	}
-	return from
 }
 
 // rdmaCodes maps the rdma package's errors to gRPC codes where the peer
