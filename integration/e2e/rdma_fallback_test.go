@@ -52,10 +52,10 @@ func TestServeWithoutRDMAUsesTCP(t *testing.T) {
 	if out, err := b.cli(t, "peers"); err != nil || !rowHas(out, "b (self)", "tcp (rdma off)") {
 		t.Fatalf("b's peers: %v\n%s", err, out)
 	}
-	if v, ok := scrape(t, a, `orbitkv_cluster_member_transport{member="b",transport="tcp"}`); !ok || v != 1 {
+	if v, ok := scrapeSeries(t, a, `orbitkv_cluster_member_transport{member="b",transport="tcp"}`); !ok || v != 1 {
 		t.Fatalf("a's transport gauge for b: %v %v", v, ok)
 	}
-	if v, ok := scrape(t, a, "orbitkv_cluster_transport_fallbacks_total"); !ok || v != 0 {
+	if v, ok := scrapeSeries(t, a, "orbitkv_cluster_transport_fallbacks_total"); !ok || v != 0 {
 		t.Fatalf("fallbacks with no lane ever up: %v %v", v, ok)
 	}
 	if out, err := a.cli(t, "status"); err != nil {
@@ -86,9 +86,9 @@ func (l *logLines) withPrefix(prefix string) []map[string]any {
 	return out
 }
 
-// scrape reads one series (name with its labels, as exported) from the
+// scrapeSeries reads one series (name with its labels, as exported) from the
 // peer's /metrics.
-func scrape(t *testing.T, p *proc, series string) (float64, bool) {
+func scrapeSeries(t *testing.T, p *proc, series string) (float64, bool) {
 	t.Helper()
 	resp, err := http.Get("http://" + p.metrics + "/metrics")
 	if err != nil {
