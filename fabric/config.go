@@ -11,6 +11,7 @@ import (
 	"github.com/orbitkv/orbitkv/fabric/engineapi"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
@@ -72,6 +73,8 @@ func DefaultConfig() Config {
 		CUDACopiers:    4,
 		CUDAMethod:     "auto",
 		CUDALayerGates: true,
+		// RDMA: every device, the first non-zero GID of each port.
+		Config: cluster.Config{RDMA: rdma.Config{GIDIndex: -1}},
 	}
 }
 

@@ -14,6 +14,8 @@ type Config struct {
 	// device with an active port. Each entry is a device name with an
 	// optional port, "mlx5_0" or "mlx5_0:1" (port 1 is the default).
 	Devices []DeviceSel
+	// Off turns RDMA off (--rdma-devices none): Open returns ErrDisabled.
+	Off bool
 	// Library is the libibverbs to dlopen ("" = libibverbs.so.1;
 	// ORBITKV_LIBIBVERBS overrides it).
 	Library string
@@ -137,6 +139,9 @@ func (f devicesFlag) String() string {
 	if f.c == nil {
 		return ""
 	}
+	if f.c.Off {
+		return "none"
+	}
 	s := make([]string, len(f.c.Devices))
 	for i, d := range f.c.Devices {
 		s[i] = d.String()
@@ -145,16 +150,20 @@ func (f devicesFlag) String() string {
 }
 
 func (f devicesFlag) Set(s string) error {
+	if strings.TrimSpace(s) == "none" {
+		f.c.Devices, f.c.Off = nil, true
+		return nil
+	}
 	d, err := ParseDevices(s)
 	if err == nil {
-		f.c.Devices = d
+		f.c.Devices, f.c.Off = d, false
 	}
 	return err
 }
 
 // RegisterFlags adds the engine's flags to fs (--rdma-devices, …).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.Var(devicesFlag{c}, "rdma-devices", "RDMA NIC allowlist, comma-separated name[:port] (empty: every device with an active port)")
+	fs.Var(devicesFlag{c}, "rdma-devices", "RDMA NIC allowlist, comma-separated name[:port] (empty: every device with an active port; none: RDMA off, TCP only)")
 	fs.IntVar(&c.GIDIndex, "rdma-gid-index", c.GIDIndex, "GID table index (-1: the first non-zero GID)")
 	fs.IntVar(&c.MaxMTU, "rdma-max-mtu", c.MaxMTU, "largest RDMA path MTU in bytes (256…4096)")
 	fs.IntVar(&c.QPsPerNIC, "rdma-qps-per-nic", c.QPsPerNIC, "RC queue pairs per NIC in each connection")

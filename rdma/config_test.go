@@ -133,3 +133,33 @@ func pipeFDs() (int, int, error) {
 	err := syscall.Pipe(p[:])
 	return p[0], p[1], err
 }
+
+// TestDevicesNoneTurnsRDMAOff: --rdma-devices none is off (Open loads
+// nothing and says so, as a no-device error the peer falls back on); a
+// later allowlist turns it on again; empty is auto-detect.
+func TestDevicesNoneTurnsRDMAOff(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		off  bool
+		devs int
+	}{
+		{[]string{"--rdma-devices", "none"}, true, 0},
+		{[]string{"--rdma-devices", "none", "--rdma-devices", "mlx5_0"}, false, 1},
+		{[]string{"--rdma-devices", ""}, false, 0},
+		{nil, false, 0},
+	} {
+		var cfg Config
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		cfg.RegisterFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Off != tc.off || len(cfg.Devices) != tc.devs {
+			t.Fatalf("%q: off %v devices %v", tc.args, cfg.Off, cfg.Devices)
+		}
+	}
+	_, err := Open(Config{Off: true, Library: "/nonexistent/libibverbs.so"})
+	if !errors.Is(err, ErrDisabled) || !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("Open when off: %v, want ErrDisabled (a no-device error)", err)
+	}
+}

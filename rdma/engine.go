@@ -47,8 +47,13 @@ type NIC struct {
 // Open loads libibverbs, opens every allowed device with an active port and
 // allocates a protection domain on each. With no library it returns an
 // error wrapping ErrNoLibrary, with no usable device one wrapping
-// ErrNoDevice (errors.Is(err, ErrNoDevice) holds for both).
+// ErrNoDevice (errors.Is(err, ErrNoDevice) holds for both); with Config.Off
+// it returns ErrDisabled (which wraps ErrNoDevice too) without loading
+// anything.
 func Open(cfg Config) (*Engine, error) {
+	if cfg.Off {
+		return nil, ErrDisabled
+	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -14,6 +14,10 @@ var ErrNoDevice = errors.New("no RDMA device")
 // ErrNoDevice too: for the caller both mean "use TCP".
 var ErrNoLibrary = fmt.Errorf("libibverbs not found: %w", ErrNoDevice)
 
+// ErrDisabled reports RDMA turned off by configuration (--rdma-devices
+// none). It wraps ErrNoDevice: the peer uses TCP.
+var ErrDisabled = fmt.Errorf("rdma off (--rdma-devices none): %w", ErrNoDevice)
+
 // ErrNotSupported is returned by every entry point of a build without cgo
 // (CGO_ENABLED=0) or off Linux, and by features the loaded library lacks
 // (ibv_reg_dmabuf_mr before rdma-core 34, GPUDirect without a dmabuf hook).

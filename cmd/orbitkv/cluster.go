@@ -40,7 +40,7 @@ func runPeers(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintln(out, "standalone (no --cluster-addr)")
 		return nil
 	}
-	fmt.Fprintf(out, "%-28s %-7s %10s  %-22s %-22s %s\n", "NAME", "STATE", "PAGES", "GOSSIP", "DATA", "SYNCED")
+	fmt.Fprintf(out, "%-28s %-7s %10s  %-22s %-22s %-25s %s\n", "NAME", "STATE", "PAGES", "GOSSIP", "DATA", "SYNCED", "TRANSPORT")
 	for _, p := range resp.Peers {
 		name, synced := p.Name, "-"
 		if p.Self {
@@ -49,9 +49,18 @@ func runPeers(ctx context.Context, args []string, out io.Writer) error {
 		if p.SyncedUnixMs > 0 {
 			synced = time.UnixMilli(p.SyncedUnixMs).Format(time.RFC3339)
 		}
-		fmt.Fprintf(out, "%-28s %-7s %10d  %-22s %-22s %s\n", name, p.State, p.Pages, p.GossipAddr, p.DataAddr, synced)
+		fmt.Fprintf(out, "%-28s %-7s %10d  %-22s %-22s %-25s %s\n", name, p.State, p.Pages, p.GossipAddr, p.DataAddr, synced, transportOf(p))
 	}
 	return nil
+}
+
+// transportOf is a member's data plane as peers prints it: "rdma", or
+// "tcp (why)".
+func transportOf(p *pb.PeerInfo) string {
+	if p.TransportReason == "" {
+		return p.Transport
+	}
+	return p.Transport + " (" + p.TransportReason + ")"
 }
 
 // runPKI makes the cluster's credentials: `pki init` a CA and a gossip key,

@@ -63,6 +63,7 @@ type Cluster struct {
 	remote      *catalog.Remote
 	m           *clusterMetrics
 	tls         *pki.Configs // nil: plain TCP
+	rd          *rdmaSide    // the RDMA data plane (rdma.go)
 
 	ml         *memberlist.Memberlist
 	data       *tcp.Client
@@ -114,6 +115,7 @@ type origin struct {
 	gossipAddr         string
 	peerAddr, dataAddr string
 	state              memberState
+	rdma               bool // it advertised a usable RDMA device
 
 	applied     uint64                  // every announcement ≤ applied is in the index
 	synced      bool                    // the index holds a snapshot plus every announcement since
@@ -478,9 +480,10 @@ func (c *Cluster) memberUp(n *memberlist.Node) {
 		o.gapSince, o.behindSince, o.nextTry, o.failures = time.Time{}, time.Time{}, time.Time{}, 0
 	}
 	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-	o.peerAddr, o.dataAddr, o.state = meta.peerAddr, meta.dataAddr, stateAlive
+	o.peerAddr, o.dataAddr, o.state, o.rdma = meta.peerAddr, meta.dataAddr, stateAlive, meta.rdma
 	c.m.members.Set(float64(len(c.origins) + 1))
 	c.rejoin.memberUp(n.Name)
+	c.rd.show(n.Name, c.rd.choice(n.Name, meta.rdma))
 }
 
 // memberDown forgets a member that left or failed, with its pages.
@@ -503,6 +506,7 @@ func (c *Cluster) memberDown(n *memberlist.Node) {
 		c.ids[o.id] = false
 		c.mu.Unlock()
 		c.data.Forget(o.dataAddr)
+		c.rd.forget(n.Name)
 		c.log.Warn().Str("member", n.Name).Int("pages_dropped", dropped).Msg("member left or failed; its pages are no longer offered")
 	}()
 }
@@ -560,6 +564,7 @@ func (c *Cluster) DataAddr(id int) (string, bool) {
 type meta struct {
 	incarnation        uint64
 	peerAddr, dataAddr string
+	rdma               bool // a usable RDMA device (a flags byte after the addresses; older peers send none)
 }
 
 func (m meta) encode() []byte {
@@ -569,8 +574,15 @@ func (m meta) encode() []byte {
 		b = append(b, byte(len(s)))
 		b = append(b, s...)
 	}
-	return b
+	var flags byte
+	if m.rdma {
+		flags |= metaRDMA
+	}
+	return append(b, flags)
 }
+
+// metaRDMA is the metadata flag of a member with a usable RDMA device.
+const metaRDMA = 1
 
 func decodeMeta(b []byte) (meta, error) {
 	var m meta
@@ -590,6 +602,7 @@ func decodeMeta(b []byte) (meta, error) {
 		}
 	}
 	m.peerAddr, m.dataAddr = addrs[0], addrs[1]
+	m.rdma = len(b) > 0 && b[0]&metaRDMA != 0
 	return m, nil
 }
 
@@ -609,6 +622,10 @@ type Member struct {
 	Pages                                uint64 // pages it announced (this peer: ownPages)
 	Incarnation                          uint64
 	SyncedAt                             time.Time // its last snapshot applied here (zero: none)
+	// Transport is the data plane this peer reaches it by (tcp, rdma; for
+	// this peer: rdma when it has a usable device); TransportWhy says why
+	// tcp ("no local device", "member has no device", "rdma lane down", …).
+	Transport, TransportWhy string
 }
 
 // Peers lists this peer and the members it tracks, sorted by name.
@@ -625,10 +642,16 @@ func (c *Cluster) Peers(ownPages uint64) []Member {
 	for i, o := range os {
 		infos[i] = Member{Name: o.name, GossipAddr: o.gossipAddr, PeerAddr: o.peerAddr, DataAddr: o.dataAddr,
 			State: o.state.String(), Incarnation: o.incarnation, SyncedAt: o.syncedAt}
+		ch := c.rd.choice(o.name, o.rdma)
+		infos[i].Transport, infos[i].TransportWhy = ch.transport, ch.why
 	}
 	c.mu.Unlock()
 	for i, o := range os {
 		infos[i].Pages = uint64(c.remote.Count(o.id))
+	}
+	out[0].Transport, out[0].TransportWhy = transportRDMA, ""
+	if why := c.rd.local(); why != "" {
+		out[0].Transport, out[0].TransportWhy = transportTCP, why
 	}
 	out = append(out, infos...)
 	slices.SortFunc(out[1:], func(a, b Member) int { return strings.Compare(a.Name, b.Name) })

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/orbitkv/orbitkv/rdma"
 )
 
 // Config configures the cluster side of a peer; ClusterAddr "" runs the
@@ -24,6 +26,9 @@ type Config struct {
 	// ClusterInsecure allows a cluster without mutual TLS or without a gossip
 	// key: anyone who reaches the ports can then read pages or join.
 	ClusterInsecure bool
+	// RDMA is the RDMA data plane (--rdma-devices …): opened at Start; a
+	// peer without a usable device uses TCP (rdma.go, transport.go).
+	RDMA rdma.Config
 }
 
 // RegisterFlags binds the cluster flags (documented in docs/configuration.md).
@@ -38,6 +43,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "peer certificate (PEM) for mutual TLS between peers")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "private key of --tls-cert (PEM)")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "cluster CA certificate (PEM)")
+	c.RDMA.RegisterFlags(fs) // --rdma-devices (empty: auto-detect; none: off), --rdma-gid-index, …
 	fs.BoolVar(&c.ClusterInsecure, "cluster-insecure", c.ClusterInsecure, "allow a cluster without mutual TLS or gossip encryption (trusted test networks only)")
 }
 

@@ -18,4 +18,9 @@
 //     or an hour has passed, so a partition longer than memberlist's
 //     GossipToTheDeadTime heals; the data plane's serving side is counted
 //     (served.go).
+//   - The data plane is chosen per member (transport.go, pure): RDMA only
+//     when both ends opened a device and their ConnInfo exchange over the
+//     peer service succeeded; TCP otherwise, and for good after the
+//     member's lane went down. A connection ID is accepted only from the
+//     member that first sent it (rdma.go).
 package cluster

@@ -34,15 +34,31 @@ func (c *Cluster) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size ui
 }
 
 // Route returns the transport that reaches origin and its endpoint there,
-// if origin is alive: the TCP data plane and the member's data address.
-// (An RDMA transport, rdma/, is chosen here per member once it exists: when
-// both ends have a usable device.)
-func (c *Cluster) Route(origin int) (transfer.Transport, string, bool) {
-	addr, ok := c.DataAddr(origin)
-	if !ok {
+// if origin is alive: RDMA when both ends have a usable device and the
+// connection exchange succeeded (transport.go; what RDMA cannot carry, and
+// everything after its lane goes down, moves over TCP), else the TCP data
+// plane; the endpoint is the member's data address.
+func (c *Cluster) Route(id int) (transfer.Transport, string, bool) {
+	c.mu.Lock()
+	var o *origin
+	for _, x := range c.origins {
+		if x.id == id && x.state == stateAlive {
+			o = x
+		}
+	}
+	var name, addr string
+	var hasDevice bool
+	if o != nil {
+		name, addr, hasDevice = o.name, o.dataAddr, o.rdma
+	}
+	c.mu.Unlock()
+	if o == nil {
 		return nil, "", false
 	}
-	return c.data, addr, true
+	if c.rd.choice(name, hasDevice).transport != transportRDMA {
+		return c.data, addr, true
+	}
+	return &fallback{member: name, rdma: c.rd.tr, tcp: c.data, down: func(err error) { c.rd.laneDown(name, err) }}, addr, true
 }
 
 // NoteFetch counts a page fetched for a load, by result (ok, missing,

@@ -20,10 +20,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pki"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	ibv "github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -96,6 +98,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 	c.served.register(reg)
 	c.m.members.Set(1)
 	c.data = tcp.NewClient(c.clientTLS())
+	c.rd = newRDMASide(cfg.RDMA, reg, c.log)
 	return c, nil
 }
 
@@ -142,6 +145,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	c.dataSrv.OnError = func(remote string, err error) {
 		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
 	}
+	c.rd.open(ibv.Open) // logs the data plane: RDMA, or why TCP
 	c.peerSrv = grpc.NewServer(opts...)
 	pb.RegisterPeerServiceServer(c.peerSrv, &peerServer{c: c})
 	c.wg.Add(2)
@@ -153,12 +157,14 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 		c.peerSrv.Stop()
 		c.dataSrv.Close()
 		c.wg.Wait()
+		c.rd.close()
 		return nil, err
 	}
 	c.ml = ml
 	ctx, cancel := context.WithCancel(ctx)
-	c.wg.Add(4)
+	c.wg.Add(5)
 	go func() { defer c.wg.Done(); c.rejoin.run(ctx, c.ml.Join, c.log) }()
+	go func() { defer c.wg.Done(); c.rd.run(ctx, c.rdmaMembers, c.exchangeRDMA) }()
 	go func() { defer c.wg.Done(); c.runSender(ctx) }()
 	go func() { defer c.wg.Done(); c.runSyncer(ctx) }()
 	go func() { defer c.wg.Done(); c.joinLoop(ctx, splitList(cfg.ClusterJoin)) }()
@@ -179,6 +185,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 			c.dataSrv.Close()
 			c.data.Close()
 			c.wg.Wait()
+			c.rd.close()
 			c.mu.Lock()
 			for _, cc := range c.conns {
 				cc.Close()
@@ -339,7 +346,7 @@ type mlDelegate struct{ c *Cluster }
 func (d *mlDelegate) NodeMeta(limit int) []byte {
 	d.c.mu.Lock()
 	defer d.c.mu.Unlock()
-	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr}.encode()
+	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr, rdma: d.c.rd.local() == ""}.encode()
 	if len(b) > limit {
 		d.c.log.Error().Int("bytes", len(b)).Int("limit", limit).Msg("node metadata too long")
 		return nil
@@ -414,6 +421,65 @@ func (s *peerServer) Snapshot(req *pb.SnapshotRequest, stream pb.PeerService_Sna
 	}
 	chunk.Entries = buf
 	return stream.Send(chunk)
+}
+
+// ExchangeRDMA accepts a member's RDMA connection data (rdma.go).
+func (s *peerServer) ExchangeRDMA(ctx context.Context, req *pb.RDMAExchange) (*pb.RDMAExchange, error) {
+	wire, err := s.c.rd.accept(senderOf(ctx, req.From), req.ConnInfo)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.RDMAExchange{From: s.c.name, ConnInfo: wire}, nil
+}
+
+// senderOf is the calling member: its mutual-TLS certificate's name, or
+// (a cluster without TLS, --cluster-insecure) the name it gives.
+func senderOf(ctx context.Context, from string) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+			return ti.State.PeerCertificates[0].Subject.CommonName
+		}
+	}
+	return from
+}
+
+// rdmaMembers maps each live member to whether it advertised a device.
+func (c *Cluster) rdmaMembers() map[string]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]bool, len(c.origins))
+	for _, o := range c.origins {
+		if o.state == stateAlive {
+			out[o.name] = o.rdma
+		}
+	}
+	return out
+}
+
+// exchangeRDMA sends local to member's peer service and returns its answer.
+func (c *Cluster) exchangeRDMA(ctx context.Context, member string, local ibv.ConnInfo) (ibv.ConnInfo, error) {
+	c.mu.Lock()
+	addr := ""
+	if o := c.origins[member]; o != nil {
+		addr = o.peerAddr
+	}
+	c.mu.Unlock()
+	if addr == "" {
+		return ibv.ConnInfo{}, fmt.Errorf("member %s left", member)
+	}
+	wire, err := local.Marshal()
+	if err != nil {
+		return ibv.ConnInfo{}, err
+	}
+	cc, err := c.peerConn(addr)
+	if err != nil {
+		return ibv.ConnInfo{}, err
+	}
+	resp, err := pb.NewPeerServiceClient(cc).ExchangeRDMA(ctx, &pb.RDMAExchange{From: c.name, ConnInfo: wire})
+	if err != nil {
+		return ibv.ConnInfo{}, fmt.Errorf("exchange with %s: %w", member, err)
+	}
+	return ibv.UnmarshalConnInfo(resp.ConnInfo)
 }
 
 func (c *Cluster) clientTLS() *tls.Config {

@@ -135,7 +135,8 @@ func (s *adminServer) Peers(context.Context, *pb.PeersRequest) (*pb.PeersRespons
 
 func peerToPB(m cluster.Member) *pb.PeerInfo {
 	out := &pb.PeerInfo{Name: m.Name, GossipAddr: m.GossipAddr, PeerAddr: m.PeerAddr, DataAddr: m.DataAddr,
-		State: m.State, Self: m.Self, Pages: m.Pages, Incarnation: m.Incarnation}
+		State: m.State, Self: m.Self, Pages: m.Pages, Incarnation: m.Incarnation,
+		Transport: m.Transport, TransportReason: m.TransportWhy}
 	if !m.SyncedAt.IsZero() {
 		out.SyncedUnixMs = m.SyncedAt.UnixMilli()
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/tiers/hbm"
 	"github.com/orbitkv/orbitkv/transfer"
 )
@@ -29,8 +30,15 @@ var codeTable = []struct {
 	{errLayoutMismatch, codes.FailedPrecondition},
 	{errClosing, codes.Unavailable},
 	{errTooManyOps, codes.ResourceExhausted},
+	// RDMA, where its errors surface (a remote fetch over a lane):
+	{rdma.ErrBadConnInfo, codes.InvalidArgument},
+	{rdma.ErrLaneDown, codes.Unavailable},
+	{rdma.ErrClosed, codes.Unavailable},
+	{rdma.ErrNoDevice, codes.FailedPrecondition},
+	{rdma.ErrNotSupported, codes.FailedPrecondition},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
+	{rdma.ErrTimeout, codes.DeadlineExceeded}, // after the context rows: it wraps the cause
 }
 
 // wrapNotFound is store.ErrNotFound with a message: an unknown lease or

@@ -1,40 +1,34 @@
 // Package rdma adapts the RDMA engine (package github.com/orbitkv/orbitkv/rdma,
-// imported here as ibv) to the transfer layer: descriptors that name a
-// remote region by key, an offset and a length, and a local region and
-// offset, become ibv.Ops on a member's ibv.Conn, with one result per
-// descriptor.
+// imported here as ibv) to the transfer layer: Transport implements
+// transfer.Transport over a member's ibv.Conn, one Completion per
+// descriptor. The mapping:
 //
-// # TODO(lead): implement transfer.Transport once the batched interface lands
-//
-// When this adapter was written (branch rdma, 2026-12-01) transfer.Transport
-// was still `Copy(ctx, []Desc) error` with local Src/Dst regions, and its
-// batched remote-descriptor form (READ/WRITE, remote region key + offset +
-// length → local region + offset, per-descriptor results, deadline from
-// ctx) was being written on another branch. Desc below mirrors that shape;
-// when it lands, replace Desc with the transfer package's descriptor type
-// and make Transport satisfy the interface. The mapping is:
-//
-//	transfer descriptor            ibv (rdma package)
+//	transfer.RemoteDesc            ibv (rdma package)
 //	-------------------            ------------------
-//	op READ / WRITE            →   Conn.Read / Conn.Write (one batch)
-//	remote region key          →   Op.Remote (RemoteRegion.Key from the peer's ConnInfo)
-//	remote offset              →   Op.RemoteOff
-//	length                     →   sum of Op.Local lengths
-//	local region + offset      →   Op.Local = [{Resolve(region), offset, length}]
-//	                               (several local pieces of one descriptor, e.g.
-//	                               a page scattered over layer × plane blocks,
-//	                               become several Segments of one Op: one READ
-//	                               work request with a scatter list)
+//	Op Read / Write            →   Conn.Read / Conn.Write (one batch each)
+//	Read's remote key          →   Locator.Locate → Placement: the region key
+//	                               of the member's ConnInfo (Op.Remote), the
+//	                               page's offset in it (Op.RemoteOff) and its
+//	                               header (Completion.Header)
+//	Write's Remote.RKey        →   Op.Remote (by address only; a Write by
+//	                               content is ErrUnsupported)
+//	Len                        →   the Op's one local Segment's length
+//	Local + LocalOff           →   Op.Local = [{Registry.Lookup(Local), LocalOff, Len}]
 //	per-descriptor result      →   the []error Conn.Read/Write returns, same order
-//	deadline from ctx          →   ctx passed through (Config.Timeout if none)
+//	deadline from ctx          →   ctx passed through (ibv Config.Timeout if none)
 //	transport name             →   "rdma"
-//	member choice              →   Members/cluster: RDMA when both ends opened a
-//	                               device (ibv.Open did not return ErrNoDevice)
-//	                               and the peer's ConnInfo arrived over the
-//	                               mutual-TLS peer gRPC service (ConnInfo.Marshal
-//	                               bytes); TCP otherwise, and after ErrLaneDown
+//
+// Which members are reached this way is fabric/cluster's choice (Route):
+// RDMA when both ends opened a device (ibv.Open did not return
+// ErrNoDevice) and the ConnInfo exchange over the mutual-TLS peer service
+// succeeded; TCP otherwise, and after ErrLaneDown.
 //
 // Local regions must be registered with the engine (Engine.RegisterHost for
 // the DRAM pool's slabs, Engine.RegisterDevice for engine HBM through
-// dmabuf); Resolve maps the transfer layer's region to that registration.
+// dmabuf) and recorded in the Registry; a descriptor on any other region
+// fails alone with ErrUnregistered.
+//
+// What ran where: TestContractOverStandIn runs transfer's contract suite
+// through the real cgo binding against rdma's stand-in libibverbs (a
+// memcpy model, NOT HARDWARE); nothing here has run on an RDMA NIC.
 package rdma

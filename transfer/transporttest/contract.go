@@ -22,6 +22,18 @@ type Harness struct {
 	// Stall makes the remote end stop answering (nil: the deadline case is
 	// skipped).
 	Stall func()
+	// Local makes a zeroed local region of n bytes that the transport can
+	// move into and out of (an RDMA transport registers it; nil: Go heap
+	// memory).
+	Local func(t *testing.T, name string, n int) *transfer.Region
+}
+
+// local is a zeroed region of n bytes from h.Local, or the Go heap.
+func (h Harness) local(t *testing.T, name string, n int) *transfer.Region {
+	if h.Local == nil {
+		return transfer.HostRegion(name, make([]byte, n))
+	}
+	return h.Local(t, name, n)
 }
 
 // Contract runs the transfer.Transport contract against the harnesses
@@ -69,7 +81,7 @@ func deadline(t *testing.T, d time.Duration) context.Context {
 func readBatch(t *testing.T, h Harness) {
 	r := rand.New(rand.NewPCG(1, 2))
 	sizes := []int{4096, 1, 65536, 12345, 8192}
-	local := transfer.HostRegion("local", make([]byte, 1<<18))
+	local := h.local(t, "local", 1<<18)
 	var batch []transfer.RemoteDesc
 	var want [][]byte
 	var heads []page.Header
@@ -102,7 +114,7 @@ func readBatch(t *testing.T, h Harness) {
 // with ErrRemoteNotFound; the others complete.
 func missingFailsAlone(t *testing.T, h Harness) {
 	r := rand.New(rand.NewPCG(3, 4))
-	local := transfer.HostRegion("local", make([]byte, 3*4096))
+	local := h.local(t, "local", 3*4096)
 	var batch []transfer.RemoteDesc
 	for i := range 3 {
 		hd, data := testPage(r, 4096)
@@ -127,7 +139,7 @@ func missingFailsAlone(t *testing.T, h Harness) {
 // fails; the one beside it completes; nothing panics.
 func badDescFailsAlone(t *testing.T, h Harness) {
 	r := rand.New(rand.NewPCG(5, 6))
-	local := transfer.HostRegion("local", make([]byte, 8192))
+	local := h.local(t, "local", 8192)
 	hd, data := testPage(r, 4096)
 	key := h.Put(hd, data)
 	batch := []transfer.RemoteDesc{
@@ -144,7 +156,7 @@ func badDescFailsAlone(t *testing.T, h Harness) {
 // an error that says so, and returns.
 func cancelled(t *testing.T, h Harness) {
 	r := rand.New(rand.NewPCG(7, 8))
-	local := transfer.HostRegion("local", make([]byte, 4096))
+	local := h.local(t, "local", 4096)
 	hd, data := testPage(r, 4096)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -161,7 +173,7 @@ func stalled(t *testing.T, h Harness) {
 		t.Skip("the harness cannot stall its remote")
 	}
 	r := rand.New(rand.NewPCG(9, 10))
-	local := transfer.HostRegion("local", make([]byte, 4096))
+	local := h.local(t, "local", 4096)
 	hd, data := testPage(r, 4096)
 	key := h.Put(hd, data)
 	h.Stall()
@@ -182,7 +194,8 @@ func stalled(t *testing.T, h Harness) {
 func writeBack(t *testing.T, h Harness) {
 	r := rand.New(rand.NewPCG(11, 12))
 	hd, data := testPage(r, 4096)
-	src := transfer.HostRegion("src", data)
+	src := h.local(t, "src", len(data))
+	copy(src.Host, data)
 	key := transfer.PageKey(hd.Key, hd.Layout)
 	w := h.Transport.Submit(deadline(t, 10*time.Second), h.Endpoint, []transfer.RemoteDesc{{Op: transfer.Write, Remote: key, Len: 4096, Local: src}})
 	if errors.Is(w[0].Err, transfer.ErrUnsupported) {
@@ -192,7 +205,7 @@ func writeBack(t *testing.T, h Harness) {
 	if w[0].Err != nil {
 		t.Fatalf("write: %v", w[0].Err)
 	}
-	dst := transfer.HostRegion("dst", make([]byte, 4096))
+	dst := h.local(t, "dst", 4096)
 	got := h.Transport.Submit(deadline(t, 10*time.Second), h.Endpoint, []transfer.RemoteDesc{{Op: transfer.Read, Remote: key, Len: 4096, Local: dst}})
 	if got[0].Err != nil || !bytes.Equal(dst.Host, data) || got[0].Header.Verify(dst.Host) != nil {
 		t.Fatalf("read after write: %v, bytes equal %v", got[0].Err, bytes.Equal(dst.Host, data))

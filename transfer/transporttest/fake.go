@@ -3,7 +3,7 @@
 // process; Faulty, a wrapper that drops, delays, reorders or corrupts what
 // another transport moves; and Contract, the suite every Transport passes
 // (the TCP data plane, Faulty in pass-through, Memory; the RDMA verbs
-// transport when it lands).
+// transport, over rdma's stand-in libibverbs).
 //
 // A Faulty transport reports a corrupted Read as completed: it models a
 // transport (or a wire, or a remote memory) that delivers bytes it did not

@@ -570,18 +570,20 @@ func (*PeersRequest) Descriptor() ([]byte, []int) {
 }
 
 type PeerInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	GossipAddr    string                 `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"` // memberlist
-	PeerAddr      string                 `protobuf:"bytes,3,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`       // peer gRPC service
-	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // TCP data plane
-	State         string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`                             // alive, suspect, dead, left
-	Self          bool                   `protobuf:"varint,6,opt,name=self,proto3" json:"self,omitempty"`
-	Pages         uint64                 `protobuf:"varint,7,opt,name=pages,proto3" json:"pages,omitempty"` // pages this peer knows it holds (itself: its catalog)
-	Incarnation   uint64                 `protobuf:"varint,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	SyncedUnixMs  int64                  `protobuf:"varint,9,opt,name=synced_unix_ms,json=syncedUnixMs,proto3" json:"synced_unix_ms,omitempty"` // last full snapshot taken from it (0: none yet)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	GossipAddr      string                 `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"` // memberlist
+	PeerAddr        string                 `protobuf:"bytes,3,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`       // peer gRPC service
+	DataAddr        string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // TCP data plane
+	State           string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`                             // alive, suspect, dead, left
+	Self            bool                   `protobuf:"varint,6,opt,name=self,proto3" json:"self,omitempty"`
+	Pages           uint64                 `protobuf:"varint,7,opt,name=pages,proto3" json:"pages,omitempty"` // pages this peer knows it holds (itself: its catalog)
+	Incarnation     uint64                 `protobuf:"varint,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	SyncedUnixMs    int64                  `protobuf:"varint,9,opt,name=synced_unix_ms,json=syncedUnixMs,proto3" json:"synced_unix_ms,omitempty"`        // last full snapshot taken from it (0: none yet)
+	Transport       string                 `protobuf:"bytes,10,opt,name=transport,proto3" json:"transport,omitempty"`                                    // data plane this peer uses to reach it: tcp, rdma
+	TransportReason string                 `protobuf:"bytes,11,opt,name=transport_reason,json=transportReason,proto3" json:"transport_reason,omitempty"` // why tcp: no local device, member has no device, rdma lane down, …
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PeerInfo) Reset() {
@@ -675,6 +677,20 @@ func (x *PeerInfo) GetSyncedUnixMs() int64 {
 		return x.SyncedUnixMs
 	}
 	return 0
+}
+
+func (x *PeerInfo) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
+func (x *PeerInfo) GetTransportReason() string {
+	if x != nil {
+		return x.TransportReason
+	}
+	return ""
 }
 
 type PeersResponse struct {
@@ -779,7 +795,7 @@ const file_orbitkv_v1_admin_proto_rawDesc = "" +
 	"\rDrainResponse\x12\x12\n" +
 	"\x04idle\x18\x01 \x01(\bR\x04idle\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\"\x0e\n" +
-	"\fPeersRequest\"\x81\x02\n" +
+	"\fPeersRequest\"\xca\x02\n" +
 	"\bPeerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -790,7 +806,10 @@ const file_orbitkv_v1_admin_proto_rawDesc = "" +
 	"\x04self\x18\x06 \x01(\bR\x04self\x12\x14\n" +
 	"\x05pages\x18\a \x01(\x04R\x05pages\x12 \n" +
 	"\vincarnation\x18\b \x01(\x04R\vincarnation\x12$\n" +
-	"\x0esynced_unix_ms\x18\t \x01(\x03R\fsyncedUnixMs\"s\n" +
+	"\x0esynced_unix_ms\x18\t \x01(\x03R\fsyncedUnixMs\x12\x1c\n" +
+	"\ttransport\x18\n" +
+	" \x01(\tR\ttransport\x12)\n" +
+	"\x10transport_reason\x18\v \x01(\tR\x0ftransportReason\"s\n" +
 	"\rPeersResponse\x12\x1c\n" +
 	"\tclustered\x18\x01 \x01(\bR\tclustered\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12*\n" +

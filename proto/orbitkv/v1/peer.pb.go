@@ -25,6 +25,58 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RDMAExchange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`                         // the sending member's name
+	ConnInfo      []byte                 `protobuf:"bytes,2,opt,name=conn_info,json=connInfo,proto3" json:"conn_info,omitempty"` // rdma.ConnInfo.Marshal
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RDMAExchange) Reset() {
+	*x = RDMAExchange{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RDMAExchange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RDMAExchange) ProtoMessage() {}
+
+func (x *RDMAExchange) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RDMAExchange.ProtoReflect.Descriptor instead.
+func (*RDMAExchange) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RDMAExchange) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RDMAExchange) GetConnInfo() []byte {
+	if x != nil {
+		return x.ConnInfo
+	}
+	return nil
+}
+
 type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"` // the asking peer's name, for the log
@@ -34,7 +86,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +98,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +111,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *SnapshotRequest) GetFrom() string {
@@ -85,7 +137,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +149,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +162,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SnapshotChunk) GetOrigin() string {
@@ -146,16 +198,20 @@ var File_orbitkv_v1_peer_proto protoreflect.FileDescriptor
 const file_orbitkv_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x15orbitkv/v1/peer.proto\x12\n" +
-	"orbitkv.v1\"%\n" +
+	"orbitkv.v1\"?\n" +
+	"\fRDMAExchange\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1b\n" +
+	"\tconn_info\x18\x02 \x01(\fR\bconnInfo\"%\n" +
 	"\x0fSnapshotRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\"u\n" +
 	"\rSnapshotChunk\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x18\n" +
-	"\aentries\x18\x04 \x01(\fR\aentries2S\n" +
+	"\aentries\x18\x04 \x01(\fR\aentries2\x97\x01\n" +
 	"\vPeerService\x12D\n" +
-	"\bSnapshot\x12\x1b.orbitkv.v1.SnapshotRequest\x1a\x19.orbitkv.v1.SnapshotChunk0\x01B7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
+	"\bSnapshot\x12\x1b.orbitkv.v1.SnapshotRequest\x1a\x19.orbitkv.v1.SnapshotChunk0\x01\x12B\n" +
+	"\fExchangeRDMA\x12\x18.orbitkv.v1.RDMAExchange\x1a\x18.orbitkv.v1.RDMAExchangeB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
 
 var (
 	file_orbitkv_v1_peer_proto_rawDescOnce sync.Once
@@ -169,16 +225,19 @@ func file_orbitkv_v1_peer_proto_rawDescGZIP() []byte {
 	return file_orbitkv_v1_peer_proto_rawDescData
 }
 
-var file_orbitkv_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_orbitkv_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_orbitkv_v1_peer_proto_goTypes = []any{
-	(*SnapshotRequest)(nil), // 0: orbitkv.v1.SnapshotRequest
-	(*SnapshotChunk)(nil),   // 1: orbitkv.v1.SnapshotChunk
+	(*RDMAExchange)(nil),    // 0: orbitkv.v1.RDMAExchange
+	(*SnapshotRequest)(nil), // 1: orbitkv.v1.SnapshotRequest
+	(*SnapshotChunk)(nil),   // 2: orbitkv.v1.SnapshotChunk
 }
 var file_orbitkv_v1_peer_proto_depIdxs = []int32{
-	0, // 0: orbitkv.v1.PeerService.Snapshot:input_type -> orbitkv.v1.SnapshotRequest
-	1, // 1: orbitkv.v1.PeerService.Snapshot:output_type -> orbitkv.v1.SnapshotChunk
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	1, // 0: orbitkv.v1.PeerService.Snapshot:input_type -> orbitkv.v1.SnapshotRequest
+	0, // 1: orbitkv.v1.PeerService.ExchangeRDMA:input_type -> orbitkv.v1.RDMAExchange
+	2, // 2: orbitkv.v1.PeerService.Snapshot:output_type -> orbitkv.v1.SnapshotChunk
+	0, // 3: orbitkv.v1.PeerService.ExchangeRDMA:output_type -> orbitkv.v1.RDMAExchange
+	2, // [2:4] is the sub-list for method output_type
+	0, // [0:2] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -195,7 +254,7 @@ func file_orbitkv_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_orbitkv_v1_peer_proto_rawDesc), len(file_orbitkv_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,7 +23,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PeerService_Snapshot_FullMethodName = "/orbitkv.v1.PeerService/Snapshot"
+	PeerService_Snapshot_FullMethodName     = "/orbitkv.v1.PeerService/Snapshot"
+	PeerService_ExchangeRDMA_FullMethodName = "/orbitkv.v1.PeerService/ExchangeRDMA"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -34,6 +35,12 @@ type PeerServiceClient interface {
 	// missed some of its announcements. The first chunk says up to which
 	// announcement the snapshot is complete.
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
+	// ExchangeRDMA carries RDMA connection data both ways (rdma.ConnInfo
+	// bytes: queue pair numbers, PSNs, GIDs, MTU, offered regions and their
+	// rkeys): the caller's in, this peer's answer out. A connection ID is
+	// accepted only from the member that first sent it (its mutual-TLS
+	// identity); a peer without a usable device answers FailedPrecondition.
+	ExchangeRDMA(ctx context.Context, in *RDMAExchange, opts ...grpc.CallOption) (*RDMAExchange, error)
 }
 
 type peerServiceClient struct {
@@ -63,6 +70,16 @@ func (c *peerServiceClient) Snapshot(ctx context.Context, in *SnapshotRequest, o
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PeerService_SnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
 
+func (c *peerServiceClient) ExchangeRDMA(ctx context.Context, in *RDMAExchange, opts ...grpc.CallOption) (*RDMAExchange, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RDMAExchange)
+	err := c.cc.Invoke(ctx, PeerService_ExchangeRDMA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -71,6 +88,12 @@ type PeerServiceServer interface {
 	// missed some of its announcements. The first chunk says up to which
 	// announcement the snapshot is complete.
 	Snapshot(*SnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
+	// ExchangeRDMA carries RDMA connection data both ways (rdma.ConnInfo
+	// bytes: queue pair numbers, PSNs, GIDs, MTU, offered regions and their
+	// rkeys): the caller's in, this peer's answer out. A connection ID is
+	// accepted only from the member that first sent it (its mutual-TLS
+	// identity); a peer without a usable device answers FailedPrecondition.
+	ExchangeRDMA(context.Context, *RDMAExchange) (*RDMAExchange, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -83,6 +106,9 @@ type UnimplementedPeerServiceServer struct{}
 
 func (UnimplementedPeerServiceServer) Snapshot(*SnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Error(codes.Unimplemented, "method Snapshot not implemented")
+}
+func (UnimplementedPeerServiceServer) ExchangeRDMA(context.Context, *RDMAExchange) (*RDMAExchange, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExchangeRDMA not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -116,13 +142,36 @@ func _PeerService_Snapshot_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PeerService_SnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
 
+func _PeerService_ExchangeRDMA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RDMAExchange)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).ExchangeRDMA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_ExchangeRDMA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).ExchangeRDMA(ctx, req.(*RDMAExchange))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var PeerService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "orbitkv.v1.PeerService",
 	HandlerType: (*PeerServiceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ExchangeRDMA",
+			Handler:    _PeerService_ExchangeRDMA_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Snapshot",
