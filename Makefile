@@ -32,8 +32,11 @@ build:
 run: build
 	$(BIN) serve --data-dir $(DATA)
 
+# Mooncake Store's own environment (bench tiers' peer system, its driver test): about 30 s
+# the first time, a no-op after.
 deps:
 	./scripts/install-deps.sh
+	./scripts/install-mooncake.sh
 
 test: deps build vet test-go test-python test-vllm test-sglang
 
@@ -85,6 +88,7 @@ crash: build
 	  -run 'TestCrashConsistency$$' ./integration/e2e
 
 bench: build
+	./scripts/install-mooncake.sh
 	$(BIN) bench tiers --dir $(DATA)/bench
 	$(BIN) bench lookup
 

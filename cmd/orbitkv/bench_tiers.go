@@ -34,8 +34,13 @@ type tiersBench struct {
 	ssdPages    int
 	ssdDepth    int
 	redisServer string
-	skipSSD     bool
-	scratch     string // under dir, made by run and removed when it returns
+	// mooncakeVenv is Mooncake Store's environment (scripts/install-mooncake.sh);
+	// empty skips the comparison. mooncakeDriver overrides where its driver is.
+	mooncakeVenv   string
+	mooncakeDriver string
+	seed           int64 // of the pages the Mooncake driver generates
+	skipSSD        bool
+	scratch        string // under dir, made by run and removed when it returns
 }
 
 func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
@@ -52,6 +57,11 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&b.ssdPages, "ssd-pages", 256, "pages for the SSD-versus-fio comparison")
 	fs.IntVar(&b.ssdDepth, "ssd-depth", 32, "SSD queue depth (fio iodepth)")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis baseline; empty skips it")
+	home, _ := os.UserHomeDir()
+	fs.StringVar(&b.mooncakeVenv, "mooncake-venv", filepath.Join(home, ".cache/orbitkv/mooncake-"+mooncakeVersion),
+		"Mooncake Store's environment (scripts/install-mooncake.sh) for the peer-system comparison; empty skips it")
+	fs.StringVar(&b.mooncakeDriver, "mooncake-driver", "", "the Mooncake driver script (default: "+mooncakeDriverRel+" beside the binary's repository)")
+	fs.Int64Var(&b.seed, "seed", 1, "seed of the pages the Mooncake driver generates")
 	fs.BoolVar(&b.skipSSD, "skip-ssd", false, "skip the SSD-versus-fio comparison")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -88,12 +98,21 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(tw, "save vs Redis SET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerSave, rput, peerSave/rput)
 		fmt.Fprintf(tw, "load vs Redis GET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerLoad, rget, peerLoad/rget)
 	}
+	var mooncakeNote string
+	if b.mooncakeVenv != "" {
+		if mooncakeNote, err = b.mooncakeRows(ctx, tw, peerSave, peerLoad, pageBytes); err != nil {
+			return err
+		}
+	}
 	tw.Flush()
 	fmt.Fprintf(out, "(medians of %d rounds; save/load/memcpy GB/s per round:", len(rounds))
 	for _, r := range rounds {
 		fmt.Fprintf(out, " %.1f/%.1f/%.1f", r.save, r.load, r.memcpy)
 	}
 	fmt.Fprintln(out, ")")
+	if mooncakeNote != "" {
+		fmt.Fprintln(out, mooncakeNote)
+	}
 	if b.skipSSD {
 		return nil
 	}
