@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from orbitkv.bench import mooncake_driver as drv
+from orbitkv.bench import pages
 
 VENV = os.environ.get("ORBITKV_MOONCAKE_VENV", os.path.expanduser("~/.cache/orbitkv/mooncake-0.3.13.post1"))
 GEOMETRY = ["--layers", "2", "--kv-heads", "1", "--head-dim", "16", "--block-tokens", "16", "--page-tokens", "64"]
@@ -27,12 +28,12 @@ def _args(pages):
 
 def _buffer(lay, seed):
     mm = mmap.mmap(-1, lay.size)
-    drv.fill(mm, seed)
+    pages.fill(mm, seed)
     return mm, ctypes.addressof(ctypes.c_char.from_buffer(mm))
 
 
 def test_layout_runs_cover_each_page_once():
-    lay = drv.Layout(_args(3))
+    lay = pages.Layout(_args(3))
     assert lay.page_bytes == 2 * 2 * 4 * 16 * 1 * 16 * 2
     seen = set()
     for dest in (False, True):
@@ -46,7 +47,7 @@ def test_layout_runs_cover_each_page_once():
 
 
 def test_fill_is_the_seeds():
-    lay = drv.Layout(_args(2))
+    lay = pages.Layout(_args(2))
     a, _ = _buffer(lay, 7)
     b, _ = _buffer(lay, 7)
     c, _ = _buffer(lay, 8)
@@ -54,16 +55,16 @@ def test_fill_is_the_seeds():
 
 
 def test_check_catches_one_flipped_byte():
-    lay = drv.Layout(_args(2))
+    lay = pages.Layout(_args(2))
     mm, base = _buffer(lay, 1)
     for page in range(2):
         for (s, n), (d, _) in zip(lay.runs(base, page, False), lay.runs(base, page, True)):
             mm[d - base:d - base + n] = mm[s - base:s - base + n]
-    assert drv.check(mm, base, lay, 0) + drv.check(mm, base, lay, 1) == 2 * lay.page_bytes
+    assert pages.check(mm, base, lay, 0) + pages.check(mm, base, lay, 1) == 2 * lay.page_bytes
     last, n = lay.runs(base, 1, True)[-1]
     mm[last - base + n - 1] ^= 1
     with pytest.raises(RuntimeError, match="page 1"):
-        drv.check(mm, base, lay, 1)
+        pages.check(mm, base, lay, 1)
 
 
 def _mooncake_python():
