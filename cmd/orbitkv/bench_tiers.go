@@ -34,13 +34,15 @@ type tiersBench struct {
 	ssdPages    int
 	ssdDepth    int
 	redisServer string
-	// mooncakeVenv is Mooncake Store's environment (scripts/install-mooncake.sh);
-	// empty skips the comparison. mooncakeDriver overrides where its driver is.
-	mooncakeVenv   string
-	mooncakeDriver string
-	seed           int64 // of the pages the Mooncake driver generates
-	skipSSD        bool
-	scratch        string // under dir, made by run and removed when it returns
+	// mooncakeVenv and lmcacheVenv are the peer systems' environments
+	// (scripts/install-mooncake.sh, scripts/install-lmcache.sh); empty skips
+	// one. driverDir overrides where their drivers are.
+	mooncakeVenv string
+	lmcacheVenv  string
+	driverDir    string
+	seed         int64 // of the pages the drivers generate
+	skipSSD      bool
+	scratch      string // under dir, made by run and removed when it returns
 }
 
 func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
@@ -60,8 +62,10 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 	home, _ := os.UserHomeDir()
 	fs.StringVar(&b.mooncakeVenv, "mooncake-venv", filepath.Join(home, ".cache/orbitkv/mooncake-"+mooncakeVersion),
 		"Mooncake Store's environment (scripts/install-mooncake.sh) for the peer-system comparison; empty skips it")
-	fs.StringVar(&b.mooncakeDriver, "mooncake-driver", "", "the Mooncake driver script (default: "+mooncakeDriverRel+" beside the binary's repository)")
-	fs.Int64Var(&b.seed, "seed", 1, "seed of the pages the Mooncake driver generates")
+	fs.StringVar(&b.lmcacheVenv, "lmcache-venv", filepath.Join(home, ".cache/orbitkv/lmcache-"+lmcacheVersion),
+		"LMCache's environment (scripts/install-lmcache.sh) for the lmcache_server comparison; empty skips it")
+	fs.StringVar(&b.driverDir, "driver-dir", "", "directory of the peer systems' driver scripts (default: "+driverDirRel+" beside the binary's repository)")
+	fs.Int64Var(&b.seed, "seed", 1, "seed of the pages the peer systems' drivers generate")
 	fs.BoolVar(&b.skipSSD, "skip-ssd", false, "skip the SSD-versus-fio comparison")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -98,10 +102,14 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(tw, "save vs Redis SET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerSave, rput, peerSave/rput)
 		fmt.Fprintf(tw, "load vs Redis GET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerLoad, rget, peerLoad/rget)
 	}
-	var mooncakeNote string
-	if b.mooncakeVenv != "" {
-		if mooncakeNote, err = b.mooncakeRows(ctx, tw, peerSave, peerLoad, pageBytes); err != nil {
+	var notes []string
+	for _, p := range b.peerSystems() {
+		note, err := b.peerRows(ctx, tw, p, peerSave, peerLoad, pageBytes)
+		if err != nil {
 			return err
+		}
+		if note != "" {
+			notes = append(notes, note)
 		}
 	}
 	tw.Flush()
@@ -110,8 +118,8 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, " %.1f/%.1f/%.1f", r.save, r.load, r.memcpy)
 	}
 	fmt.Fprintln(out, ")")
-	if mooncakeNote != "" {
-		fmt.Fprintln(out, mooncakeNote)
+	for _, n := range notes {
+		fmt.Fprintln(out, n)
 	}
 	if b.skipSSD {
 		return nil

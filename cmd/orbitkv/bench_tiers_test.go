@@ -65,7 +65,7 @@ func TestBenchTiersRemovesItsScratch(t *testing.T) {
 	}
 }
 
-func TestParseMooncakeResult(t *testing.T) {
+func TestParsePeerResult(t *testing.T) {
 	const ok = `{"version":"v","placement":"local","page_bytes":100,"pages":2,"bytes_checked":400,` +
 		`"rounds":[{"put_gbps":1,"get_gbps":2},{"put_gbps":3,"get_gbps":4}]}`
 	for _, tc := range []struct {
@@ -79,7 +79,7 @@ func TestParseMooncakeResult(t *testing.T) {
 		{"not JSON", "Traceback (most recent call last):", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := parseMooncakeResult([]byte(tc.out+"\n"), 2, 2, 100)
+			r, err := parsePeerResult([]byte(tc.out+"\n"), 2, 2, 100)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
@@ -93,47 +93,64 @@ func TestParseMooncakeResult(t *testing.T) {
 	}
 }
 
-// TestBenchTiersMooncake: without Mooncake's environment the table says the
-// comparison was skipped and why; with it (scripts/install-mooncake.sh,
-// make deps) both placements' rows come out of a real master on loopback.
-// ORBITKV_REQUIRE=mooncake makes a missing environment a failure.
-func TestBenchTiersMooncake(t *testing.T) {
+// TestBenchTiersPeerSystems: without their environments the table says each
+// comparison was skipped and why; with one (scripts/install-mooncake.sh, run
+// by make deps; scripts/install-lmcache.sh) its rows come out of its real
+// server on loopback. ORBITKV_REQUIRE=mooncake (or lmcache) makes a missing
+// environment a failure.
+func TestBenchTiersPeerSystems(t *testing.T) {
 	b, _, _ := tinyTiersBench(t)
-	b.skipSSD, b.mooncakeVenv = true, t.TempDir()
+	b.skipSSD, b.mooncakeVenv, b.lmcacheVenv = true, t.TempDir(), t.TempDir()
 	var out strings.Builder
 	if err := b.run(context.Background(), &out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "skipped: no Mooncake environment at "+b.mooncakeVenv) {
-		t.Errorf("without an environment, output lacks the skipped row:\n%s", out.String())
-	}
-
-	venv := os.Getenv("ORBITKV_MOONCAKE_VENV")
-	if venv == "" {
-		home, _ := os.UserHomeDir()
-		venv = filepath.Join(home, ".cache/orbitkv/mooncake-"+mooncakeVersion)
-	}
-	if _, err := os.Stat(filepath.Join(venv, "bin", "mooncake_master")); err != nil {
-		if strings.Contains(os.Getenv("ORBITKV_REQUIRE"), "mooncake") {
-			t.Fatalf("ORBITKV_REQUIRE=mooncake but %s has no Mooncake: %v", venv, err)
+	for _, want := range []string{"skipped: no Mooncake environment at " + b.mooncakeVenv, "skipped: no LMCache environment at " + b.lmcacheVenv} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("without environments, output lacks %q:\n%s", want, out.String())
 		}
-		t.Skipf("no Mooncake environment at %s (scripts/install-mooncake.sh builds it)", venv)
 	}
 	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _, _ = tinyTiersBench(t)
-	b.skipSSD, b.mooncakeVenv, b.mooncakeDriver = true, venv, filepath.Join(wd, "../..", mooncakeDriverRel)
-	out.Reset()
-	if err := b.run(context.Background(), &out); err != nil {
-		t.Fatal(err)
-	}
-	t.Log(out.String())
-	for _, want := range []string{"save vs Mooncake put", "load vs Mooncake get", "same process, memcpy", "segment in a 2nd process, TCP",
-		"batch_put_from_multi_buffers"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
+	home, _ := os.UserHomeDir()
+	for _, tc := range []struct {
+		name, env, version string
+		want               []string
+	}{
+		{"mooncake", "ORBITKV_MOONCAKE_VENV", mooncakeVersion, []string{"save vs Mooncake put", "load vs Mooncake get",
+			"same process, memcpy", "segment in a 2nd process, TCP", "batch_put_from_multi_buffers"}},
+		{"lmcache", "ORBITKV_LMCACHE_VENV", lmcacheVersion, []string{"save vs LMCache put", "load vs LMCache get", "lmcache_server, TCP"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			venv := os.Getenv(tc.env)
+			if venv == "" {
+				venv = filepath.Join(home, ".cache/orbitkv", tc.name+"-"+tc.version)
+			}
+			if _, err := os.Stat(filepath.Join(venv, ".orbitkv-stamp")); err != nil {
+				if strings.Contains(os.Getenv("ORBITKV_REQUIRE"), tc.name) {
+					t.Fatalf("ORBITKV_REQUIRE=%s but %s is not built: %v", tc.name, venv, err)
+				}
+				t.Skipf("no %s environment at %s (scripts/install-%s.sh builds it)", tc.name, venv, tc.name)
+			}
+			b, _, _ := tinyTiersBench(t)
+			b.skipSSD, b.driverDir = true, filepath.Join(wd, "../..", driverDirRel)
+			if tc.name == "mooncake" {
+				b.mooncakeVenv = venv
+			} else {
+				b.lmcacheVenv = venv
+			}
+			var out strings.Builder
+			if err := b.run(context.Background(), &out); err != nil {
+				t.Fatal(err)
+			}
+			t.Log(out.String())
+			for _, want := range tc.want {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, out.String())
+				}
+			}
+		})
 	}
 }

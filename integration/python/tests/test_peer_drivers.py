@@ -1,7 +1,8 @@
-"""The Mooncake Store driver of `orbitkv bench tiers`: its byte check and page layout (pure),
-then the driver itself against a real mooncake_master on loopback with two small pages in
-each placement. The second part needs Mooncake's environment (scripts/install-mooncake.sh,
-run by `make deps`); without it it skips, and ORBITKV_REQUIRE=mooncake makes that a failure.
+"""The peer-system drivers of `orbitkv bench tiers`: their byte check and page layout (pure),
+then each driver against its real server on loopback with two small pages: Mooncake Store's
+mooncake_master in each placement, LMCache's lmcache_server. Those need the systems'
+environments (scripts/install-mooncake.sh, run by `make deps`; scripts/install-lmcache.sh);
+without one its test skips, and ORBITKV_REQUIRE=mooncake (or lmcache) makes that a failure.
 No throughput is asserted."""
 
 import argparse
@@ -17,7 +18,12 @@ import pytest
 from orbitkv.bench import mooncake_driver as drv
 from orbitkv.bench import pages
 
-VENV = os.environ.get("ORBITKV_MOONCAKE_VENV", os.path.expanduser("~/.cache/orbitkv/mooncake-0.3.13.post1"))
+from orbitkv.bench import lmcache_driver
+
+VENVS = {
+    "mooncake": os.environ.get("ORBITKV_MOONCAKE_VENV", os.path.expanduser("~/.cache/orbitkv/mooncake-0.3.13.post1")),
+    "lmcache": os.environ.get("ORBITKV_LMCACHE_VENV", os.path.expanduser("~/.cache/orbitkv/lmcache-0.5.6")),
+}
 GEOMETRY = ["--layers", "2", "--kv-heads", "1", "--head-dim", "16", "--block-tokens", "16", "--page-tokens", "64"]
 
 
@@ -67,23 +73,20 @@ def test_check_catches_one_flipped_byte():
         pages.check(mm, base, lay, 1)
 
 
-def _mooncake_python():
-    py = os.path.join(VENV, "bin", "python")
-    if not os.path.exists(os.path.join(VENV, "bin", "mooncake_master")):
-        if "mooncake" in os.environ.get("ORBITKV_REQUIRE", ""):
-            pytest.fail(f"ORBITKV_REQUIRE=mooncake but {VENV} has no Mooncake")
-        pytest.skip(f"no Mooncake environment at {VENV} (scripts/install-mooncake.sh builds it)")
-    return py
+def _python(system):
+    venv = VENVS[system]
+    if not os.path.exists(os.path.join(venv, ".orbitkv-stamp")):
+        if system in os.environ.get("ORBITKV_REQUIRE", ""):
+            pytest.fail(f"ORBITKV_REQUIRE={system} but {venv} is not built")
+        pytest.skip(f"no {system} environment at {venv} (scripts/install-{system}.sh builds it)")
+    return os.path.join(venv, "bin", "python")
 
 
-@pytest.mark.parametrize("placement", ["local", "remote"])
-def test_driver_against_a_real_master(placement):
-    py = _mooncake_python()
-    cmd = [py, drv.__file__, "--placement", placement, "--pages", "2", "--batch", "1", "--rounds", "2", "--seed", "5",
-           *GEOMETRY]
+def _run(py, script, *args):
+    cmd = [py, script, "--pages", "2", "--batch", "1", "--rounds", "2", "--seed", "5", *GEOMETRY, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -91,6 +94,18 @@ def test_driver_against_a_real_master(placement):
     assert proc.returncode == 0, err[-2000:]
     res = json.loads(out)
     page_bytes = 2 * 2 * 4 * 16 * 16 * 2
-    assert res["placement"] == placement and res["page_bytes"] == page_bytes
+    assert res["page_bytes"] == page_bytes and len(res["rounds"]) == 2
+    assert res["bytes_checked"] == 2 * 2 * page_bytes
+    return res
+
+
+@pytest.mark.parametrize("placement", ["local", "remote"])
+def test_mooncake_driver_against_a_real_master(placement):
+    res = _run(_python("mooncake"), drv.__file__, "--placement", placement)
+    assert res["placement"] == placement
     assert res["api"] == "batch_put_from_multi_buffers/batch_get_into_multi_buffers"
-    assert len(res["rounds"]) == 2 and res["bytes_checked"] == 2 * 2 * page_bytes
+
+
+def test_lmcache_driver_against_a_real_server():
+    res = _run(_python("lmcache"), lmcache_driver.__file__)
+    assert res["placement"] == "server" and res["version"] == "0.5.6"
