@@ -32,6 +32,13 @@ import subprocess
 import sys
 import time
 
+# Mooncake's TCP transport queues at most MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER (default 1,024)
+# transfers per peer and rejects the rest at once: a 32-page batch is 2,304 block runs, so its
+# last pages failed (TRANSFER_FAIL, -800, "TCP lane queue-full rejection"). A deeper queue lets a
+# batch the size OrbitKV's requests have through; it adds no speed.
+os.environ.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
+os.environ.setdefault("MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER", "8192")
+
 try:
     from .pages import Layout, check, die_with_parent, fill, free_port, wait_listening, zero_destinations
 except ImportError:  # run as a script: pages.py sits beside it
