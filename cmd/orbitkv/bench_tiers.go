@@ -53,7 +53,7 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&b.flash.Layers, "layers", b.flash.Layers, "layers of the page geometry (default: Qwen3-8B)")
 	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
 	fs.IntVar(&b.flash.HeadDim, "head-dim", b.flash.HeadDim, "head dimension")
-	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer and Redis")
+	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer, Redis and the peer systems")
 	fs.IntVar(&b.rounds, "rounds", 5, "rounds of the DRAM comparison (medians reported)")
 	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
 	fs.IntVar(&b.ssdPages, "ssd-pages", 256, "pages for the SSD-versus-fio comparison")
