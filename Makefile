@@ -20,7 +20,7 @@ PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-python test-vllm test-sglang deps bench crash proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-python test-vllm test-sglang test-lmcache deps bench crash proto vet fmt clean
 
 all: build
 
@@ -32,10 +32,13 @@ build:
 run: build
 	$(BIN) serve --data-dir $(DATA)
 
+# Mooncake Store's own environment (bench tiers' peer system, its driver test): about 30 s
+# the first time, a no-op after.
 deps:
 	./scripts/install-deps.sh
+	./scripts/install-mooncake.sh
 
-test: deps build vet test-go test-python test-vllm test-sglang
+test: deps build vet test-go test-python test-vllm test-sglang test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -75,6 +78,13 @@ test-sglang: build
 	cd integration/python && ORBITKV_REQUIRE=sglang ORBITKV_BIN=$(CURDIR)/$(BIN) \
 	  $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(SGLANG_TESTS))
 
+# LMCache's server beside OrbitKV (bench tiers' second peer system): an overlay on the vLLM
+# environment built by scripts/install-lmcache.sh; its driver against a real lmcache_server.
+test-lmcache:
+	./scripts/install-lmcache.sh
+	ORBITKV_REQUIRE=lmcache ORBITKV_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  integration/python/tests/test_peer_drivers.py -k lmcache
+
 # The crash-consistency test, long form: CRASH_ITERS SIGKILLs of the real
 # binary under load, each followed by a restart and a check of every
 # acknowledged page (docs/operations.md, "Crash test"). `make test` runs the
@@ -85,6 +95,8 @@ crash: build
 	  -run 'TestCrashConsistency$$' ./integration/e2e
 
 bench: build
+	./scripts/install-mooncake.sh
+	./scripts/install-lmcache.sh
 	$(BIN) bench tiers --dir $(DATA)/bench
 	$(BIN) bench lookup
 

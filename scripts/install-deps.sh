@@ -8,6 +8,7 @@ pkgs=(
   python3-torch python3-grpcio python3-grpc-tools python3-protobuf python3-pytest python3-numpy
   protobuf-compiler-grpc
   libibverbs-dev # only rdma's ABI test reads its verbs.h: the build declares the few verbs types itself
+  python3-venv libcurl4 libibverbs1 libnuma1 # Mooncake's wheel (scripts/install-mooncake.sh) links these; ldd finds the rest in its own wheel or the base system
 )
 
 missing=()

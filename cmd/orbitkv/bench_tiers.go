@@ -34,8 +34,15 @@ type tiersBench struct {
 	ssdPages    int
 	ssdDepth    int
 	redisServer string
-	skipSSD     bool
-	scratch     string // under dir, made by run and removed when it returns
+	// mooncakeVenv and lmcacheVenv are the peer systems' environments
+	// (scripts/install-mooncake.sh, scripts/install-lmcache.sh); empty skips
+	// one. driverDir overrides where their drivers are.
+	mooncakeVenv string
+	lmcacheVenv  string
+	driverDir    string
+	seed         int64 // of the pages the drivers generate
+	skipSSD      bool
+	scratch      string // under dir, made by run and removed when it returns
 }
 
 func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
@@ -46,12 +53,19 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&b.flash.Layers, "layers", b.flash.Layers, "layers of the page geometry (default: Qwen3-8B)")
 	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
 	fs.IntVar(&b.flash.HeadDim, "head-dim", b.flash.HeadDim, "head dimension")
-	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer and Redis")
+	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer, Redis and the peer systems")
 	fs.IntVar(&b.rounds, "rounds", 5, "rounds of the DRAM comparison (medians reported)")
 	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
 	fs.IntVar(&b.ssdPages, "ssd-pages", 256, "pages for the SSD-versus-fio comparison")
 	fs.IntVar(&b.ssdDepth, "ssd-depth", 32, "SSD queue depth (fio iodepth)")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis baseline; empty skips it")
+	home, _ := os.UserHomeDir()
+	fs.StringVar(&b.mooncakeVenv, "mooncake-venv", filepath.Join(home, ".cache/orbitkv/mooncake-"+mooncakeVersion),
+		"Mooncake Store's environment (scripts/install-mooncake.sh) for the peer-system comparison; empty skips it")
+	fs.StringVar(&b.lmcacheVenv, "lmcache-venv", filepath.Join(home, ".cache/orbitkv/lmcache-"+lmcacheVersion),
+		"LMCache's environment (scripts/install-lmcache.sh) for the lmcache_server comparison; empty skips it")
+	fs.StringVar(&b.driverDir, "driver-dir", "", "directory of the peer systems' driver scripts (default: "+driverDirRel+" beside the binary's repository)")
+	fs.Int64Var(&b.seed, "seed", 1, "seed of the pages the peer systems' drivers generate")
 	fs.BoolVar(&b.skipSSD, "skip-ssd", false, "skip the SSD-versus-fio comparison")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -88,12 +102,25 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(tw, "save vs Redis SET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerSave, rput, peerSave/rput)
 		fmt.Fprintf(tw, "load vs Redis GET\t%.2f\tredis-server (loopback)\t%.2f\t%.2f\t>= 3\n", peerLoad, rget, peerLoad/rget)
 	}
+	var notes []string
+	for _, p := range b.peerSystems() {
+		note, err := b.peerRows(ctx, tw, p, peerSave, peerLoad, pageBytes)
+		if err != nil {
+			return err
+		}
+		if note != "" {
+			notes = append(notes, note)
+		}
+	}
 	tw.Flush()
 	fmt.Fprintf(out, "(medians of %d rounds; save/load/memcpy GB/s per round:", len(rounds))
 	for _, r := range rounds {
 		fmt.Fprintf(out, " %.1f/%.1f/%.1f", r.save, r.load, r.memcpy)
 	}
 	fmt.Fprintln(out, ")")
+	for _, n := range notes {
+		fmt.Fprintln(out, n)
+	}
 	if b.skipSSD {
 		return nil
 	}
