@@ -20,7 +20,7 @@ PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-python test-vllm test-sglang test-lmcache deps bench crash proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-sglang test-lmcache deps bench crash proto vet fmt clean
 
 all: build
 
@@ -33,12 +33,14 @@ run: build
 	$(BIN) serve --data-dir $(DATA)
 
 # Mooncake Store's own environment (bench tiers' peer system, its driver test): about 30 s
-# the first time, a no-op after.
+# the first time, a no-op after. The deploy module's dependencies (Helm, k8s.io/api, the
+# PromQL parser) are fetched here, so test-deploy runs with the network off.
 deps:
 	./scripts/install-deps.sh
 	./scripts/install-mooncake.sh
+	cd deploy && $(GO) mod download
 
-test: deps build vet test-go test-python test-vllm test-sglang test-lmcache
+test: deps build vet test-go test-deploy test-python test-vllm test-sglang test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -47,6 +49,12 @@ vet:
 
 test-go:
 	$(GO) test $(LDFLAGS) -race -count=1 -timeout 30m ./...
+
+# deploy/ is a module of its own: the Helm chart, manifests, systemd unit,
+# Dockerfile and Grafana dashboards, checked against the binary built above.
+test-deploy: build
+	cd deploy && GOPROXY=off $(GO) vet ./... && \
+	  GOPROXY=off ORBITKV_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 10m ./...
 
 test-python:
 	@if [ -d integration/python/tests ]; then \
