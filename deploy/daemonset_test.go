@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -210,12 +211,17 @@ func checkService(t *testing.T, o objects, ds *appsv1.DaemonSet, w want) {
 	}
 }
 
-// TestChartRefusesBadValues: values that would run a broken peer fail the
-// rendering with a message naming the value.
+// TestChartRefusesBadValues: values that would run a broken peer, or that
+// the chart would silently ignore, fail the rendering with a message naming
+// the value (the templates' checks and values.schema.json).
 func TestChartRefusesBadValues(t *testing.T) {
 	for name, tc := range map[string]struct{ overrides, msg string }{
 		"flag the chart owns": {"flags: {data-dir: /tmp}", "values.flags.data-dir"},
 		"cluster without tls": {"cluster: {enabled: true}", "cluster.tlsSecret"},
+		"misspelt key":        {"socketdir: /var/run/kv", "socketdir"},
+		"misspelt nested key": {"metrics: {prot: 9500}", "prot"},
+		"relative socket dir": {"socketDir: run/orbitkv", "socketDir"},
+		"port out of range":   {"metrics: {port: 70000}", "port"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := render(t, tc.overrides)
@@ -240,4 +246,23 @@ func sizeBytes(s string) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(s[:i], 10, 64)
 	return n * sizeMul[strings.TrimSpace(s[i:])], err
+}
+
+// TestValuesFlagsAreServeFlags: every key of values.flags is an `orbitkv
+// serve` flag, those left at "" (not passed by default) included.
+func TestValuesFlagsAreServeFlags(t *testing.T) {
+	serve := commandFlags(t, "serve")
+	vals, err := chartutil.ReadValuesFile(chartDir + "/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags, err := vals.Table("flags")
+	if err != nil || len(flags) == 0 {
+		t.Fatalf("values.flags: %v", err)
+	}
+	for name := range flags {
+		if _, ok := serve[name]; !ok {
+			t.Errorf("values.flags.%s: orbitkv serve has no flag --%s", name, name)
+		}
+	}
 }
