@@ -71,7 +71,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if .Values.cluster.enabled }}
 - --cluster-addr=0.0.0.0:{{ .Values.cluster.port }}
 - --cluster-advertise=$(NODE_IP):{{ .Values.cluster.port }}
-- --cluster-join={{ default (list (printf "%s.%s.svc:%v" (include "orbitkv.fullname" .) .Release.Namespace .Values.cluster.port)) .Values.cluster.join | join "," }}
+- --cluster-join={{ default (list (printf "%s.%s.svc.%s:%v" (include "orbitkv.fullname" .) .Release.Namespace .Values.cluster.domain .Values.cluster.port)) .Values.cluster.join | join "," }}
 {{- if .Values.cluster.tlsSecret }}
 - --tls-ca=/etc/orbitkv/cluster/ca.pem
 - --tls-cert=/etc/orbitkv/cluster/peer.pem
