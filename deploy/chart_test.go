@@ -26,7 +26,7 @@ var defaultRelease = chartutil.ReleaseOptions{Name: "orbitkv", Namespace: "orbit
 
 // render renders the chart with overrides (YAML, as a -f file would hold)
 // and returns each template's output by file name (templates/x.yaml), the
-// helpers and empty outputs left out.
+// helpers, NOTES.txt and empty outputs left out, as Helm installs them.
 func render(t *testing.T, overrides string) (map[string]string, error) {
 	t.Helper()
 	ch, err := loader.Load(chartDir)
@@ -52,7 +52,7 @@ func renderChart(ch *chart.Chart, vals chartutil.Values) (map[string]string, err
 	files := map[string]string{}
 	for name, text := range out {
 		base := strings.TrimPrefix(name, ch.Name()+"/")
-		if strings.HasSuffix(base, ".tpl") || strings.TrimSpace(text) == "" {
+		if strings.HasSuffix(base, ".tpl") || strings.HasSuffix(base, "NOTES.txt") || strings.TrimSpace(text) == "" {
 			continue
 		}
 		files[base] = text
