@@ -72,7 +72,7 @@ func scanServing(r io.Reader, serving chan<- string) {
 // (_bucket, _sum, _count) expanded, as Prometheus would store them.
 func scrape(t *testing.T, addr string) []labels.Labels {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
