@@ -54,7 +54,7 @@ type query struct{ where, expr string }
 // series selector in both dashboards matches a series the peer exports:
 // the metric name, and every label matcher but the scrape's own labels.
 func TestDashboardsQueryExportedSeries(t *testing.T) {
-	series := scrape(t, startPeer(t))
+	series := scrape(t, startPeer(t).Metrics)
 	exported := map[string]bool{}
 	for _, s := range series {
 		exported[s.Get("__name__")] = true

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,12 +17,13 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // startPeer runs `orbitkv serve` on a fresh data dir with a small DRAM pool,
 // in a standalone cluster of one, every port chosen by the kernel, and
-// returns its metrics address once it logs "serving".
-func startPeer(t *testing.T) string {
+// returns its addresses once it logs "serving".
+func startPeer(t *testing.T) servingLine {
 	t.Helper()
 	dir := t.TempDir()
 	cmd := exec.Command(binPath, "serve", "--data-dir", filepath.Join(dir, "data"), "--metrics-addr", "127.0.0.1:0",
@@ -40,7 +43,7 @@ func startPeer(t *testing.T) string {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
-	serving := make(chan string, 1)
+	serving := make(chan servingLine, 1)
 	go scanServing(stderr, serving)
 	select {
 	case addr := <-serving:
@@ -50,19 +53,21 @@ func startPeer(t *testing.T) string {
 	case <-time.After(60 * time.Second):
 		t.Fatal("peer did not log serving within 60 s")
 	}
-	return ""
+	return servingLine{}
 }
 
-// scanServing sends the metrics address of the first "serving" line, then
-// drains the log.
-func scanServing(r io.Reader, serving chan<- string) {
+// servingLine is the peer's "serving" log line: where it listens.
+type servingLine struct{ Message, Metrics, Socket string }
+
+// scanServing sends the first "serving" line, then drains the log.
+func scanServing(r io.Reader, serving chan<- servingLine) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	sent := false
 	for sc.Scan() {
-		var line struct{ Message, Metrics string }
+		var line servingLine
 		if !sent && json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "serving" {
-			serving <- line.Metrics
+			serving <- line
 			sent = true
 		}
 	}
@@ -121,4 +126,53 @@ func expand(name string, typ dto.MetricType, m *dto.Metric) []labels.Labels {
 		return out
 	}
 	return []labels.Labels{one(name)}
+}
+
+// TestProbesAnswerOnARealPeer: every probe of the chart's DaemonSet passes
+// on a running peer: an HTTP probe gets 200 from the metrics listener at
+// its path, an exec probe exits 0 (its --socket pointed at the peer's).
+func TestProbesAnswerOnARealPeer(t *testing.T) {
+	_, _, c := renderDecode(t, "")
+	peer := startPeer(t)
+	client := &http.Client{Timeout: 10 * time.Second}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p == nil {
+			t.Errorf("no %s probe", name)
+			continue
+		}
+		if p.Exec != nil {
+			runExecProbe(t, name, p.Exec.Command, peer.Socket)
+			continue
+		}
+		if p.HTTPGet == nil {
+			t.Errorf("%s probe is neither HTTP nor exec", name)
+			continue
+		}
+		resp, err := client.Get("http://" + peer.Metrics + p.HTTPGet.Path)
+		if err != nil {
+			t.Fatalf("%s probe: %v", name, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s probe: GET %s answered %s", name, p.HTTPGet.Path, resp.Status)
+		}
+	}
+}
+
+// runExecProbe runs an exec probe's command with the binary under test and
+// the test peer's socket.
+func runExecProbe(t *testing.T, name string, argv []string, socket string) {
+	t.Helper()
+	if len(argv) == 0 || argv[0] != "/usr/local/bin/orbitkv" {
+		t.Fatalf("%s probe runs %q, want /usr/local/bin/orbitkv", name, argv)
+	}
+	args := slices.Clone(argv[1:])
+	for i, a := range args {
+		if strings.HasPrefix(a, "--socket=") {
+			args[i] = "--socket=" + socket
+		}
+	}
+	if out, err := exec.Command(binPath, args...).CombinedOutput(); err != nil {
+		t.Errorf("%s probe: orbitkv %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
 }
