@@ -153,3 +153,20 @@ func TestFlagCheck(t *testing.T) {
 		})
 	}
 }
+
+// acceptedByBinary runs `orbitkv config print ARGS`, which parses serve's
+// flags and validates the configuration as `orbitkv serve` does before it
+// allocates anything, and reports its refusal.
+func acceptedByBinary(t *testing.T, serveArgs []string) error {
+	t.Helper()
+	out, err := exec.Command(binPath, append([]string{"config", "print"}, serveArgs...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("orbitkv config print %s: %v\n%s", strings.Join(serveArgs, " "), err, lastLine(out))
+	}
+	return nil
+}
+
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}

@@ -106,6 +106,9 @@ func checkArgs(t *testing.T, c *corev1.Container, serve flagSet, w want) {
 	if err := serve.check(args); err != nil {
 		t.Errorf("orbitkv serve %s: %v", strings.Join(args, " "), err)
 	}
+	if err := acceptedByBinary(t, args); err != nil {
+		t.Error(err)
+	}
 	wantArgs := map[string]string{
 		"socket":       w.socketDir + "/orbitkv.sock",
 		"data-dir":     defaults.dataDir,

@@ -46,4 +46,7 @@ func TestDockerfile(t *testing.T) {
 	if err := commandFlags(t, "serve").check(argv[1:]); err != nil {
 		t.Errorf("CMD: orbitkv serve: %v", err)
 	}
+	if err := acceptedByBinary(t, argv[1:]); err != nil {
+		t.Errorf("CMD: %v", err)
+	}
 }

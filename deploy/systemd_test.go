@@ -50,6 +50,9 @@ func TestSystemdUnit(t *testing.T) {
 	if err := commandFlags(t, "serve").check(argv[2:]); err != nil {
 		t.Errorf("ExecStart: orbitkv serve: %v", err)
 	}
+	if err := acceptedByBinary(t, argv[2:]); err != nil {
+		t.Errorf("ExecStart: %v", err)
+	}
 	for key, want := range map[string]string{
 		"LimitMEMLOCK": "infinity", "Restart": "on-failure", "RuntimeDirectory": "orbitkv",
 		"StateDirectory": "orbitkv", "AmbientCapabilities": "CAP_IPC_LOCK", "ProtectSystem": "strict",
