@@ -25,7 +25,6 @@ var defaults = want{socketDir: "/run/orbitkv", dataDir: "/var/lib/orbitkv", metr
 
 func TestChartRendersWhatOperatorsRelyOn(t *testing.T) {
 	serve := commandFlags(t, "serve")
-	status := commandFlags(t, "status")
 	for name, tc := range map[string]struct {
 		overrides string
 		want      func(w *want)
@@ -57,7 +56,7 @@ resources:
 			o, ds, c := renderDecode(t, tc.overrides)
 			checkPod(t, ds, w)
 			checkArgs(t, c, serve, w)
-			checkProbes(t, c, status, w)
+			checkProbes(t, c, w)
 			checkResources(t, c, w)
 			checkService(t, o, ds, w)
 		})
@@ -135,27 +134,24 @@ func expandEnv(args []string) []string {
 	return out
 }
 
-func checkProbes(t *testing.T, c *corev1.Container, status flagSet, w want) {
+func checkProbes(t *testing.T, c *corev1.Container, w want) {
 	t.Helper()
-	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil {
-			t.Errorf("%s probe %s: want an HTTP GET of the metrics listener", name, yamlOf(t, p))
+	for name, tc := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{
+		"startup":   {c.StartupProbe, "/healthz"},
+		"liveness":  {c.LivenessProbe, "/healthz"},
+		"readiness": {c.ReadinessProbe, "/readyz"},
+	} {
+		if tc.p == nil || tc.p.HTTPGet == nil {
+			t.Errorf("%s probe %s: want an HTTP GET of the metrics listener", name, yamlOf(t, tc.p))
 			continue
 		}
-		g := p.HTTPGet
-		if g.Port.IntValue() != w.metricsPort || g.Host != "127.0.0.1" || g.Path != "/metrics" {
-			t.Errorf("%s probe gets %s:%s%s, want 127.0.0.1:%d/metrics", name, g.Host, g.Port.String(), g.Path, w.metricsPort)
+		g := tc.p.HTTPGet
+		if g.Port.IntValue() != w.metricsPort || g.Host != "127.0.0.1" || g.Path != tc.path {
+			t.Errorf("%s probe gets %s:%s%s, want 127.0.0.1:%d%s", name, g.Host, g.Port.String(), g.Path, w.metricsPort, tc.path)
 		}
-	}
-	r := c.ReadinessProbe
-	if r == nil || r.Exec == nil || len(r.Exec.Command) < 2 || r.Exec.Command[0] != c.Command[0] || r.Exec.Command[1] != "status" {
-		t.Fatalf("readiness probe %s: want `orbitkv status` on the socket", yamlOf(t, r))
-	}
-	if err := status.check(r.Exec.Command[2:]); err != nil {
-		t.Errorf("readiness probe: orbitkv status: %v", err)
-	}
-	if got, _ := flagValue(r.Exec.Command, "socket"); got != w.socketDir+"/orbitkv.sock" {
-		t.Errorf("readiness probe asks socket %q, want %s/orbitkv.sock", got, w.socketDir)
 	}
 	if c.StartupProbe != nil && c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold < 600 {
 		t.Errorf("startup probe gives up after %d s: a start scans the whole SSD tier", c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold)

@@ -34,10 +34,11 @@ var mustShow = map[string][]string{
 		"orbitkv_fabric_saved_pages_total", "orbitkv_fabric_loaded_pages_total", "orbitkv_fabric_loaded_tokens_total",
 		"orbitkv_tiers_used_bytes", "orbitkv_tiers_capacity_bytes", "orbitkv_fabric_lookup_recompute_pages_total",
 		"orbitkv_fabric_lookup_budget_cut_pages_total", "orbitkv_fabric_corrupt_pages_total", "orbitkv_tiers_ssd_errors_total",
-		"orbitkv_fabric_engine_buffer_faults_total", "orbitkv_catalog_healthy"},
+		"orbitkv_fabric_engine_buffer_faults_total", "orbitkv_catalog_healthy", "orbitkv_fabric_rpcs_total",
+		"orbitkv_fabric_rpc_duration_seconds_bucket", "orbitkv_fabric_op_pages_total", "orbitkv_tiers_dram_free_bytes"},
 	"grafana/orbitkv-cluster.json": {"orbitkv_cluster_members", "orbitkv_cluster_remote_pages", "orbitkv_cluster_fetched_bytes_total",
 		"orbitkv_cluster_fetched_pages_total", "orbitkv_cluster_announced_total", "orbitkv_cluster_announcements_received_total",
-		"orbitkv_cluster_send_errors_total"},
+		"orbitkv_cluster_send_errors_total", "orbitkv_cluster_fetch_duration_seconds_bucket"},
 }
 
 // query is one PromQL expression of a dashboard and where it is.
