@@ -38,7 +38,8 @@ var mustShow = map[string][]string{
 		"orbitkv_fabric_rpc_duration_seconds_bucket", "orbitkv_fabric_op_pages_total", "orbitkv_tiers_dram_free_bytes"},
 	"grafana/orbitkv-cluster.json": {"orbitkv_cluster_members", "orbitkv_cluster_remote_pages", "orbitkv_cluster_fetched_bytes_total",
 		"orbitkv_cluster_fetched_pages_total", "orbitkv_cluster_announced_total", "orbitkv_cluster_announcements_received_total",
-		"orbitkv_cluster_send_errors_total", "orbitkv_cluster_fetch_duration_seconds_bucket"},
+		"orbitkv_cluster_send_errors_total", "orbitkv_cluster_fetch_duration_seconds_bucket",
+		"orbitkv_cluster_served_pages_total"},
 }
 
 // query is one PromQL expression of a dashboard and where it is.
