@@ -20,11 +20,21 @@ func TestDockerfile(t *testing.T) {
 	for _, want := range []string{
 		"COPY --from=build /out/orbitkv /usr/local/bin/orbitkv",
 		`ENTRYPOINT ["/usr/local/bin/orbitkv"]`,
-		"-ldflags=-checklinkname=0",
+		`-ldflags="-checklinkname=0 `,
 		"CGO_ENABLED=1",
 	} {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	makefile, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamp := regexp.MustCompile(`BUILDINFO := (\S+)`).FindSubmatch(makefile)
+	for _, v := range []string{"version", "revision"} {
+		if stamp == nil || !strings.Contains(df, "-X "+string(stamp[1])+"."+v+"=") {
+			t.Errorf("Dockerfile does not stamp buildinfo's %s as make build does", v)
 		}
 	}
 	gomod, err := os.ReadFile("../go.mod")
