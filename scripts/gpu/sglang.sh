@@ -44,7 +44,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/orbitkv-gpu-out}
-K=/root/okv
+K=${OKV_DIR:-/root/okv} # OKV_DIR: only for a dry run of the carry steps off the GPU machine
 SGL=$K/sgl
 RUNS=$K/sgl-runs
 ROOT=$(pwd)
@@ -170,7 +170,12 @@ start_sglang() { # CONFIG [FLAG...]
 	ENGINE_PID=$!
 	local t0=$SECONDS
 	while [ $((SECONDS - t0)) -lt ${START_TIMEOUT:-300} ]; do
-		curl -sf -o /dev/null 127.0.0.1:$PORT/health && { say "sglang $cfg up in $((SECONDS - t0)) s"; return 0; }
+		if curl -sf -o /dev/null 127.0.0.1:$PORT/health; then
+			say "sglang $cfg up in $((SECONDS - t0)) s"
+			# SGLang falls back (a warning, not an error) when its JIT HiCache kernels do not build
+			grep -E "Failed to load JIT|storage backend|OrbitKV|orbitkv" "$O/sglang.log" | sort | uniq -c | sort -rn | head -6 | tee -a "$S"
+			return 0
+		fi
 		kill -0 $ENGINE_PID 2>/dev/null || break
 		sleep 0.5
 	done
