@@ -12,7 +12,7 @@
 #
 #   scripts/gpu/sglang.sh carryNN [MODE...]   moves part NN out of the repository (to /root/okv);
 #                                             once all parts are there: joins, checks the sha256,
-#                                             unpacks, checks the imports, then runs the MODEs
+#                                             unpacks to /root/okv/sgl, then runs the MODEs
 #   scripts/gpu/sglang.sh MODE...             later calls while the machine is warm
 # MODEs (configs: native = SGLang's radix cache in HBM, HiCache off; l2 = HiCache with a host pool
 # of HOST_GB+16 GB and no storage, SGLang's own DRAM tier as large as the dram config's two together;
@@ -30,15 +30,18 @@
 #   report        bench report over every sustained run so far
 #
 # Plan (unknown: SGLang's start time on the H200; budgeted at 120 s a start like vLLM's 72-144 s;
-# a sustained run = start + 12 serial prefixes + 60 s + drain ~= 220 s):
-#   if /root/okv/site is not there: vllm.sh carry1; vllm.sh carry2            2 calls,  ~60 s
-#   sglang.sh carry00 ... carry(N-2)                                          N-1 calls, ~20 s each
-#   sglang.sh carry(N-1) imports sustained        (SEQ=native)               ~300 s
-#   SEQ="dram ssd" sglang.sh sustained                                        ~450 s
-#   sglang.sh recovery deterministic report                                   ~400 s
-# N = 3 parts today (sglang-bundle.sh prints it): 3 + 2 + 3 calls, ~21 min of device time with the
-# machine's first start (1-2 min) and the transfers, inside the session's 30 min. AB/BA pairs
-# (SEQ="ssd dram native" PAIR=2 ORDER=BA) need ~11 min more: a second session.
+# a sustained run = start + 12 serial prefixes + 60 s + drain ~= 220 s). The bundle is 3 parts
+# today (160 MiB; sglang-bundle.sh prints the count). Calls, each naming its files in carry:
+#   1 vllm.sh carry1     .gpucarry/vllm-site.part00 .gpucarry/vllm-site.sha256         } only when
+#   2 vllm.sh carry2     .gpucarry/vllm-site.part01 .gpucarry/vllm-site.sha256         } no /root/okv/site
+#   3 sglang.sh carry00  .gpucarry/sglang-site.part00 .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts
+#   4 sglang.sh carry01  the same with part01                                           ~20 s each
+#   5 SEQ=native sglang.sh carry02 imports sustained   part02 + out/orbitkv.xz          ~300 s
+#   6 SEQ="dram ssd" sglang.sh sustained                                                ~450 s
+#   7 sglang.sh recovery deterministic report                                          ~400 s
+# ~21 min of device time with the machine's first start (1-2 min) and the transfers, inside the
+# session's 30 min, if the calls follow each other inside the 30 s the machine stays warm.
+# AB/BA pairs (SEQ="ssd dram native" PAIR=2 ORDER=BA sglang.sh sustained) need ~11 min more.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back: summary.txt,
 # sglang-tail.log, peer.log, bench.log, imports.txt, report.txt, runs.tgz).
 set -u
