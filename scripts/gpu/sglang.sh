@@ -187,8 +187,7 @@ start_sglang() { # CONFIG [FLAG...]
 	return 1
 }
 
-DET=()
-"$BIN" bench serving --help 2>&1 | grep -q -- -deterministic && DET=(--deterministic=false)
+DET=() # set once the binary is known (below): --deterministic=false where bench serving has the flag
 
 bench() { # CFG NAME BENCH-ARGS...
 	local cfg=$1 name=$2
@@ -258,6 +257,7 @@ if [ -f out/orbitkv.xz ]; then # carried compressed with the last part
 	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz "$K/orbitkv" && chmod +x "$K/orbitkv"
 fi
 [ -x "$BIN" ] || BIN=$K/orbitkv
+"$BIN" bench serving --help 2>&1 | grep -q -- -deterministic && DET=(--deterministic=false)
 case ${1:-} in
 carry[0-9][0-9])
 	carry "${1#carry}" || exit 1
