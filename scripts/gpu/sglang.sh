@@ -77,25 +77,34 @@ trap stop_all EXIT
 
 carry() { # NN: move one carried part out of the repository folder (laid anew at every call)
 	mv .gpucarry/sglang-site.part"$1" "$K/" && cp .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts "$K/" || return 1
-	say "carried part $1: $(ls "$K" | grep -c '^sglang-site.part') of $(cat "$K/sglang-site.parts") part(s) under $K"
+	say "carried part $1: $(nparts) of $(cat "$K/sglang-site.parts") part(s) under $K"
 }
 
-complete() { [ -d "$SGL/sglang" ] || [ "$(ls "$K" | grep -c '^sglang-site.part')" = "$(cat "$K/sglang-site.parts" 2>/dev/null)" ]; }
+nparts() { ls "$K" | grep -c '^sglang-site\.part[0-9][0-9]$'; } # not sglang-site.parts, the count file
+
+complete() { [ -d "$SGL/sglang" ] || [ "$(nparts)" = "$(cat "$K/sglang-site.parts" 2>/dev/null)" ]; }
 
 unpack() {
 	[ -d "$SGL/sglang" ] && { say "sglang site already unpacked"; return 0; }
 	[ -d "$K/site/vllm" ] || { say "no vLLM site at $K/site: run scripts/gpu/vllm.sh carry1 and carry2 first"; return 1; }
-	cat "$K"/sglang-site.part* >"$K/sglang-site.tar.xz" && rm -f "$K"/sglang-site.part*
-	(cd "$K" && sha256sum -c sglang-site.sha256) | tee -a "$S" || { say "bundle checksum FAILED"; return 1; }
-	mkdir -p "$SGL" && timeout 300 python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/sglang-site.tar.xz" "$SGL" &&
-		rm -f "$K/sglang-site.tar.xz"
+	cat "$K"/sglang-site.part[0-9][0-9] >"$K/sglang-site.tar.xz" && rm -f "$K"/sglang-site.part[0-9][0-9]
+	local ok
+	ok=$(cd "$K" && sha256sum -c sglang-site.sha256 2>&1)
+	local rc=$?
+	echo "$ok" | tee -a "$S"
+	[ $rc -eq 0 ] || { say "bundle checksum FAILED: carry the parts again"; rm -f "$K/sglang-site.tar.xz"; return 1; }
+	mkdir -p "$SGL.tmp" && timeout 300 python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/sglang-site.tar.xz" "$SGL.tmp" ||
+		{ say "unpack FAILED"; rm -rf "$SGL.tmp"; return 1; }
+	# renamed only when whole: a half-unpacked site is never taken for a finished one
+	mv "$SGL.tmp" "$SGL" && rm -f "$K/sglang-site.tar.xz"
 	say "unpacked: $(du -sm "$SGL" | cut -f1) MiB"
 }
 
-pyenv() { env PYTHONPATH="$SGL:$K/site:$ROOT/integration/python" HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0 "$@"; }
+# The environment every SGLang process gets (an array, not a function: timeout runs programs)
+SGLENV=(env PYTHONPATH="$SGL:$K/site:$ROOT/integration/python" HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0)
 
 imports() { # the server's modules and our backend, importable with the image's torch (no GPU work)
-	timeout 120 pyenv python3 - >"$O/imports.txt" 2>&1 <<'PY'
+	timeout 120 "${SGLENV[@]}" python3 - >"$O/imports.txt" 2>&1 <<'PY'
 import importlib, sys, torch
 import sglang, sgl_kernel, transformers, flashinfer
 print("sglang", sglang.__version__, "sgl_kernel", sgl_kernel.__version__, "torch", torch.__version__,
@@ -167,8 +176,7 @@ start_sglang() { # CONFIG [FLAG...]
 	local kv
 	mapfile -t kv < <(config_flags "$cfg")
 	echo "=== $(date +%T) sglang $cfg ${SGL_FLAGS[*]} ${kv[*]} $*" >>"$O/sglang.log"
-	setsid env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False PYTHONPATH="$SGL:$K/site:$ROOT/integration/python" \
-		HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0 \
+	setsid "${SGLENV[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
 		python3 -m sglang.launch_server "${SGL_FLAGS[@]}" "${kv[@]}" "$@" >>"$O/sglang.log" 2>&1 &
 	ENGINE_PID=$!
 	local t0=$SECONDS
