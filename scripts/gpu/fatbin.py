@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Lists, or blanks, the device code a shared object carries per GPU architecture.
+
+  fatbin.py list SO            one line per (kind, arch): entries and bytes in .nv_fatbin
+  fatbin.py keep SO ARCH...    blanks, in place, every ELF (cubin) entry whose arch is not listed;
+                               sizes and offsets stay as they were, so the file's layout and every
+                               kept entry are byte-identical
+
+Blanking keeps each passed-over cubin a well-formed ELF file (its ELF header, program and
+section header tables and section names stay; the section contents, the code, become zeros),
+so tools that walk every entry (cuobjdump --list-elf) still read the library. At module load
+the CUDA driver takes the cubin built for the device's own arch (sm_90 on an H200) and does not
+load the others. Zeroed contents cost nothing after xz. Compressed entries are left as they are. PTX entries are never touched
+(a kept PTX lets the driver JIT for an arch with no cubin). Used by sglang-bundle.sh on
+sgl_kernel's FA3 library, whose sm_80 and sm_86 cubins are half of its 1.1 GB.
+
+Layout (NVIDIA's fatbinary, as cuobjdump reads it): the section holds containers, each a
+16-byte header (magic 0xBA55ED50, u16 version, u16 header size, u64 payload size) followed by
+entries: u16 kind (1 PTX, 2 ELF), u16, u32 header size, u64 payload size, ..., u32 arch at 28.
+"""
+import collections
+import struct
+import sys
+
+MAGIC = 0xBA55ED50
+KIND = {1: "ptx", 2: "elf"}
+
+
+def section(f, name):
+    f.seek(0)
+    head = f.read(64)
+    if head[:4] != b"\x7fELF" or head[4] != 2:
+        raise SystemExit("not a 64-bit ELF file")
+    shoff, = struct.unpack_from("<Q", head, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+    f.seek(shoff)
+    table = f.read(shentsize * shnum)
+
+    def hdr(i):
+        return struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize)
+
+    s = hdr(shstrndx)
+    f.seek(s[4])
+    names = f.read(s[5])
+    for i in range(shnum):
+        h = hdr(i)
+        if names[h[0]:names.index(b"\0", h[0])].decode() == name:
+            return h[4], h[5]
+    raise SystemExit(f"no {name} section")
+
+
+def entries(f):
+    """Yields (file offset of the payload, payload size, kind, arch) for every entry."""
+    off, size = section(f, ".nv_fatbin")
+    f.seek(off)
+    blob = f.read(size)
+    p = 0
+    while p + 16 <= len(blob):
+        magic, _, hsize, fsize = struct.unpack_from("<IHHQ", blob, p)
+        if magic != MAGIC:  # containers are 8-byte aligned; padding between them
+            p += 8
+            continue
+        q, end = p + hsize, p + hsize + fsize
+        while q < end:
+            kind, _, ehsize, psize = struct.unpack_from("<HHIQ", blob, q)
+            arch, = struct.unpack_from("<I", blob, q + 28)
+            yield off + q + ehsize, psize, kind, arch
+            q += ehsize + psize
+        p = end
+
+
+def summary(path):
+    agg = collections.defaultdict(lambda: [0, 0])
+    with open(path, "rb") as f:
+        for _, psize, kind, arch in entries(f):
+            a = agg[(KIND.get(kind, kind), arch)]
+            a[0] += 1
+            a[1] += psize
+    for (kind, arch), (n, b) in sorted(agg.items()):
+        print(f"{path}: {kind} sm_{arch}: {n} entries, {b / 2**20:.1f} MiB")
+
+
+def skeleton(cubin):
+    """The byte ranges of an uncompressed cubin that describe it: the ELF header, program and
+    section header tables and the section names. Everything else is section contents."""
+    if cubin[:4] != b"\x7fELF":
+        return None  # compressed entry: left as it is
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", cubin, 0x36)
+    keep = [(0, 64), (phoff, phoff + phentsize * phnum), (shoff, shoff + shentsize * shnum)]
+    if shstrndx < shnum:
+        o, n = struct.unpack_from("<QQ", cubin, shoff + shstrndx * shentsize + 0x18)
+        keep.append((o, o + n))
+    return keep
+
+
+def blanked(cubin):
+    """The cubin with its section contents zeroed and its headers kept."""
+    keep = skeleton(cubin)
+    if keep is None:
+        return None
+    out = bytearray(len(cubin))
+    for a, b in keep:
+        out[a:b] = cubin[a:b]
+    return bytes(out)
+
+
+def keep(path, archs):
+    with open(path, "r+b") as f:
+        blank = [(o, s) for o, s, kind, arch in entries(f) if kind == 2 and arch not in archs]
+        done = []
+        for o, s in blank:
+            f.seek(o)
+            b = blanked(f.read(s))
+            if b is not None:
+                f.seek(o)
+                f.write(b)
+                done.append(s)
+        blank = [(0, s) for s in done]
+    print(f"{path}: zeroed {len(blank)} cubins ({sum(s for _, s in blank) / 2**20:.1f} MiB) not for sm_{'/'.join(map(str, sorted(archs)))}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "list":
+        summary(sys.argv[2])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "keep":
+        keep(sys.argv[2], {int(a) for a in sys.argv[3:]})
+        summary(sys.argv[2])
+    else:
+        raise SystemExit(__doc__)

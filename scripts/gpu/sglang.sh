@@ -1,0 +1,287 @@
+#!/bin/bash
+# Real SGLang 0.5.17 driving OrbitKV through its HiCache storage backend on the H200 (issue 12;
+# docs/benchmarks.md "Real SGLang on the H200"). PREPARED, NOT YET RUN: every flag was checked
+# against SGLang 0.5.17's own argument parser on a CPU, nothing here has met the GPU machine.
+#
+# What travels: .gpucarry/sglang-site.partNN (scripts/gpu/sglang-bundle.sh; sglang-site.sha256 and
+# sglang-site.parts with every part), unpacked to /root/okv/sgl; the vLLM site /root/okv/site
+# (scripts/gpu/vllm.sh carry1, carry2: fastapi, uvicorn, pydantic, pyzmq, ... which SGLang needs
+# too) searched after it; out/orbitkv.xz (CGO_ENABLED=1 go build -ldflags=-checklinkname=0
+# -o out/orbitkv ./cmd/orbitkv; xz -k out/orbitkv) with the LAST part (the smallest), kept at
+# /root/okv/orbitkv for the calls after it. Each call's tree is at most 64 MiB: one part a call.
+#
+#   scripts/gpu/sglang.sh carryNN [MODE...]   moves part NN out of the repository (to /root/okv);
+#                                             once all parts are there: joins, checks the sha256,
+#                                             unpacks to /root/okv/sgl, then runs the MODEs
+#   scripts/gpu/sglang.sh MODE...             later calls while the machine is warm
+# MODEs (configs: native = SGLang's radix cache in HBM, HiCache off; l2 = HiCache with a host pool
+# of HOST_GB+16 GB and no storage, SGLang's own DRAM tier as large as the dram config's two together;
+# dram = HiCache, host pool HOST_GB (default 4), OrbitKV peer 16 GiB DRAM; ssd = the same, peer
+# 4 GiB DRAM + 16 GiB SSD; the HBM pool is 16,384 tokens, 64-token pages, in every config):
+#   imports       the server's imports and the backend's, no GPU work (30 s)
+#   sustained     the seeds' workload (12 prefixes of 1K/4K/8K, 75% reuse, concurrency 8, 60 s + drain,
+#                 16 output tokens) once per config in SEQ (default "native dram ssd"), a fresh server
+#                 and peer per run; PAIR/ORDER label the runs for bench report (AB/BA pairs)
+#   recovery      8K-token TTFT against SGLang + a DRAM peer: cold (recompute), resident (SGLang's radix
+#                 cache), evicted (after 32K filler tokens), restart = after POST /flush_cache (HBM and
+#                 host pool emptied, so the prefix comes back from OrbitKV alone)
+#   deterministic --enable-deterministic-inference, configs in DETSEQ (default "dram"), 30 s windows:
+#                 every reused prompt must match its serial reference token for token
+#   report        bench report over every sustained run so far
+#
+# Plan (unknown: SGLang's start time on the H200; budgeted at 120 s a start like vLLM's 72-144 s;
+# a sustained run = start + 12 serial prefixes + 60 s + drain ~= 220 s). The bundle is 3 parts
+# today (160 MiB; sglang-bundle.sh prints the count). Calls, each naming its files in carry:
+#   1 vllm.sh carry1     .gpucarry/vllm-site.part00 .gpucarry/vllm-site.sha256         } only when
+#   2 vllm.sh carry2     .gpucarry/vllm-site.part01 .gpucarry/vllm-site.sha256         } no /root/okv/site
+#   3 sglang.sh carry00  .gpucarry/sglang-site.part00 .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts
+#   4 sglang.sh carry01  the same with part01                                           ~20 s each
+#   5 SEQ=native sglang.sh carry02 imports sustained   part02 + out/orbitkv.xz          ~300 s
+#   6 SEQ="dram ssd" sglang.sh sustained                                                ~450 s
+#   7 sglang.sh recovery deterministic report                                          ~400 s
+# ~21 min of device time with the machine's first start (1-2 min) and the transfers, inside the
+# session's 30 min, if the calls follow each other inside the 30 s the machine stays warm.
+# AB/BA pairs (SEQ="ssd dram native" PAIR=2 ORDER=BA sglang.sh sustained) need ~11 min more.
+# Every step has its own timeout; logs land in $OUT (at most 8 files come back: summary.txt,
+# sglang-tail.log, peer.log, bench.log, imports.txt, report.txt, runs.tgz).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+O=${OUT:-/tmp/orbitkv-gpu-out}
+K=${OKV_DIR:-/root/okv} # OKV_DIR: only for a dry run of the carry steps off the GPU machine
+SGL=$K/sgl
+RUNS=$K/sgl-runs
+ROOT=$(pwd)
+S=$O/summary.txt
+say() { echo "== $(date +%T) $*" | tee -a "$S"; }
+MODEL=$ROOT/integration/models/qwen3-8b
+PORT=8000
+HOST_GB=${HOST_GB:-4}
+ENGINE_PID="" PEER_PID=""
+BIN=out/orbitkv
+
+stop_all() {
+	[ -n "$ENGINE_PID" ] && kill -- -"$ENGINE_PID" 2>/dev/null
+	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null
+	for _ in $(seq 100); do
+		{ [ -z "$ENGINE_PID" ] || ! kill -0 -- -"$ENGINE_PID" 2>/dev/null; } && { [ -z "$PEER_PID" ] || ! kill -0 "$PEER_PID" 2>/dev/null; } && break
+		sleep 0.2
+	done
+	[ -n "$ENGINE_PID" ] && kill -9 -- -"$ENGINE_PID" 2>/dev/null
+	[ -n "$PEER_PID" ] && kill -9 "$PEER_PID" 2>/dev/null
+	ENGINE_PID="" PEER_PID=""
+	# SGLang's scheduler and detokenizer are children of the server's process group; wait until
+	# the GPU is free before the next start.
+	for _ in $(seq 100); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || break; sleep 0.2; done
+}
+trap stop_all EXIT
+
+carry() { # NN: move one carried part out of the repository folder (laid anew at every call)
+	mv .gpucarry/sglang-site.part"$1" "$K/" && cp .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts "$K/" || return 1
+	say "carried part $1: $(nparts) of $(cat "$K/sglang-site.parts") part(s) under $K"
+}
+
+nparts() { ls "$K" | grep -c '^sglang-site\.part[0-9][0-9]$'; } # not sglang-site.parts, the count file
+
+complete() { [ -d "$SGL/sglang" ] || [ "$(nparts)" = "$(cat "$K/sglang-site.parts" 2>/dev/null)" ]; }
+
+unpack() {
+	[ -d "$SGL/sglang" ] && { say "sglang site already unpacked"; return 0; }
+	[ -d "$K/site/vllm" ] || { say "no vLLM site at $K/site: run scripts/gpu/vllm.sh carry1 and carry2 first"; return 1; }
+	cat "$K"/sglang-site.part[0-9][0-9] >"$K/sglang-site.tar.xz" && rm -f "$K"/sglang-site.part[0-9][0-9]
+	local ok
+	ok=$(cd "$K" && sha256sum -c sglang-site.sha256 2>&1)
+	local rc=$?
+	echo "$ok" | tee -a "$S"
+	[ $rc -eq 0 ] || { say "bundle checksum FAILED: carry the parts again"; rm -f "$K/sglang-site.tar.xz"; return 1; }
+	mkdir -p "$SGL.tmp" && timeout 300 python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/sglang-site.tar.xz" "$SGL.tmp" ||
+		{ say "unpack FAILED"; rm -rf "$SGL.tmp"; return 1; }
+	# renamed only when whole: a half-unpacked site is never taken for a finished one
+	mv "$SGL.tmp" "$SGL" && rm -f "$K/sglang-site.tar.xz"
+	say "unpacked: $(du -sm "$SGL" | cut -f1) MiB"
+}
+
+# The environment every SGLang process gets (an array, not a function: timeout runs programs)
+SGLENV=(env PYTHONPATH="$SGL:$K/site:$ROOT/integration/python" HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0)
+
+imports() { # the server's modules and our backend, importable with the image's torch (no GPU work)
+	timeout 120 "${SGLENV[@]}" python3 - >"$O/imports.txt" 2>&1 <<'PY'
+import importlib, sys, torch
+import sglang, sgl_kernel, transformers, flashinfer
+print("sglang", sglang.__version__, "sgl_kernel", sgl_kernel.__version__, "torch", torch.__version__,
+      "transformers", transformers.__version__, "flashinfer", flashinfer.__version__)
+print("sgl_kernel common_ops:", sgl_kernel.common_ops.__file__)
+for m in ["sglang.srt.server_args", "sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
+          "sglang.srt.model_executor.model_runner", "sglang.srt.models.qwen3",
+          "sglang.srt.layers.attention.flashattention_backend", "sglang.srt.mem_cache.hiradix_cache",
+          "sglang.srt.mem_cache.storage.backend_factory", "sgl_kernel.flash_attn", "orbitkv.sglang"]:
+    importlib.import_module(m)
+    print("ok", m)
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from orbitkv.sglang import OrbitKVHiCacheStorage
+assert issubclass(OrbitKVHiCacheStorage, HiCacheStorage)
+print("imports ok")
+PY
+	say "imports rc=$? ($(tail -1 "$O/imports.txt"))"
+	head -2 "$O/imports.txt" | tee -a "$S"
+}
+
+start_peer() { # CONFIG: dram | ssd
+	local dir=/tmp/okv-$1
+	rm -rf "$dir"
+	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
+	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
+	# --cuda off: SGLang's backend hands the peer host memory (its staging buffer), never HBM
+	"$BIN" serve --data-dir "$dir" --cuda off --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" >>"$O/peer.log" 2>&1 &
+	PEER_PID=$!
+	for _ in $(seq 900); do
+		[ -S "$dir/orbitkv.sock" ] && return 0
+		kill -0 $PEER_PID 2>/dev/null || { say "peer $1 died at start"; tail -5 "$O/peer.log" | tee -a "$S"; return 1; }
+		sleep 0.1
+	done
+	say "peer $1 not serving after 90 s"
+	return 1
+}
+
+# Shared by every config. --max-total-tokens caps the HBM KV pool at 16,384 tokens (vLLM's
+# --num-gpu-blocks-override 1024 x 16); --chunked-prefill-size and --max-running-requests are
+# vLLM's --max-num-batched-tokens 8192 and --max-num-seqs 64; --sampling-backend pytorch keeps
+# flashinfer's JIT out (temperature 0: greedy either way); --grammar-backend none: no xgrammar.
+SGL_FLAGS=(--model-path "$MODEL" --load-format dummy --skip-tokenizer-init --dtype bfloat16 --context-length 16384
+	--page-size 64 --max-total-tokens 16384 --chunked-prefill-size 8192 --max-running-requests 64
+	--attention-backend ${ATTN:-fa3} --sampling-backend pytorch --grammar-backend none
+	--served-model-name qwen3-8b --host 127.0.0.1 --port $PORT --enable-metrics --enable-cache-report)
+# HiCache configs: host pool, layout and policies named, not left to defaults that move between
+# releases. wait_complete: a prefetch from OrbitKV finishes before the request is scheduled, so
+# the restore is in the TTFT, never silently cut to a recompute.
+HICACHE=(--enable-hierarchical-cache --hicache-mem-layout ${LAYOUT:-page_first} --hicache-io-backend kernel
+	--hicache-write-policy write_through --hicache-storage-prefetch-policy ${PREFETCH:-wait_complete})
+
+extra_config() { # CONFIG: the JSON SGLang's "dynamic" backend factory hands our backend
+	echo "{\"backend_name\":\"orbitkv\",\"module_path\":\"orbitkv.sglang\",\"class_name\":\"OrbitKVHiCacheStorage\",\"interface_v1\":1,\"socket\":\"/tmp/okv-$1/orbitkv.sock\"}"
+}
+
+config_flags() { # CONFIG: the flags of one config (printed one a line)
+	case $1 in
+	native) ;;
+	l2) printf '%s\n' "${HICACHE[@]}" --hicache-size $((HOST_GB + 16)) ;;
+	dram | ssd) printf '%s\n' "${HICACHE[@]}" --hicache-size "$HOST_GB" --hicache-storage-backend dynamic \
+		--hicache-storage-backend-extra-config "$(extra_config "$1")" ;;
+	*) return 1 ;;
+	esac
+}
+
+start_sglang() { # CONFIG [FLAG...]
+	local cfg=$1
+	shift
+	local kv
+	mapfile -t kv < <(config_flags "$cfg")
+	echo "=== $(date +%T) sglang $cfg ${SGL_FLAGS[*]} ${kv[*]} $*" >>"$O/sglang.log"
+	setsid "${SGLENV[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
+		python3 -m sglang.launch_server "${SGL_FLAGS[@]}" "${kv[@]}" "$@" >>"$O/sglang.log" 2>&1 &
+	ENGINE_PID=$!
+	local t0=$SECONDS
+	while [ $((SECONDS - t0)) -lt ${START_TIMEOUT:-300} ]; do
+		if curl -sf -o /dev/null 127.0.0.1:$PORT/health; then
+			say "sglang $cfg up in $((SECONDS - t0)) s"
+			# SGLang falls back (a warning, not an error) when its JIT HiCache kernels do not build
+			grep -E "Failed to load JIT|storage backend|OrbitKV|orbitkv" "$O/sglang.log" | sort | uniq -c | sort -rn | head -6 | tee -a "$S"
+			return 0
+		fi
+		kill -0 $ENGINE_PID 2>/dev/null || break
+		sleep 0.5
+	done
+	say "sglang $cfg failed to start within $((SECONDS - t0)) s"
+	grep -E "Error|error|Traceback" "$O/sglang.log" | tail -12 | tee -a "$S"
+	return 1
+}
+
+DET=() # set once the binary is known (below): --deterministic=false where bench serving has the flag
+
+bench() { # CFG NAME BENCH-ARGS...
+	local cfg=$1 name=$2
+	shift 2
+	local pm=()
+	case $cfg in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics) ;; esac
+	rm -rf "$RUNS/$name"
+	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab 151936 \
+		--engine-metrics http://127.0.0.1:$PORT/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=sglang-0.5.17 \
+		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
+	say "bench $name rc=$?"
+	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
+	curl -s --max-time 5 127.0.0.1:$PORT/metrics | grep -E "^sglang:(prompt_tokens_total|cached_tokens_total|cache_hit_rate|num_retracted_reqs|.*hicache.*|.*storage.*|.*prefetch.*|.*backup.*)" |
+		sed "s/^/[$name sglang] /" | head -40 | tee -a "$S"
+	[ ${#pm[@]} -gt 0 ] && curl -s --max-time 5 127.0.0.1:9464/metrics |
+		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_ssd_read_bytes_per_second" |
+		sed "s/^/[$name peer] /" | tee -a "$S"
+	return 0
+}
+
+one() { # CFG NAME [SGLANG-FLAG...] -- BENCH-ARGS...
+	local cfg=$1 name=$2
+	shift 2
+	local flags=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
+	shift
+	case $cfg in dram | ssd) start_peer "$cfg" || return 1 ;; esac
+	start_sglang "$cfg" "${flags[@]}" || { stop_all; return 1; }
+	bench "$cfg" "$name" "$@"
+	stop_all
+}
+
+SEEDS=(--workload sustained --prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --output-tokens 16)
+
+sustained() {
+	for cfg in ${SEQ:-native dram ssd}; do
+		one "$cfg" "${cfg}-${PAIR:-1}" -- "${SEEDS[@]}" --duration ${DURATION:-60s} "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
+	done
+}
+
+recovery() {
+	one dram recovery-dram -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}" \
+		--restart-cmd "curl -sf -X POST http://127.0.0.1:$PORT/flush_cache" --label mode=recovery
+}
+
+deterministic() {
+	for cfg in ${DETSEQ:-dram}; do
+		one "$cfg" "deterministic-$cfg" --enable-deterministic-inference -- "${SEEDS[@]}" --duration 30s \
+			--label pair=deterministic --label mode=deterministic-inference
+	done
+}
+
+report() {
+	timeout 60 "$BIN" bench report "$RUNS"/*-[0-9] >"$O/report.txt" 2>&1
+	say "bench report rc=$?"
+	tail -40 "$O/report.txt" | tee -a "$S"
+}
+
+if [ "${1:-}" = flags ]; then # flags CONFIG [FLAG...]: the server's argv, one a line (sglang-check.py, on a CPU)
+	trap - EXIT
+	printf '%s\n' "${SGL_FLAGS[@]}" && config_flags "$2" && shift 2 && { [ $# -eq 0 ] || printf '%s\n' "$@"; }
+	exit
+fi
+mkdir -p "$O" "$K" "$RUNS"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee -a "$S"
+if [ -f out/orbitkv.xz ]; then # carried compressed with the last part
+	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz "$K/orbitkv" && chmod +x "$K/orbitkv"
+fi
+[ -x "$BIN" ] || BIN=$K/orbitkv
+"$BIN" bench serving --help 2>&1 | grep -q -- -deterministic && DET=(--deterministic=false)
+case ${1:-} in
+carry[0-9][0-9])
+	carry "${1#carry}" || exit 1
+	shift
+	complete || { [ $# -eq 0 ] || say "parts missing: modes $* not run"; exit 0; }
+	unpack || exit 1
+	;;
+esac
+[ $# -gt 0 ] && { [ -d "$SGL/sglang" ] || { say "no SGLang site at $SGL: carry its parts first"; exit 1; }; }
+[ $# -gt 0 ] && { [ -x "$BIN" ] || { say "no orbitkv binary: carry out/orbitkv.xz"; exit 1; }; }
+for m in "$@"; do
+	case $m in
+	imports | sustained | recovery | deterministic | report) $m ;;
+	*) echo "usage: $0 carryNN [MODE...] | MODE... (imports sustained recovery deterministic report)" >&2; exit 2 ;;
+	esac
+done
+(cd "$K" && tar czf "$O/runs.tgz" sgl-runs)
+[ -f "$O/sglang.log" ] && tail -c 4000000 "$O/sglang.log" >"$O/sglang-tail.log" && rm -f "$O/sglang.log"
+exit 0
