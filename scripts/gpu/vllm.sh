@@ -59,7 +59,9 @@ carry() { # PART: move one carried part out of the repository folder (laid anew 
 unpack() {
 	[ -d "$SITE/vllm" ] && { say "site already unpacked"; return 0; }
 	cat "$K"/vllm-site.part* >"$K/vllm-site.tar.xz" && rm -f "$K"/vllm-site.part*
-	(cd "$K" && sha256sum -c vllm-site.sha256) | tee -a "$S" || { say "bundle checksum FAILED"; return 1; }
+	(cd "$K" && sha256sum -c vllm-site.sha256) >"$K/sha.out" 2>&1; local rc=$?
+	tee -a "$S" <"$K/sha.out"
+	[ $rc -eq 0 ] || { say "bundle checksum FAILED"; return 1; }
 	mkdir -p "$SITE" && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/vllm-site.tar.xz" "$SITE" &&
 		rm -f "$K/vllm-site.tar.xz"
 	PYTHONPATH=$SITE python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1 | tee -a "$S"
