@@ -263,8 +263,10 @@ def test_block_pool_lru_eviction_and_refcounts():
 
 
 @bit_exact
-def test_prefix_cache_hit_gives_identical_output():
-    cfg = tiny()
+@pytest.mark.parametrize("rows", [0, 8], ids=["rows0", "tiles8"])
+def test_prefix_cache_hit_gives_identical_output(rows):
+    """rows=8: the GPU batch-invariant mode's token tiles (model.fixed_rows), run on the CPU."""
+    cfg = tiny(invariant_rows=rows)
     ps = prompts(3, 90, seed=7, shared=60)
     want = serial(cfg, ps, 12)
     with Engine(cfg) as e:
@@ -283,11 +285,12 @@ def test_prefix_cache_hit_gives_identical_output():
 
 
 @bit_exact
-def test_small_pool_evicts_and_preempts_but_outputs_stay_identical():
+@pytest.mark.parametrize("rows", [0, 8], ids=["rows0", "tiles8"])
+def test_small_pool_evicts_and_preempts_but_outputs_stay_identical(rows):
     ps = prompts(6, 70, seed=11, shared=32)
-    want = serial(tiny(), ps, 20)
+    want = serial(tiny(invariant_rows=rows), ps, 20)
     # 160 tokens: room for about two requests at a time; the rest wait or get preempted
-    cfg = tiny(kv_tokens=160, max_batched_tokens=64)
+    cfg = tiny(kv_tokens=160, max_batched_tokens=64, invariant_rows=rows)
     with Engine(cfg) as e:
         got = e.generate(ps, 20)
         st = e.stats()
@@ -313,6 +316,29 @@ def test_cached_tokens_are_set_once_at_first_admission():
     preempted = [r for r in reqs if r.num_preemptions]
     assert preempted
     assert [r.num_cached_tokens for r in reqs] == [0] * len(reqs)
+
+
+@bit_exact
+def test_fixed_rows_tiles_compute_the_same_rows():
+    """The GPU batch-invariant mode's tiles compute what one call computes (on a row-invariant
+    BLAS, bit for bit), padding included, and tiles of 8 rows give a row the same result
+    whatever surrounds it."""
+    from orbitkv.refengine.model import fixed_rows, rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn((37, 64), generator=g), torch.randn((96, 64), generator=g)
+    assert torch.equal(fixed_rows(x, 8, lambda t: F.linear(t, w)), F.linear(x, w))
+    assert torch.equal(fixed_rows(x, 8, lambda t: rms_norm(t, torch.ones(64), 1e-6)), rms_norm(x, torch.ones(64), 1e-6))
+    alone = fixed_rows(x[5:6], 8, lambda t: F.linear(t, w))
+    assert torch.equal(alone, fixed_rows(x, 8, lambda t: F.linear(t, w))[5:6])
+    assert fixed_rows(x, 0, lambda t: t * 2).shape == x.shape
+
+
+def test_invariant_rows_default_to_tiles_on_cuda_exact_only():
+    assert tiny().resolved_invariant_rows == 0
+    assert tiny(device="cuda", attn_backend="exact").resolved_invariant_rows == 64
+    assert tiny(device="cuda").resolved_invariant_rows == 0  # sdpa: the fast, non-invariant mode
+    assert tiny(device="cuda", attn_backend="exact", invariant_rows=16).resolved_invariant_rows == 16
 
 
 def test_too_long_request_is_rejected():

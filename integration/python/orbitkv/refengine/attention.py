@@ -102,38 +102,56 @@ def _gather(plane: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     return plane.index_select(0, block_ids).flatten(0, 1)
 
 
-def attend_exact(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, chunk: int) -> torch.Tensor:
-    """q [T, Hq, D] → [T, Hq, D] (fp32 math), batch-invariant; see the module doc."""
-    T, hq, d = q.shape
-    hkv = kv.shape[3]
-    g = hq // hkv
-    bpc = chunk // meta.block_size
-    scale = 1.0 / math.sqrt(d)
-    out = torch.empty((T, hq, d), dtype=torch.float32, device=q.device)
-    offs = torch.arange(chunk, device=q.device)
+def attend_exact(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, chunk: int, rows: int = 0) -> torch.Tensor:
+    """q [T, Hq, D] → [T, Hq, D] (fp32 math), batch-invariant; see the module doc.
+    ``rows`` > 0 (GPUs): each request's queries go in tiles of exactly ``rows`` tokens (the
+    last one padded with copies of its last query), so every matmul and reduction has the
+    same shape whatever the step holds — a GPU picks its kernel, and so its reduction order,
+    by shape."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for s in meta.seqs:
         t = s.end - s.start
-        pos = meta.positions[s.start:s.end]
-        qh = q[s.start:s.end].float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * scale
-        m = torch.full((hkv, g * t), float("-inf"), device=q.device)
-        lsum = torch.zeros((hkv, g * t), device=q.device)
-        acc = torch.zeros((hkv, g * t, d), device=q.device)
-        for c in range((s.context_len + chunk - 1) // chunk):
-            ids = s.block_table[c * bpc:(c + 1) * bpc]
-            k = _chunk_plane(kv[0], ids, chunk, s.context_len - c * chunk)
-            v = _chunk_plane(kv[1], ids, chunk, s.context_len - c * chunk)
-            sc = torch.matmul(qh, k.permute(1, 2, 0))                 # [hkv, g*t, chunk]
-            visible = (c * chunk + offs)[None, :] <= pos[:, None]      # [t, chunk]
-            sc = sc.masked_fill(~visible.repeat(g, 1), float("-inf"))
-            m_new = torch.maximum(m, sc.amax(-1))
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(sc - m_new[..., None])
-            lsum = lsum * alpha + p.sum(-1)
-            acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
-            m = m_new
-        o = acc / lsum[..., None]
-        out[s.start:s.end] = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+        step = rows if rows > 0 else t
+        for lo in range(0, t, step):
+            hi = min(t, lo + step)
+            qs, pos = q[s.start + lo:s.start + hi], meta.positions[s.start + lo:s.start + hi]
+            if rows > 0 and hi - lo < rows:
+                fill = rows - (hi - lo)
+                qs = torch.cat([qs, qs[-1:].expand(fill, -1, -1)])
+                pos = torch.cat([pos, pos[-1:].expand(fill)])
+            o = _attend_rows(qs, pos, kv, s, meta.block_size, chunk)
+            out[s.start + lo:s.start + hi] = o[:hi - lo]
     return out
+
+
+def _attend_rows(q: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, s: "SeqSpan", block_size: int,
+                 chunk: int) -> torch.Tensor:
+    """Queries q [t, Hq, D] of one request at positions pos, over its context: [t, Hq, D] fp32."""
+    t, hq, d = q.shape
+    hkv = kv.shape[3]
+    g = hq // hkv
+    bpc = chunk // block_size
+    scale = 1.0 / math.sqrt(d)
+    offs = torch.arange(chunk, device=q.device)
+    qh = q.float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * scale
+    m = torch.full((hkv, g * t), float("-inf"), device=q.device)
+    lsum = torch.zeros((hkv, g * t), device=q.device)
+    acc = torch.zeros((hkv, g * t, d), device=q.device)
+    for c in range((s.context_len + chunk - 1) // chunk):
+        ids = s.block_table[c * bpc:(c + 1) * bpc]
+        k = _chunk_plane(kv[0], ids, chunk, s.context_len - c * chunk)
+        v = _chunk_plane(kv[1], ids, chunk, s.context_len - c * chunk)
+        sc = torch.matmul(qh, k.permute(1, 2, 0))                 # [hkv, g*t, chunk]
+        visible = (c * chunk + offs)[None, :] <= pos[:, None]      # [t, chunk]
+        sc = sc.masked_fill(~visible.repeat(g, 1), float("-inf"))
+        m_new = torch.maximum(m, sc.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(sc - m_new[..., None])
+        lsum = lsum * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
+        m = m_new
+    o = acc / lsum[..., None]
+    return o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
 
 def _chunk_plane(plane: torch.Tensor, ids: torch.Tensor, chunk: int, valid: int) -> torch.Tensor:
@@ -210,9 +228,9 @@ def _bottom_right_causal(t: int, L: int, device) -> torch.Tensor:
     return torch.arange(L, device=device)[None, :] <= qpos
 
 
-def attend(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, backend: str, chunk: int) -> torch.Tensor:
+def attend(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, backend: str, chunk: int, rows: int = 0) -> torch.Tensor:
     if backend == "exact":
-        return attend_exact(q, kv, meta, chunk).to(q.dtype)
+        return attend_exact(q, kv, meta, chunk, rows).to(q.dtype)
     if meta.plan is not None:
         return attend_planned(q, kv, meta)
     return attend_sdpa(q, kv, meta)

@@ -88,6 +88,8 @@ class EngineConfig:
     max_batched_tokens: int = 2048    # tokens per step (chunked prefill budget)
     attn_backend: str = "auto"        # "exact" (block-ordered, batch invariant) | "sdpa" | "auto"
     attn_chunk_tokens: int = 256      # keys per online-softmax chunk (exact backend)
+    invariant_rows: int = -1          # exact backend: token tiles of this size (model.fixed_rows);
+                                      # -1 = auto: 64 on CUDA (batch invariance there), 0 on CPU
     enable_prefix_caching: bool = True
     shm_dir: str = "/dev/shm"         # where the CPU pool's backing file lives
     engine_id: str = "refengine"
@@ -110,6 +112,12 @@ class EngineConfig:
     @property
     def num_blocks(self) -> int:
         return self.kv_tokens // self.block_size
+
+    @property
+    def resolved_invariant_rows(self) -> int:
+        if self.invariant_rows >= 0:
+            return self.invariant_rows
+        return 64 if self.device.startswith("cuda") and self.resolved_attn_backend == "exact" else 0
 
     @property
     def resolved_attn_backend(self) -> str:

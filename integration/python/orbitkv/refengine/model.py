@@ -48,6 +48,20 @@ class LayerWeights:
     wdown: torch.Tensor
 
 
+def fixed_rows(x: torch.Tensor, rows: int, fn) -> torch.Tensor:
+    """fn(x) computed over row tiles of exactly `rows` rows (the last padded with zeros) when
+    rows > 0: a GPU picks a GEMM's or a reduction's kernel, and so its order of summation, by
+    the operands' shape, so tiles of one shape compute every token's row the same way whatever
+    else shares the step (batch invariance; the CPU's kernels already are, rows = 0)."""
+    n = x.shape[0]
+    if rows <= 0 or n == 0:
+        return fn(x)
+    pad = (-n) % rows
+    if pad:
+        x = torch.cat([x, x.new_zeros((pad,) + tuple(x.shape[1:]))])
+    return torch.cat([fn(x[i:i + rows]) for i in range(0, x.shape[0], rows)])[:n]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -132,31 +146,40 @@ class Qwen3Model:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, meta: BatchMeta, kv_layers: List[torch.Tensor],
                 attn_backend: str = "exact", attn_chunk: int = 256,
-                hooks: Optional[LayerHooks] = None) -> torch.Tensor:
-        """tokens [T] → fp32 logits [len(meta.logits_indices), vocab]; writes K/V into kv_layers."""
+                hooks: Optional[LayerHooks] = None, rows: int = 0) -> torch.Tensor:
+        """tokens [T] → fp32 logits [len(meta.logits_indices), vocab]; writes K/V into kv_layers.
+        ``rows`` > 0 (exact backend): every GEMM, norm and attention runs on tiles of that many
+        tokens (fixed_rows), for batch invariance on GPUs."""
         hooks = hooks or LayerHooks()
         if attn_backend != "exact":
             return self._forward_fast(tokens, meta, kv_layers, hooks)
         c = self.cfg
         T, d = tokens.shape[0], c.head_dim
         q_sz, kv_sz = c.num_q_heads * d, c.num_kv_heads * d
+        eps = c.rms_eps
+
+        def lin(x, w):
+            return fixed_rows(x, rows, lambda t: F.linear(t, w))
+
+        def norm(x, w):
+            return fixed_rows(x, rows, lambda t: rms_norm(t, w, eps))
+
         h = self.embed.index_select(0, tokens)
         cos, sin = self.rope_tables(meta.positions)
         for i, w in enumerate(self.layers):
-            x = rms_norm(h, w.in_norm, c.rms_eps)
-            q, k, v = F.linear(x, w.wqkv).split([q_sz, kv_sz, kv_sz], dim=-1)
-            q = self.rope(rms_norm(q.reshape(T, c.num_q_heads, d), w.q_norm, c.rms_eps), cos, sin)
-            k = self.rope(rms_norm(k.reshape(T, c.num_kv_heads, d), w.k_norm, c.rms_eps), cos, sin)
+            q, k, v = lin(norm(h, w.in_norm), w.wqkv).split([q_sz, kv_sz, kv_sz], dim=-1)
+            q = self.rope(norm(q.reshape(T, c.num_q_heads, d), w.q_norm), cos, sin)
+            k = self.rope(norm(k.reshape(T, c.num_kv_heads, d), w.k_norm), cos, sin)
             v = v.reshape(T, c.num_kv_heads, d)
             hooks.before_attention(i)
             write_kv(kv_layers[i], k, v, meta.slot_mapping)
-            a = attend(q, kv_layers[i], meta, attn_backend, attn_chunk)
+            a = attend(q, kv_layers[i], meta, attn_backend, attn_chunk, rows)
             hooks.after_attention(i, kv_layers[i], meta)
-            h = h + F.linear(a.reshape(T, q_sz), w.wo)
-            gate, up = F.linear(rms_norm(h, w.post_norm, c.rms_eps), w.wgu).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, w.wdown)
-        last = rms_norm(h.index_select(0, meta.logits_indices), self.final_norm, c.rms_eps)
-        return F.linear(last, self.lm_head).float()
+            h = h + lin(a.reshape(T, q_sz), w.wo)
+            gate, up = lin(norm(h, w.post_norm), w.wgu).chunk(2, dim=-1)
+            h = h + lin(F.silu(gate) * up, w.wdown)
+        last = norm(h.index_select(0, meta.logits_indices), self.final_norm)
+        return lin(last, self.lm_head).float()
 
 
     def _fast_tables(self):

@@ -157,7 +157,7 @@ class ModelRunner:
 
     def _forward(self, tokens: torch.Tensor, meta: BatchMeta, sample_ids) -> Dict[str, int]:
         logits = self.model.forward(tokens, meta, self.pool.layers, self.backend,
-                                    self.cfg.attn_chunk_tokens, self.hooks)
+                                    self.cfg.attn_chunk_tokens, self.hooks, rows=self.cfg.resolved_invariant_rows)
         if not sample_ids:
             return {}
         return dict(zip(sample_ids, logits.argmax(-1).tolist()))
