@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -50,6 +51,9 @@ func (p *API) noteFault(s *session, err error) {
 // stored pages with its KV blocks.
 func (p *API) checkBufferPath(path string) error {
 	real, err := filepath.EvalSymlinks(path)
+	if err != nil && isProcFD(path) {
+		return p.checkOpenFile(path)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: resolve %s: %v", hbm.ErrBuffer, path, err)
 	}
@@ -63,13 +67,45 @@ func (p *API) checkBufferPath(path string) error {
 	return nil
 }
 
-// linkedInto finds the file under dir that path is a hard link of; "" when
-// none (the common case, a file with one link, costs one stat).
-func linkedInto(dir, path string) string {
-	fi, err := os.Stat(path)
-	if st, ok := fi.Sys().(*syscall.Stat_t); err != nil || !ok || st.Nlink < 2 {
-		return ""
+// isProcFD reports whether path names an open file of a process,
+// /proc/PID/fd/N: how an engine hands over memory with no path of its own (a
+// memfd: SGLang's "allocator":"shm" host pool), which the peer opens through
+// that link while the engine keeps the descriptor open.
+func isProcFD(path string) bool {
+	parts := strings.Split(filepath.Clean(path), string(filepath.Separator))
+	if len(parts) != 5 || parts[0] != "" || parts[1] != "proc" || parts[3] != "fd" {
+		return false
 	}
+	_, e1 := strconv.Atoi(parts[2])
+	_, e2 := strconv.Atoi(parts[4])
+	return e1 == nil && e2 == nil
+}
+
+// checkOpenFile refuses a /proc/PID/fd/N buffer that is a file of the
+// peer's data dir (the same file, whatever its name); files on another
+// filesystem than the data dir's, memfds among them, cannot be.
+func (p *API) checkOpenFile(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%w: open file %s: %v", hbm.ErrBuffer, path, err)
+	}
+	dir, err := os.Stat(p.dataDir)
+	if err != nil {
+		return fmt.Errorf("%w: data dir %s: %v", hbm.ErrBuffer, p.dataDir, err)
+	}
+	a, ok1 := fi.Sys().(*syscall.Stat_t)
+	b, ok2 := dir.Sys().(*syscall.Stat_t)
+	if ok1 && ok2 && a.Dev != b.Dev {
+		return nil
+	}
+	if peer := sameFileIn(p.dataDir, fi); peer != "" {
+		return invalid("buffer %s is %s in the peer's data dir: put engine buffers elsewhere, e.g. /dev/shm", path, peer)
+	}
+	return nil
+}
+
+// sameFileIn finds the file under dir that is fi; "" when none.
+func sameFileIn(dir string, fi os.FileInfo) string {
 	var found string
 	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || found != "" {
@@ -82,4 +118,14 @@ func linkedInto(dir, path string) string {
 		return nil
 	})
 	return found
+}
+
+// linkedInto finds the file under dir that path is a hard link of; "" when
+// none (the common case, a file with one link, costs one stat).
+func linkedInto(dir, path string) string {
+	fi, err := os.Stat(path)
+	if st, ok := fi.Sys().(*syscall.Stat_t); err != nil || !ok || st.Nlink < 2 {
+		return ""
+	}
+	return sameFileIn(dir, fi)
 }

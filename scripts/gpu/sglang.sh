@@ -151,13 +151,16 @@ SGL_FLAGS=(--model-path "$MODEL" --load-format dummy --skip-tokenizer-init --dty
 	--attention-backend ${ATTN:-fa3} --sampling-backend pytorch --grammar-backend none
 	--served-model-name qwen3-8b --host 127.0.0.1 --port $PORT --enable-metrics --enable-cache-report)
 # HiCache configs: host pool, layout and policies named, not left to defaults that move between
-# releases. wait_complete: a prefetch from OrbitKV finishes before the request is scheduled, so
+# releases. layer_first (with the "shm" allocator, extra_config) is the layout the peer maps zero
+# copy; page_first is staged through a buffer (LAYOUT=page_first to compare). wait_complete: a prefetch from OrbitKV finishes before the request is scheduled, so
 # the restore is in the TTFT, never silently cut to a recompute.
-HICACHE=(--enable-hierarchical-cache --hicache-mem-layout ${LAYOUT:-page_first} --hicache-io-backend kernel
+HICACHE=(--enable-hierarchical-cache --hicache-mem-layout ${LAYOUT:-layer_first} --hicache-io-backend kernel
 	--hicache-write-policy write_through --hicache-storage-prefetch-policy ${PREFETCH:-wait_complete})
 
 extra_config() { # CONFIG: the JSON SGLang's "dynamic" backend factory hands our backend
-	echo "{\"backend_name\":\"orbitkv\",\"module_path\":\"orbitkv.sglang\",\"class_name\":\"OrbitKVHiCacheStorage\",\"interface_v1\":1,\"socket\":\"/tmp/okv-$1/orbitkv.sock\"}"
+	# "allocator":"shm": SGLang allocates its host pool as a memfd, which the peer maps through
+	# /proc/PID/fd/N (zero copy); ALLOCATOR=default stages every page through a buffer instead.
+	echo "{\"backend_name\":\"orbitkv\",\"module_path\":\"orbitkv.sglang\",\"class_name\":\"OrbitKVHiCacheStorage\",\"interface_v1\":1,\"allocator\":\"${ALLOCATOR:-shm}\",\"socket\":\"/tmp/okv-$1/orbitkv.sock\"}"
 }
 
 config_flags() { # CONFIG: the flags of one config (printed one a line)

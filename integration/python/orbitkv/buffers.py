@@ -113,6 +113,7 @@ class _Mapping:
     shared: bool
     offset: int
     path: str
+    inode: int = 0
 
 
 def _read_maps(pid: str = "self") -> list[_Mapping]:
@@ -123,8 +124,25 @@ def _read_maps(pid: str = "self") -> list[_Mapping]:
             if len(parts) < 6 or not parts[5].startswith("/"):
                 continue
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            out.append(_Mapping(lo, hi, parts[1][3] == "s", int(parts[2], 16), parts[5]))
+            out.append(_Mapping(lo, hi, parts[1][3] == "s", int(parts[2], 16), parts[5], int(parts[4])))
     return out
+
+
+def _memfd_path(m: _Mapping) -> Optional[str]:
+    """/proc/PID/fd/N of the open memfd a mapping shows as "/memfd:NAME (deleted)"
+    (SGLang's "allocator":"shm" host pool): the peer opens the memfd through that link,
+    as long as this process keeps the descriptor open. None when no descriptor is."""
+    if not m.path.startswith("/memfd:"):
+        return None
+    fd_dir = "/proc/self/fd"
+    for name in os.listdir(fd_dir):
+        link = os.path.join(fd_dir, name)
+        try:
+            if os.readlink(link) == m.path and os.stat(link).st_ino == m.inode:
+                return f"/proc/{os.getpid()}/fd/{name}"
+        except OSError:
+            continue
+    return None
 
 
 def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = None) -> tuple[str, int]:
@@ -135,7 +153,12 @@ def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = 
             if addr + length > m.end:
                 raise NotFileBacked(f"range {addr:#x}+{length} crosses the end of mapping {m.path}")
             if m.path.endswith(" (deleted)"):
-                raise NotFileBacked(f"{m.path}: backing file was unlinked; the peer cannot open it")
+                via = _memfd_path(m)
+                if via is None:
+                    raise NotFileBacked(f"{m.path}: backing file was unlinked; the peer cannot open it")
+                if not m.shared:
+                    raise NotFileBacked(f"{m.path} is mapped private")
+                return via, m.offset + (addr - m.start)
             if not m.shared:
                 raise NotFileBacked(f"{m.path} is mapped private; map it shared (torch.from_file(shared=True))")
             return m.path, m.offset + (addr - m.start)

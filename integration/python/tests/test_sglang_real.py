@@ -136,21 +136,23 @@ def test_v1_round_trip_on_real_host_pool(peer, layout):
         be.close()
 
 
-def test_sglang_shm_allocator_pool_is_staged_not_mapped(peer):
-    """SGLang's "allocator":"shm" pool is a memfd the peer cannot open by
-    path: the backend stages it (and still round-trips) rather than failing."""
+@pytest.mark.parametrize("layout", ["page_first_direct", "layer_first"])
+def test_sglang_shm_allocator_pool_is_mapped_zero_copy(peer, layout):
+    """SGLang's "allocator":"shm" host pool is a memfd: the backend hands the peer
+    /proc/PID/fd/N, the peer maps the pool itself and pages move with no staging copy."""
     dev = MHATokenToKVPool(size=DEVICE_TOKENS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
                            layer_num=L, device="cpu", enable_memory_saver=False)
-    hp = MHATokenToKVPoolHost(dev, 1.0, 0, PS, "page_first_direct", pin_memory=False, device="cpu",
+    hp = MHATokenToKVPoolHost(dev, 1.0, 0, PS, layout, pin_memory=False, device="cpu",
                               allocator_type="shm")
     hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape).to(torch.bfloat16))
     be = backend(peer.socket, hp)
     try:
-        assert not be.zero_copy
-        ks = hashes(2, "shm")
-        assert be.batch_set_v1(ks, indices([0, 1])) == [True] * 2
-        assert be.batch_get_v1(ks, indices([5, 6])) == [True] * 2
-        assert [page_bytes(hp, p) for p in (5, 6)] == [page_bytes(hp, p) for p in (0, 1)]
+        assert be.zero_copy and be.staging is None
+        ks = hashes(4, "shm-" + layout)
+        want = [page_bytes(hp, p) for p in range(4)]
+        assert be.batch_set_v1(ks, indices(range(4))) == [True] * 4
+        assert be.batch_get_v1(ks, indices([9, 8, 7, 6])) == [True] * 4
+        assert [page_bytes(hp, p) for p in (9, 8, 7, 6)] == want
     finally:
         be.close()
 

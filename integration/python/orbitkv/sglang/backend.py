@@ -4,10 +4,11 @@ Register with::
 
   --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
   '{"backend_name":"orbitkv","module_path":"orbitkv.sglang",
-    "class_name":"OrbitKVHiCacheStorage","interface_v1":1,
+    "class_name":"OrbitKVHiCacheStorage","interface_v1":1,"allocator":"shm",
     "socket":"/path/orbitkv.sock"}'
 
-Memory path. With ``interface_v1`` set, if the host pool's kv_buffer is a shared file mapping with a
+Memory path. With ``interface_v1`` set, if the host pool's kv_buffer is a shared file mapping
+(or SGLang's ``"allocator":"shm"`` memfd pool, which the peer opens as /proc/PID/fd/N) with a
 layout whose per-layer page is one dense block (layer_first,
 page_first_direct), the pool itself is registered and the peer copies pages
 straight in and out of host slots (zero copy). Otherwise — SGLang's default
