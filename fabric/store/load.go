@@ -51,6 +51,7 @@ func (s *Store) loadChunk(ctx context.Context, sess *Engine, reqs []PageReq, res
 	s.fetchRemote(ctx, sess, reqs, res)
 	items := s.pinForLoad(sess, reqs, res)
 	s.readFromSSD(ctx, sess, items, res)
+	s.corruptForTest(sess, items, res)
 	if sess.GPU != nil {
 		clk.lap(phasePin)
 		stuck := s.scatterGPU(ctx, sess, items, res, clk) // one device copy (gpu.go)
@@ -281,3 +282,25 @@ func loadedTokens(sess *Engine, items []*loadItem) int {
 	}
 	return n
 }
+
+// corruptForTest flips the bit in the first pending page of items when
+// this load is the Nth.
+func (s *Store) corruptForTest(sess *Engine, items []*loadItem, res []Result) {
+	if s.corrupt.every == 0 || s.corrupt.loads.Add(1)%s.corrupt.every != 0 {
+		return
+	}
+	for _, it := range items {
+		if res[it.i].Code != CodePending {
+			continue
+		}
+		b := s.pool.Bytes(it.slot)
+		if i := elemBytes(sess.Layout.DType) - 1; i < len(b) {
+			b[i] ^= 0x40
+			s.corrupt.done.Add(1)
+		}
+		return
+	}
+}
+
+// TestCorruptedPages is how many pages the test-only hook corrupted.
+func (s *Store) TestCorruptedPages() int64 { return s.corrupt.done.Load() }

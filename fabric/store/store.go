@@ -48,6 +48,8 @@ type Store struct {
 	// fillWaits is the time DRAM-acknowledged saves spent waiting for the
 	// disk to take older pages, in one-second windows (flush.go, behind).
 	fillWaits waitWindow
+	// corrupt is the test-only hook that corrupts restores (testcorrupt.go).
+	corrupt testCorrupt
 	// phases times CUDA sessions' whole-request loads and saves (phases.go).
 	phases phaseTable
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
@@ -94,6 +96,10 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 		dramR: transfer.HostRegion("dram", pool.Region())}
 	if s.opts.Now == nil {
 		s.opts.Now = time.Now
+	}
+	if s.corrupt.every = testCorruptFromEnv(); s.corrupt.every > 0 {
+		s.log.Warn().Int64("every", s.corrupt.every).Str("env", testCorruptEnv).
+			Msg("TEST HOOK: one bit of the first page of every Nth load is flipped before it reaches the engine; never serve users with it")
 	}
 	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})

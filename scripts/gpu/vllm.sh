@@ -21,6 +21,8 @@
 #               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
 #   invariant   VLLM_BATCH_INVARIANT=1: native and DRAM sustained runs (30 s windows) whose
 #               reused prompts must match their serial reference token for token
+#   corrupt     the control for invariant: a DRAM run (batch-invariant) whose peer flips one bit of every
+#               20th restore (ORBITKV_TEST_CORRUPT_LOADS, a test-only hook): its reused prompts must mismatch
 #   report      bench report over every run so far
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
@@ -72,7 +74,7 @@ start_peer() { # CONFIG: dram | ssd
 	rm -rf "$dir"
 	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
 	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
-	out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" >>"$O/peer.log" 2>&1 &
+	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" >>"$O/peer.log" 2>&1 &
 	PEER_PID=$!
 	for _ in $(seq 900); do
 		[ -S "$dir/orbitkv.sock" ] && return 0
@@ -171,6 +173,12 @@ invariant() {
 	done
 }
 
+corrupt() { # the control: the peer's test-only hook flips one bit of every 20th restore's first page
+	PEER_ENV=ORBITKV_TEST_CORRUPT_LOADS=20 one dram invariant-corrupt VLLM_BATCH_INVARIANT=1 -- "${SEEDS[@]}" --duration 30s \
+		--label pair=corrupt --label mode=batch-invariant --deterministic=false
+	grep -h '"mismatches"' "$RUNS/invariant-corrupt/summary.json" | sed 's/^/[corrupt] /' | tee -a "$S"
+}
+
 report() {
 	out/orbitkv bench report "$RUNS"/*-[0-9] >"$O/report.txt" 2>&1
 	say "bench report rc=$?"
@@ -188,8 +196,8 @@ carry2) carry 01; unpack || exit 1; shift ;;
 esac
 for m in "$@"; do
 	case $m in
-	sustained | probe | overhead | invariant | report) $m ;;
-	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant report)" >&2; exit 2 ;;
+	sustained | probe | overhead | invariant | corrupt | report) $m ;;
+	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt report)" >&2; exit 2 ;;
 	esac
 done
 (cd "$K" && tar czf "$O/runs.tgz" runs)

@@ -132,3 +132,33 @@ def test_prompt_restored_from_orbitkv_and_again_from_ssd_after_peer_restart(proc
     wait_until(lambda: peer.metrics()["orbitkv_fabric_sessions"] == 0, 10, "engine sessions closed")
     print(f"\nrestored {restored} tokens (x2); timings: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in t.items())
           + f"; peer after restart: {json.dumps({k: v for k, v in m2.items() if 'loaded_pages' in k or 'promoted' in k})}")
+
+
+@bit_exact
+def test_a_corrupted_restore_changes_the_output(tmpdir_short, monkeypatch):
+    """The control for every "outputs match their reference" result: the peer's test-only
+    hook (ORBITKV_TEST_CORRUPT_LOADS) flips one bit of a restored page past every checksum,
+    and the engine's output then differs from a full recompute — so a wrong restore does not
+    hide behind matching outputs."""
+    monkeypatch.setenv("ORBITKV_TEST_CORRUPT_LOADS", "1")
+    peer = start_real_peer(tmpdir_short)
+    monkeypatch.delenv("ORBITKV_TEST_CORRUPT_LOADS")
+    eng = None
+    try:
+        with open(os.path.join(tmpdir_short, "peer.log")) as f:
+            assert "TEST HOOK" in f.read()
+        eng = start_refengine(
+            tmpdir_short, "engine", "--kv-tokens", str(KV_TOKENS), "--connector", "orbitkv",
+            "--orbitkv-socket", peer.socket, "--connector-extra", json.dumps(CONNECTOR_EXTRA))
+        prompt, filler = tokens(PROMPT_TOKENS, 1), tokens(FILLER_TOKENS, 2)
+        want_prompt, want_f = recompute([prompt, filler], MAX_TOKENS)
+        assert eng.complete(prompt, MAX_TOKENS)["choices"][0]["token_ids"] == want_prompt  # cold: nothing loaded
+        assert eng.complete(filler, MAX_TOKENS)["choices"][0]["token_ids"] == want_f  # evicts the prompt locally
+        wait_until(lambda: settled(peer, eng), 20, "saves done, gauges at 0")
+        warm = eng.complete(prompt, MAX_TOKENS)
+        assert warm["usage"]["orbitkv_restored_tokens"] == PROMPT_TOKENS // PAGE * PAGE
+        assert warm["choices"][0]["token_ids"] != want_prompt, "a restore with a flipped bit gave the reference output"
+    finally:
+        if eng is not None:
+            eng.stop()
+        peer.stop()
