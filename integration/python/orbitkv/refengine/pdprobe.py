@@ -22,7 +22,8 @@ Per repetition, with fresh random prompts of ``--prompt-tokens`` tokens:
 
 One warm-up repetition (not counted) runs first. Each sample records what the consumer says
 it restored (``usage.orbitkv_restored_tokens`` on the reference engine, else
-``usage.prompt_tokens_details.cached_tokens``) and, with ``--consumer-metrics``, the deltas of
+``usage.prompt_tokens_details.cached_tokens``, else the delta of vLLM's
+``vllm:external_prefix_cache_hits_total``) and, with ``--consumer-metrics``, the deltas of
 the consumer's counters over its request. ``--strict`` fails (exit 1) unless every handoff
 restored every page the producer promised (``orbitkv_pages`` × ``orbitkv_page_tokens``, at most
 the ``(n - 1) // page_tokens`` pages before the prompt's last token) and no
@@ -163,6 +164,16 @@ def restored_tokens(usage: dict) -> Optional[int]:
     return int(d["cached_tokens"]) if d.get("cached_tokens") is not None else None
 
 
+def restored(usage: dict, counters: Dict[str, float]) -> Optional[int]:
+    """restored_tokens from the usage, else the consumer's external-cache counter delta
+    (vLLM: vllm:external_prefix_cache_hits_total), else None (not known)."""
+    r = restored_tokens(usage)
+    if r is None:
+        hits = [v for k, v in counters.items() if k.split("{", 1)[0] == "vllm:external_prefix_cache_hits_total"]
+        r = int(sum(hits)) if hits else None
+    return r
+
+
 def promised_tokens(params: Optional[dict], prompt_tokens: int) -> int:
     """Tokens the consumer should restore: the pages the producer's kv_transfer_params promise
     (orbitkv_pages), at most those before the prompt's last token (an engine computes at
@@ -184,18 +195,19 @@ def handoff(prod: Endpoint, cons: Endpoint, prompt: List[int], decode_tokens: in
                          "kv_producer (or kv_both) with the OrbitKV connector?")
     before = cons.counters()
     c = cons.stream(prompt, decode_tokens, params)
+    counters = _delta(before, cons.counters())
     return {"prefill_s": p["took_s"], "handoff_s": c["first_at"] - p["done_at"],
             "pd_ttft_s": c["first_at"] - p["done_at"] + p["took_s"], "consumer_ttft_s": c["ttft_s"],
             "producer_token": (p["tokens"] or [None])[0], "consumer_token": c["tokens"][0],
-            "promised_tokens": promised_tokens(params, len(prompt)), "restored_tokens": restored_tokens(c["usage"]),
-            "params": params, "counters": _delta(before, cons.counters())}
+            "promised_tokens": promised_tokens(params, len(prompt)), "restored_tokens": restored(c["usage"], counters),
+            "params": params, "counters": counters}
 
 
 def recompute(cons: Endpoint, prompt: List[int], decode_tokens: int) -> dict:
     before = cons.counters()
     c = cons.stream(prompt, decode_tokens, None)
-    return {"recompute_s": c["ttft_s"], "restored_tokens": restored_tokens(c["usage"]),
-            "counters": _delta(before, cons.counters())}
+    counters = _delta(before, cons.counters())
+    return {"recompute_s": c["ttft_s"], "restored_tokens": restored(c["usage"], counters), "counters": counters}
 
 
 def check(rep: dict, expect_match: bool) -> List[str]:
