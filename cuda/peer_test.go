@@ -5,8 +5,10 @@ package cuda
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
 
 // TestPeerCopy copies between the first two GPUs (NVLink on the two-GPU
@@ -62,5 +64,76 @@ func TestPeerCopy(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("peer copy differs")
+	}
+}
+
+// BenchmarkPeerCopy moves an 8K-token prompt's KV (Qwen3-8B: 8,192 × 144 KiB
+// = 1,152 MiB) and a 32 MiB chunk from GPU 0 to GPU 1 two ways: direct
+// (cuMemcpyPeerAsync, over NVLink where peer access is on) and staged through
+// pinned host memory (GPU 0 → DRAM, then DRAM → GPU 1: the path a P/D handoff
+// through the peer's DRAM tier takes today, without its overlap of the two
+// halves). Needs two GPUs; skips on one.
+func BenchmarkPeerCopy(b *testing.B) {
+	d0 := requireDevice(b)
+	if n, _ := DeviceCount(); n < 2 {
+		b.Skipf("skipping: needs 2 GPUs, have %d", n)
+	}
+	d1, err := Open(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d1.Close()
+	peer, err := d1.CanAccessPeer(d0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if peer {
+		if err := d1.EnablePeerAccess(d0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("GPU 1 can access GPU 0 directly: %v", peer)
+	for _, n := range []uint64{32 << 20, 1152 << 20} {
+		src, dst := allocDevice(b, d0, n), allocDevice(b, d1, n)
+		host := registerHost(b, d0, int(n)) // portable: pinned for both devices
+		b.Run(fmt.Sprintf("direct/%dMiB", n>>20), func(b *testing.B) {
+			copyLoop(b, d0, d1, n, func(s1 *Stream, _ *Stream) error { return s1.PeerCopyAsync(dst.Ptr, d0, src.Ptr, n) })
+		})
+		b.Run(fmt.Sprintf("staged/%dMiB", n>>20), func(b *testing.B) {
+			copyLoop(b, d0, d1, n, func(s1, s0 *Stream) error {
+				if err := s0.CopyAsync(DeviceToHost, unsafe.Pointer(&host.Bytes()[0]), src.Ptr, n); err != nil {
+					return err
+				}
+				if err := s0.Synchronize(); err != nil {
+					return err
+				}
+				return s1.CopyAsync(HostToDevice, unsafe.Pointer(&host.Bytes()[0]), dst.Ptr, n)
+			})
+		})
+	}
+}
+
+// copyLoop times b.N rounds of enqueue (on a GPU 1 stream and a GPU 0 stream)
+// then wait for GPU 1's stream, at n bytes each.
+func copyLoop(b *testing.B, d0, d1 *Device, n uint64, enqueue func(s1, s0 *Stream) error) {
+	s0, err := d0.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s0.Close()
+	s1, err := d1.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s1.Close()
+	b.SetBytes(int64(n))
+	b.ResetTimer()
+	for range b.N {
+		if err := enqueue(s1, s0); err != nil {
+			b.Fatal(err)
+		}
+		if err := s1.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

