@@ -24,7 +24,8 @@
 #                                  each, kv_role kv_producer / kv_consumer, the OrbitKV connector.
 #                                  vLLM travels as scripts/gpu/vllm.sh's bundle in two calls:
 #                                    call 1: scripts/gpu/vllm.sh carry1
-#                                    call 2: scripts/gpu/vllm.sh carry2 && scripts/gpu/pd.sh vllm
+#                                    call 2: scripts/gpu/vllm.sh carry2; scripts/gpu/pd.sh vllm
+#                                  (";": vllm.sh carry2 with no MODE can end non-zero)
 #                                  device time ~8 min over the two calls: machine start ~1.5,
 #                                  carry + unpack ~1, two vLLM starts ~1.5-2 each (torch.compile and
 #                                  CUDA graphs; the second reuses the first's compile cache;
@@ -80,6 +81,7 @@ else
 	DATA=/tmp/okv-pd STRICT=(--strict)
 	nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee -a "$S"
 fi
+mkdir -p "$DATA"
 SOCK=$DATA/peer/orbitkv.sock
 
 start_peer() {
