@@ -56,6 +56,7 @@ const (
 // Cluster is this peer's membership and view of the shared catalog.
 type Cluster struct {
 	cfg         Config
+	leases      *leaseTable // placements members hold (place.go)
 	name        string
 	incarnation uint64
 	log         zerolog.Logger

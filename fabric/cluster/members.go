@@ -58,7 +58,8 @@ func (c *Cluster) Route(id int) (transfer.Transport, string, bool) {
 	if c.rd.choice(name, hasDevice).transport != transportRDMA {
 		return c.data, addr, true
 	}
-	return &fallback{member: name, rdma: c.rd.tr, tcp: c.data, down: func(err error) { c.rd.laneDown(name, err) }}, addr, true
+	return &fallback{member: name, rdma: &placing{c: c, member: name}, tcp: c.data, down: func(err error) { c.rd.laneDown(name, err) },
+		tcpPages: c.rd.tcpPages}, addr, true
 }
 
 // NoteFetch counts a page fetched for a load, by result (ok, missing,

@@ -37,8 +37,12 @@ type rdmaSide struct {
 	tr   *trdma.Transport
 	regs trdma.Registry
 
+	placer Placer      // the store's DRAM (place.go); nil without an engine
+	dram   *ibv.Region // its registration, offered to members
+
 	transport *prometheus.GaugeVec // orbitkv_cluster_member_transport{member,transport}
 	fallbacks prometheus.Counter   // orbitkv_cluster_transport_fallbacks_total
+	tcpPages  prometheus.Counter   // orbitkv_cluster_rdma_fallback_pages_total
 
 	mu struct {
 		sync.Mutex
@@ -66,8 +70,10 @@ func newRDMASide(cfg ibv.Config, reg *prometheus.Registry, log zerolog.Logger) *
 			"1 for each member with the data plane this peer uses to reach it (tcp, rdma).")), []string{"member", "transport"}),
 		fallbacks: prometheus.NewCounter(prometheus.CounterOpts(opts("transport_fallbacks_total",
 			"Members whose RDMA lane went down, so their pages move over TCP."))),
+		tcpPages: prometheus.NewCounter(prometheus.CounterOpts(opts("rdma_fallback_pages_total",
+			"Pages of RDMA routes carried over TCP: not in the member's DRAM, no placement, a lane down."))),
 	}
-	reg.MustRegister(r.transport, r.fallbacks)
+	reg.MustRegister(r.transport, r.fallbacks, r.tcpPages)
 	r.mu.links, r.mu.accepted = map[string]*link{}, map[string][]*ibv.Conn{}
 	r.mu.owners, r.mu.shown = map[uint64]string{}, map[string]string{}
 	r.tr = &trdma.Transport{Conn: r.connOf, Regions: &r.regs}

@@ -99,6 +99,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 	c.m.members.Set(1)
 	c.data = tcp.NewClient(c.clientTLS())
 	c.rd = newRDMASide(cfg.RDMA, reg, c.log)
+	c.leases = newLeaseTable(reg)
 	return c, nil
 }
 
@@ -146,6 +147,11 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
 	}
 	c.rd.open(ibv.Open) // logs the data plane: RDMA, or why TCP
+	if p, ok := src.(Placer); ok {
+		if err := c.rd.registerDRAM(p); err != nil { // members' reads of this peer then go over TCP
+			c.log.Warn().Err(err).Msg("rdma: dram pool not registered; members fetch its pages over TCP")
+		}
+	}
 	c.peerSrv = grpc.NewServer(opts...)
 	pb.RegisterPeerServiceServer(c.peerSrv, &peerServer{c: c})
 	c.wg.Add(2)
@@ -182,6 +188,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 			}
 			ml.Shutdown()
 			c.peerSrv.Stop()
+			c.leases.closeAll()
 			c.dataSrv.Close()
 			c.data.Close()
 			c.wg.Wait()

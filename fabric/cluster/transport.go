@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	ibv "github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/transfer"
 )
@@ -63,6 +65,8 @@ type fallback struct {
 	rdma   transfer.Transport
 	tcp    transfer.Transport
 	down   func(err error)
+	// tcpPages counts the descriptors carried over TCP (nil: not counted).
+	tcpPages prometheus.Counter
 }
 
 func (f *fallback) Name() string { return transportRDMA }
@@ -88,6 +92,9 @@ func (f *fallback) Submit(ctx context.Context, endpoint string, batch []transfer
 	}
 	if len(again) == 0 || ctx.Err() != nil {
 		return out
+	}
+	if f.tcpPages != nil {
+		f.tcpPages.Add(float64(len(again)))
 	}
 	for k, c := range f.tcp.Submit(ctx, endpoint, again) {
 		out[idx[k]] = c

@@ -25,6 +25,322 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PlaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`                       // the asking member's name (without mutual TLS)
+	Layout        []byte                 `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`                   // the pages' layout fingerprint (16 bytes)
+	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`                      // the pages' size in bytes
+	Keys          []byte                 `protobuf:"bytes,4,opt,name=keys,proto3" json:"keys,omitempty"`                       // page keys, packed: 16 bytes each
+	LeaseMs       uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"` // how long to pin them (capped by the peer; 0: its default)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlaceRequest) Reset() {
+	*x = PlaceRequest{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlaceRequest) ProtoMessage() {}
+
+func (x *PlaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlaceRequest.ProtoReflect.Descriptor instead.
+func (*PlaceRequest) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PlaceRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *PlaceRequest) GetLayout() []byte {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *PlaceRequest) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *PlaceRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PlaceRequest) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
+type PagePlacement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InDram        bool                   `protobuf:"varint,1,opt,name=in_dram,json=inDram,proto3" json:"in_dram,omitempty"` // false: not in this peer's DRAM (the rest is unset)
+	Region        uint32                 `protobuf:"varint,2,opt,name=region,proto3" json:"region,omitempty"`               // the region's key (rdma.ConnInfo's RemoteRegion.Key)
+	Offset        uint64                 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`               // the page's byte offset in the region
+	Length        uint64                 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`               // page data bytes
+	Checksum      uint32                 `protobuf:"varint,5,opt,name=checksum,proto3" json:"checksum,omitempty"`           // CRC-32C of the data
+	Generation    uint64                 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PagePlacement) Reset() {
+	*x = PagePlacement{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PagePlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PagePlacement) ProtoMessage() {}
+
+func (x *PagePlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PagePlacement.ProtoReflect.Descriptor instead.
+func (*PagePlacement) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PagePlacement) GetInDram() bool {
+	if x != nil {
+		return x.InDram
+	}
+	return false
+}
+
+func (x *PagePlacement) GetRegion() uint32 {
+	if x != nil {
+		return x.Region
+	}
+	return 0
+}
+
+func (x *PagePlacement) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *PagePlacement) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *PagePlacement) GetChecksum() uint32 {
+	if x != nil {
+		return x.Checksum
+	}
+	return 0
+}
+
+func (x *PagePlacement) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+type PlaceReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         uint64                 `protobuf:"varint,1,opt,name=lease,proto3" json:"lease,omitempty"`                    // 0 when nothing was pinned
+	LeaseMs       uint32                 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"` // the lease's length as granted
+	Pages         []*PagePlacement       `protobuf:"bytes,3,rep,name=pages,proto3" json:"pages,omitempty"`                     // one per key, in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlaceReply) Reset() {
+	*x = PlaceReply{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlaceReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlaceReply) ProtoMessage() {}
+
+func (x *PlaceReply) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlaceReply.ProtoReflect.Descriptor instead.
+func (*PlaceReply) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PlaceReply) GetLease() uint64 {
+	if x != nil {
+		return x.Lease
+	}
+	return 0
+}
+
+func (x *PlaceReply) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
+func (x *PlaceReply) GetPages() []*PagePlacement {
+	if x != nil {
+		return x.Pages
+	}
+	return nil
+}
+
+type ReleasePlacementsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Lease         uint64                 `protobuf:"varint,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasePlacementsRequest) Reset() {
+	*x = ReleasePlacementsRequest{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePlacementsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePlacementsRequest) ProtoMessage() {}
+
+func (x *ReleasePlacementsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePlacementsRequest.ProtoReflect.Descriptor instead.
+func (*ReleasePlacementsRequest) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReleasePlacementsRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ReleasePlacementsRequest) GetLease() uint64 {
+	if x != nil {
+		return x.Lease
+	}
+	return 0
+}
+
+type ReleasePlacementsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Released      bool                   `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"` // false: the lease had ended already
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasePlacementsReply) Reset() {
+	*x = ReleasePlacementsReply{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePlacementsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePlacementsReply) ProtoMessage() {}
+
+func (x *ReleasePlacementsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePlacementsReply.ProtoReflect.Descriptor instead.
+func (*ReleasePlacementsReply) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReleasePlacementsReply) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 type RDMAExchange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`                         // the sending member's name
@@ -35,7 +351,7 @@ type RDMAExchange struct {
 
 func (x *RDMAExchange) Reset() {
 	*x = RDMAExchange{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +363,7 @@ func (x *RDMAExchange) String() string {
 func (*RDMAExchange) ProtoMessage() {}
 
 func (x *RDMAExchange) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +376,7 @@ func (x *RDMAExchange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RDMAExchange.ProtoReflect.Descriptor instead.
 func (*RDMAExchange) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RDMAExchange) GetFrom() string {
@@ -86,7 +402,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -98,7 +414,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -111,7 +427,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SnapshotRequest) GetFrom() string {
@@ -137,7 +453,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +465,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +478,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotChunk) GetOrigin() string {
@@ -198,7 +514,32 @@ var File_orbitkv_v1_peer_proto protoreflect.FileDescriptor
 const file_orbitkv_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x15orbitkv/v1/peer.proto\x12\n" +
-	"orbitkv.v1\"?\n" +
+	"orbitkv.v1\"}\n" +
+	"\fPlaceRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x16\n" +
+	"\x06layout\x18\x02 \x01(\fR\x06layout\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x12\n" +
+	"\x04keys\x18\x04 \x01(\fR\x04keys\x12\x19\n" +
+	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\"\xac\x01\n" +
+	"\rPagePlacement\x12\x17\n" +
+	"\ain_dram\x18\x01 \x01(\bR\x06inDram\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\rR\x06region\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\x04 \x01(\x04R\x06length\x12\x1a\n" +
+	"\bchecksum\x18\x05 \x01(\rR\bchecksum\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x04R\n" +
+	"generation\"n\n" +
+	"\n" +
+	"PlaceReply\x12\x14\n" +
+	"\x05lease\x18\x01 \x01(\x04R\x05lease\x12\x19\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x12/\n" +
+	"\x05pages\x18\x03 \x03(\v2\x19.orbitkv.v1.PagePlacementR\x05pages\"D\n" +
+	"\x18ReleasePlacementsRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x14\n" +
+	"\x05lease\x18\x02 \x01(\x04R\x05lease\"4\n" +
+	"\x16ReleasePlacementsReply\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"?\n" +
 	"\fRDMAExchange\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1b\n" +
 	"\tconn_info\x18\x02 \x01(\fR\bconnInfo\"%\n" +
@@ -208,10 +549,13 @@ const file_orbitkv_v1_peer_proto_rawDesc = "" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x18\n" +
-	"\aentries\x18\x04 \x01(\fR\aentries2\x97\x01\n" +
+	"\aentries\x18\x04 \x01(\fR\aentries2\xb6\x02\n" +
 	"\vPeerService\x12D\n" +
 	"\bSnapshot\x12\x1b.orbitkv.v1.SnapshotRequest\x1a\x19.orbitkv.v1.SnapshotChunk0\x01\x12B\n" +
-	"\fExchangeRDMA\x12\x18.orbitkv.v1.RDMAExchange\x1a\x18.orbitkv.v1.RDMAExchangeB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
+	"\fExchangeRDMA\x12\x18.orbitkv.v1.RDMAExchange\x1a\x18.orbitkv.v1.RDMAExchange\x12>\n" +
+	"\n" +
+	"PlacePages\x12\x18.orbitkv.v1.PlaceRequest\x1a\x16.orbitkv.v1.PlaceReply\x12]\n" +
+	"\x11ReleasePlacements\x12$.orbitkv.v1.ReleasePlacementsRequest\x1a\".orbitkv.v1.ReleasePlacementsReplyB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
 
 var (
 	file_orbitkv_v1_peer_proto_rawDescOnce sync.Once
@@ -225,22 +569,32 @@ func file_orbitkv_v1_peer_proto_rawDescGZIP() []byte {
 	return file_orbitkv_v1_peer_proto_rawDescData
 }
 
-var file_orbitkv_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_orbitkv_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_orbitkv_v1_peer_proto_goTypes = []any{
-	(*RDMAExchange)(nil),    // 0: orbitkv.v1.RDMAExchange
-	(*SnapshotRequest)(nil), // 1: orbitkv.v1.SnapshotRequest
-	(*SnapshotChunk)(nil),   // 2: orbitkv.v1.SnapshotChunk
+	(*PlaceRequest)(nil),             // 0: orbitkv.v1.PlaceRequest
+	(*PagePlacement)(nil),            // 1: orbitkv.v1.PagePlacement
+	(*PlaceReply)(nil),               // 2: orbitkv.v1.PlaceReply
+	(*ReleasePlacementsRequest)(nil), // 3: orbitkv.v1.ReleasePlacementsRequest
+	(*ReleasePlacementsReply)(nil),   // 4: orbitkv.v1.ReleasePlacementsReply
+	(*RDMAExchange)(nil),             // 5: orbitkv.v1.RDMAExchange
+	(*SnapshotRequest)(nil),          // 6: orbitkv.v1.SnapshotRequest
+	(*SnapshotChunk)(nil),            // 7: orbitkv.v1.SnapshotChunk
 }
 var file_orbitkv_v1_peer_proto_depIdxs = []int32{
-	1, // 0: orbitkv.v1.PeerService.Snapshot:input_type -> orbitkv.v1.SnapshotRequest
-	0, // 1: orbitkv.v1.PeerService.ExchangeRDMA:input_type -> orbitkv.v1.RDMAExchange
-	2, // 2: orbitkv.v1.PeerService.Snapshot:output_type -> orbitkv.v1.SnapshotChunk
-	0, // 3: orbitkv.v1.PeerService.ExchangeRDMA:output_type -> orbitkv.v1.RDMAExchange
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: orbitkv.v1.PlaceReply.pages:type_name -> orbitkv.v1.PagePlacement
+	6, // 1: orbitkv.v1.PeerService.Snapshot:input_type -> orbitkv.v1.SnapshotRequest
+	5, // 2: orbitkv.v1.PeerService.ExchangeRDMA:input_type -> orbitkv.v1.RDMAExchange
+	0, // 3: orbitkv.v1.PeerService.PlacePages:input_type -> orbitkv.v1.PlaceRequest
+	3, // 4: orbitkv.v1.PeerService.ReleasePlacements:input_type -> orbitkv.v1.ReleasePlacementsRequest
+	7, // 5: orbitkv.v1.PeerService.Snapshot:output_type -> orbitkv.v1.SnapshotChunk
+	5, // 6: orbitkv.v1.PeerService.ExchangeRDMA:output_type -> orbitkv.v1.RDMAExchange
+	2, // 7: orbitkv.v1.PeerService.PlacePages:output_type -> orbitkv.v1.PlaceReply
+	4, // 8: orbitkv.v1.PeerService.ReleasePlacements:output_type -> orbitkv.v1.ReleasePlacementsReply
+	5, // [5:9] is the sub-list for method output_type
+	1, // [1:5] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_orbitkv_v1_peer_proto_init() }
@@ -254,7 +608,7 @@ func file_orbitkv_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_orbitkv_v1_peer_proto_rawDesc), len(file_orbitkv_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,8 +23,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PeerService_Snapshot_FullMethodName     = "/orbitkv.v1.PeerService/Snapshot"
-	PeerService_ExchangeRDMA_FullMethodName = "/orbitkv.v1.PeerService/ExchangeRDMA"
+	PeerService_Snapshot_FullMethodName          = "/orbitkv.v1.PeerService/Snapshot"
+	PeerService_ExchangeRDMA_FullMethodName      = "/orbitkv.v1.PeerService/ExchangeRDMA"
+	PeerService_PlacePages_FullMethodName        = "/orbitkv.v1.PeerService/PlacePages"
+	PeerService_ReleasePlacements_FullMethodName = "/orbitkv.v1.PeerService/ReleasePlacements"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -41,6 +43,18 @@ type PeerServiceClient interface {
 	// accepted only from the member that first sent it (its mutual-TLS
 	// identity); a peer without a usable device answers FailedPrecondition.
 	ExchangeRDMA(ctx context.Context, in *RDMAExchange, opts ...grpc.CallOption) (*RDMAExchange, error)
+	// PlacePages says where this peer holds each asked page in its DRAM (the
+	// RDMA region offered in ExchangeRDMA, the offset and the header), for a
+	// member to RDMA READ them, and pins those pages for a lease: until
+	// ReleasePlacements or the lease's end, whichever comes first (never
+	// longer than this peer's cap). Pages only on SSD, or not held with the
+	// asked layout and size, answer in_dram false (the member fetches them
+	// over the TCP data plane). FailedPrecondition without a registered DRAM
+	// region; ResourceExhausted when the member holds too many leases.
+	PlacePages(ctx context.Context, in *PlaceRequest, opts ...grpc.CallOption) (*PlaceReply, error)
+	// ReleasePlacements ends a lease PlacePages gave (only the member it was
+	// given to may end it); an unknown or expired lease is not an error.
+	ReleasePlacements(ctx context.Context, in *ReleasePlacementsRequest, opts ...grpc.CallOption) (*ReleasePlacementsReply, error)
 }
 
 type peerServiceClient struct {
@@ -80,6 +94,26 @@ func (c *peerServiceClient) ExchangeRDMA(ctx context.Context, in *RDMAExchange, 
 	return out, nil
 }
 
+func (c *peerServiceClient) PlacePages(ctx context.Context, in *PlaceRequest, opts ...grpc.CallOption) (*PlaceReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PlaceReply)
+	err := c.cc.Invoke(ctx, PeerService_PlacePages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerServiceClient) ReleasePlacements(ctx context.Context, in *ReleasePlacementsRequest, opts ...grpc.CallOption) (*ReleasePlacementsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleasePlacementsReply)
+	err := c.cc.Invoke(ctx, PeerService_ReleasePlacements_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -94,6 +128,18 @@ type PeerServiceServer interface {
 	// accepted only from the member that first sent it (its mutual-TLS
 	// identity); a peer without a usable device answers FailedPrecondition.
 	ExchangeRDMA(context.Context, *RDMAExchange) (*RDMAExchange, error)
+	// PlacePages says where this peer holds each asked page in its DRAM (the
+	// RDMA region offered in ExchangeRDMA, the offset and the header), for a
+	// member to RDMA READ them, and pins those pages for a lease: until
+	// ReleasePlacements or the lease's end, whichever comes first (never
+	// longer than this peer's cap). Pages only on SSD, or not held with the
+	// asked layout and size, answer in_dram false (the member fetches them
+	// over the TCP data plane). FailedPrecondition without a registered DRAM
+	// region; ResourceExhausted when the member holds too many leases.
+	PlacePages(context.Context, *PlaceRequest) (*PlaceReply, error)
+	// ReleasePlacements ends a lease PlacePages gave (only the member it was
+	// given to may end it); an unknown or expired lease is not an error.
+	ReleasePlacements(context.Context, *ReleasePlacementsRequest) (*ReleasePlacementsReply, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -109,6 +155,12 @@ func (UnimplementedPeerServiceServer) Snapshot(*SnapshotRequest, grpc.ServerStre
 }
 func (UnimplementedPeerServiceServer) ExchangeRDMA(context.Context, *RDMAExchange) (*RDMAExchange, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExchangeRDMA not implemented")
+}
+func (UnimplementedPeerServiceServer) PlacePages(context.Context, *PlaceRequest) (*PlaceReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method PlacePages not implemented")
+}
+func (UnimplementedPeerServiceServer) ReleasePlacements(context.Context, *ReleasePlacementsRequest) (*ReleasePlacementsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleasePlacements not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -160,6 +212,42 @@ func _PeerService_ExchangeRDMA_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_PlacePages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).PlacePages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_PlacePages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).PlacePages(ctx, req.(*PlaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PeerService_ReleasePlacements_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleasePlacementsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).ReleasePlacements(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_ReleasePlacements_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).ReleasePlacements(ctx, req.(*ReleasePlacementsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -170,6 +258,14 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExchangeRDMA",
 			Handler:    _PeerService_ExchangeRDMA_Handler,
+		},
+		{
+			MethodName: "PlacePages",
+			Handler:    _PeerService_PlacePages_Handler,
+		},
+		{
+			MethodName: "ReleasePlacements",
+			Handler:    _PeerService_ReleasePlacements_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

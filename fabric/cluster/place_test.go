@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// fakeTimers stands in for time.AfterFunc: the test fires a lease's expiry
+// when it chooses.
+type fakeTimers struct {
+	fns     []func()
+	stopped []bool
+	ttls    []time.Duration
+}
+
+func (f *fakeTimers) after(d time.Duration, fn func()) func() bool {
+	i := len(f.fns)
+	f.fns, f.stopped, f.ttls = append(f.fns, fn), append(f.stopped, false), append(f.ttls, d)
+	return func() bool { f.stopped[i] = true; return true }
+}
+
+func newTestLeases(t *testing.T) (*leaseTable, *fakeTimers) {
+	t.Helper()
+	ft := &fakeTimers{}
+	lt := newLeaseTable(prometheus.NewRegistry())
+	lt.after = ft.after
+	return lt, ft
+}
+
+func TestPlacementLeaseExpiryUnpins(t *testing.T) {
+	lt, ft := newTestLeases(t)
+	released := 0
+	id, err := lt.grant("m", time.Second, func() { released++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lt.count() != 1 || released != 0 || ft.ttls[0] != time.Second {
+		t.Fatalf("after grant: %d held, %d released, ttl %v", lt.count(), released, ft.ttls[0])
+	}
+	ft.fns[0]() // the lease's end
+	if lt.count() != 0 || released != 1 {
+		t.Fatalf("after expiry: %d held, %d released", lt.count(), released)
+	}
+	if lt.end(id, "m", "released") || released != 1 {
+		t.Fatal("an expired lease released again")
+	}
+	if got := counterValue(t, lt.ended.WithLabelValues("expired")); got != 1 {
+		t.Fatalf("expired leases counted %v", got)
+	}
+}
+
+func TestPlacementLeaseRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name, by     string
+		wantReleased bool
+	}{
+		{"by its member", "m", true},
+		{"by another member", "other", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lt, ft := newTestLeases(t)
+			released := 0
+			id, err := lt.grant("m", time.Second, func() { released++ })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := lt.end(id, tc.by, "released"); got != tc.wantReleased || (released == 1) != tc.wantReleased || ft.stopped[0] != tc.wantReleased {
+				t.Fatalf("end by %s: %v, released %d, timer stopped %v", tc.by, got, released, ft.stopped[0])
+			}
+			if lt.end(id, "m", "released"); released != 1 {
+				t.Fatalf("released %d times", released)
+			}
+		})
+	}
+}
+
+func TestPlacementLeasesBoundedPerMember(t *testing.T) {
+	lt, _ := newTestLeases(t)
+	for i := 0; i < placeMaxLeases; i++ {
+		if _, err := lt.grant("m", time.Second, func() {}); err != nil {
+			t.Fatalf("lease %d: %v", i, err)
+		}
+	}
+	if _, err := lt.grant("m", time.Second, func() {}); !errors.Is(err, errTooManyLeases) {
+		t.Fatalf("lease past the cap: %v", err)
+	}
+	if _, err := lt.grant("other", time.Second, func() {}); err != nil {
+		t.Fatalf("another member's lease: %v", err)
+	}
+	released := 0
+	lt2, _ := newTestLeases(t)
+	for i := 0; i < 3; i++ {
+		lt2.grant("m", time.Second, func() { released++ })
+	}
+	lt2.closeAll()
+	if released != 3 || lt2.count() != 0 {
+		t.Fatalf("close: %d released, %d held", released, lt2.count())
+	}
+}
+
+func TestLeaseTTLBounded(t *testing.T) {
+	for _, tc := range []struct {
+		ms   uint32
+		want time.Duration
+	}{
+		{0, placeLeaseDefault},
+		{250, 250 * time.Millisecond},
+		{1 << 31, placeLeaseMax},
+	} {
+		if got := leaseTTL(tc.ms); got != tc.want {
+			t.Errorf("leaseTTL(%d) = %v, want %v", tc.ms, got, tc.want)
+		}
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
