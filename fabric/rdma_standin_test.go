@@ -11,17 +11,27 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/orbitkv/orbitkv/internal/pki"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+	ibv "github.com/orbitkv/orbitkv/rdma"
+	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
 // TestClusterExchangesRDMAOverStandIn: two peers whose RDMA engines open
 // rdma's STAND-IN libibverbs (rdma/testdata/standin_ibverbs.c: a memcpy
 // model in this process, NOT HARDWARE) advertise a device, exchange their
 // ConnInfo over the mutual-TLS peer service (ExchangeRDMA), connect, and
-// then reach each other over RDMA in peers and metrics; a remote load on
-// that route is byte-exact (the DRAM pool is not registered for RDMA yet,
-// so the route carries its pages over TCP). Child process: a process holds
-// one libibverbs. Needs cc and libibverbs-dev (skips without).
+// then reach each other over RDMA in peers and metrics. On that route a
+// remote load of DRAM pages moves their bytes by RDMA READ (placements from
+// PlacePages; the engine's read counters move, the TCP data plane serves
+// nothing), byte-exact, and the leases are released; SSD-only pages go by
+// TCP (counted as fallbacks); a page corrupted in the member's DRAM after
+// placement fails its checksum and is not stored; a lease not released
+// unpins at its end. Child process: a process holds one libibverbs. Needs
+// cc and libibverbs-dev (skips without).
 func TestClusterExchangesRDMAOverStandIn(t *testing.T) {
 	if os.Getenv("ORBITKV_RDMA_STANDIN") != "" {
 		clusterOverStandIn(t)
@@ -78,6 +88,7 @@ func clusterOverStandIn(t *testing.T) {
 	src := refs(keys, 0, 4)
 	okOp(t)(ea.Save(ctx(t), src, pb.Durability_DURABILITY_DRAM))
 	waitRemote(t, eb, keys, 4)
+	before := rdmaStats(t, b)
 	dst := refs(keys, 32, 4)
 	okOp(t)(eb.Load(ctx(t), dst))
 	for i := range keys {
@@ -85,7 +96,173 @@ func clusterOverStandIn(t *testing.T) {
 			t.Fatalf("page %d differs after a load on the rdma route", i)
 		}
 	}
-	if got := b.metric(`orbitkv_cluster_transport_fallbacks_total`); !strings.HasSuffix(got, " 0") {
-		t.Fatalf("fallbacks with the lane up: %q", got)
+	after := rdmaStats(t, b)
+	pageBytes := wantsOf(t, a, keys[:1])[0].Size
+	if got := after.BytesRead - before.BytesRead; got != 4*pageBytes || after.Batches == before.Batches || after.OpsFailed != before.OpsFailed {
+		t.Fatalf("rdma reads for 4 pages of %d bytes: %d bytes, batches %d→%d, failed ops %d→%d",
+			pageBytes, got, before.Batches, after.Batches, before.OpsFailed, after.OpsFailed)
 	}
+	for metric, want := range map[string]string{
+		`orbitkv_cluster_transport_fallbacks_total`: " 0", `orbitkv_cluster_rdma_fallback_pages_total`: " 0",
+		`orbitkv_cluster_fetched_pages_total{result="ok"}`: " 4",
+	} {
+		if got := b.metric(metric); !strings.HasSuffix(got, want) {
+			t.Fatalf("b's %s with the lane up: %q", metric, got)
+		}
+	}
+	for metric, want := range map[string]string{ // a's TCP data plane served nothing
+		`orbitkv_cluster_served_pages_total`: " 0", `orbitkv_cluster_served_requests_total`: " 0",
+		`orbitkv_cluster_placement_leases_total{end="released"}`: " 1",
+	} {
+		if got := a.metric(metric); !strings.HasSuffix(got, want) {
+			t.Fatalf("a's %s after the rdma load: %q", metric, got)
+		}
+	}
+	for i, k := range keys {
+		if dram, ssd := a.p.pages.Pinned(mustKey(t, k)); dram || ssd {
+			t.Fatalf("a's page %d still pinned after the load", i)
+		}
+	}
+
+	t.Run("ssd-only pages go by tcp", func(t *testing.T) { standInSSDOnly(t, a, b) })
+	t.Run("corrupt in the member's dram", func(t *testing.T) { standInCorrupt(t, a, b) })
+	t.Run("lease expiry unpins", func(t *testing.T) { standInLeaseExpiry(t, a, b, creds) })
+}
+
+// rdmaStats is tp's RDMA engine's counters.
+func rdmaStats(t *testing.T, tp *testPeer) ibv.Stats {
+	t.Helper()
+	st, ok := tp.p.cluster.RDMAStats()
+	if !ok {
+		t.Fatal("no rdma engine")
+	}
+	return st
+}
+
+// standInSSDOnly: pages a holds only on SSD are not placed; the route
+// carries them over TCP (a serves them, promoting them), byte-exact.
+func standInSSDOnly(t *testing.T, a, b *testPeer) {
+	ea, eb := a.engine(tinyFlash), b.engine(tinyFlash)
+	keys := randKeys(2)
+	src := refs(keys, 0, 4)
+	okOp(t)(ea.Save(ctx(t), src, pb.Durability_DURABILITY_SSD))
+	if _, err := a.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+		t.Fatal(err)
+	}
+	waitRemote(t, eb, keys, 2)
+	before := rdmaStats(t, b)
+	dst := refs(keys, 40, 4)
+	okOp(t)(eb.Load(ctx(t), dst))
+	for i := range keys {
+		if !bytes.Equal(ea.page(src[i].Blocks), eb.page(dst[i].Blocks)) {
+			t.Fatalf("ssd page %d differs after a load on the rdma route", i)
+		}
+	}
+	if got := rdmaStats(t, b).BytesRead - before.BytesRead; got != 0 {
+		t.Fatalf("rdma read %d bytes of pages not in the member's dram", got)
+	}
+	if got := b.metric(`orbitkv_cluster_rdma_fallback_pages_total`); !strings.HasSuffix(got, " 2") {
+		t.Fatalf("b's fallback pages: %q", got)
+	}
+	if got := a.metric(`orbitkv_cluster_served_pages_total`); !strings.HasSuffix(got, " 2") {
+		t.Fatalf("a's tcp served pages: %q", got)
+	}
+}
+
+// standInCorrupt: a page placed (so sealed), then corrupted in a's DRAM,
+// arrives by RDMA, fails its checksum at b and is not stored.
+func standInCorrupt(t *testing.T, a, b *testPeer) {
+	ea, eb := a.engine(tinyFlash), b.engine(tinyFlash)
+	keys := randKeys(2)
+	okOp(t)(ea.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	waitRemote(t, eb, keys, 2)
+	k := mustKey(t, keys[1])
+	placed, release := a.p.pages.PlaceDRAM(wantsOf(t, a, keys[1:]))
+	if !placed[0].OK {
+		t.Fatal("a did not place its dram page")
+	}
+	a.p.pages.DRAMRegion().Host[placed[0].Off+5] ^= 0x5a
+	release()
+	before := rdmaStats(t, b)
+	st, err := eb.Load(ctx(t), refs(keys, 48, 4))
+	if err != nil || st.Pages[0].Code != pb.PageCode_PAGE_OK || st.Pages[1].Code == pb.PageCode_PAGE_OK {
+		t.Fatalf("load with a page corrupt in the member's dram: %v %v", st, err)
+	}
+	if rdmaStats(t, b).BytesRead == before.BytesRead {
+		t.Fatal("the pages did not move by rdma")
+	}
+	if got := b.metric(`orbitkv_cluster_fetched_pages_total{result="corrupt"}`); !strings.HasSuffix(got, " 1") {
+		t.Fatalf("b's corrupt fetches: %q", got)
+	}
+	if _, ok := b.p.cat.Get(k); ok {
+		t.Fatal("b stored the corrupt page")
+	}
+}
+
+// standInLeaseExpiry: a lease b never releases ends at its deadline and
+// unpins a's page; a page a holds no more answers not in DRAM.
+func standInLeaseExpiry(t *testing.T, a, b *testPeer, creds clusterCreds) {
+	ea := a.engine(tinyFlash)
+	keys := randKeys(1)
+	okOp(t)(ea.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	want := wantsOf(t, a, keys)[0]
+	cl := peerServiceOf(t, b, a, creds)
+	absent := mustKey(t, randKeys(1)[0])
+	resp, err := cl.PlacePages(ctx(t), &pb.PlaceRequest{From: b.p.cluster.Name(), Layout: want.Layout[:], Size: want.Size,
+		Keys: append(want.Key[:], absent[:]...), LeaseMs: 200})
+	if err != nil || resp.Lease == 0 || len(resp.Pages) != 2 || !resp.Pages[0].InDram || resp.Pages[1].InDram || resp.LeaseMs != 200 {
+		t.Fatalf("placement: %v %v", resp, err)
+	}
+	if p := resp.Pages[0]; p.Length != want.Size || p.Checksum == 0 {
+		t.Fatalf("placement's header: %v", p)
+	}
+	if dram, _ := a.p.pages.Pinned(want.Key); !dram {
+		t.Fatal("the placed page is not pinned")
+	}
+	waitFor(t, "the lease to end", 5*time.Second, func() bool { dram, _ := a.p.pages.Pinned(want.Key); return !dram })
+	if got := a.metric(`orbitkv_cluster_placement_leases_total{end="expired"}`); !strings.HasSuffix(got, " 1") {
+		t.Fatalf("a's expired leases: %q", got)
+	}
+	if rel, err := cl.ReleasePlacements(ctx(t), &pb.ReleasePlacementsRequest{Lease: resp.Lease}); err != nil || rel.Released {
+		t.Fatalf("release after expiry: %v %v", rel, err)
+	}
+}
+
+// wantsOf is what a's catalog holds of keys, as placement requests.
+func wantsOf(t *testing.T, a *testPeer, keys [][]byte) []tcp.Want {
+	t.Helper()
+	out := make([]tcp.Want, len(keys))
+	for i, kb := range keys {
+		e, ok := a.p.cat.Get(mustKey(t, kb))
+		if !ok {
+			t.Fatalf("page %d not in a's catalog", i)
+		}
+		out[i] = tcp.Want{Key: e.Key, Layout: e.Layout, Size: e.Size}
+	}
+	return out
+}
+
+// peerServiceOf dials to's peer service with the cluster's mutual TLS.
+func peerServiceOf(t *testing.T, from, to *testPeer, creds clusterCreds) pb.PeerServiceClient {
+	t.Helper()
+	resp, err := from.admin.Peers(ctx(t), &pb.PeersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ""
+	for _, p := range resp.Peers {
+		if p.Name == to.p.cluster.Name() {
+			addr = p.PeerAddr
+		}
+	}
+	tlsc, err := pki.LoadFiles(creds.cert, creds.key, creds.ca)
+	if err != nil || addr == "" {
+		t.Fatalf("peer address %q: %v", addr, err)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsc.Client)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return pb.NewPeerServiceClient(cc)
 }
