@@ -36,6 +36,7 @@ const (
 	placeLeaseMax      = 30 * time.Second // the longest lease granted
 	placeMaxKeys       = 4096             // pages per PlacePages
 	placeMaxLeases     = 64               // leases one member may hold at once
+	placeCallWithin    = 2 * time.Second  // a PlacePages call (within the batch's own deadline)
 	placeReleaseWithin = 2 * time.Second  // a ReleasePlacements call
 )
 
@@ -292,7 +293,9 @@ func (p *placing) place(ctx context.Context, batch []transfer.RemoteDesc) (batch
 	if err != nil {
 		return batchLocator{}, 0, err
 	}
-	resp, err := cl.PlacePages(ctx, req)
+	cctx, cancel := context.WithTimeout(ctx, placeCallWithin)
+	defer cancel()
+	resp, err := cl.PlacePages(cctx, req)
 	if err != nil {
 		return batchLocator{}, 0, err
 	}
