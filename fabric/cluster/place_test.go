@@ -1,12 +1,15 @@
 package cluster
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
 // fakeTimers stands in for time.AfterFunc: the test fires a lease's expiry
@@ -124,4 +127,30 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+func TestPlaceWantsDecodes(t *testing.T) {
+	layout, k1, k2 := bytes.Repeat([]byte{9}, 16), bytes.Repeat([]byte{1}, 16), bytes.Repeat([]byte{2}, 16)
+	for _, tc := range []struct {
+		name  string
+		req   *pb.PlaceRequest
+		want  int
+		valid bool
+	}{
+		{"two keys", &pb.PlaceRequest{Layout: layout, Size: 4096, Keys: append(append([]byte{}, k1...), k2...)}, 2, true},
+		{"no keys", &pb.PlaceRequest{Layout: layout, Size: 4096}, 0, true},
+		{"short layout", &pb.PlaceRequest{Layout: layout[:15], Keys: k1}, 0, false},
+		{"a partial key", &pb.PlaceRequest{Layout: layout, Keys: append(append([]byte{}, k1...), 3)}, 0, false},
+		{"too many keys", &pb.PlaceRequest{Layout: layout, Keys: make([]byte, 16*(placeMaxKeys+1))}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := placeWants(tc.req)
+			if (err == nil) != tc.valid || len(got) != tc.want {
+				t.Fatalf("%d wants, %v", len(got), err)
+			}
+			if tc.want == 2 && (got[1].Key[0] != 2 || got[1].Layout[0] != 9 || got[1].Size != 4096) {
+				t.Fatalf("decoded %+v", got[1])
+			}
+		})
+	}
 }

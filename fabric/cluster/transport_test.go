@@ -89,7 +89,8 @@ func TestFallbackCarriesWhatRDMACannot(t *testing.T) {
 		4: fmt.Errorf("read: %w", ibv.ErrClosed),
 	}}
 	var downs []error
-	f := &fallback{member: "m", rdma: lane, tcp: tcp, down: func(err error) { downs = append(downs, err) }}
+	carried := prometheus.NewCounter(prometheus.CounterOpts{Name: "carried"})
+	f := &fallback{member: "m", rdma: lane, tcp: tcp, down: func(err error) { downs = append(downs, err) }, tcpPages: carried}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	got := f.Submit(ctx, "data-addr", batch)
@@ -103,6 +104,9 @@ func TestFallbackCarriesWhatRDMACannot(t *testing.T) {
 	}
 	if len(downs) != 1 || !errors.Is(downs[0], ibv.ErrLaneDown) {
 		t.Fatalf("lane down reported %d times: %v", len(downs), downs)
+	}
+	if got := counterValue(t, carried); got != 3 {
+		t.Fatalf("pages counted as carried over tcp: %v, want 3", got)
 	}
 }
 
