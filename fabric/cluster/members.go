@@ -3,6 +3,7 @@ package cluster
 import (
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
+	ibv "github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/transfer"
 )
 
@@ -58,7 +59,7 @@ func (c *Cluster) Route(id int) (transfer.Transport, string, bool) {
 	if c.rd.choice(name, hasDevice).transport != transportRDMA {
 		return c.data, addr, true
 	}
-	return &fallback{member: name, rdma: &placing{c: c, member: name}, tcp: c.data, down: func(err error) { c.rd.laneDown(name, err) },
+	return &fallback{member: name, rdma: &placing{member: name, from: c.name, tr: c.rd.tr, client: c.peerClient, log: c.log}, tcp: c.data, down: func(err error) { c.rd.laneDown(name, err) },
 		tcpPages: c.rd.tcpPages}, addr, true
 }
 
@@ -69,4 +70,12 @@ func (c *Cluster) NoteFetch(result string, bytes uint64) {
 	if bytes > 0 {
 		c.m.fetchBytes.Add(float64(bytes))
 	}
+}
+
+// RDMAStats are the RDMA engine's counters; false without an engine.
+func (c *Cluster) RDMAStats() (ibv.Stats, bool) {
+	if c.rd.eng == nil {
+		return ibv.Stats{}, false
+	}
+	return c.rd.eng.Stats(), true
 }

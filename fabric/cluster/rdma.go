@@ -117,6 +117,23 @@ func noDeviceLine(err error) string {
 	return "rdma: no RDMA device (" + why + "); data plane uses TCP"
 }
 
+// registerDRAM registers the DRAM region with the engine for members'
+// READs (and this side's READ destinations); without an engine it does
+// nothing.
+func (r *rdmaSide) registerDRAM(p Placer) error {
+	if r.eng == nil || p == nil {
+		return nil
+	}
+	reg := p.DRAMRegion()
+	mr, err := r.eng.RegisterHost(reg.Name, reg.Host, ibv.RemoteRead)
+	if err != nil {
+		return fmt.Errorf("rdma: register the dram pool: %w", err)
+	}
+	r.regs.Add(reg, mr)
+	r.placer, r.dram = p, mr
+	return nil
+}
+
 // local is "" with a usable device, else why not.
 func (r *rdmaSide) local() string { return r.why }
 

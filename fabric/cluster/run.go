@@ -18,9 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pki"
@@ -439,6 +441,46 @@ func (s *peerServer) ExchangeRDMA(ctx context.Context, req *pb.RDMAExchange) (*p
 	return &pb.RDMAExchange{From: s.c.name, ConnInfo: wire}, nil
 }
 
+// PlacePages answers where the asked pages are in this peer's DRAM and
+// pins them for a lease (place.go's comment).
+func (s *peerServer) PlacePages(ctx context.Context, req *pb.PlaceRequest) (*pb.PlaceReply, error) {
+	rd := s.c.rd
+	if rd.dram == nil {
+		return nil, status.Error(codes.FailedPrecondition, "no dram region registered for rdma: "+rd.local())
+	}
+	wants, err := placeWants(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	placed, release := rd.placer.PlaceDRAM(wants)
+	reply := &pb.PlaceReply{Pages: make([]*pb.PagePlacement, len(placed))}
+	n := 0
+	for i, p := range placed {
+		reply.Pages[i] = &pb.PagePlacement{}
+		if p.OK {
+			n++
+			reply.Pages[i] = &pb.PagePlacement{InDram: true, Region: rd.dram.Key, Offset: p.Off, Length: p.Header.Length,
+				Checksum: p.Header.Checksum, Generation: p.Header.Generation}
+		}
+	}
+	if n == 0 {
+		release()
+		return reply, nil
+	}
+	ttl := leaseTTL(req.LeaseMs)
+	if reply.Lease, err = s.c.leases.grant(senderOf(ctx, req.From), ttl, release); err != nil {
+		release()
+		return nil, status.Error(codes.ResourceExhausted, err.Error())
+	}
+	reply.LeaseMs = uint32(ttl / time.Millisecond)
+	return reply, nil
+}
+
+// ReleasePlacements ends the caller's lease.
+func (s *peerServer) ReleasePlacements(ctx context.Context, req *pb.ReleasePlacementsRequest) (*pb.ReleasePlacementsReply, error) {
+	return &pb.ReleasePlacementsReply{Released: s.c.leases.end(req.Lease, senderOf(ctx, req.From), "released")}, nil
+}
+
 // senderOf is the calling member: its mutual-TLS certificate's name, or
 // (a cluster without TLS, --cluster-insecure) the name it gives.
 func senderOf(ctx context.Context, from string) string {
@@ -501,4 +543,22 @@ func (c *Cluster) serverTLS() *tls.Config {
 		return nil
 	}
 	return c.tls.Server
+}
+
+// peerClient is the peer service of member.
+func (c *Cluster) peerClient(member string) (pb.PeerServiceClient, error) {
+	c.mu.Lock()
+	addr := ""
+	if o := c.origins[member]; o != nil {
+		addr = o.peerAddr
+	}
+	c.mu.Unlock()
+	if addr == "" {
+		return nil, fmt.Errorf("member %s left", member)
+	}
+	cc, err := c.peerConn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return pb.NewPeerServiceClient(cc), nil
 }
