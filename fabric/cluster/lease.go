@@ -36,6 +36,7 @@ type leaseTable struct {
 	next      uint64
 	held      map[uint64]*placeLease
 	perMember map[string]int
+	closed    bool // closeAll ran: no new leases (a handler may outlive the server's Stop)
 }
 
 type placeLease struct {
@@ -61,11 +62,17 @@ func newLeaseTable(reg *prometheus.Registry) *leaseTable {
 // errTooManyLeases reports a member at placeMaxLeases.
 var errTooManyLeases = errors.New("too many placement leases held")
 
+// errLeasesClosed reports a placement asked for while the cluster stops.
+var errLeasesClosed = errors.New("placement leases closed: the peer is stopping")
+
 // grant records a lease of member's that runs release when it ends, at
 // the latest after ttl.
 func (t *leaseTable) grant(member string, ttl time.Duration, release func()) (uint64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return 0, errLeasesClosed
+	}
 	if t.perMember[member] >= placeMaxLeases {
 		return 0, fmt.Errorf("member %s: %w (%d)", member, errTooManyLeases, placeMaxLeases)
 	}
@@ -102,6 +109,7 @@ func (t *leaseTable) end(id uint64, member, how string) bool {
 // closeAll ends every lease (the cluster stops).
 func (t *leaseTable) closeAll() {
 	t.mu.Lock()
+	t.closed = true
 	ids := make([]uint64, 0, len(t.held))
 	for id := range t.held {
 		ids = append(ids, id)

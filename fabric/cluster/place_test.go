@@ -103,6 +103,9 @@ func TestPlacementLeasesBoundedPerMember(t *testing.T) {
 	if released != 3 || lt2.count() != 0 {
 		t.Fatalf("close: %d released, %d held", released, lt2.count())
 	}
+	if _, err := lt2.grant("m", time.Second, func() {}); !errors.Is(err, errLeasesClosed) {
+		t.Fatalf("a lease after close: %v", err)
+	}
 }
 
 func TestLeaseTTLBounded(t *testing.T) {

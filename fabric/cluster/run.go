@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -470,6 +471,9 @@ func (s *peerServer) PlacePages(ctx context.Context, req *pb.PlaceRequest) (*pb.
 	ttl := leaseTTL(req.LeaseMs)
 	if reply.Lease, err = s.c.leases.grant(senderOf(ctx, req.From), ttl, release); err != nil {
 		release()
+		if errors.Is(err, errLeasesClosed) {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
 		return nil, status.Error(codes.ResourceExhausted, err.Error())
 	}
 	reply.LeaseMs = uint32(ttl / time.Millisecond)
