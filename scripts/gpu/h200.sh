@@ -2,6 +2,8 @@
 # GPU runs for docs/benchmarks.md ("GPU"), one device call per part:
 #   scripts/gpu/h200.sh check      GPU tests (Go peer + cuda, Python), bench gpu, TTFT probe, proto check
 #   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
+#   scripts/gpu/h200.sh invariant  batch-invariant mode (exact attention, token tiles): its CUDA test, sustained
+#                                  native/DRAM/SSD (0 mismatches expected), and the corrupted-restore control
 #   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
 #   scripts/gpu/h200.sh peer128    8K-token peer rows only (64- and 16-token blocks), then the Go GPU tests
 #   scripts/gpu/h200.sh pitched    copy methods incl. pitched 2D copies: cuda tests, method table and peer rows
@@ -38,7 +40,7 @@ start_peer() { # DIR LOG ARGS...
 	local dir=$1 log=$2
 	shift 2
 	rm -rf "$dir"
-	out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 "$@" >>"$log" 2>&1 &
+	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 "$@" >>"$log" 2>&1 &
 	PEER_PID=$!
 	for _ in $(seq 600); do
 		[ -S "$dir/orbitkv.sock" ] && return 0
@@ -89,7 +91,7 @@ sustained_one() { # CONFIG
 	esac
 	[ "$cfg" != native ] && conn=(--connector orbitkv --orbitkv-socket /tmp/okv-$cfg/orbitkv.sock ${CONN_EXTRA:+--connector-extra "$CONN_EXTRA"})
 	(cd integration/python && exec python3 -m orbitkv.refengine --preset qwen3-8b --device cuda --kv-tokens 16384 \
-		--block-size 16 --page-tokens 64 --port 8000 "${conn[@]}") >>"$O/logs.txt" 2>&1 &
+		--block-size 16 --page-tokens 64 --port 8000 ${ENGINE_ARGS:-} "${conn[@]}") >>"$O/logs.txt" 2>&1 &
 	ENGINE_PID=$!
 	for _ in $(seq 900); do
 		curl -s -o /dev/null 127.0.0.1:8000/metrics && break
@@ -297,8 +299,28 @@ final() { # every GPU test (cuda, transfer, fabric on auto), the 8K-token peer r
 	PEER_EXTRA="--cuda-layer-gates=true" METRICS=1 ttft_probe "lw_gated" integration/python ${TTFT_TIMEOUT:-75} --layerwise --trace
 }
 
+invariant() { # issue 11: the batch-invariant GPU mode (exact attention, 64-token tiles): its CUDA test, then
+	# 30-s sustained runs native / DRAM / SSD whose reused prompts must all match their serial
+	# reference, then the control: a DRAM run whose peer flips a bit of every 20th restore
+	# (ORBITKV_TEST_CORRUPT_LOADS, test-only) must mismatch. Slow by design (a correctness mode).
+	(cd integration/python && ORBITKV_REQUIRE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider \
+		tests/test_refengine_cuda.py -k invariant) >>"$O/logs.txt" 2>&1
+	say "refengine CUDA invariance test rc=$?"
+	mkdir -p "$O/runs"
+	local c
+	for c in ${CONFIGS:-native dram ssd}; do
+		ENGINE_ARGS="--attn-backend exact" DURATION=${DURATION:-30s} PAIR=invariant sustained_one "$c"
+	done
+	mv "$O/runs/dram" "$O/runs/dram-invariant" 2>/dev/null
+	ENGINE_ARGS="--attn-backend exact" DURATION=${DURATION:-30s} PAIR=corrupt PEER_ENV=ORBITKV_TEST_CORRUPT_LOADS=20 sustained_one dram
+	mv "$O/runs/dram" "$O/runs/dram-corrupt" 2>/dev/null
+	grep -H '"mismatches"' "$O"/runs/*/summary.json | tee -a "$S"
+	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
+}
+
 case ${1:-check} in
 check) check ;;
+invariant) invariant ;;
 peer) peer ;;
 peer128) peer128 ;;
 pitched) pitched ;;
@@ -308,5 +330,5 @@ layerwise) layerwise ;;
 lwmethods) lwmethods ;;
 lwgates) lwgates ;;
 final) final ;;
-*) echo "usage: $0 check|sustained|peer|peer128|pitched|refengine|layerwise|lwmethods|lwgates|final" >&2; exit 2 ;;
+*) echo "usage: $0 check|sustained|invariant|peer|peer128|pitched|refengine|layerwise|lwmethods|lwgates|final" >&2; exit 2 ;;
 esac
