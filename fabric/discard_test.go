@@ -41,7 +41,13 @@ func newSSDFixture(t *testing.T) *ssdFixture {
 	fx := &ssdFixture{cfg: smallConfig(t.TempDir()), shm: map[engineclient.Flash]*engineclient.Shm{},
 		pages: map[engineclient.Flash][]savedPage{}, inFile: map[uint32]int{}}
 	tp := startPeer(t, fx.cfg)
-	for f, n := range map[engineclient.Flash]int{tinyFlash: 3, wideFlash: 2} {
+	// In this order: the first slot size claims file 0's region, the second
+	// file 1's (a map's order would swap them at random).
+	for _, fn := range []struct {
+		f engineclient.Flash
+		n int
+	}{{tinyFlash, 3}, {wideFlash, 2}} {
+		f, n := fn.f, fn.n
 		e := tp.engine(f)
 		fx.shm[f] = e.shm
 		keys := randKeys(n)
