@@ -33,9 +33,9 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
 try:
-    from .pages import Layout, check, die_with_parent, fill, free_port, wait_listening, zero_destinations
+    from .pages import Layout, check, die_with_parent, fill, free_port, layout_args, wait_listening, zero_destinations
 except ImportError:  # run as a script: pages.py sits beside it
-    from pages import Layout, check, die_with_parent, fill, free_port, wait_listening, zero_destinations
+    from pages import Layout, check, die_with_parent, fill, free_port, layout_args, wait_listening, zero_destinations
 
 
 def start_server():
@@ -150,16 +150,7 @@ def bench(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=36)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--block-tokens", type=int, default=16)
-    p.add_argument("--page-tokens", type=int, default=64)
-    p.add_argument("--elem-bytes", type=int, default=2)
-    p.add_argument("--pages", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32, help="ignored: the protocol moves one page per message")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--seed", type=int, default=1)
+    layout_args(p, "ignored: the protocol moves one page per message")
     p.add_argument("--placement", default="server", help="ignored: one placement, a server process")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

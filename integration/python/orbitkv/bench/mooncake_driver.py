@@ -40,9 +40,9 @@ os.environ.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
 os.environ.setdefault("MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER", "8192")
 
 try:
-    from .pages import Layout, check, die_with_parent, fill, free_port, wait_listening, zero_destinations
+    from .pages import Layout, check, die_with_parent, fill, free_port, layout_args, wait_listening, zero_destinations
 except ImportError:  # run as a script: pages.py sits beside it
-    from pages import Layout, check, die_with_parent, fill, free_port, wait_listening, zero_destinations
+    from pages import Layout, check, die_with_parent, fill, free_port, layout_args, wait_listening, zero_destinations
 
 
 def start_master():
@@ -141,16 +141,7 @@ def bench(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=36)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--block-tokens", type=int, default=16)
-    p.add_argument("--page-tokens", type=int, default=64)
-    p.add_argument("--elem-bytes", type=int, default=2)
-    p.add_argument("--pages", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32, help="pages per batch call")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--seed", type=int, default=1)
+    layout_args(p, "pages per batch call")
     p.add_argument("--placement", choices=["local", "remote"], default="local")
     p.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)

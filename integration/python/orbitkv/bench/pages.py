@@ -35,6 +35,21 @@ def die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
+def layout_args(p, batch_help="pages per batch call"):
+    """The flags Layout reads, and the run's shape, on an argparse parser (Go's bench tiers passes them)."""
+    p.add_argument("--layers", type=int, default=36)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--page-tokens", type=int, default=64)
+    p.add_argument("--elem-bytes", type=int, default=2)
+    p.add_argument("--pages", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32, help=batch_help)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=1)
+    return p
+
+
 class Layout:
     """The vLLM FlashAttention KV buffer: [layer][K,V][block] runs of block_bytes each."""
 
