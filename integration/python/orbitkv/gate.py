@@ -91,7 +91,7 @@ class RestoreGate:
     def queue_aware(self) -> bool:
         return self.skipped_first and self.capacity_blocks > 0
 
-    def query(self, req_id: str, restore_blocks: int = -1, now: Optional[float] = None) -> Admission:
+    def query(self, req_id: str, restore_blocks: int = -1) -> Admission:
         """Decides a lookup of ``req_id`` (one call per scheduler visit).
         ``restore_blocks``: the request's prompt blocks if it would restore,
         0 if it would not, -1 if not known (treated as a restore)."""
@@ -106,6 +106,12 @@ class RestoreGate:
             if restore_blocks > 0 and sum(h.blocks for h in others) + restore_blocks <= self.capacity_blocks:
                 return Admission.PROCEED
         self._count("deferred_misses" if restore_blocks == 0 else "deferred_restores", 1)
+        return Admission.DEFER
+
+    def defer_for_budget(self) -> Admission:
+        """A restore the query budget cut short while others hold admission:
+        deferred (the budget frees as their loads end), and counted."""
+        self._count("deferred_budget", 1)
         return Admission.DEFER
 
     def _count(self, name: str, n: float) -> None:

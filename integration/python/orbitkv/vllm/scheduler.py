@@ -178,10 +178,8 @@ class SchedulerHalf:
         # A hit the query budget cut short while other restores pin it: wait for
         # them (the budget frees as their loads end) rather than recompute the rest.
         short = restores and lk.budget_cut > 0 and self.gate.enabled and self.gate.others_hold(st.req_id)
-        if short or self.gate.query(st.req_id, blocks) == Admission.DEFER:
-            if short:
-                self.gate.totals.deferred_budget += 1
-                self.gate.stats.deferred_budget += 1
+        verdict = self.gate.defer_for_budget() if short else self.gate.query(st.req_id, blocks)
+        if verdict == Admission.DEFER:
             # A deferred request holds no lease (no budget): it looks up again once a hold is released.
             self._release(st.lookup)
             st.lookup = None
