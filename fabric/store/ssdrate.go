@@ -95,10 +95,14 @@ func (r *ssdRate) forLookup(at time.Time) (float64, verdict) {
 // measured by the engine and sent with the lookup, or declared by the
 // session) is known and the fresh SSD read rate makes an SSD-only page
 // slower to restore than to recompute; then up to the first SSD-only page
-// (one past it for a probe).
+// (one past it for a probe). dram is meaningful only when cut < len(chain).
 func (s *Store) CutSlowSSD(sess *Engine, recompute float64, chain []pagekey.Key) (cut, dram int) {
-	cut = s.cutSlowSSDAt(sess, recompute, chain)
-	return cut, min(cut, s.dramPrefix(chain))
+	if recompute <= 0 || len(chain) == 0 || s.ssd == nil {
+		return len(chain), len(chain) // no rate to judge by, or no SSD tier: no catalog walk
+	}
+	dram = s.dramPrefix(chain) // the first page held only on SSD
+	cut = s.cutSlowSSDAt(sess, recompute, len(chain), dram)
+	return cut, min(cut, dram)
 }
 
 // dramPrefix is the number of leading pages of chain held in DRAM.
@@ -111,22 +115,19 @@ func (s *Store) dramPrefix(chain []pagekey.Key) int {
 	return len(chain)
 }
 
-func (s *Store) cutSlowSSDAt(sess *Engine, recompute float64, chain []pagekey.Key) int {
-	if recompute <= 0 || len(chain) == 0 || s.ssd == nil {
-		return len(chain)
-	}
-	first := s.dramPrefix(chain) // the first page held only on SSD
-	if first == len(chain) {
-		return first // all in DRAM: nothing to judge (and no probe spent)
+// cutSlowSSDAt decides the cut of a hit of n pages whose first `first` are in DRAM.
+func (s *Store) cutSlowSSDAt(sess *Engine, recompute float64, n, first int) int {
+	if first == n {
+		return n // all in DRAM: nothing to judge (and no probe spent)
 	}
 	rate, v := s.ssdReads.forLookup(s.now())
 	switch {
 	case v == includeAll:
-		return len(chain)
+		return n
 	case v == probeOne:
 		return first + 1
 	case float64(sess.PageBytes)/rate <= float64(sess.Layout.PageTokens)/recompute:
-		return len(chain)
+		return n
 	}
 	return first
 }
