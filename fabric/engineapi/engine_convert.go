@@ -28,10 +28,6 @@ const (
 	maxKeepalive = 10 * time.Minute
 )
 
-// dtypeBytes is the element size of the dtypes a layout may name.
-var dtypeBytes = map[string]uint64{"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
-	"fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
-
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
@@ -79,7 +75,7 @@ func sessionFromPB(r *pb.OpenSessionRequest, defKeepalive time.Duration) (sessio
 	if len(r.Buffers) == 0 && len(r.Segments) == 0 && r.NumBlocks == 0 {
 		// A lookup-only session (a scheduler process): no buffers to map;
 		// the page size, for the query budget, follows from the layout.
-		elem, ok := dtypeBytes[layout.DType]
+		elem, ok := pagekey.DTypeBytes(layout.DType)
 		if !ok {
 			return spec, invalid("lookup-only session: unknown dtype %q (known: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2)", layout.DType)
 		}

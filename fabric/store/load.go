@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 	"github.com/orbitkv/orbitkv/transfer"
@@ -294,7 +295,11 @@ func (s *Store) corruptForTest(sess *Engine, items []*loadItem, res []Result) {
 			continue
 		}
 		b := s.pool.Bytes(it.slot)
-		if i := elemBytes(sess.Layout.DType) - 1; i < len(b) {
+		elem, ok := pagekey.DTypeBytes(sess.Layout.DType)
+		if !ok {
+			elem = 2
+		}
+		if i := int(elem) - 1; i < len(b) {
 			b[i] ^= 0x40
 			s.corrupt.done.Add(1)
 		}

@@ -33,14 +33,3 @@ func testCorruptFromEnv() int64 {
 	}
 	return n
 }
-
-// elemBytes is the size of one KV element of a layout's dtype.
-func elemBytes(dtype string) int {
-	switch dtype {
-	case "fp32", "float32":
-		return 4
-	case "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "uint8":
-		return 1
-	}
-	return 2
-}

@@ -105,3 +105,13 @@ func Chain(fp Fingerprint, pageTokens int, tokens []uint32) []Key {
 	}
 	return keys
 }
+
+// dtypeBytes is the element size of the dtypes a layout may name.
+var dtypeBytes = map[string]uint64{"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
+	"fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1}
+
+// DTypeBytes is the element size of a dtype a layout may name; false for any other.
+func DTypeBytes(dtype string) (uint64, bool) {
+	n, ok := dtypeBytes[dtype]
+	return n, ok
+}
