@@ -219,6 +219,7 @@ func (s *Store) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
 		}
 		return 0
 	}
+	s.noteDemotedLocked(commit)
 	for _, c := range commit {
 		s.mu.ssd.Touch(c.Key)
 		if c.DRAMSlot < 0 {
@@ -276,6 +277,7 @@ func (s *Store) dropSSDLocked(keys []pagekey.Key) error {
 			s.mu.ssd.Remove(k) // a stale LRU key: nothing on SSD to drop
 			continue
 		}
+		s.forgetDemotedLocked(k)
 		if e.DRAMSlot >= 0 {
 			keepLocs = append(keepLocs, ssdLoc(e.SSD))
 			e.OnSSD, e.SSD = false, catalog.SSDLoc{}

@@ -119,9 +119,11 @@ func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, toS
 	}
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
-	if !toSSD {
+	if !toSSD && !slices.ContainsFunc(items, func(it *saveItem) bool { return it.readmit }) {
 		return s.gatherStream(ctx, sess, reqs, items, res, clk)
 	}
+	// Bound for SSD, or readmitting pages held on SSD, whose checksums the
+	// commit compares (readmit.go): summed while the next group copies.
 	per := max(1, int(saveGroupBytes/sess.PageBytes))
 	buf := getDescs(len(items) * descsPerPage(sess))
 	defer putDescs(buf)
@@ -227,7 +229,8 @@ func (s *Store) clearPadding(sess *Engine, items []*saveItem) func() {
 func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) []*saveItem {
 	items := make([]*saveItem, 0, len(reqs))
 	for i, r := range reqs {
-		if e, ok := s.cat.Get(r.Key); ok && (e.OnSSD || !toSSD) {
+		e, stored := s.storedFor(r.Key, toSSD)
+		if stored && !readmittable(e, toSSD) {
 			res[i] = okResult(e.Tier())
 			continue
 		}
@@ -236,11 +239,15 @@ func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, to
 			alloc = s.allocDRAM
 		}
 		slot, err := alloc(ctx, sess.PageBytes)
-		if err != nil {
+		switch {
+		case err != nil && stored:
+			res[i] = okResult(e.Tier()) // no room to readmit: still stored on SSD
+			continue
+		case err != nil:
 			res[i] = FailResult(fmt.Errorf("dram slot: %w", err))
 			continue
 		}
-		items = append(items, &saveItem{i: i, key: r.Key, slot: slot})
+		items = append(items, &saveItem{i: i, key: r.Key, slot: slot, readmit: stored, prior: e})
 	}
 	return items
 }

@@ -194,6 +194,7 @@ func (s *Store) dropUnreadable(it *loadItem) {
 	} else if err := s.cat.Delete(e.Key); err != nil {
 		return
 	}
+	s.forgetDemotedLocked(e.Key)
 	if !s.mu.ssd.Pinned(e.Key) {
 		// A pinned node stays (its holders unpin it later); with no SSD copy
 		// behind it, eviction drops it as a stale key.

@@ -28,6 +28,10 @@ type saveItem struct {
 	replaces int64
 	// unsealed: the checksum is not computed yet (seal.go).
 	unsealed bool
+	// readmit: the page is held only on SSD, as prior; this save takes the
+	// engine's bytes back into DRAM (readmit.go).
+	readmit bool
+	prior   catalog.Entry
 }
 
 // Save copies pages out of the session's buffers into DRAM (and, with
@@ -81,16 +85,21 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 	gathered := make([]*saveItem, len(reqs))
 	parallel(len(reqs), func(i int) {
 		r := reqs[i]
-		if e, ok := s.cat.Get(r.Key); ok && (e.OnSSD || !toSSD) {
+		e, stored := s.storedFor(r.Key, toSSD)
+		if stored && !readmittable(e, toSSD) {
 			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
 			return
 		}
-		it, err := s.gather(ctx, sess, r, toSSD)
-		if err != nil {
+		it, err := s.gather(ctx, sess, r, toSSD, toSSD || stored)
+		switch {
+		case err != nil && stored:
+			res[i] = okResult(e.Tier()) // no room to readmit: still stored on SSD
+			return
+		case err != nil:
 			res[i] = FailResult(err)
 			return
 		}
-		it.i = i
+		it.i, it.readmit, it.prior = i, stored, e
 		gathered[i] = it
 	})
 	var items []*saveItem
@@ -105,12 +114,27 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 	s.commitSaves(items, res)
 }
 
+// storedFor returns the entry of a page a save names when it is stored
+// already for this save's purpose (any copy for a cache fill, an SSD copy
+// for a durable save). A durable save acknowledged on an existing SSD copy
+// makes that copy durable: it is never replaced (readmit.go).
+func (s *Store) storedFor(k pagekey.Key, toSSD bool) (catalog.Entry, bool) {
+	e, ok := s.cat.Get(k)
+	if !ok || !(e.OnSSD || !toSSD) {
+		return catalog.Entry{}, false
+	}
+	if toSSD {
+		s.ackDurable(k)
+	}
+	return e, true
+}
+
 // gather copies one page into a fresh DRAM slot; with sum (a save that must
-// reach SSD) it checksums the page while copying, else the page is sealed
-// later, off the engine's path (seal.go).
-func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, sum bool) (*saveItem, error) {
+// reach SSD, or a readmission) it checksums the page while copying, else
+// the page is sealed later, off the engine's path (seal.go).
+func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, toSSD, sum bool) (*saveItem, error) {
 	alloc := s.allocCacheFill
-	if sum { // bound for SSD: demote to make room, as ever
+	if toSSD { // bound for SSD: demote to make room, as ever
 		alloc = s.allocDRAM
 	}
 	slot, err := alloc(ctx, sess.PageBytes)
@@ -201,6 +225,9 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 			continue
 		}
 		committing[it.key] = true
+		if it.readmit && !s.settleReadmitLocked(it, res) {
+			continue // attached to the SSD copy, or freed (readmit.go)
+		}
 		if e, ok := s.cat.Get(it.key); ok {
 			if e.OnSSD || !it.entry.OnSSD || e.DRAMSlot < 0 {
 				res[it.i] = okResult(e.Tier())
@@ -244,6 +271,33 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 	}
 	s.markUnsealedLocked(unsealed)
 	s.m.savedPages.Add(float64(len(fresh)))
+}
+
+// settleReadmitLocked settles a readmitted page against the entry it was
+// taken for (readmit.go). It reports whether the page goes on to be
+// committed as a fresh DRAM page; otherwise its result is set and its slot
+// attached to the entry or freed. s.mu is held.
+func (s *Store) settleReadmitLocked(it *saveItem, res []Result) bool {
+	cur, ok := s.cat.Get(it.key)
+	switch s.readmitVerdictLocked(cur, ok, it.prior, it.entry.Checksum) {
+	case readmitFresh:
+		return true
+	case readmitAttach:
+		if s.attachDRAMLocked(cur, it.slot) {
+			s.m.readmitted.WithLabelValues("attached").Inc()
+			res[it.i] = okResult(catalog.TierDRAM)
+			return false
+		}
+	case readmitReplace:
+		if s.dropSSDLocked([]pagekey.Key{cur.Key}) == nil {
+			s.m.readmitted.WithLabelValues("replaced").Inc()
+			return true
+		}
+	}
+	s.m.readmitted.WithLabelValues("kept").Inc()
+	res[it.i] = okResult(cur.Tier())
+	s.releaseLocked(it)
+	return false
 }
 
 func (s *Store) releaseLocked(it *saveItem) {

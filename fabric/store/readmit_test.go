@@ -1,0 +1,183 @@
+package store
+
+import (
+	"bytes"
+	"hash/crc32"
+	"testing"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+// demoteOut writes a page saved into DRAM to SSD and drops its DRAM copy, as
+// eviction does: afterwards the peer holds it on SSD only.
+func demoteOut(t *testing.T, ps *Store, k pagekey.Key) catalog.Entry {
+	t.Helper()
+	for ps.sealSome(testCtx(t)) > 0 {
+	}
+	ps.mu.Lock()
+	e, _ := ps.cat.Get(k)
+	ps.mu.dram.Pin(k)
+	ps.mu.Unlock()
+	if n := ps.demoteBatch(testCtx(t), []catalog.Entry{e}); n != 1 {
+		t.Fatalf("demoted %d pages, want 1", n)
+	}
+	return ssdOnly(t, ps, k)
+}
+
+// ssdOnly returns k's entry, failing unless it is held on SSD only.
+func ssdOnly(t *testing.T, ps *Store, k pagekey.Key) catalog.Entry {
+	t.Helper()
+	e, ok := ps.cat.Get(k)
+	if !ok || !e.OnSSD || e.DRAMSlot >= 0 {
+		t.Fatalf("page %x: present %v, on SSD %v, DRAM slot %d; want on SSD only", k[:4], ok, e.OnSSD, e.DRAMSlot)
+	}
+	return e
+}
+
+// saveOne saves the page at blocks 0..3 and returns its result.
+func saveOne(t *testing.T, ps *Store, e *testEngine, k pagekey.Key, toSSD bool) Result {
+	t.Helper()
+	res := make([]Result, 1)
+	ps.Save(testCtx(t), e.Engine, reqs([]pagekey.Key{k}, 0), toSSD, res)
+	mustAllOK(t, "save", res)
+	return res[0]
+}
+
+// loadOne loads k into blocks 32..35 and returns the tier it came from and
+// the bytes that landed.
+func loadOne(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) (catalog.Tier, []byte) {
+	t.Helper()
+	dst := reqs([]pagekey.Key{k}, 32)
+	res := make([]Result, 1)
+	ps.Load(testCtx(t), e.Engine, dst, res)
+	mustAllOK(t, "load", res)
+	return res[0].Tier, e.page(dst[0].Blocks)
+}
+
+// flip changes the engine's bytes of the page at blocks 0..3, as KV
+// recomputed in another batch differs in its last bits.
+func flip(e *testEngine) {
+	e.mem[7] ^= 0x01
+}
+
+func readmits(t *testing.T, ps *Store, result string) float64 {
+	t.Helper()
+	return counterValue(t, ps.m.readmitted.WithLabelValues(result))
+}
+
+// TestCacheFillReadmitsAPageHeldOnlyOnSSD: a page demoted to SSD and saved
+// again with the same bytes comes back into DRAM as a clean copy of the
+// same entry, and the next load restores it from DRAM. Before readmission
+// the re-save was dropped as "already stored" and the page stayed on SSD
+// for good (docs/benchmarks.md, the H200's SSD configuration).
+func TestCacheFillReadmitsAPageHeldOnlyOnSSD(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	e := newTestEngine(t)
+	k := randKey(t)
+	saveOne(t, ps, e, k, false)
+	before := demoteOut(t, ps, k)
+	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
+		t.Fatalf("re-save answered tier %v, want dram", got.Tier)
+	}
+	after, _ := ps.cat.Get(k)
+	if after.DRAMSlot < 0 || !after.OnSSD || after.Generation != before.Generation || after.Checksum != before.Checksum {
+		t.Fatalf("after readmission %+v; want the same entry (generation %d, checksum %08x) with a DRAM copy", after, before.Generation, before.Checksum)
+	}
+	if n := readmits(t, ps, "attached"); n != 1 {
+		t.Fatalf("attached readmissions = %v, want 1", n)
+	}
+	tier, got := loadOne(t, ps, e, k)
+	if tier != catalog.TierDRAM || !bytes.Equal(got, e.page(reqs([]pagekey.Key{k}, 0)[0].Blocks)) {
+		t.Fatalf("load from %v, bytes equal %v; want dram, equal", tier, bytes.Equal(got, e.page(reqs([]pagekey.Key{k}, 0)[0].Blocks)))
+	}
+	ps.mu.Lock()
+	dropped := ps.dropDRAMLocked(after) // a clean copy: eviction drops it without a write
+	ps.mu.Unlock()
+	if !dropped {
+		t.Fatal("the readmitted DRAM copy could not be dropped")
+	}
+	if tier, got := loadOne(t, ps, e, k); tier != catalog.TierSSD || !bytes.Equal(got, e.page(reqs([]pagekey.Key{k}, 0)[0].Blocks)) {
+		t.Fatalf("after the DRAM copy went: load from %v; want ssd, same bytes", tier)
+	}
+}
+
+// TestReadmitWithOtherBytes: recomputed KV whose bytes differ replaces the
+// peer's own demoted SSD copy (every copy an entry names must hold the
+// bytes of its checksum), but never a copy an engine saved durably, one
+// acknowledged durable since its demotion, or one a lease holds.
+func TestReadmitWithOtherBytes(t *testing.T) {
+	cases := []struct {
+		name    string
+		prepare func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key)
+		replace bool
+	}{
+		{"demoted by the peer: replaced", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
+			saveOne(t, ps, e, k, false)
+			demoteOut(t, ps, k)
+		}, true},
+		{"saved durably: kept", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
+			saveOne(t, ps, e, k, true)
+			dropDRAMCopy(t, ps, k)
+		}, false},
+		{"demoted, then acknowledged to a durable save: kept", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
+			saveOne(t, ps, e, k, false)
+			demoteOut(t, ps, k)
+			if got := saveOne(t, ps, e, k, true); got.Tier != catalog.TierSSD {
+				t.Fatalf("durable save answered %v, want ssd", got.Tier)
+			}
+		}, false},
+		{"demoted, leased: kept", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
+			saveOne(t, ps, e, k, false)
+			demoteOut(t, ps, k)
+			pins, _, _, _ := ps.LeasePins([]pagekey.Key{k})
+			if pins.Len() != 1 {
+				t.Fatal("lease pinned nothing")
+			}
+			t.Cleanup(func() { ps.ReleasePins(pins) })
+		}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ps := testStore(t, 64<<20)
+			e := newTestEngine(t)
+			k := randKey(t)
+			c.prepare(t, ps, e, k)
+			before := ssdOnly(t, ps, k)
+			old := e.page(reqs([]pagekey.Key{k}, 0)[0].Blocks)
+			flip(e)
+			fresh := e.page(reqs([]pagekey.Key{k}, 0)[0].Blocks)
+			saveOne(t, ps, e, k, false)
+			after, _ := ps.cat.Get(k)
+			tier, got := loadOne(t, ps, e, k)
+			if !c.replace {
+				if after != before || readmits(t, ps, "kept") != 1 || tier != catalog.TierSSD || !bytes.Equal(got, old) {
+					t.Fatalf("entry %+v (was %+v), %v kept, load from %v, old bytes %v; want the SSD copy untouched and served",
+						after, before, readmits(t, ps, "kept"), tier, bytes.Equal(got, old))
+				}
+				return
+			}
+			want := crc32.Checksum(fresh, castagnoli)
+			if after.OnSSD || after.DRAMSlot < 0 || after.Checksum != want || readmits(t, ps, "replaced") != 1 {
+				t.Fatalf("entry %+v, %v replaced; want a DRAM-only page with checksum %08x", after, readmits(t, ps, "replaced"), want)
+			}
+			if tier != catalog.TierDRAM || !bytes.Equal(got, fresh) {
+				t.Fatalf("load from %v, new bytes %v; want dram, the new bytes", tier, bytes.Equal(got, fresh))
+			}
+			if used := ps.ssd.Stats().UsedBytes; used != 0 {
+				t.Fatalf("ssd holds %d bytes after the replacement; want the old copy freed", used)
+			}
+		})
+	}
+}
+
+// dropDRAMCopy drops k's DRAM copy (held on SSD too), as eviction does.
+func dropDRAMCopy(t *testing.T, ps *Store, k pagekey.Key) {
+	t.Helper()
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	e, _ := ps.cat.Get(k)
+	if !ps.dropDRAMLocked(e) {
+		t.Fatal("could not drop the DRAM copy")
+	}
+}
