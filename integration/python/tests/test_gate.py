@@ -251,3 +251,56 @@ def test_a_budget_cut_hit_with_no_other_restore_takes_what_it_got():
     a = _req("a", 4 * PT + 5)
     be.store_prefix(LAYOUT, a.prompt_token_ids)
     assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # nothing to wait for
+
+
+def test_a_hit_cut_by_a_waiting_requests_lease_waits_a_bounded_time():
+    """a looked up (its lease pins 4 of the 6 pages of budget) but vLLM had no
+    blocks for it yet: it holds no admission, so no release would end b's
+    deferral. b, cut to 2 pages, waits anyway, asks again every
+    BUDGET_RETRY_S, restores whole once a's lease is gone, and never waits
+    longer than BUDGET_WAIT_S (on the H200 such cuts left 10,000 pages a
+    minute to recompute: docs/benchmarks.md)."""
+    from orbitkv.vllm import scheduler as sched
+
+    now = [0.0]
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    be.budget_pages = 6
+    s = SchedulerHalf(cfg, be, clock=lambda: now[0], skipped_first=True, capacity_blocks=64)
+    a, b = _req("a", 4 * PT + 5), _req("b", 4 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, 0) == (4 * PT, True)  # looked up; not allocated (no blocks)
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    assert s.gate.totals.deferred_budget == 1 and len(be.leases) == 1  # b gave its lease back
+    calls = be.calls
+    now[0] += sched.BUDGET_RETRY_S / 2
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False) and be.calls == calls  # no new lookup yet
+    now[0] += sched.BUDGET_RETRY_S
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False) and be.calls == calls + 1  # asked again: still cut
+    s.request_finished(a)  # a cancelled: its lease goes
+    now[0] += sched.BUDGET_RETRY_S
+    assert s.get_num_new_matched_tokens(b, 0) == (4 * PT, True)  # whole
+
+
+def test_a_budget_cut_behind_a_waiting_lease_stops_waiting_after_the_bound():
+    from orbitkv.vllm import scheduler as sched
+
+    now = [0.0]
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    be.budget_pages = 6
+    s = SchedulerHalf(cfg, be, clock=lambda: now[0], skipped_first=True, capacity_blocks=64)
+    a, b = _req("a", 4 * PT + 5), _req("b", 4 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, 0) == (4 * PT, True)  # a waits for blocks, lease held throughout
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    got = None
+    for _ in range(100):
+        now[0] += sched.BUDGET_RETRY_S
+        got = s.get_num_new_matched_tokens(b, 0)
+        if got != (None, False):
+            break
+    assert got == (2 * PT, True)  # took the cut hit
+    assert now[0] <= sched.BUDGET_WAIT_S + 2 * sched.BUDGET_RETRY_S

@@ -24,6 +24,13 @@ from orbitkv.vllm.prefill_rate import PrefillRate
 
 log = logging.getLogger(__name__)
 
+# A hit the query budget cut short while other waiting requests' leases pin
+# the budget (they hold no admission, so no release ends the deferral) asks
+# again after BUDGET_RETRY_S, and stops waiting BUDGET_WAIT_S after its first
+# such deferral: it then takes the hit it gets and recomputes the rest.
+BUDGET_RETRY_S = 0.05
+BUDGET_WAIT_S = 0.5
+
 
 class LookupBackend(Protocol):
     """``available`` (optional, default True): False while the peer is
@@ -58,6 +65,8 @@ class _Req:
     sync_load: bool = False  # a sync load was planned for the next step
     finished: bool = False
     deferred_epoch: Optional[int] = None  # the gate's epoch when this request was last deferred
+    deferred_until: Optional[float] = None  # a deferral for other requests' leases also ends then
+    budget_wait_since: Optional[float] = None  # first deferral for other requests' leases
 
 
 class SchedulerHalf:
@@ -130,6 +139,23 @@ class SchedulerHalf:
         st.lookup = _Lookup(hit, leases, self.clock(), expires, cut)
         return st.lookup
 
+    def _still_deferred(self, st: _Req) -> bool:
+        if st.deferred_epoch is None or st.deferred_epoch != self.gate.epoch:
+            return False
+        return st.deferred_until is None or self.clock() < st.deferred_until
+
+    def _others_leased(self, req_id: str) -> bool:
+        """Whether another request's lookup holds leases (it waits for blocks,
+        or its load has not ended): the budget they pin frees without a hold
+        released."""
+        return any(o.req_id != req_id and o.lookup is not None and o.lookup.leases for o in self._reqs.values())
+
+    def _may_wait_for_budget(self, st: _Req) -> bool:
+        now = self.clock()
+        if st.budget_wait_since is None:
+            st.budget_wait_since = now
+        return now - st.budget_wait_since < BUDGET_WAIT_S
+
     def peek_hit(self, request: Any, max_pages: int) -> int:
         """Leading pages of the request's first max_pages the peer holds for
         every TP rank, by a lookup without a lease (orbitkv.vllm.pd polls it
@@ -158,9 +184,9 @@ class SchedulerHalf:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
         st = self._req(request)
-        if st.deferred_epoch is not None and st.deferred_epoch == self.gate.epoch:
+        if self._still_deferred(st):
             return None, False  # no hold released since this request was deferred: still deferred, no call
-        st.deferred_epoch = None
+        st.deferred_epoch = st.deferred_until = None
         pt = self.cfg.layout.page_tokens
         n = len(st.tokens)
         # Keep at least one prompt token to compute: never cover the whole prompt.
@@ -177,13 +203,17 @@ class SchedulerHalf:
         blocks = -(-n // self.cfg.block_tokens) if restores else 0
         # A hit the query budget cut short while other restores pin it: wait for
         # them (the budget frees as their loads end) rather than recompute the rest.
-        short = restores and lk.budget_cut > 0 and self.gate.enabled and self.gate.others_hold(st.req_id)
-        verdict = self.gate.defer_for_budget() if short else self.gate.query(st.req_id, blocks)
+        cut = restores and lk.budget_cut > 0 and self.gate.enabled
+        holders = cut and self.gate.others_hold(st.req_id)
+        leased = cut and not holders and self._others_leased(st.req_id) and self._may_wait_for_budget(st)
+        verdict = self.gate.defer_for_budget() if holders or leased else self.gate.query(st.req_id, blocks)
         if verdict == Admission.DEFER:
             # A deferred request holds no lease (no budget): it looks up again once a hold is released.
             self._release(st.lookup)
             st.lookup = None
             st.deferred_epoch = self.gate.epoch
+            if leased:
+                st.deferred_until = self.clock() + BUDGET_RETRY_S
             return None, False
         st.saved_pages = lk.hit_pages if lk else 0
         # The local prefix hit may end inside a page (blocks are smaller than
