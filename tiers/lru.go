@@ -6,22 +6,43 @@ import "github.com/orbitkv/orbitkv/internal/pagekey"
 // victims, oldest first, skipping pinned pages. A page is pinned while a
 // lease or a copy needs it to stay where it is.
 //
+// A segmented LRU (NewSegmentedLRU) keeps two such orders: pages enter a
+// probationary segment, and only a page used again (Promote: restored into
+// an engine, or saved anew after it had left the tier) moves to the
+// protected one, which holds at most a set share of the pages (its oldest
+// go back to the probationary segment's newest end). Victims come from the
+// probationary segment first. So a stream of pages saved once and never
+// asked for again — a quarter of the seeds' workload, new prefixes — evicts
+// its own kind and not the prefixes that keep coming back, which a single
+// LRU gives up to whatever was saved last.
+//
 // LRU is not safe for concurrent use; its owner serializes access.
 type LRU struct {
 	nodes map[pagekey.Key]*lruNode
-	head  lruNode // sentinel: head.next is the oldest, head.prev the newest
+	head  lruNode // probationary (the only segment of a plain LRU): head.next is the oldest, head.prev the newest
+	prot  lruNode // protected segment, the same way round
+	nProt int     // pages in the protected segment
+	share float64 // the protected segment's cap when evicting, a share of all pages (0: a plain LRU)
 }
 
 type lruNode struct {
 	key        pagekey.Key
 	pins       int
+	protected  bool
 	prev, next *lruNode
 }
 
-// NewLRU returns an empty LRU.
-func NewLRU() *LRU {
-	l := &LRU{nodes: make(map[pagekey.Key]*lruNode)}
+// NewLRU returns an empty plain LRU: Promote is Touch.
+func NewLRU() *LRU { return NewSegmentedLRU(0) }
+
+// NewSegmentedLRU returns an empty segmented LRU whose protected segment
+// holds at most share (0 < share < 1) of the pages whenever a victim is
+// picked (a tier still filling up protects all it restores); share 0 is
+// NewLRU.
+func NewSegmentedLRU(share float64) *LRU {
+	l := &LRU{nodes: make(map[pagekey.Key]*lruNode), share: max(0, min(share, 1))}
 	l.head.prev, l.head.next = &l.head, &l.head
+	l.prot.prev, l.prot.next = &l.prot, &l.prot
 	return l
 }
 
@@ -31,22 +52,80 @@ func (l *LRU) Len() int { return len(l.nodes) }
 // Contains reports whether k is tracked.
 func (l *LRU) Contains(k pagekey.Key) bool { _, ok := l.nodes[k]; return ok }
 
-// Touch marks k as the newest page, adding it if absent.
+// Touch marks k as the newest page of its segment, adding it to the
+// probationary segment if absent.
 func (l *LRU) Touch(k pagekey.Key) {
 	n, ok := l.nodes[k]
 	if ok {
 		n.unlink()
 	} else {
-		n = &lruNode{key: k}
-		l.nodes[k] = n
+		n = l.add(k)
 	}
-	n.linkBefore(&l.head)
+	n.linkBefore(l.segment(n))
+}
+
+func (l *LRU) add(k pagekey.Key) *lruNode {
+	n := &lruNode{key: k}
+	l.nodes[k] = n
+	return n
+}
+
+// Promote marks k as used again: the newest page of the protected segment
+// (of a plain LRU: Touch), adding it if absent.
+func (l *LRU) Promote(k pagekey.Key) {
+	if l.share == 0 {
+		l.Touch(k)
+		return
+	}
+	n, ok := l.nodes[k]
+	if ok {
+		n.unlink()
+		l.leave(n)
+	} else {
+		n = l.add(k)
+	}
+	n.protected = true
+	l.nProt++
+	n.linkBefore(&l.prot)
+}
+
+// rebalance hands the protected segment's oldest pages back to the
+// probationary segment's newest end while it holds more than its share.
+func (l *LRU) rebalance() {
+	for l.nProt > 0 && float64(l.nProt) > l.share*float64(len(l.nodes)) {
+		old := l.prot.next
+		old.unlink()
+		l.leave(old)
+		old.linkBefore(&l.head)
+	}
+}
+
+// Protected reports whether k is in the protected segment.
+func (l *LRU) Protected(k pagekey.Key) bool {
+	n, ok := l.nodes[k]
+	return ok && n.protected
+}
+
+func (l *LRU) segment(n *lruNode) *lruNode {
+	if n.protected {
+		return &l.prot
+	}
+	return &l.head
+}
+
+// leave accounts for n, unlinked, leaving the protected segment.
+func (l *LRU) leave(n *lruNode) {
+	if n.protected {
+		n.protected = false
+		l.nProt--
+	}
 }
 
 // Remove stops tracking k, pinned or not.
 func (l *LRU) Remove(k pagekey.Key) {
 	if n, ok := l.nodes[k]; ok {
 		n.unlink()
+		l.leave(n)
 		delete(l.nodes, k)
 	}
 }
@@ -82,10 +161,22 @@ func (l *LRU) Pins(k pagekey.Key) int {
 	return 0
 }
 
-// Victim returns the least recently used unpinned page, or false when every
-// tracked page is pinned. It does not remove the page.
+// Victim returns the least recently used unpinned page, probationary pages
+// first, or false when every tracked page is pinned. It does not remove the
+// page; a protected segment over its share first hands its oldest pages
+// back to the probationary one.
 func (l *LRU) Victim() (pagekey.Key, bool) {
-	for n := l.head.next; n != &l.head; n = n.next {
+	if l.share > 0 {
+		l.rebalance()
+	}
+	if k, ok := victimIn(&l.head); ok {
+		return k, true
+	}
+	return victimIn(&l.prot)
+}
+
+func victimIn(head *lruNode) (pagekey.Key, bool) {
+	for n := head.next; n != head; n = n.next {
 		if n.pins == 0 {
 			return n.key, true
 		}

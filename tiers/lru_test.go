@@ -87,3 +87,110 @@ func TestLRUAgainstModel(t *testing.T) {
 		}
 	}
 }
+
+// TestSegmentedLRUAgainstModel drives a segmented LRU and a model of two
+// slices (probationary, protected; oldest first) with the same random
+// operations and compares victims and segments at every step.
+func TestSegmentedLRUAgainstModel(t *testing.T) {
+	const share = 0.5
+	r := rand.New(rand.NewPCG(3, 4))
+	l := NewSegmentedLRU(share)
+	var prob, prot []pagekey.Key
+	pins := map[pagekey.Key]int{}
+	drop := func(s []pagekey.Key, k pagekey.Key) ([]pagekey.Key, bool) {
+		if i := slices.Index(s, k); i >= 0 {
+			return slices.Delete(s, i, i+1), true
+		}
+		return s, false
+	}
+	for step := 0; step < 20000; step++ {
+		k := key(r.IntN(64))
+		switch r.IntN(6) {
+		case 0, 1: // Touch: newest of its own segment, new pages probationary
+			l.Touch(k)
+			var was bool
+			if prot, was = drop(prot, k); was {
+				prot = append(prot, k)
+			} else {
+				prob, _ = drop(prob, k)
+				prob = append(prob, k)
+			}
+		case 2: // Promote: newest protected
+			l.Promote(k)
+			prob, _ = drop(prob, k)
+			prot, _ = drop(prot, k)
+			prot = append(prot, k)
+		case 3:
+			l.Remove(k)
+			prob, _ = drop(prob, k)
+			prot, _ = drop(prot, k)
+			delete(pins, k)
+		case 4:
+			if l.Pin(k) {
+				pins[k]++
+			}
+		case 5:
+			l.Unpin(k)
+			if pins[k] > 0 {
+				pins[k]--
+			}
+		}
+		for len(prot) > 0 && float64(len(prot)) > share*float64(len(prob)+len(prot)) { // Victim rebalances first
+			prob, prot = append(prob, prot[0]), prot[1:]
+		}
+		want, wantOK := pagekey.Key{}, false
+		for _, o := range slices.Concat(prob, prot) {
+			if pins[o] == 0 {
+				want, wantOK = o, true
+				break
+			}
+		}
+		if got, ok := l.Victim(); ok != wantOK || got != want {
+			t.Fatalf("step %d: victim %v %v, model %v %v", step, got, ok, want, wantOK)
+		}
+		for _, o := range prot {
+			if !l.Protected(o) {
+				t.Fatalf("step %d: %v should be protected", step, o)
+			}
+		}
+		if l.Len() != len(prob)+len(prot) {
+			t.Fatalf("step %d: %d pages, model %d", step, l.Len(), len(prob)+len(prot))
+		}
+	}
+}
+
+// TestSegmentedLRUKeepsReusedPagesFromAStreamOfNewOnes: pages used again
+// survive any number of pages saved once, where a plain LRU loses them.
+func TestSegmentedLRUKeepsReusedPagesFromAStreamOfNewOnes(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		l    *LRU
+		kept bool
+	}{{"plain", NewLRU(), false}, {"segmented", NewSegmentedLRU(0.8), true}} {
+		const capacity = 10
+		add := func(k pagekey.Key, reused bool) {
+			c.l.Touch(k)
+			if reused {
+				c.l.Promote(k)
+			}
+			for c.l.Len() > capacity {
+				v, _ := c.l.Victim()
+				c.l.Remove(v)
+			}
+		}
+		for i := 100; i < 110; i++ { // the tier of 10 full of pages saved once
+			add(key(i), false)
+		}
+		for i := range 4 { // four pages, each used again
+			add(key(i), true)
+		}
+		for i := 110; i < 200; i++ { // then a stream of pages saved once
+			add(key(i), false)
+		}
+		for i := range 4 {
+			if c.l.Contains(key(i)) != c.kept {
+				t.Fatalf("%s: reused page %d kept %v, want %v", c.name, i, c.l.Contains(key(i)), c.kept)
+			}
+		}
+	}
+}

@@ -142,3 +142,37 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestRestoredPagesOutliveAStreamOfNewSaves: a prefix an engine restored
+// stays in DRAM while more pages than the pool holds are saved once after
+// it (tiers.NewSegmentedLRU); with one LRU the stream evicted it, and on the
+// H200 the prefixes that kept coming back were recomputed instead
+// (docs/benchmarks.md).
+func TestRestoredPagesOutliveAStreamOfNewSaves(t *testing.T) {
+	ps := testStore(t, 0) // no SSD: a DRAM eviction drops the page
+	e := newTestEngine(t)
+	hot := randKeys(t, 4)
+	res := make([]Result, len(hot))
+	ps.Save(testCtx(t), e.Engine, reqs(hot, 0), false, res)
+	mustAllOK(t, "save hot", res)
+	res = make([]Result, len(hot))
+	ps.Load(testCtx(t), e.Engine, reqs(hot, 32), res)
+	mustAllOK(t, "restore hot", res)
+	slots := int(ps.pool.Stats().CapacityBytes / dram.SlotBytes(e.PageBytes))
+	for saved := 0; saved < 3*slots; saved += 16 {
+		keys := randKeys(t, 16)
+		out := make([]Result, len(keys))
+		ps.Save(testCtx(t), e.Engine, reqs(keys, 0), false, out)
+		mustAllOK(t, "save stream", out)
+	}
+	if ev := counterValue(t, ps.m.evictedPages.WithLabelValues("dram")); ev < float64(slots) {
+		t.Fatalf("only %v pages evicted from a pool of %d slots: the stream did not cycle the pool", ev, slots)
+	}
+	res = make([]Result, len(hot))
+	ps.Load(testCtx(t), e.Engine, reqs(hot, 32), res)
+	for i, r := range res {
+		if r.Code != CodeOK || r.Tier != catalog.TierDRAM {
+			t.Fatalf("restored page %d after the stream: code %d tier %v (%s); want still in DRAM", i, r.Code, r.Tier, r.Msg)
+		}
+	}
+}

@@ -107,7 +107,7 @@ func (s *Store) pinItemLocked(it *loadItem) {
 	k, e := it.req.Key, it.entry
 	if e.DRAMSlot >= 0 {
 		s.mu.dram.Pin(k)
-		s.mu.dram.Touch(k)
+		s.mu.dram.Promote(k) // restored: used again (tiers.LRU's protected segment)
 		it.slot, it.pinned = dram.Slot(e.DRAMSlot), &pinRef{}
 		return
 	}
@@ -216,7 +216,7 @@ func (s *Store) promote(it *loadItem) {
 	if !ok || err != nil {
 		return
 	}
-	s.mu.dram.Touch(e.Key)
+	s.mu.dram.Promote(e.Key)
 	s.mu.dram.Pin(e.Key)
 	s.mu.ssd.Unpin(e.Key)
 	it.pinned, it.owned = &pinRef{}, false

@@ -105,6 +105,6 @@ func (s *Store) attachDRAMLocked(e catalog.Entry, slot dram.Slot) bool {
 	if !ok || err != nil || !attached {
 		return false
 	}
-	s.mu.dram.Touch(e.Key)
+	s.mu.dram.Promote(e.Key) // used again: the protected segment (tiers.LRU)
 	return true
 }

@@ -251,7 +251,11 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 	// behind an evicted head.
 	for j := len(fresh) - 1; j >= 0; j-- {
 		it := fresh[j]
-		s.mu.dram.Touch(it.key)
+		if it.readmit { // saved anew after it had left DRAM: used again
+			s.mu.dram.Promote(it.key)
+		} else {
+			s.mu.dram.Touch(it.key)
+		}
 		tier := catalog.TierDRAM
 		if it.entry.OnSSD {
 			s.mu.ssd.Touch(it.key)

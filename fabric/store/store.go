@@ -102,7 +102,7 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 		s.log.Warn().Int64("every", s.corrupt.every).Str("env", testCorruptEnv).
 			Msg("TEST HOOK: one bit of the first page of every Nth load is flipped before it reaches the engine; never serve users with it")
 	}
-	s.mu.dram, s.mu.ssd = tiers.NewLRU(), tiers.NewLRU()
+	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(dramProtectedShare), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.mu.demoted = make(map[pagekey.Key]uint64)
