@@ -119,11 +119,46 @@ func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, toS
 	}
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
-	if !toSSD && !slices.ContainsFunc(items, func(it *saveItem) bool { return it.readmit }) {
-		return s.gatherStream(ctx, sess, reqs, items, res, clk)
+	if toSSD {
+		return s.gatherSummed(ctx, sess, reqs, items, res, clk)
 	}
-	// Bound for SSD, or readmitting pages held on SSD, whose checksums the
-	// commit compares (readmit.go): summed while the next group copies.
+	// Into DRAM: streamed, sealed later; pages readmitted from SSD are
+	// summed while they copy, for the commit to compare (readmit.go).
+	plain, readmits := splitReadmits(items)
+	var out []*saveItem
+	if len(plain) > 0 {
+		out = s.gatherStream(ctx, sess, reqs, plain, res, clk)
+	}
+	if len(readmits) > 0 {
+		out = append(out, s.gatherSummed(ctx, sess, reqs, readmits, res, clk)...)
+	}
+	return out
+}
+
+// gatherFailed is the result of a page whose copy failed: the error, or for
+// a readmitted page, still stored on SSD, OK there.
+func (s *Store) gatherFailed(it *saveItem, err error) Result {
+	if it.readmit {
+		return okResult(it.prior.Tier())
+	}
+	return FailResult(err)
+}
+
+// splitReadmits separates a save's readmitted pages from the others.
+func splitReadmits(items []*saveItem) (plain, readmits []*saveItem) {
+	for _, it := range items {
+		if it.readmit {
+			readmits = append(readmits, it)
+		} else {
+			plain = append(plain, it)
+		}
+	}
+	return plain, readmits
+}
+
+// gatherSummed copies pages in groups and checksums each group's pages on
+// the host from their pinned slots while the next group copies.
+func (s *Store) gatherSummed(ctx context.Context, sess *Engine, reqs []PageReq, items []*saveItem, res []Result, clk *clock) []*saveItem {
 	per := max(1, int(saveGroupBytes/sess.PageBytes))
 	buf := getDescs(len(items) * descsPerPage(sess))
 	defer putDescs(buf)
@@ -137,7 +172,7 @@ func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, toS
 			return sess.Geom.Gather(dst, sess.Bufs, reqs[it.i].Blocks, s.dramR, s.pool.Offset(it.slot))
 		})
 		if err != nil {
-			res[it.i] = FailResult(fmt.Errorf("gather page: %w", err))
+			res[it.i] = s.gatherFailed(it, fmt.Errorf("gather page: %w", err))
 			s.freeDRAM(it.slot)
 			continue
 		}
@@ -161,7 +196,7 @@ func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, toS
 	var out []*saveItem
 	for _, it := range planned {
 		if !copied[it.i] {
-			res[it.i] = FailResult(fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
+			res[it.i] = s.gatherFailed(it, fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
 			if errors.Is(err, transfer.ErrStuck) {
 				s.quarantineSlot(sess.PageBytes) // the device may still write it
 			} else {

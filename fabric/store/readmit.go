@@ -3,7 +3,6 @@ package store
 import (
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
-	"github.com/orbitkv/orbitkv/tiers/dram"
 )
 
 // Readmission: a cache-fill save of a page the peer holds only on SSD takes
@@ -18,7 +17,8 @@ import (
 // (docs/benchmarks.md). Readmitted, the next reuse restores from DRAM.
 //
 // The save checksums a readmitted page while it copies, and the commit
-// decides (readmitVerdictLocked; save.go's settleReadmitLocked acts):
+// decides (readmitVerdictLocked; save.go's settleReadmitsLocked acts, one
+// catalog commit for all a save attaches and one for all it replaces):
 //   - the same bytes as the SSD copy (a deterministic engine): the DRAM copy
 //     joins the entry as a clean copy, which eviction drops without a write;
 //   - other bytes (KV recomputed in another batch differs in its last bits):
@@ -47,14 +47,6 @@ func (s *Store) forgetDemotedLocked(keys ...pagekey.Key) {
 	for _, k := range keys {
 		delete(s.mu.demoted, k)
 	}
-}
-
-// ackDurable records that a durable save was acknowledged on k's existing
-// SSD copy: from now on that copy is never replaced.
-func (s *Store) ackDurable(k pagekey.Key) {
-	s.mu.Lock()
-	s.forgetDemotedLocked(k)
-	s.mu.Unlock()
 }
 
 // replaceableLocked reports whether e's SSD copy may give way to other
@@ -90,21 +82,4 @@ func (s *Store) readmitVerdictLocked(cur catalog.Entry, ok bool, prior catalog.E
 		return readmitReplace
 	}
 	return readmitKeep
-}
-
-// attachDRAMLocked makes a readmitted page's slot the DRAM copy of e, whose
-// SSD copy holds the same bytes.
-func (s *Store) attachDRAMLocked(e catalog.Entry, slot dram.Slot) bool {
-	attached := false
-	_, ok, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool {
-		if c.Generation == e.Generation && c.DRAMSlot < 0 && c.OnSSD {
-			c.DRAMSlot, attached = int64(slot), true
-		}
-		return true
-	})
-	if !ok || err != nil || !attached {
-		return false
-	}
-	s.mu.dram.Promote(e.Key) // used again: the protected segment (tiers.LRU)
-	return true
 }

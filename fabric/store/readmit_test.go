@@ -127,6 +127,22 @@ func TestReadmitWithOtherBytes(t *testing.T) {
 				t.Fatalf("durable save answered %v, want ssd", got.Tier)
 			}
 		}, false},
+		{"demoted while a durable save of it was in flight: kept", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
+			saveOne(t, ps, e, k, false)
+			r := reqs([]pagekey.Key{k}, 0)[0]
+			it, err := ps.gather(testCtx(t), e.Engine, r, true, true) // the durable save, up to its commit
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := make([]Result, 1)
+			items := ps.writeThrough(testCtx(t), []*saveItem{it}, res)
+			demoteOut(t, ps, k) // meanwhile the flusher demotes the cache fill
+			ps.commitSaves(items, res)
+			mustAllOK(t, "durable save", res)
+			if res[0].Tier != catalog.TierSSD {
+				t.Fatalf("durable save answered %v, want ssd", res[0].Tier)
+			}
+		}, false},
 		{"demoted, leased: kept", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
 			saveOne(t, ps, e, k, false)
 			demoteOut(t, ps, k)

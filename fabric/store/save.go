@@ -119,12 +119,16 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 // for a durable save). A durable save acknowledged on an existing SSD copy
 // makes that copy durable: it is never replaced (readmit.go).
 func (s *Store) storedFor(k pagekey.Key, toSSD bool) (catalog.Entry, bool) {
+	if toSSD { // the look and the acknowledgement together: no readmission between them
+		s.mu.Lock()
+		defer s.mu.Unlock()
+	}
 	e, ok := s.cat.Get(k)
 	if !ok || !(e.OnSSD || !toSSD) {
 		return catalog.Entry{}, false
 	}
 	if toSSD {
-		s.ackDurable(k)
+		s.forgetDemotedLocked(k)
 	}
 	return e, true
 }
@@ -217,7 +221,7 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 	var entries []catalog.Entry
 	var fresh []*saveItem
 	committing := make(map[pagekey.Key]bool, len(items))
-	for _, it := range items {
+	for _, it := range s.settleReadmitsLocked(items, res) {
 		it.replaces = -1
 		if committing[it.key] { // the same key twice in one batch: keep the first
 			res[it.i] = okResult(it.entry.Tier())
@@ -225,11 +229,11 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 			continue
 		}
 		committing[it.key] = true
-		if it.readmit && !s.settleReadmitLocked(it, res) {
-			continue // attached to the SSD copy, or freed (readmit.go)
-		}
 		if e, ok := s.cat.Get(it.key); ok {
 			if e.OnSSD || !it.entry.OnSSD || e.DRAMSlot < 0 {
+				if e.OnSSD && it.entry.OnSSD {
+					s.forgetDemotedLocked(it.key) // a durable save answered on that copy: never replaced now
+				}
 				res[it.i] = okResult(e.Tier())
 				s.releaseLocked(it)
 				continue
@@ -277,31 +281,78 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 	s.m.savedPages.Add(float64(len(fresh)))
 }
 
-// settleReadmitLocked settles a readmitted page against the entry it was
-// taken for (readmit.go). It reports whether the page goes on to be
-// committed as a fresh DRAM page; otherwise its result is set and its slot
-// attached to the entry or freed. s.mu is held.
-func (s *Store) settleReadmitLocked(it *saveItem, res []Result) bool {
-	cur, ok := s.cat.Get(it.key)
-	switch s.readmitVerdictLocked(cur, ok, it.prior, it.entry.Checksum) {
-	case readmitFresh:
-		return true
-	case readmitAttach:
-		if s.attachDRAMLocked(cur, it.slot) {
-			s.m.readmitted.WithLabelValues("attached").Inc()
-			res[it.i] = okResult(catalog.TierDRAM)
-			return false
+// settleReadmitsLocked settles a save's readmitted pages against the
+// entries they were taken for (readmit.go), with one catalog commit for
+// those attached and one for the SSD copies replaced, and returns the items
+// left to commit: the others, and readmitted pages to store as fresh ones.
+// s.mu is held.
+func (s *Store) settleReadmitsLocked(items []*saveItem, res []Result) []*saveItem {
+	var rest, attached, replacing []*saveItem
+	var entries []catalog.Entry
+	var drops []pagekey.Key
+	seen := make(map[pagekey.Key]bool)
+	for _, it := range items {
+		if !it.readmit {
+			rest = append(rest, it)
+			continue
 		}
-	case readmitReplace:
-		if s.dropSSDLocked([]pagekey.Key{cur.Key}) == nil {
-			s.m.readmitted.WithLabelValues("replaced").Inc()
-			return true
+		cur, ok := s.cat.Get(it.key)
+		if seen[it.key] { // the same page twice in one save: the first decides
+			s.keepReadmitLocked(it, it.prior, res)
+			continue
+		}
+		seen[it.key] = true
+		switch s.readmitVerdictLocked(cur, ok, it.prior, it.entry.Checksum) {
+		case readmitFresh:
+			rest = append(rest, it)
+		case readmitAttach:
+			cur.DRAMSlot = int64(it.slot)
+			attached, entries = append(attached, it), append(entries, cur)
+		case readmitReplace:
+			replacing, drops = append(replacing, it), append(drops, it.key)
+		default:
+			s.keepReadmitLocked(it, cur, res)
 		}
 	}
+	if len(drops) > 0 && s.dropSSDLocked(drops) != nil {
+		for _, it := range replacing {
+			s.keepReadmitLocked(it, it.prior, res)
+		}
+		replacing = nil
+	}
+	s.m.readmitted.WithLabelValues("replaced").Add(float64(len(replacing)))
+	s.attachLocked(attached, entries, res)
+	return append(rest, replacing...)
+}
+
+// attachLocked makes readmitted pages' slots the DRAM copies of their
+// entries (same bytes as their SSD copies), in one catalog commit.
+func (s *Store) attachLocked(items []*saveItem, entries []catalog.Entry, res []Result) {
+	if len(items) == 0 {
+		return
+	}
+	if err := s.cat.Put(entries...); err != nil {
+		for i, it := range items {
+			s.keepReadmitLocked(it, entries[i], res)
+		}
+		return
+	}
+	for _, it := range items {
+		s.mu.dram.Promote(it.key) // used again: the protected segment (tiers.LRU)
+		res[it.i] = okResult(catalog.TierDRAM)
+	}
+	s.m.readmitted.WithLabelValues("attached").Add(float64(len(items)))
+}
+
+// keepReadmitLocked frees a readmitted page's slot: the page stays as
+// stored (cur's tier).
+func (s *Store) keepReadmitLocked(it *saveItem, cur catalog.Entry, res []Result) {
 	s.m.readmitted.WithLabelValues("kept").Inc()
+	if cur.DRAMSlot >= 0 && cur.DRAMSlot == int64(it.slot) {
+		cur.DRAMSlot = -1 // our slot, named only in the commit that failed
+	}
 	res[it.i] = okResult(cur.Tier())
 	s.releaseLocked(it)
-	return false
 }
 
 func (s *Store) releaseLocked(it *saveItem) {

@@ -304,3 +304,18 @@ def test_a_budget_cut_behind_a_waiting_lease_stops_waiting_after_the_bound():
             break
     assert got == (2 * PT, True)  # took the cut hit
     assert now[0] <= sched.BUDGET_WAIT_S + 2 * sched.BUDGET_RETRY_S
+
+
+def test_a_budget_cut_the_other_leases_could_not_explain_takes_the_hit_at_once():
+    """b's cut (6 pages) is more than a's lease holds (2): waiting for a would
+    not make room, so b takes what it got without deferring."""
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    be.budget_pages = 8
+    s = SchedulerHalf(cfg, be, clock=lambda: 0.0, skipped_first=True, capacity_blocks=64)
+    a, b = _req("a", 2 * PT + 5), _req("b", 12 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # a waits for blocks with 2 pages leased
+    assert s.get_num_new_matched_tokens(b, 0) == (6 * PT, True)  # cut by 6 > the 2 a holds: no wait
+    assert s.gate.totals.deferred_budget == 0

@@ -144,11 +144,17 @@ class SchedulerHalf:
             return False
         return st.deferred_until is None or self.clock() < st.deferred_until
 
-    def _others_leased(self, req_id: str) -> bool:
-        """Whether another request's lookup holds leases (it waits for blocks,
-        or its load has not ended): the budget they pin frees without a hold
-        released."""
-        return any(o.req_id != req_id and o.lookup is not None and o.lookup.leases for o in self._reqs.values())
+    def _others_lease(self, req_id: str, pages: int) -> bool:
+        """Whether other requests' live leases (their requests wait for blocks,
+        or their loads have not ended) hold at least ``pages`` pages: the
+        budget they pin frees without a hold released, and would then cover
+        the cut. Expired leases hold nothing; a chain the whole budget
+        cannot hold waits for no one."""
+        now_ms = time.time() * 1000
+        held = sum(o.lookup.hit_pages for o in self._reqs.values()
+                   if o.req_id != req_id and o.lookup is not None and o.lookup.leases
+                   and (o.lookup.expires_ms == 0 or o.lookup.expires_ms > now_ms))
+        return held >= pages
 
     def _may_wait_for_budget(self, st: _Req) -> bool:
         now = self.clock()
@@ -205,7 +211,7 @@ class SchedulerHalf:
         # them (the budget frees as their loads end) rather than recompute the rest.
         cut = restores and lk.budget_cut > 0 and self.gate.enabled
         holders = cut and self.gate.others_hold(st.req_id)
-        leased = cut and not holders and self._others_leased(st.req_id) and self._may_wait_for_budget(st)
+        leased = cut and not holders and self._others_lease(st.req_id, lk.budget_cut) and self._may_wait_for_budget(st)
         verdict = self.gate.defer_for_budget() if holders or leased else self.gate.query(st.req_id, blocks)
         if verdict == Admission.DEFER:
             # A deferred request holds no lease (no budget): it looks up again once a hold is released.
