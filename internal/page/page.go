@@ -27,6 +27,11 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // Checksum returns the CRC-32C of data.
 func Checksum(data []byte) uint32 { return crc32.Checksum(data, castagnoli) }
 
+// UpdateChecksum continues crc, the CRC-32C of the bytes before data, over
+// data: summing a page piece by piece, in order, from crc 0 gives its
+// Checksum.
+func UpdateChecksum(crc uint32, data []byte) uint32 { return crc32.Update(crc, castagnoli, data) }
+
 // Header describes one page blob.
 type Header struct {
 	Key        pagekey.Key
@@ -108,8 +113,14 @@ func (h Header) Verify(data []byte) error {
 	if uint64(len(data)) != h.Length {
 		return &CorruptError{Key: h.Key, Reason: fmt.Sprintf("length %d, header says %d", len(data), h.Length)}
 	}
-	if got := Checksum(data); got != h.Checksum {
-		return &CorruptError{Key: h.Key, Reason: fmt.Sprintf("checksum %08x, want %08x", got, h.Checksum)}
+	return h.VerifySum(Checksum(data))
+}
+
+// VerifySum checks sum, the CRC-32C of the page's Length bytes computed as
+// they arrived (UpdateChecksum), against the header's checksum.
+func (h Header) VerifySum(sum uint32) error {
+	if sum != h.Checksum {
+		return &CorruptError{Key: h.Key, Reason: fmt.Sprintf("checksum %08x, want %08x", sum, h.Checksum)}
 	}
 	return nil
 }

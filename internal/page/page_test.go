@@ -72,3 +72,37 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestChecksumInPieces: a checksum continued over a page's pieces, in
+// order, is the whole page's, whatever the cut; a changed byte in any piece
+// fails VerifySum.
+func TestChecksumInPieces(t *testing.T) {
+	data := make([]byte, 10000)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	h := Header{Length: uint64(len(data)), Checksum: Checksum(data)}
+	sum := func(b []byte, piece int) uint32 {
+		var crc uint32
+		for off := 0; off < len(b); off += piece {
+			crc = UpdateChecksum(crc, b[off:min(off+piece, len(b))])
+		}
+		return crc
+	}
+	for _, piece := range []int{1, 7, 4096, 9999, 10000, 20000} {
+		if got := sum(data, piece); got != h.Checksum {
+			t.Errorf("pieces of %d: %08x, whole page %08x", piece, got, h.Checksum)
+		}
+		for _, at := range []int{0, piece - 1, len(data) / 2, len(data) - 1} {
+			if at < 0 || at >= len(data) {
+				continue
+			}
+			bad := bytes.Clone(data)
+			bad[at] ^= 0x01
+			var ce *CorruptError
+			if err := h.VerifySum(sum(bad, piece)); !errors.As(err, &ce) {
+				t.Errorf("pieces of %d, byte %d changed: %v, want CorruptError", piece, at, err)
+			}
+		}
+	}
+}

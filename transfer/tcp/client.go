@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,13 @@ const deadlineSlack = 20 * time.Millisecond
 
 // maxIdle is how many idle connections the client keeps per address.
 const maxIdle = 8
+
+// headBuf is the size of a connection's read buffer. It holds a page's
+// status and header; a page's bytes bypass it (a read at least this large
+// into an empty buffer goes straight into the destination), so at most
+// this much of each page is copied twice. (At 256 KiB, nearly every byte
+// of a 256 KiB page went through it: the read of the status filled it.)
+const headBuf = 4 << 10
 
 // Client fetches pages from Servers. It keeps idle connections per address
 // for reuse. It is safe for concurrent use; each Fetch uses a connection of
@@ -146,8 +152,8 @@ func fill(errs []error, from int, err error) {
 
 // exchange sends one request and reads its answer. It returns how many pages
 // were received and the connection's error, if any; per-page errors go to
-// errs, headers to res. With verify, checksums are verified on another
-// goroutine while the next page is read.
+// errs, headers to res. With verify, the bytes of each read are checksummed
+// on another goroutine (a verifier) while the next read runs.
 func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error, verify bool) (int, error) {
 	deadline, _ := ctx.Deadline()
 	cn.SetDeadline(deadline)
@@ -156,57 +162,31 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 	if _, err := cn.Write(appendRequest(nil, time.Until(deadline), wants)); err != nil {
 		return 0, fmt.Errorf("send request: %w", err)
 	}
-	type received struct {
-		i int
-		h page.Header
+	var v *verifier
+	var got func([]byte) // each read's bytes, to the verifier
+	if verify {
+		v = c.startVerifier(errs)
+		defer v.wait()
+		got = v.sum
 	}
-	verified := make(chan received, len(wants))
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for r := range verified {
-			if !verify {
-				c.received.Add(r.h.Length)
-				continue
-			}
-			if err := r.h.Verify(dst[r.i]); err != nil {
-				errs[r.i] = err
-				continue
-			}
-			c.received.Add(r.h.Length)
-		}
-	}()
-	defer wg.Wait()
-	defer close(verified)
-	var hb [1 + page.WireSize]byte
 	for i, w := range wants {
-		if _, err := io.ReadFull(cn.r, hb[:1]); err != nil {
-			return i, fmt.Errorf("read answer: %w", err)
-		}
-		switch hb[0] {
-		case statusOK:
-		case statusNotFound:
-			errs[i] = ErrNotFound
-			continue
-		default:
-			return i, fmt.Errorf("%w: status %d", ErrProtocol, hb[0])
-		}
-		if _, err := io.ReadFull(cn.r, hb[1:]); err != nil {
-			return i, fmt.Errorf("read page header: %w", err)
-		}
-		h, err := page.Decode(hb[1:])
+		h, ok, err := readHead(cn.r, w)
 		if err != nil {
 			return i, err
 		}
-		if h.Key != w.Key || h.Layout != w.Layout || h.Length != w.Size {
-			return i, fmt.Errorf("%w: asked for page %s (%d bytes), got %s (%d bytes)", ErrProtocol, w.Key, w.Size, h.Key, h.Length)
+		if !ok {
+			errs[i] = ErrNotFound
+			continue
 		}
-		if _, err := io.ReadFull(cn.r, dst[i]); err != nil {
+		if err := readPage(cn.r, dst[i], got); err != nil {
 			return i, fmt.Errorf("read page %s: %w", w.Key, err)
 		}
 		res[i].Header = h
-		verified <- received{i, h}
+		if v != nil {
+			v.end(i, h)
+		} else {
+			c.received.Add(h.Length)
+		}
 	}
 	return len(wants), nil
 }
@@ -249,7 +229,7 @@ func (c *Client) get(ctx context.Context, addr string) (*conn, bool, error) {
 		}
 		nc = tc
 	}
-	return &conn{Conn: nc, r: bufio.NewReaderSize(nc, 256<<10)}, false, nil
+	return &conn{Conn: nc, r: bufio.NewReaderSize(nc, headBuf)}, false, nil
 }
 
 // put keeps a connection for reuse, or closes it.

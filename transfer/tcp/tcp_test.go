@@ -25,13 +25,14 @@ type memSource struct {
 	mu       sync.Mutex
 	pages    map[pagekey.Key]Page
 	corrupt  map[pagekey.Key]bool // send the header with a wrong checksum
+	flip     map[pagekey.Key]int  // send the bytes with this one changed (the header's checksum true)
 	block    chan struct{}        // Open waits for it or the deadline
 	opens    atomic.Int64
 	releases atomic.Int64
 }
 
 func newMemSource() *memSource {
-	return &memSource{pages: map[pagekey.Key]Page{}, corrupt: map[pagekey.Key]bool{}}
+	return &memSource{pages: map[pagekey.Key]Page{}, corrupt: map[pagekey.Key]bool{}, flip: map[pagekey.Key]int{}}
 }
 
 var layout = pagekey.Fingerprint{1, 2, 3}
@@ -73,6 +74,10 @@ func (m *memSource) Open(ctx context.Context, wants []Want) ([]Page, func()) {
 		}
 		if m.corrupt[w.Key] {
 			p.Header.Checksum++
+		}
+		if at, ok := m.flip[w.Key]; ok {
+			p.Data = bytes.Clone(p.Data)
+			p.Data[at] ^= 0x01
 		}
 		out[i] = p
 	}
