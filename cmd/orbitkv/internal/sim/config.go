@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers"
 )
 
 // Config is one simulated cluster. Capacities are per host.
@@ -20,8 +21,30 @@ type Config struct {
 	HBMTokens int64  `json:"hbm_tokens"` // engine prefix cache per host, tokens (0: none)
 	DRAMBytes uint64 `json:"dram_bytes"` // peer DRAM tier per host, bytes (0: no offload at all)
 	SSDBytes  uint64 `json:"ssd_bytes"`  // peer SSD tier per host, bytes (0: no SSD tier)
+	// DRAMPolicy is the DRAM tier's eviction order: DRAMSegmented (the
+	// peer's: pages restored or promoted are protected from pages saved
+	// once) or DRAMLRU (one LRU, the peer's order before 2026-12-01).
+	DRAMPolicy string `json:"dram_policy"`
 
 	Cost CostModel `json:"cost"`
+}
+
+// DRAM eviction orders (Config.DRAMPolicy).
+const (
+	DRAMSegmented = "slru"
+	DRAMLRU       = "lru"
+)
+
+// dramProtectedShare mirrors fabric/store's: the share of DRAM's pages the
+// protected segment keeps when a victim is picked.
+const dramProtectedShare = 0.8
+
+// dramLRU returns the DRAM tier's eviction order for the policy.
+func (c Config) dramLRU() *tiers.LRU {
+	if c.DRAMPolicy == DRAMLRU {
+		return tiers.NewLRU()
+	}
+	return tiers.NewSegmentedLRU(dramProtectedShare)
 }
 
 // CostModel turns pages and tokens into virtual time.
@@ -93,7 +116,7 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		Hosts: 1, Router: RoundRobin, Model: Models["qwen3-8b"], PageTokens: 64,
-		HBMTokens: 512 << 10, DRAMBytes: 128 << 30, SSDBytes: 1 << 40,
+		HBMTokens: 512 << 10, DRAMBytes: 128 << 30, SSDBytes: 1 << 40, DRAMPolicy: DRAMSegmented,
 		Cost: CostModel{
 			PrefillUsPerToken: DefaultPrefillUsPerToken,
 			DRAMGBps:          DefaultDRAMGBps, SSDGBps: DefaultSSDGBps, NetGBps: DefaultNetGBps,
@@ -121,6 +144,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := c.Router.policy(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.DRAMPolicy != DRAMSegmented && c.DRAMPolicy != DRAMLRU {
+		errs = append(errs, fmt.Errorf("dram policy %q: want %s or %s", c.DRAMPolicy, DRAMSegmented, DRAMLRU))
 	}
 	return errors.Join(append(errs, c.Cost.Validate())...)
 }

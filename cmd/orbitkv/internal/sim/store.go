@@ -36,7 +36,7 @@ func newStore(cfg Config, c *Counters) (*store, error) {
 	return &store{
 		cat: cat, fp: cfg.Model.Layout(cfg.PageTokens).Fingerprint(), pageBytes: cfg.PageBytes(),
 		hbm: tiers.NewLRU(), hbmPages: int(cfg.HBMTokens / int64(cfg.PageTokens)),
-		dram: tiers.NewLRU(), ssd: tiers.NewLRU(), dramCap: cfg.DRAMBytes, ssdCap: cfg.SSDBytes,
+		dram: cfg.dramLRU(), ssd: tiers.NewLRU(), dramCap: cfg.DRAMBytes, ssdCap: cfg.SSDBytes,
 		moved: c,
 	}, nil
 }
@@ -99,7 +99,11 @@ func (s *store) save(k pagekey.Key) error {
 	if err != nil {
 		return fmt.Errorf("save page %s: %w", k, err)
 	}
-	s.dram.Touch(k)
+	if onSSD {
+		s.dram.Promote(k) // an SSD hit promoted: used again
+	} else {
+		s.dram.Touch(k)
+	}
 	return nil
 }
 
@@ -269,12 +273,12 @@ func (s *store) dropSSD(k pagekey.Key) error {
 	return nil
 }
 
-// pin leases a hit page in the tier it is read from, and touches it there
-// (the peer's load does both).
+// pin leases a hit page in the tier it is read from, and marks it used
+// again there (the peer's load does both: Promote, in a segmented DRAM).
 func (s *store) pin(k pagekey.Key, t catalog.Tier) {
 	l := s.lru(t)
 	l.Pin(k)
-	l.Touch(k)
+	l.Promote(k)
 }
 
 func (s *store) unpin(k pagekey.Key, t catalog.Tier) { s.lru(t).Unpin(k) }
