@@ -11,12 +11,6 @@ import (
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
-// dramProtectedShare is the share of DRAM's pages that pages used again
-// (restored, promoted or readmitted) may hold against pages saved once
-// (tiers.NewSegmentedLRU): a stream of new prefixes evicts its own kind
-// first, and the prefixes that come back stay.
-const dramProtectedShare = 0.8
-
 // evictBatch is how many pages one eviction round demotes together: one
 // batched SSD write and one catalog commit (one fdatasync, one fsync) for
 // the lot instead of one each.

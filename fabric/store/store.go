@@ -70,6 +70,12 @@ type Store struct {
 	}
 }
 
+// dramProtectedShare is the share of DRAM's pages that pages used again
+// (restored, promoted or readmitted) may hold against pages saved once
+// (tiers.NewSegmentedLRU): a stream of new prefixes evicts its own kind
+// first, and the prefixes that come back stay.
+const dramProtectedShare = 0.8
+
 // Options configure a Store beyond the tiers it is given.
 type Options struct {
 	// QueryBudget is the bytes all leases may pin at once (pins.go).
