@@ -31,6 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--invariant-rows", type=int, default=None,
                    help="exact backend: token tiles of this size for batch invariance on GPUs (default: 64 on CUDA, 0 on CPU)")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--cuda-graphs", default=None, choices=["auto", "on", "off"],
+                   help="decode steps (batch <= 8, padded to 1/2/4/8) as CUDA graph replays; "
+                        "auto (default) = on for CUDA with the sdpa backend, off for exact and on CPU")
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--connector", default="none", choices=["none", "orbitkv"])
     p.add_argument("--orbitkv-socket", default=None, help="the OrbitKV peer's engine socket")
@@ -51,7 +54,7 @@ def main(argv=None) -> int:
             a.preset, kv_tokens=a.kv_tokens, block_size=a.block_size, page_tokens=a.page_tokens,
             device=a.device, seed=a.seed, max_num_seqs=a.max_num_seqs,
             max_batched_tokens=a.max_batched_tokens, attn_backend=a.attn_backend, invariant_rows=a.invariant_rows,
-            enable_prefix_caching=False if a.no_prefix_caching else None)
+            cuda_graphs=a.cuda_graphs, enable_prefix_caching=False if a.no_prefix_caching else None)
         extra = json.loads(a.connector_extra) if a.connector_extra else {}
     except ValueError as e:
         print(f"refengine: {e}", file=sys.stderr)

@@ -164,6 +164,102 @@ def _chunk_plane(plane: torch.Tensor, ids: torch.Tensor, chunk: int, valid: int)
     return x
 
 
+# --- fixed-shape decode attention (CUDA graphs: no host syncs, no shapes that follow the step) ---
+
+def attend_exact_fixed(q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
+                       seq_lens: torch.Tensor, block_size: int, chunk: int, nchunks: int,
+                       rows: int = 0) -> torch.Tensor:
+    """attend_exact for decode rows (one query per row r, at positions[r], over seq_lens[r]
+    context tokens through tables[r]) in shapes fixed by the row count and ``nchunks``, not by
+    the contexts: every row runs ``nchunks`` chunks; those past its context see no key and are
+    exact no-ops (scale 1, add 0), and keys past seq_lens are zeroed by a mask, as
+    _chunk_plane zeroes them. Each matmul has attend_exact's shape, so the result is the same
+    bits. tables [R, >= nchunks * chunk / block_size] int64 (padding entries: any valid block).
+    Returns [R, Hq, D] fp32."""
+    out = []
+    for r in range(q.shape[0]):
+        qs, pos = q[r:r + 1], positions[r:r + 1]
+        if rows > 1:
+            qs = torch.cat([qs, qs[-1:].expand(rows - 1, -1, -1)])
+            pos = torch.cat([pos, pos[-1:].expand(rows - 1)])
+        o = _attend_rows_fixed(qs, pos, kv, tables[r], seq_lens[r], block_size, chunk, nchunks)
+        out.append(o[:1])
+    return torch.cat(out)
+
+
+def _attend_rows_fixed(q: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, table: torch.Tensor,
+                       seq_len: torch.Tensor, block_size: int, chunk: int, nchunks: int) -> torch.Tensor:
+    """_attend_rows with the chunk count and the valid length as data (see attend_exact_fixed)."""
+    t, hq, d = q.shape
+    hkv = kv.shape[3]
+    g = hq // hkv
+    bpc = chunk // block_size
+    scale = 1.0 / math.sqrt(d)
+    offs = torch.arange(chunk, device=q.device)
+    qh = q.float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * scale
+    m = torch.full((hkv, g * t), float("-inf"), device=q.device)
+    lsum = torch.zeros((hkv, g * t), device=q.device)
+    acc = torch.zeros((hkv, g * t, d), device=q.device)
+    zero = torch.zeros((), device=q.device)
+    for c in range(nchunks):
+        ids = table[c * bpc:(c + 1) * bpc]
+        keep = (c * chunk + offs) < seq_len
+        k = torch.where(keep[:, None, None], _gather(kv[0], ids).float(), zero)
+        v = torch.where(keep[:, None, None], _gather(kv[1], ids).float(), zero)
+        sc = torch.matmul(qh, k.permute(1, 2, 0))                 # [hkv, g*t, chunk]
+        visible = (c * chunk + offs)[None, :] <= pos[:, None]      # [t, chunk]
+        sc = sc.masked_fill(~visible.repeat(g, 1), float("-inf"))
+        m_new = torch.maximum(m, sc.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(sc - m_new[..., None])
+        lsum = lsum * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
+        m = m_new
+    o = acc / lsum[..., None]
+    return o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+
+
+@dataclasses.dataclass
+class PackedDecode:
+    """A decode step's contexts packed one after another into a fixed number of slots (the
+    sdpa backend under CUDA graphs): row r's keys are ctx_slots[cu_k[r]:cu_k[r + 1]]; slots
+    past cu_k[-1] are padding that no row reads."""
+
+    ctx_slots: torch.Tensor  # [L] int64 pool slots (L: the step's bucket)
+    cu_q: torch.Tensor       # [R+1] int32 = 0..R (one query per row)
+    cu_k: torch.Tensor       # [R+1] int32
+    max_k: int               # bound on one row's context (the bucket), for the flash kernel
+
+
+def attend_packed(q: torch.Tensor, kv: torch.Tensor, pk: PackedDecode, flash: bool) -> torch.Tensor:
+    """Decode queries q [R, Hq, D] over their packed contexts, shapes fixed by R and the
+    bucket: one gather of L slots, then the varlen flash kernel (``flash``: cu_seqlens read on
+    the device, max_seqlen_k = the bucket) or the same attention as dense masked math over all
+    L keys (CPU, fp32, or where the flash op is missing). [R, Hq, D] in q's dtype."""
+    hkv, d = kv.shape[3], kv.shape[4]
+    ctx = kv.reshape(2, -1, hkv, d).index_select(1, pk.ctx_slots)  # [2, L, Hkv, D]
+    if ctx.dtype != q.dtype:
+        ctx = ctx.to(q.dtype)
+    if flash:
+        plan = VarlenPlan(pk.ctx_slots, pk.cu_q, pk.cu_k, [], 1, pk.max_k)
+        return _flash_varlen(q, ctx[0], ctx[1], plan)
+    return _attend_packed_math(q, ctx[0], ctx[1], pk.cu_k)
+
+
+def _attend_packed_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
+    r, hq, d = q.shape
+    L, hkv = k.shape[0], k.shape[1]
+    g = hq // hkv
+    qh = q.float().reshape(r, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, r * g, d)
+    sc = torch.matmul(qh, k.float().permute(1, 2, 0)) * (1.0 / math.sqrt(d))   # [hkv, r*g, L]
+    j = torch.arange(L, device=q.device)[None, :]
+    cu = cu_k.long()
+    mine = (j >= cu[:-1, None]) & (j < cu[1:, None])                            # [r, L]
+    sc = sc.masked_fill(~mine.repeat_interleave(g, 0)[None], float("-inf"))
+    o = torch.matmul(sc.softmax(-1), v.float().permute(1, 0, 2))                # [hkv, r*g, D]
+    return o.view(hkv, r, g, d).permute(1, 0, 2, 3).reshape(r, hq, d).to(q.dtype)
+
+
 def attend_sdpa(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta) -> torch.Tensor:
     """q [T, Hq, D] → [T, Hq, D] in q's dtype, one fused attention call per request."""
     out = torch.empty_like(q)

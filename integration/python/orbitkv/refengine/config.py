@@ -91,6 +91,9 @@ class EngineConfig:
     invariant_rows: int = -1          # exact backend: token tiles of this size (model.fixed_rows);
                                       # -1 = auto: 64 on CUDA (batch invariance there), 0 on CPU
     enable_prefix_caching: bool = True
+    cuda_graphs: str = "auto"         # decode steps as CUDA graph replays: "auto" (CUDA + sdpa) | "on" | "off"
+    cuda_graph_sizes: tuple = (1, 2, 4, 8)  # captured batch sizes; a decode batch pads up to the next one
+    cuda_graph_max_context: int = 0   # context tokens per request a decode graph covers (0 = kv_tokens)
     shm_dir: str = "/dev/shm"         # where the CPU pool's backing file lives
     engine_id: str = "refengine"
 
@@ -108,6 +111,13 @@ class EngineConfig:
             raise ValueError(f"attn_backend {self.attn_backend!r} not one of auto, exact, sdpa")
         if self.max_num_seqs <= 0 or self.max_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_batched_tokens must be positive")
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graphs {self.cuda_graphs!r} not one of auto, on, off")
+        sizes = tuple(self.cuda_graph_sizes)
+        if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] <= 0:
+            raise ValueError(f"cuda_graph_sizes {sizes} must be positive, ascending, without repeats")
+        if self.cuda_graph_max_context < 0:
+            raise ValueError("cuda_graph_max_context must be >= 0")
 
     @property
     def num_blocks(self) -> int:
@@ -118,6 +128,18 @@ class EngineConfig:
         if self.invariant_rows >= 0:
             return self.invariant_rows
         return 64 if self.device.startswith("cuda") and self.resolved_attn_backend == "exact" else 0
+
+    @property
+    def resolved_cuda_graphs(self) -> bool:
+        """Whether decode steps replay CUDA graphs: never on CPU; "auto" = the sdpa backend on
+        CUDA (the exact backend keeps eager steps unless "on": see README, CUDA graphs)."""
+        if not self.device.startswith("cuda") or self.cuda_graphs == "off":
+            return False
+        return self.cuda_graphs == "on" or self.resolved_attn_backend == "sdpa"
+
+    @property
+    def resolved_graph_max_context(self) -> int:
+        return self.cuda_graph_max_context or self.kv_tokens
 
     @property
     def resolved_attn_backend(self) -> str:

@@ -22,7 +22,8 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from .attention import BatchMeta, attend, attend_planned, plan_from_meta, write_kv
+from .attention import (BatchMeta, attend, attend_exact_fixed, attend_packed, attend_planned, plan_from_meta,
+                        write_kv)
 from .config import ModelConfig
 
 
@@ -153,6 +154,15 @@ class Qwen3Model:
         hooks = hooks or LayerHooks()
         if attn_backend != "exact":
             return self._forward_fast(tokens, meta, kv_layers, hooks)
+        h = self._exact_stack(
+            tokens, meta.positions, kv_layers, rows, hooks, meta,
+            write=lambda kv, k, v: write_kv(kv, k, v, meta.slot_mapping),
+            attn=lambda q, kv: attend(q, kv, meta, attn_backend, attn_chunk, rows))
+        return self._exact_head(h.index_select(0, meta.logits_indices), rows)
+
+    def _exact_stack(self, tokens, positions, kv_layers, rows: int, hooks: LayerHooks, meta, write, attn):
+        """The exact forward's layers: hidden states [T, hidden] after the last layer.
+        write(kv, k, v) stores the new tokens' K/V; attn(q, kv) → [T, Hq, D] in q's dtype."""
         c = self.cfg
         T, d = tokens.shape[0], c.head_dim
         q_sz, kv_sz = c.num_q_heads * d, c.num_kv_heads * d
@@ -165,22 +175,46 @@ class Qwen3Model:
             return fixed_rows(x, rows, lambda t: rms_norm(t, w, eps))
 
         h = self.embed.index_select(0, tokens)
-        cos, sin = self.rope_tables(meta.positions)
+        cos, sin = self.rope_tables(positions)
         for i, w in enumerate(self.layers):
             q, k, v = lin(norm(h, w.in_norm), w.wqkv).split([q_sz, kv_sz, kv_sz], dim=-1)
             q = self.rope(norm(q.reshape(T, c.num_q_heads, d), w.q_norm), cos, sin)
             k = self.rope(norm(k.reshape(T, c.num_kv_heads, d), w.k_norm), cos, sin)
             v = v.reshape(T, c.num_kv_heads, d)
             hooks.before_attention(i)
-            write_kv(kv_layers[i], k, v, meta.slot_mapping)
-            a = attend(q, kv_layers[i], meta, attn_backend, attn_chunk, rows)
+            write(kv_layers[i], k, v)
+            a = attn(q, kv_layers[i])
             hooks.after_attention(i, kv_layers[i], meta)
             h = h + lin(a.reshape(T, q_sz), w.wo)
             gate, up = lin(norm(h, w.post_norm), w.wgu).chunk(2, dim=-1)
             h = h + lin(F.silu(gate) * up, w.wdown)
-        last = norm(h.index_select(0, meta.logits_indices), self.final_norm)
-        return lin(last, self.lm_head).float()
+        return h
 
+    def _exact_head(self, h: torch.Tensor, rows: int) -> torch.Tensor:
+        last = fixed_rows(h, rows, lambda t: rms_norm(t, self.final_norm, self.cfg.rms_eps))
+        return fixed_rows(last, rows, lambda t: F.linear(t, self.lm_head)).float()
+
+    @torch.no_grad()
+    def forward_decode(self, d: "DecodeInputs", kv_layers: List[torch.Tensor], attn_backend: str,
+                       attn_chunk: int = 256, rows: int = 0, flash: bool = False):
+        """A decode step in fixed shapes (what a CUDA graph captures): one token per row, every
+        row sampled, padding rows (copies of row 0) writing row 0's K/V into row 0's slot, no
+        host sync. Returns (fp32 logits [R, vocab], greedy tokens [R] int64)."""
+        def write(kv, k, v):
+            write_kv(kv, k.index_select(0, d.src), v.index_select(0, d.src), d.slots)
+
+        hooks = LayerHooks()
+        if attn_backend == "exact":
+            h = self._exact_stack(
+                d.tokens, d.positions, kv_layers, rows, hooks, None, write=write,
+                attn=lambda q, kv: attend_exact_fixed(q, kv, d.positions, d.tables, d.seq_lens, d.block_size,
+                                                      attn_chunk, d.nchunks, rows).to(q.dtype))
+            logits = self._exact_head(h, rows)
+        else:
+            h = self._fast_stack(d.tokens, d.positions, kv_layers, hooks, None, write=write,
+                                 attn=lambda q, kv: attend_packed(q, kv, d.packed, flash))
+            logits = self._fast_head(h)
+        return logits, logits.argmax(-1)
 
     def _fast_tables(self):
         """cos2/sin2 RoPE tables and, per layer, whether q_norm == k_norm (then q and k are
@@ -195,16 +229,28 @@ class Qwen3Model:
 
     def _forward_fast(self, tokens: torch.Tensor, meta: BatchMeta, kv_layers: List[torch.Tensor],
                       hooks: LayerHooks) -> torch.Tensor:
-        c = self.cfg
         if meta.plan is None:
             meta.plan = plan_from_meta(meta)
+        slots = meta.slot_mapping
+        c = self.cfg
+
+        def write(kv, k, v):
+            flat = kv.view(2, -1, c.num_kv_heads, c.head_dim)
+            flat[0].index_copy_(0, slots, k.to(kv.dtype))
+            flat[1].index_copy_(0, slots, v.to(kv.dtype))
+
+        h = self._fast_stack(tokens, meta.positions, kv_layers, hooks, meta, write=write,
+                             attn=lambda q, kv: attend_planned(q, kv, meta))
+        return self._fast_head(h.index_select(0, meta.logits_indices))
+
+    def _fast_stack(self, tokens, positions, kv_layers, hooks: LayerHooks, meta, write, attn):
+        c = self.cfg
         T, d, hq, hkv = tokens.shape[0], c.head_dim, c.num_q_heads, c.num_kv_heads
         qk_sz = (hq + hkv) * d
         eps = c.rms_eps
         cos2, sin2, same = self._fast_tables()
-        cos2 = cos2.index_select(0, meta.positions)[:, None, :]
-        sin2 = sin2.index_select(0, meta.positions)[:, None, :]
-        slots = meta.slot_mapping
+        cos2 = cos2.index_select(0, positions)[:, None, :]
+        sin2 = sin2.index_select(0, positions)[:, None, :]
         h = self.embed.index_select(0, tokens)
         for i, w in enumerate(self.layers):
             qkv = F.linear(rms_norm_fast(h, w.in_norm, eps), w.wqkv)
@@ -217,13 +263,13 @@ class Qwen3Model:
                 k = rope_fast(rms_norm_fast(qkv[:, hq * d:qk_sz].view(T, hkv, d), w.k_norm, eps), cos2, sin2)
             kv = kv_layers[i]
             hooks.before_attention(i)
-            flat = kv.view(2, -1, hkv, d)
-            flat[0].index_copy_(0, slots, k.to(kv.dtype))
-            flat[1].index_copy_(0, slots, v.to(kv.dtype))
-            a = attend_planned(q, kv, meta)
+            write(kv, k, v)
+            a = attn(q, kv)
             hooks.after_attention(i, kv, meta)
             h = torch.addmm(h, a.reshape(T, hq * d), w.wo.t())
             gate, up = F.linear(rms_norm_fast(h, w.post_norm, eps), w.wgu).chunk(2, dim=-1)
             h = torch.addmm(h, F.silu(gate).mul_(up), w.wdown.t())
-        last = rms_norm_fast(h.index_select(0, meta.logits_indices), self.final_norm, eps)
-        return F.linear(last, self.lm_head).float()
+        return h
+
+    def _fast_head(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm_fast(h, self.final_norm, self.cfg.rms_eps), self.lm_head).float()
