@@ -226,8 +226,8 @@ class PackedDecode:
     past cu_k[-1] are padding that no row reads."""
 
     ctx_slots: torch.Tensor  # [L] int64 pool slots (L: the step's bucket)
-    cu_q: torch.Tensor       # [R+1] int32 = 0..R (one query per row)
-    cu_k: torch.Tensor       # [R+1] int32
+    cu_q: torch.Tensor       # [R+1] = 0..R (one query per row); int32 for the flash kernel
+    cu_k: torch.Tensor       # [R+1]; int32 for the flash kernel
     max_k: int               # bound on one row's context (the bucket), for the flash kernel
 
 

@@ -211,8 +211,11 @@ class Qwen3Model:
                                                       attn_chunk, d.nchunks, rows).to(q.dtype))
             logits = self._exact_head(h, rows)
         else:
+            # cu_seqlens as the flash kernel takes them, converted here (inside a capture: every
+            # replay converts the buffer's current values)
+            pk = dataclasses.replace(d.packed, cu_q=d.packed.cu_q.to(torch.int32), cu_k=d.packed.cu_k.to(torch.int32))
             h = self._fast_stack(d.tokens, d.positions, kv_layers, hooks, None, write=write,
-                                 attn=lambda q, kv: attend_packed(q, kv, d.packed, flash))
+                                 attn=lambda q, kv: attend_packed(q, kv, pk, flash))
             logits = self._fast_head(h)
         return logits, logits.argmax(-1)
 

@@ -18,6 +18,7 @@ import torch
 from .attention import BatchMeta, SeqSpan, VarlenPlan
 from .config import EngineConfig
 from .connector import KVConnectorOutput
+from .graphs import DecodeGraphs, DecodeRow
 from .kvpool import KVPool, layer_name
 from .model import LayerHooks, Qwen3Model
 from .scheduler import SchedulerOutput, cdiv
@@ -50,6 +51,10 @@ class ModelRunner:
         self.hooks = _ConnectorHooks(connector) if connector is not None else LayerHooks()
         if connector is not None:
             connector.register_kv_caches(pool.kv_caches())
+        # Decode-only steps of up to max(cuda_graph_sizes) requests as CUDA graph replays
+        # (graphs.py); use_graphs switches them off at run time (step-time probe).
+        self.graphs = DecodeGraphs(cfg, model, pool) if cfg.resolved_cuda_graphs else None
+        self.use_graphs = True
         # Instrumentation (cheap): per connector step, the CPU time of its phases; with
         # trace_layers (CUDA), also when the GPU got past each layer's load wait.
         self.timings: list = []
@@ -57,10 +62,12 @@ class ModelRunner:
 
     def execute(self, so: SchedulerOutput) -> Tuple[Dict[str, int], Optional[KVConnectorOutput]]:
         """Run one step; returns (request id → sampled token, connector output)."""
-        batch = self._build(so) if so.seqs else None
         conn = self.connector
+        graph = self._graph_step(so)
+        # a graph step builds no eager batch unless a connector wants its attention metadata
+        batch = self._build(so, plan=graph is None) if so.seqs and (graph is None or conn is not None) else None
         if conn is None:
-            return (self._forward(*batch) if batch else {}), None
+            return (self._run(batch, graph) if so.seqs else {}), None
         if so.preempted_req_ids and hasattr(conn, "handle_preemptions"):
             conn.handle_preemptions(so.kv_connector_metadata)
         conn.bind_connector_metadata(so.kv_connector_metadata)
@@ -73,7 +80,7 @@ class ModelRunner:
         try:
             conn.start_load_kv(self._forward_context(batch[1] if batch else None))
             t1 = time.perf_counter()
-            sampled = self._forward(*batch) if batch else {}
+            sampled = self._run(batch, graph) if so.seqs else {}
             if batch and self.device.type == "cuda":
                 # The peer copies saved blocks with its own stream in its own
                 # process: the step's KV writes must have landed first.
@@ -113,13 +120,34 @@ class ModelRunner:
                   for name, t in self.pool.kv_caches().items()}
         return types.SimpleNamespace(no_compile_layers=layers, attn_metadata=meta, virtual_engine=0)
 
-    def _build(self, so: SchedulerOutput):
+    def _graph_step(self, so: SchedulerOutput):
+        """(rows, key) when this step replays a decode graph: graphs on, every request
+        decoding one token it samples, a captured size and bucket covering it, no layer trace."""
+        g = self.graphs
+        if g is None or not self.use_graphs or not so.seqs or (self.trace_layers and self.connector is not None):
+            return None
+        if any(s.num_tokens != 1 or not s.samples for s in so.seqs):
+            return None
+        B = self.cfg.block_size
+        rows = [DecodeRow(s.request.request_id, s.request.all_token_ids[s.start], s.start,
+                          s.block_ids[:cdiv(s.start + 1, B)]) for s in so.seqs]
+        key = g.key(rows)
+        return None if key is None else (rows, key)
+
+    def _run(self, batch, graph) -> Dict[str, int]:
+        if graph is not None:
+            meta = batch[1] if batch else None
+            return self.graphs.run(graph[0], graph[1], self.hooks, meta)
+        return self._forward(*batch)
+
+    def _build(self, so: SchedulerOutput, plan: bool = True):
         """The step's tensors, assembled on the host and moved to the device in one copy (an
-        int64 buffer sliced into views); for the sdpa backend also the step's VarlenPlan."""
+        int64 buffer sliced into views); for the sdpa backend also the step's VarlenPlan
+        (unless plan=False: a graph step, whose metadata only the connector reads)."""
         B = self.cfg.block_size
         tokens, positions, slots, tables, logits_rows, sample_ids = [], [], [], [], [], []
         ctx, q_starts, k_starts, spans = [], [0], [0], []
-        planned = self.backend != "exact"
+        planned = self.backend != "exact" and plan
         arange_b = torch.arange(B, dtype=torch.int64)
         off = 0
         for s in so.seqs:
