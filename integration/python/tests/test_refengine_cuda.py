@@ -2,6 +2,7 @@
 
 Run on a GPU machine with ORBITKV_REQUIRE=cuda so nothing skips silently."""
 
+import dataclasses
 import os
 
 import pytest
@@ -104,3 +105,85 @@ def test_exact_mode_with_token_tiles_is_batch_invariant_on_cuda():
     with Engine(cfg) as e:
         assert e.generate(ps[:1], 10) == want[:1]
         assert e.generate(ps, 10) == want  # ps[0] cached, the rest share 150 tokens, chunked by 96
+
+
+# --- decode steps as CUDA graph replays (graphs.py) ------------------------------------------
+
+def _staggered(e, n, seed):
+    """n requests whose lengths differ, so the decode batch shrinks n → 1 (padded 8/4/2/1)."""
+    import random
+    rng = random.Random(seed)
+    return [e.add_request([rng.randrange(e.cfg.model.vocab) for _ in range(20 + 9 * i)], 4 + 2 * i)
+            for i in range(n)]
+
+
+def _run(cfg, n, seed=0):
+    with Engine(cfg) as e:
+        reqs = _staggered(e, n, seed)
+        while e.has_work():
+            e.step()
+        return [r.output_token_ids for r in reqs], e.runner.graphs
+
+
+@pytest.mark.parametrize("n", [3, 8])
+def test_graph_decode_tokens_equal_eager_tokens(n):
+    """sdpa backend (tiny, fp32 on CUDA): the same tokens with decode graphs as without, every
+    decode step a replay after its key's first capture."""
+    cfg = engine_config("tiny", device="cuda", kv_tokens=4096, block_size=16, page_tokens=64)
+    want, off = _run(dataclasses.replace(cfg, cuda_graphs="off"), n)
+    assert off is None
+    got, g = _run(dataclasses.replace(cfg, cuda_graphs="on"), n)
+    assert g.disabled is None, g.disabled
+    assert g.stats["captures"] >= 1 and g.stats["replays"] >= 5, g.stats
+    assert got == want
+
+
+@pytest.mark.parametrize("n", [3, 8])
+def test_graph_decode_exact_mode_stays_batch_invariant(n):
+    """exact backend (64-token tiles) with decode graphs on: each prompt alone and all n
+    together give the eager engine's tokens; a replay that differed from the eager step in
+    one bit would have turned graphs off (then this fails, and exact mode keeps eager steps)."""
+    cfg = engine_config("tiny", device="cuda", attn_backend="exact", kv_tokens=4096, block_size=16,
+                        page_tokens=64, cuda_graphs="on")
+    want, _ = _run(dataclasses.replace(cfg, cuda_graphs="off"), n)
+    got, g = _run(cfg, n)
+    assert g.disabled is None, g.disabled
+    assert g.stats["replays"] >= 5, g.stats
+    assert got == want
+    import random
+    rng = random.Random(0)  # _staggered's prompts, each alone on a fresh engine (batch-1 graphs)
+    ps = [([rng.randrange(cfg.model.vocab) for _ in range(20 + 9 * i)], 4 + 2 * i) for i in range(n)]
+    alone = []
+    for p, m in ps:
+        with Engine(cfg) as e:
+            alone.append(e.generate([p], m)[0])
+    assert alone == want
+
+
+def test_graph_decode_bf16_flash_close_to_eager():
+    """bf16 with 128-wide heads (the varlen flash kernel inside the graph): each decode step's
+    logits ≈ the eager sdpa step's on a copy of the pool."""
+    cfg = with_model(engine_config("tiny", kv_tokens=2048, block_size=16, page_tokens=16, device="cuda",
+                                   cuda_graphs="on"),
+                     dtype="bf16", head_dim=128, num_q_heads=8, num_kv_heads=2, hidden=256, intermediate=512)
+    with Engine(cfg) as e:
+        _staggered(e, 8, 1)
+        checked = 0
+        while e.has_work():
+            so = e.scheduler.schedule()
+            graph = e.runner._graph_step(so)
+            if graph is not None:
+                tok, meta, _ = e.runner._build(so)
+                snap = e.pool.buffer.clone()
+                want = e.model.forward(tok, meta, e.pool.layers, "sdpa", cfg.attn_chunk_tokens)
+                e.pool.buffer.copy_(snap)
+            sampled, kvo = e.runner.execute(so)
+            if graph is not None:
+                got = e.runner.graphs.last_logits
+                cos = torch.nn.functional.cosine_similarity(got, want, dim=-1).min().item()
+                assert cos > 0.999, cos
+                checked += 1
+            e.scheduler.update_from_output(so, sampled, kvo)
+        g = e.runner.graphs
+        assert g.flash, "the varlen flash kernel was not used inside the graph"
+        assert g.disabled is None and checked >= 10 and g.stats["replays"] >= 8, (g.disabled, checked, g.stats)

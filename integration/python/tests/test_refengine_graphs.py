@@ -239,3 +239,18 @@ def test_cuda_graphs_setting_resolves_per_device_and_backend():
             engine_config("tiny", **bad)
     assert parse_args(["--cuda-graphs", "off"]).cuda_graphs == "off"
     assert parse_args([]).cuda_graphs is None  # config default: auto
+
+
+def test_step_probe_floor_and_table(capsys):
+    from orbitkv.refengine import preset
+    from orbitkv.refengine.steps import floor_ms, main, weight_read_bytes
+    m = preset("qwen3-8b")
+    assert 15.0e9 < weight_read_bytes(m) < 15.3e9  # 16.4 GB of weights less the 1.24 GB embedding table
+    assert 3.15 < floor_ms(m, 8, 8 * 160, 4.8, 989) < 3.25  # weight-bound: 8 tokens, 1280 context tokens
+    assert 15.5 < floor_ms(m, 1024, 1024, 4.8, 989) < 16.0  # compute-bound: 1024-token prefill
+    assert main(["--backends", "sdpa,exact", "--batches", "1,3", "--decode-steps", "3", "--warmup", "1",
+                 "--rounds", "1", "--kv-tokens", "1024", "--block-size", "4", "--prompt-tokens", "12"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in out[2:-1]]
+    assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
+        (b, n, s, "same") for b in ("sdpa", "exact") for n in ("1", "3") for s in ("prefill", "decode")]

@@ -262,10 +262,18 @@ class DecodeGraphs:
         ref_logits, ref_tokens = ref_logits.clone(), ref_tokens.clone()
         if self.mempool is None:
             self.mempool = torch.cuda.graph_pool_handle()
-        g = torch.cuda.CUDAGraph()
-        with _graph(g, self.mempool):
-            logits, tokens = self._body(inputs)
-        g.replay()
+        try:
+            g, logits, tokens = self._record(inputs)
+        except RuntimeError as e:
+            if not self.flash:
+                self.disabled = f"capture failed ({type(e).__name__}: {e})"
+                print(f"refengine: CUDA graphs off: {self.disabled}", file=sys.stderr)
+                return self._body(inputs)
+            # the flash op would not capture here: the same attention as masked math
+            print(f"refengine: decode graphs without the varlen flash kernel (capture failed: {e})",
+                  file=sys.stderr)
+            self.flash = False
+            return self._capture(key)
         self.stats["captures"] += 1
         why = self._compare(key, logits, ref_logits)
         if why is not None:
@@ -274,6 +282,13 @@ class DecodeGraphs:
             return self._body(inputs)  # this step's K/V and tokens as the eager path computes them
         self.graphs[key] = _Captured(g, inputs, logits, tokens)
         return logits, tokens
+
+    def _record(self, inputs: DecodeInputs):
+        g = torch.cuda.CUDAGraph()
+        with _graph(g, self.mempool):
+            logits, tokens = self._body(inputs)
+        g.replay()
+        return g, logits, tokens
 
     def _compare(self, key, got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
         if torch.equal(got, want):
