@@ -18,6 +18,9 @@
 #   scripts/gpu/h200.sh final      every GPU test (cuda, transfer, fabric), the 8K-token peer rows, one gated TTFT probe
 #   scripts/gpu/h200.sh refengine  refengine GPU tests, TTFT probe + decode bench; with BASE=DIR (a copy of
 #                                  integration/python from another commit) the same probes on it first-hand
+#   scripts/gpu/h200.sh steps      issue 11, decode near the floor: refengine CUDA tests (decode graphs included),
+#                                  then prefill/decode step times eager vs CUDA graphs at batch 1 and 8 beside the
+#                                  weight-read floor (sdpa), and exact mode at batch 8; Python only, no binaries
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test, transfer.test.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
@@ -242,6 +245,23 @@ refengine() { # the reference engine's GPU path: tests, TTFT (restore vs recompu
 	done
 }
 
+steps() { # decode steps as CUDA graph replays (refengine graphs.py): correctness first, then the step times
+	nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
+	(cd integration/python && ORBITKV_REQUIRE=cuda timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs \
+		tests/test_refengine_cuda.py tests/test_refengine_graphs.py) >"$O/tests.txt" 2>&1
+	say "refengine CUDA + decode graph tests rc=$? ($(tail -1 "$O/tests.txt"))"
+	grep -E "^(FAILED|ERROR)|refengine: " "$O/tests.txt" | head -20 | tee -a "$S"
+	(cd integration/python && timeout ${STEPS_TIMEOUT:-120} python3 -m orbitkv.refengine.steps --preset qwen3-8b --device cuda \
+		--backends sdpa --batches ${STEP_BATCHES:-1,8}) >"$O/steps.txt" 2>>"$O/logs.txt"
+	say "step probe, sdpa rc=$?"
+	grep -v '^{' "$O/steps.txt" | tee -a "$S"
+	(cd integration/python && timeout ${EXACT_TIMEOUT:-100} python3 -m orbitkv.refengine.steps --preset qwen3-8b --device cuda \
+		--backends exact --batches 8 --decode-steps 16 --rounds 1) >"$O/steps_exact.txt" 2>>"$O/logs.txt"
+	say "step probe, exact rc=$?"
+	grep -v '^{' "$O/steps_exact.txt" | tee -a "$S"
+	grep -h "refengine: " "$O/logs.txt" | sort | uniq -c | head -12 | tee -a "$S"
+}
+
 layerwise() {
 	nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | tee -a "$S"
 	T=$O/tests.txt
@@ -325,10 +345,11 @@ peer) peer ;;
 peer128) peer128 ;;
 pitched) pitched ;;
 refengine) refengine ;;
+steps) steps ;;
 sustained) sustained ;;
 layerwise) layerwise ;;
 lwmethods) lwmethods ;;
 lwgates) lwgates ;;
 final) final ;;
-*) echo "usage: $0 check|sustained|invariant|peer|peer128|pitched|refengine|layerwise|lwmethods|lwgates|final" >&2; exit 2 ;;
+*) echo "usage: $0 check|sustained|invariant|peer|peer128|pitched|refengine|steps|layerwise|lwmethods|lwgates|final" >&2; exit 2 ;;
 esac

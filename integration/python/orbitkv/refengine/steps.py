@@ -18,7 +18,7 @@ Prints the table, then one JSON object.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import gc
 import json
 import random
 import statistics
@@ -148,6 +148,7 @@ def main(argv=None) -> int:
         rows += measure(cfg, batches, a)
         if a.device.startswith("cuda"):
             import torch
+            gc.collect()  # the engine's weights, pool and graphs
             torch.cuda.empty_cache()
     m = engine_config(a.preset).model
     print(f"refengine step times: {m.name} {m.dtype} on {_device_name(a.device)}; weights "
