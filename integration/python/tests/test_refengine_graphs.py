@@ -253,4 +253,4 @@ def test_step_probe_floor_and_table(capsys):
     out = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in out[2:-1]]
     assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
-        (b, n, s, "same") for b in ("sdpa", "exact") for n in ("1", "3") for s in ("prefill", "decode")]
+        (b, n, s, f"{n}/{n}") for b in ("sdpa", "exact") for n in ("1", "3") for s in ("prefill", "decode")]
