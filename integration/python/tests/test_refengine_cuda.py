@@ -134,7 +134,7 @@ def test_graph_decode_tokens_equal_eager_tokens(n):
     assert off is None
     got, g = _run(dataclasses.replace(cfg, cuda_graphs="on"), n)
     assert g.disabled is None, g.disabled
-    assert g.stats["captures"] >= 1 and g.stats["replays"] >= 5, g.stats
+    assert g.stats["captures"] >= 1 and g.stats["replays"] >= 3, g.stats  # n=3: 3 keys (4, 2, 1 rows), 7 steps
     assert got == want
 
 
@@ -148,7 +148,7 @@ def test_graph_decode_exact_mode_stays_batch_invariant(n):
     want, _ = _run(dataclasses.replace(cfg, cuda_graphs="off"), n)
     got, g = _run(cfg, n)
     assert g.disabled is None, g.disabled
-    assert g.stats["replays"] >= 5, g.stats
+    assert g.stats["replays"] >= 3, g.stats
     assert got == want
     import random
     rng = random.Random(0)  # _staggered's prompts, each alone on a fresh engine (batch-1 graphs)

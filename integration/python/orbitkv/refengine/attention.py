@@ -255,7 +255,7 @@ def _attend_packed_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_k:
     j = torch.arange(L, device=q.device)[None, :]
     cu = cu_k.long()
     mine = (j >= cu[:-1, None]) & (j < cu[1:, None])                            # [r, L]
-    sc = sc.masked_fill(~mine.repeat_interleave(g, 0)[None], float("-inf"))
+    sc = sc.masked_fill(~mine[:, None, :].expand(r, g, L).reshape(r * g, L)[None], float("-inf"))
     o = torch.matmul(sc.softmax(-1), v.float().permute(1, 0, 2))                # [hkv, r*g, D]
     return o.view(hkv, r, g, d).permute(1, 0, 2, 3).reshape(r, hq, d).to(q.dtype)
 
