@@ -254,3 +254,33 @@ def test_step_probe_floor_and_table(capsys):
     rows = [line.split() for line in out[2:-1]]
     assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
         (b, n, s, f"{n}/{n}") for b in ("sdpa", "exact") for n in ("1", "3") for s in ("prefill", "decode")]
+
+
+def test_a_failed_capture_turns_graphs_off_and_the_step_runs_eagerly(capsys):
+    """Capturing on a machine without CUDA fails (as a capture problem on a GPU would): the
+    step runs on the eager path, the engine goes on eagerly and says why."""
+    ps = [[random.Random(i).randrange(V) for _ in range(20)] for i in range(3)]
+    cfg = _tiny(attn_backend="sdpa")
+    with Engine(cfg) as e:
+        want = e.generate(ps, 5)
+    with Engine(cfg) as e:
+        g = e.runner.graphs = DecodeGraphs(cfg, e.model, e.pool)  # capture=True
+        assert e.generate(ps, 5) == want
+        assert g.disabled and g.disabled.startswith("capture of (4, 256) failed")
+        assert g.stats == {"captures": 0, "replays": 0, "eager_fixed": 0}
+        assert g.key(_rows([(5, 1)], 4)) is None
+    assert "refengine: CUDA graphs off: capture of (4, 256) failed" in capsys.readouterr().err
+
+
+def test_replay_check_exact_needs_the_same_bits_sdpa_a_close_result():
+    cfg = _tiny(attn_backend="exact")
+    with Engine(cfg) as e:
+        g = DecodeGraphs(cfg, e.model, e.pool, capture=False)
+        want = torch.randn(4, 8)
+        assert g._compare((4, 256), want.clone(), want) is None
+        bumped = want.clone()
+        bumped[1, 2] = torch.nextafter(bumped[1, 2], torch.tensor(1e9))  # one ulp
+        assert "exact mode needs the same bits" in g._compare((4, 256), bumped, want)
+        g.exact = False
+        assert g._compare((4, 256), bumped, want) is None
+        assert "differs from the eager step" in g._compare((4, 256), want + 1.0, want)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import sys
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -207,14 +208,36 @@ class DecodeGraphs:
         self.stats = {"captures": 0, "replays": 0, "eager_fixed": 0}
         self.last_logits: Optional[torch.Tensor] = None  # [n, vocab] of the last step (tests)
 
+    def capture_all(self, exact_max_chunks: int = 32) -> None:
+        """Capture every (size, bucket) up front, largest first (the shared memory pool is
+        sized once), as vLLM does at start, so that serving never pauses for a capture; exact
+        mode only where size x chunks <= exact_max_chunks (its graphs grow with both), the rest
+        on first use. Dummy rows (context 1: block 0's first slot, free at start) fill the
+        buffer: a graph's shapes come from its key, not from the data."""
+        if not self.capture:
+            return
+        t0 = time.perf_counter()
+        keys = [(p, b) for p in self.sizes for b in self.layout.buckets
+                if not self.exact or p * (b // self.layout.chunk) <= exact_max_chunks]
+        for key in sorted(keys, reverse=True):
+            if self.disabled is not None:
+                break
+            rows = [DecodeRow("", 0, 0, [0])] * key[0]
+            host = self.layout.pack(rows, key)
+            self.buf[:host.shape[0]].copy_(host)
+            self._capture(key)
+        print(f"refengine: captured {len(self.graphs)} decode graphs in {time.perf_counter() - t0:.1f} s"
+              + (f"; graphs off: {self.disabled}" if self.disabled else ""), file=sys.stderr)
+
     def key(self, rows: Sequence[DecodeRow]) -> Optional[Tuple[int, int]]:
         if self.disabled is not None or not rows:
             return None
         return self.layout.key(rows, self.sizes)
 
-    def run(self, rows: Sequence[DecodeRow], key: Tuple[int, int], hooks, meta) -> Dict[str, int]:
+    def run(self, rows: Sequence[DecodeRow], key: Tuple[int, int], hooks, meta) -> Optional[Dict[str, int]]:
         """One decode step (key = self.key(rows)): the layer hooks are called in layer order
-        before (waits: GPU-side) and after (saves) the forward, which runs as one replay."""
+        before (waits: GPU-side) and after (saves) the forward, which runs as one replay.
+        None: this step's capture failed or did not match (graphs are off now; run it eagerly)."""
         n = len(rows)
         host = self.layout.pack(rows, key)
         self.buf[:host.shape[0]].copy_(host)
@@ -228,6 +251,8 @@ class DecodeGraphs:
             cap = self.graphs.get(key)
             if cap is None:
                 logits, tokens = self._capture(key)
+                if logits is None:
+                    return None  # graphs are off now: the caller runs this step eagerly
             else:
                 cap.graph.replay()
                 logits, tokens = cap.logits, cap.tokens
@@ -249,6 +274,16 @@ class DecodeGraphs:
         return torch.zeros((1, m.num_q_heads, m.head_dim), dtype=m.torch_dtype, device=self.device)
 
     def _capture(self, key):
+        """Capture key's graph from the step in the buffer (see _capture_checked); any
+        failure turns graphs off for the engine (eager steps from then on), never the engine."""
+        try:
+            return self._capture_checked(key)
+        except Exception as e:  # noqa: BLE001 — a capture problem must not stop serving
+            self.disabled = f"capture of {key} failed ({type(e).__name__}: {e})"
+            print(f"refengine: CUDA graphs off: {self.disabled}", file=sys.stderr)
+            return None, None
+
+    def _capture_checked(self, key):
         """Warm up on a side stream (the real step: its K/V writes are the same values the
         replay writes again), capture, replay, and check the replay against the warm-up."""
         inputs = self.layout.views(self.buf, key)
@@ -266,20 +301,18 @@ class DecodeGraphs:
             g, logits, tokens = self._record(inputs)
         except RuntimeError as e:
             if not self.flash:
-                self.disabled = f"capture failed ({type(e).__name__}: {e})"
-                print(f"refengine: CUDA graphs off: {self.disabled}", file=sys.stderr)
-                return self._body(inputs)
+                raise
             # the flash op would not capture here: the same attention as masked math
             print(f"refengine: decode graphs without the varlen flash kernel (capture failed: {e})",
                   file=sys.stderr)
             self.flash = False
-            return self._capture(key)
+            return self._capture_checked(key)
         self.stats["captures"] += 1
         why = self._compare(key, logits, ref_logits)
         if why is not None:
             self.disabled = why
             print(f"refengine: CUDA graphs off: {why}", file=sys.stderr)
-            return self._body(inputs)  # this step's K/V and tokens as the eager path computes them
+            return None, None
         self.graphs[key] = _Captured(g, inputs, logits, tokens)
         return logits, tokens
 

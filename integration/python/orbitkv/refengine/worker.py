@@ -55,6 +55,8 @@ class ModelRunner:
         # (graphs.py); use_graphs switches them off at run time (step-time probe).
         self.graphs = DecodeGraphs(cfg, model, pool) if cfg.resolved_cuda_graphs else None
         self.use_graphs = True
+        if self.graphs is not None:
+            self.graphs.capture_all()
         # Instrumentation (cheap): per connector step, the CPU time of its phases; with
         # trace_layers (CUDA), also when the GPU got past each layer's load wait.
         self.timings: list = []
@@ -67,7 +69,7 @@ class ModelRunner:
         # a graph step builds no eager batch unless a connector wants its attention metadata
         batch = self._build(so, plan=graph is None) if so.seqs and (graph is None or conn is not None) else None
         if conn is None:
-            return (self._run(batch, graph) if so.seqs else {}), None
+            return (self._run(so, batch, graph) if so.seqs else {}), None
         if so.preempted_req_ids and hasattr(conn, "handle_preemptions"):
             conn.handle_preemptions(so.kv_connector_metadata)
         conn.bind_connector_metadata(so.kv_connector_metadata)
@@ -80,7 +82,7 @@ class ModelRunner:
         try:
             conn.start_load_kv(self._forward_context(batch[1] if batch else None))
             t1 = time.perf_counter()
-            sampled = self._run(batch, graph) if so.seqs else {}
+            sampled = self._run(so, batch, graph) if so.seqs else {}
             if batch and self.device.type == "cuda":
                 # The peer copies saved blocks with its own stream in its own
                 # process: the step's KV writes must have landed first.
@@ -134,10 +136,12 @@ class ModelRunner:
         key = g.key(rows)
         return None if key is None else (rows, key)
 
-    def _run(self, batch, graph) -> Dict[str, int]:
+    def _run(self, so: SchedulerOutput, batch, graph) -> Dict[str, int]:
         if graph is not None:
-            meta = batch[1] if batch else None
-            return self.graphs.run(graph[0], graph[1], self.hooks, meta)
+            out = self.graphs.run(graph[0], graph[1], self.hooks, batch[1] if batch else None)
+            if out is not None:
+                return out
+            batch = batch or self._build(so)  # graphs turned off at this step's capture
         return self._forward(*batch)
 
     def _build(self, so: SchedulerOutput, plan: bool = True):
