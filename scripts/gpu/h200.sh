@@ -247,15 +247,15 @@ refengine() { # the reference engine's GPU path: tests, TTFT (restore vs recompu
 
 steps() { # decode steps as CUDA graph replays (refengine graphs.py): correctness first, then the step times
 	nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$S"
-	(cd integration/python && ORBITKV_REQUIRE=cuda timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs \
+	(cd integration/python && ORBITKV_REQUIRE=cuda timeout ${TEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider -rs \
 		tests/test_refengine_cuda.py tests/test_refengine_graphs.py) >"$O/tests.txt" 2>&1
 	say "refengine CUDA + decode graph tests rc=$? ($(tail -1 "$O/tests.txt"))"
 	grep -E "^(FAILED|ERROR)|refengine: " "$O/tests.txt" | head -20 | tee -a "$S"
-	(cd integration/python && timeout ${STEPS_TIMEOUT:-120} python3 -m orbitkv.refengine.steps --preset qwen3-8b --device cuda \
+	(cd integration/python && timeout ${STEPS_TIMEOUT:-110} python3 -m orbitkv.refengine.steps --preset qwen3-8b --device cuda \
 		--backends sdpa --batches ${STEP_BATCHES:-1,8}) >"$O/steps.txt" 2>>"$O/logs.txt"
 	say "step probe, sdpa rc=$?"
 	grep -v '^{' "$O/steps.txt" | tee -a "$S"
-	(cd integration/python && timeout ${EXACT_TIMEOUT:-100} python3 -m orbitkv.refengine.steps --preset qwen3-8b --device cuda \
+	(cd integration/python && timeout ${EXACT_TIMEOUT:-80} python3 -m orbitkv.refengine.steps --preset qwen3-8b --device cuda \
 		--backends exact --batches 8 --decode-steps 16 --rounds 1) >"$O/steps_exact.txt" 2>>"$O/logs.txt"
 	say "step probe, exact rc=$?"
 	grep -v '^{' "$O/steps_exact.txt" | tee -a "$S"
