@@ -222,6 +222,13 @@ def test_fixed_decode_through_the_engine_gives_the_eager_tokens():
             assert e.runner.graphs.stats["eager_fixed"] == 5
 
 
+def test_no_graphs_for_batches_larger_than_max_num_seqs():
+    for seqs, want in ((16, (1, 2, 4, 8)), (8, (1, 2, 4, 8)), (3, (1, 2, 4)), (1, (1,))):
+        cfg = _tiny(max_num_seqs=seqs)
+        with Engine(cfg) as e:
+            assert DecodeGraphs(cfg, e.model, e.pool, capture=False).sizes == want
+
+
 def test_cuda_graphs_setting_resolves_per_device_and_backend():
     def resolved(**kw):
         cfg = engine_config("tiny", kv_tokens=1024, **kw)

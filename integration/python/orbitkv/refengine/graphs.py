@@ -194,7 +194,9 @@ class DecodeGraphs:
         self.cfg, self.model, self.pool = cfg, model, pool
         self.backend = cfg.resolved_attn_backend
         self.exact = self.backend == "exact"
-        self.sizes = tuple(cfg.cuda_graph_sizes)
+        sizes = tuple(cfg.cuda_graph_sizes)
+        top = capture_size(cfg.max_num_seqs, sizes) or sizes[-1]  # no graphs for batches that cannot occur
+        self.sizes = tuple(x for x in sizes if x <= top)
         self.rows = cfg.resolved_invariant_rows
         self.device = torch.device(cfg.device)
         self.capture = capture
