@@ -39,7 +39,8 @@ def _ttft(e: Engine, prompt, device: str):
 
 def run(a: argparse.Namespace) -> dict:
     cfg = engine_config(a.preset, kv_tokens=a.kv_tokens, block_size=a.block_size, page_tokens=a.page_tokens,
-                        device=a.device, max_batched_tokens=a.max_batched_tokens, max_num_seqs=max(16, a.batch))
+                        device=a.device, max_batched_tokens=a.max_batched_tokens, max_num_seqs=max(16, a.batch),
+                        cuda_graphs=a.cuda_graphs)
     rng = random.Random(0)
     vocab = cfg.model.vocab
     tok = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
@@ -89,6 +90,7 @@ def main(argv=None) -> None:
     p.add_argument("--decode-prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--cuda-graphs", default=None, choices=["auto", "on", "off"], help="decode graphs (default auto)")
     print(json.dumps(run(p.parse_args(argv))))
 
 
