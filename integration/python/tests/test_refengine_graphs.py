@@ -12,7 +12,7 @@ import torch
 from orbitkv.refengine import engine_config
 from orbitkv.refengine.__main__ import parse_args
 from orbitkv.refengine.attention import (BatchMeta, PackedDecode, SeqSpan, attend_exact, attend_exact_fixed,
-                                         attend_packed, attend_planned, plan_from_meta, write_kv)
+                                         attend_packed, attend_planned, plan_from_meta)
 from orbitkv.refengine.engine import Engine
 from orbitkv.refengine.graphs import DecodeGraphs, DecodeRow, Layout, bucket_for, buckets, capture_size
 

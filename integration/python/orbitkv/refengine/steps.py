@@ -2,7 +2,7 @@
 beside the hardware floor.
 
 Per backend and batch size b: b fresh prompts of --prompt-tokens tokens are prefilled in one
-step, then decode --decode-steps steps (after --warmup steps, which capture the graphs),
+step, then decode --decode-steps steps (after --warmup steps; graphs are captured at start),
 once with decode graphs off and once on, --rounds times (eager, graphs, eager, graphs: the
 prefix cache is reset between rounds, so every prefill computes). A step's time is
 ``Engine.step()`` between two device synchronizations (scheduling and sampling included: what
@@ -10,8 +10,9 @@ a client's inter-token latency sees); the table shows medians. The floor of a st
 max(bytes it must read / HBM bandwidth, FLOPs / peak): every weight but the embedding table
 plus the K/V of its contexts, and 2 · parameters · tokens. "same out" counts the requests
 whose outputs were identical in every round both ways (bf16 sdpa is not batch invariant: the
-graph's flash call sees a context bound, not the step's maximum, so a near tie can flip). On CPU there is no capture: "graphs" is the same fixed-shape decode
-forward run eagerly (a smoke test of the path, not a speed figure).
+graph's flash call sees a context bound, not the step's maximum, so a near tie can flip).
+On CPU there is no capture: "graphs" is the same fixed-shape decode forward run eagerly (a
+smoke test of the path, not a speed figure).
 
 Prints the table, then one JSON object.
 """
