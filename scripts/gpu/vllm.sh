@@ -25,6 +25,9 @@
 #   corrupt     the control for invariant: a DRAM run (batch-invariant) whose peer flips one bit of every
 #               20th restore (ORBITKV_TEST_CORRUPT_LOADS, a test-only hook): its reused prompts must mismatch
 #   report      bench report over every run so far
+# CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
+# kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
+# in a session of their own: bench report compares by config label).
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -93,9 +96,11 @@ VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-mod
 start_vllm() { # CONFIG [ENV=VALUE...]: native | dram | ssd
 	local cfg=$1
 	shift
-	local kv=()
+	local kv=() extra=${CONN_EXTRA:-}
+	extra=${extra#\{}
+	extra=${extra%\}}
 	if [ "$cfg" != native ]; then
-		kv=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$cfg/orbitkv.sock\"}}")
+		kv=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$cfg/orbitkv.sock\"${extra:+,$extra}}}")
 	fi
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
 	setsid env "$@" PYTHONPATH="$SITE:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
@@ -121,7 +126,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	rm -rf "$RUNS/$name"
 	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --model qwen3-8b --vocab 151936 \
 		--engine-metrics http://127.0.0.1:8000/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=vllm-0.26.0 \
-		--label "engine_flags=${VLLM_FLAGS[*]}" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
+		--label "engine_flags=${VLLM_FLAGS[*]}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens)_total" |
