@@ -5,7 +5,8 @@ EngineCore as another process, which needs this script's main guard).
   python vllm_cpu_driver.py SOCKET PROMPTS.json OUT.json
 
 Generates greedily for every prompt, resets vLLM's own prefix cache, generates again,
-and writes {"first": [...], "again": [...]} (output token ids per prompt) to OUT.json."""
+and writes {"first": [...], "again": [...]} (output token ids per prompt) to OUT.json.
+ORBITKV_DRIVER_EXTRA (a JSON object) adds connector options (e.g. {"layerwise": true})."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def main() -> None:
     with open(prompts_path) as f:
         prompts = json.load(f)
     kvt = {"kv_connector": "OrbitKVConnector", "kv_connector_module_path": "orbitkv.vllm", "kv_role": "kv_both",
-           "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"socket": sock}}
+           "kv_load_failure_policy": "recompute",
+           "kv_connector_extra_config": dict(json.loads(os.environ.get("ORBITKV_DRIVER_EXTRA", "{}")), socket=sock)}
     llm = LLM(model=os.path.join(HERE, "..", "..", "models", "qwen3-tiny"), load_format="dummy",
               skip_tokenizer_init=True, dtype="float32", enforce_eager=True, block_size=16, max_model_len=2048,
               enable_prefix_caching=True, kv_transfer_config=kvt, seed=0)
