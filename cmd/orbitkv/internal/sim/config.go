@@ -25,6 +25,13 @@ type Config struct {
 	// peer's: pages restored or promoted are protected from pages saved
 	// once) or DRAMLRU (one LRU, the peer's order before 2026-12-01).
 	DRAMPolicy string `json:"dram_policy"`
+	// SSDCut models the peer's restore-or-recompute choice (fabric/store/ssdrate.go):
+	// a lookup stops at the first page held only on the local SSD when reading
+	// it takes longer than computing its tokens.
+	SSDCut bool `json:"ssd_cut"`
+	// NoReadmit models the peer before readmission (fabric/store/readmit.go): a
+	// page held only on SSD that a prefill computed is not saved back into DRAM.
+	NoReadmit bool `json:"no_readmit"`
 
 	Cost CostModel `json:"cost"`
 }
@@ -38,6 +45,13 @@ const (
 // dramProtectedShare mirrors fabric/store's: the share of DRAM's pages the
 // protected segment keeps when a victim is picked.
 const dramProtectedShare = 0.8
+
+// ssdSlower reports whether reading a page from SSD takes longer than
+// computing its tokens under the cost model.
+func (c Config) ssdSlower() bool {
+	read := c.Cost.LoadNs(Load{SSD: c.PageBytes()})
+	return read > c.Cost.PrefillNs(int64(c.PageTokens))
+}
 
 // dramLRU returns the DRAM tier's eviction order for the policy.
 func (c Config) dramLRU() *tiers.LRU {

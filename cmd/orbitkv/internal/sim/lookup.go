@@ -33,7 +33,7 @@ func (sm *sim) lookup(h int, keys []pagekey.Key) plan {
 		n := local.hbmPrefix(keys[pos:])
 		p.hbm += n
 		pos += n
-		pos += sm.take(&p, h, h, keys[pos:], local.cat.Lookup(keys[pos:], sm.now))
+		pos += sm.take(&p, h, h, keys[pos:], sm.cutSlowSSD(local.cat.Lookup(keys[pos:], sm.now)))
 		if sm.cfg.Sharing && pos < len(keys) {
 			if o, r := sm.bestPeer(h, keys[pos:]); r.Hit > 0 {
 				pos += sm.take(&p, h, o, keys[pos:], r)
@@ -44,6 +44,22 @@ func (sm *sim) lookup(h int, keys []pagekey.Key) plan {
 		}
 	}
 	return p
+}
+
+// cutSlowSSD shortens a local hit to end before its first SSD-only page
+// when the config models the peer's cut and the SSD is slower than
+// recompute.
+func (sm *sim) cutSlowSSD(r catalog.Result) catalog.Result {
+	if !sm.cfg.SSDCut || !sm.cfg.ssdSlower() {
+		return r
+	}
+	for i, t := range r.Tiers {
+		if t == catalog.TierSSD {
+			r.Hit, r.Tiers = i, r.Tiers[:i]
+			break
+		}
+	}
+	return r
 }
 
 // take adds the pages of r, found on host o for a request on host h, to p

@@ -26,6 +26,7 @@ type store struct {
 	gen               uint64
 	now               int64 // virtual ns of the current operation
 	moved             *Counters
+	noReadmit         bool // Config.NoReadmit
 }
 
 func newStore(cfg Config, c *Counters) (*store, error) {
@@ -37,7 +38,7 @@ func newStore(cfg Config, c *Counters) (*store, error) {
 		cat: cat, fp: cfg.Model.Layout(cfg.PageTokens).Fingerprint(), pageBytes: cfg.PageBytes(),
 		hbm: tiers.NewLRU(), hbmPages: int(cfg.HBMTokens / int64(cfg.PageTokens)),
 		dram: cfg.dramLRU(), ssd: tiers.NewLRU(), dramCap: cfg.DRAMBytes, ssdCap: cfg.SSDBytes,
-		moved: c,
+		moved: c, noReadmit: cfg.NoReadmit,
 	}, nil
 }
 
@@ -76,8 +77,8 @@ func (s *store) keepInHBM(keys []pagekey.Key) {
 // pinned, or no DRAM tier) is not saved.
 func (s *store) save(k pagekey.Key) error {
 	e, onSSD := s.cat.Get(k)
-	if onSSD && e.DRAMSlot >= 0 {
-		return nil // a hit: touched when it was loaded
+	if onSSD && (e.DRAMSlot >= 0 || s.noReadmit) {
+		return nil // a hit touched when it was loaded, or (before readmission) an SSD copy kept as it is
 	}
 	room, err := s.allocDRAM()
 	if err != nil || !room {
