@@ -247,3 +247,41 @@ func TestDeterministicAndConsistent(t *testing.T) {
 		}
 	}
 }
+
+// slowSSD is tinyConfig with one page of DRAM and an SSD far slower than
+// recompute, the peer's cut of slow SSD pages modeled.
+func slowSSD() Config {
+	cfg := tinyConfig()
+	cfg.DRAMBytes = cfg.PageBytes()
+	cfg.Cost.SSDGBps = 0.001
+	cfg.SSDCut = true
+	return cfg
+}
+
+func TestSSDCutLeavesSlowSSDPagesToCompute(t *testing.T) {
+	// p0 is demoted to SSD by q0, then asked for again.
+	trace := line(0, 65, 1) + line(100, 65, 2) + line(200, 65, 1)
+	cfg := slowSSD()
+	if r := run(t, cfg, trace); r.Tokens.SSD != 0 || r.Tokens.Miss != 3*65 {
+		t.Fatalf("with the cut: tokens %+v, want no SSD hit", r.Tokens)
+	}
+	cfg.SSDCut = false
+	if r := run(t, cfg, trace); r.Tokens.SSD != 64 {
+		t.Fatalf("without the cut: tokens %+v, want p0 from SSD", r.Tokens)
+	}
+}
+
+func TestReadmissionBringsAComputedSSDPageBack(t *testing.T) {
+	// p0 demoted by q0; the third request computes p0 (cut) and saves it:
+	// readmitted into DRAM, the fourth finds it there. Before readmission
+	// it stayed on SSD, and every later request computed it again.
+	trace := line(0, 65, 1) + line(100, 65, 2) + line(200, 65, 1) + line(300, 65, 1)
+	cfg := slowSSD()
+	if r := run(t, cfg, trace); r.Tokens.DRAM != 64 {
+		t.Fatalf("readmission: tokens %+v, want the fourth request's page from DRAM", r.Tokens)
+	}
+	cfg.NoReadmit = true
+	if r := run(t, cfg, trace); r.Tokens.DRAM != 0 || r.Tokens.SSD != 0 {
+		t.Fatalf("no readmission: tokens %+v, want nothing restored", r.Tokens)
+	}
+}
