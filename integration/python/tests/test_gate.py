@@ -253,6 +253,19 @@ def test_a_budget_cut_hit_with_no_other_restore_takes_what_it_got():
     assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # nothing to wait for
 
 
+def _budget_pair(budget_pages, a_pages, b_pages, clock):
+    """A queue-aware scheduler half over a peer with a query budget of budget_pages, and two
+    requests a and b whose first a_pages / b_pages pages the peer holds."""
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    be.budget_pages = budget_pages
+    s = SchedulerHalf(cfg, be, clock=clock, skipped_first=True, capacity_blocks=64)
+    a, b = _req("a", a_pages * PT + 5), _req("b", b_pages * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    return s, be, a, b
+
+
 def test_a_hit_cut_by_a_waiting_requests_lease_waits_a_bounded_time():
     """a looked up (its lease pins 4 of the 6 pages of budget) but vLLM had no
     blocks for it yet: it holds no admission, so no release would end b's
@@ -263,13 +276,7 @@ def test_a_hit_cut_by_a_waiting_requests_lease_waits_a_bounded_time():
     from orbitkv.vllm import scheduler as sched
 
     now = [0.0]
-    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
-    be = DictLookup()
-    be.budget_pages = 6
-    s = SchedulerHalf(cfg, be, clock=lambda: now[0], skipped_first=True, capacity_blocks=64)
-    a, b = _req("a", 4 * PT + 5), _req("b", 4 * PT + 5, base=50_000)
-    be.store_prefix(LAYOUT, a.prompt_token_ids)
-    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    s, be, a, b = _budget_pair(6, 4, 4, lambda: now[0])
     assert s.get_num_new_matched_tokens(a, 0) == (4 * PT, True)  # looked up; not allocated (no blocks)
     assert s.get_num_new_matched_tokens(b, 0) == (None, False)
     assert s.gate.totals.deferred_budget == 1 and len(be.leases) == 1  # b gave its lease back
@@ -287,13 +294,7 @@ def test_a_budget_cut_behind_a_waiting_lease_stops_waiting_after_the_bound():
     from orbitkv.vllm import scheduler as sched
 
     now = [0.0]
-    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
-    be = DictLookup()
-    be.budget_pages = 6
-    s = SchedulerHalf(cfg, be, clock=lambda: now[0], skipped_first=True, capacity_blocks=64)
-    a, b = _req("a", 4 * PT + 5), _req("b", 4 * PT + 5, base=50_000)
-    be.store_prefix(LAYOUT, a.prompt_token_ids)
-    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    s, be, a, b = _budget_pair(6, 4, 4, lambda: now[0])
     assert s.get_num_new_matched_tokens(a, 0) == (4 * PT, True)  # a waits for blocks, lease held throughout
     assert s.get_num_new_matched_tokens(b, 0) == (None, False)
     got = None
@@ -309,13 +310,7 @@ def test_a_budget_cut_behind_a_waiting_lease_stops_waiting_after_the_bound():
 def test_a_budget_cut_the_other_leases_could_not_explain_takes_the_hit_at_once():
     """b's cut (6 pages) is more than a's lease holds (2): waiting for a would
     not make room, so b takes what it got without deferring."""
-    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
-    be = DictLookup()
-    be.budget_pages = 8
-    s = SchedulerHalf(cfg, be, clock=lambda: 0.0, skipped_first=True, capacity_blocks=64)
-    a, b = _req("a", 2 * PT + 5), _req("b", 12 * PT + 5, base=50_000)
-    be.store_prefix(LAYOUT, a.prompt_token_ids)
-    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    s, be, a, b = _budget_pair(8, 2, 12, lambda: 0.0)
     assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # a waits for blocks with 2 pages leased
     assert s.get_num_new_matched_tokens(b, 0) == (6 * PT, True)  # cut by 6 > the 2 a holds: no wait
     assert s.gate.totals.deferred_budget == 0

@@ -124,6 +124,32 @@ def attend_exact(q: torch.Tensor, kv: torch.Tensor, meta: BatchMeta, chunk: int,
     return out
 
 
+def _online_start(q: torch.Tensor, hkv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The online softmax's start for queries q [t, Hq, D] over hkv KV heads: the scaled
+    queries [hkv, g*t, D] and the running max, sum and output."""
+    t, hq, d = q.shape
+    g = hq // hkv
+    qh = q.float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * (1.0 / math.sqrt(d))
+    m = torch.full((hkv, g * t), float("-inf"), device=q.device)
+    lsum = torch.zeros((hkv, g * t), device=q.device)
+    acc = torch.zeros((hkv, g * t, d), device=q.device)
+    return qh, m, lsum, acc
+
+
+def _online_step(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, m: torch.Tensor,
+                 lsum: torch.Tensor, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk of the online softmax: queries qh [hkv, g*t, D] against the chunk's keys and
+    values [chunk, hkv, D], visible [g*t, chunk]; returns the running max, sum and output."""
+    sc = torch.matmul(qh, k.permute(1, 2, 0))                     # [hkv, g*t, chunk]
+    sc = sc.masked_fill(~visible, float("-inf"))
+    m_new = torch.maximum(m, sc.amax(-1))
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(sc - m_new[..., None])
+    lsum = lsum * alpha + p.sum(-1)
+    acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
+    return m_new, lsum, acc
+
+
 def _attend_rows(q: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, s: "SeqSpan", block_size: int,
                  chunk: int) -> torch.Tensor:
     """Queries q [t, Hq, D] of one request at positions pos, over its context: [t, Hq, D] fp32."""
@@ -131,25 +157,14 @@ def _attend_rows(q: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, s: "SeqSp
     hkv = kv.shape[3]
     g = hq // hkv
     bpc = chunk // block_size
-    scale = 1.0 / math.sqrt(d)
     offs = torch.arange(chunk, device=q.device)
-    qh = q.float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * scale
-    m = torch.full((hkv, g * t), float("-inf"), device=q.device)
-    lsum = torch.zeros((hkv, g * t), device=q.device)
-    acc = torch.zeros((hkv, g * t, d), device=q.device)
+    qh, m, lsum, acc = _online_start(q, hkv)
     for c in range((s.context_len + chunk - 1) // chunk):
         ids = s.block_table[c * bpc:(c + 1) * bpc]
         k = _chunk_plane(kv[0], ids, chunk, s.context_len - c * chunk)
         v = _chunk_plane(kv[1], ids, chunk, s.context_len - c * chunk)
-        sc = torch.matmul(qh, k.permute(1, 2, 0))                 # [hkv, g*t, chunk]
         visible = (c * chunk + offs)[None, :] <= pos[:, None]      # [t, chunk]
-        sc = sc.masked_fill(~visible.repeat(g, 1), float("-inf"))
-        m_new = torch.maximum(m, sc.amax(-1))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(sc - m_new[..., None])
-        lsum = lsum * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
-        m = m_new
+        m, lsum, acc = _online_step(qh, k, v, visible.repeat(g, 1), m, lsum, acc)
     o = acc / lsum[..., None]
     return o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
@@ -194,27 +209,16 @@ def _attend_rows_fixed(q: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, tab
     hkv = kv.shape[3]
     g = hq // hkv
     bpc = chunk // block_size
-    scale = 1.0 / math.sqrt(d)
     offs = torch.arange(chunk, device=q.device)
-    qh = q.float().view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d) * scale
-    m = torch.full((hkv, g * t), float("-inf"), device=q.device)
-    lsum = torch.zeros((hkv, g * t), device=q.device)
-    acc = torch.zeros((hkv, g * t, d), device=q.device)
+    qh, m, lsum, acc = _online_start(q, hkv)
     zero = torch.zeros((), device=q.device)
     for c in range(nchunks):
         ids = table[c * bpc:(c + 1) * bpc]
         keep = (c * chunk + offs) < seq_len
         k = torch.where(keep[:, None, None], _gather(kv[0], ids).float(), zero)
         v = torch.where(keep[:, None, None], _gather(kv[1], ids).float(), zero)
-        sc = torch.matmul(qh, k.permute(1, 2, 0))                 # [hkv, g*t, chunk]
         visible = (c * chunk + offs)[None, :] <= pos[:, None]      # [t, chunk]
-        sc = sc.masked_fill(~visible.repeat(g, 1), float("-inf"))
-        m_new = torch.maximum(m, sc.amax(-1))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(sc - m_new[..., None])
-        lsum = lsum * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.matmul(p, v.permute(1, 0, 2))
-        m = m_new
+        m, lsum, acc = _online_step(qh, k, v, visible.repeat(g, 1), m, lsum, acc)
     o = acc / lsum[..., None]
     return o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
