@@ -53,6 +53,10 @@ type Entry struct {
 	DRAMSlot int64 // -1 = not in DRAM; slot ids belong to the DRAM pool
 	OnSSD    bool  // SSD holds the page durably at SSD
 	SSD      SSDLoc
+	// Demoted: the SSD copy is one the peer wrote itself, demoting a save
+	// acknowledged in DRAM only, and no durable save was acknowledged on it
+	// since; other bytes for the page may replace it (fabric/store/readmit.go).
+	Demoted bool
 
 	LastAccess int64  // unix nanoseconds
 	Hits       uint64 // lookups that hit this page

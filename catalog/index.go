@@ -29,6 +29,7 @@ type record struct {
 	ssdFile    uint32
 	layout     uint32 // id in the layout table
 	onSSD      bool
+	demoted    bool
 	used       bool // the slot holds an entry
 }
 
@@ -186,6 +187,7 @@ func (r *record) entry(k pagekey.Key, layouts *layoutTable) Entry {
 		Generation: r.generation,
 		DRAMSlot:   r.dramSlot,
 		OnSSD:      r.onSSD,
+		Demoted:    r.demoted,
 		SSD:        SSDLoc{File: r.ssdFile, Offset: r.ssdOffset, Bytes: r.ssdBytes},
 		LastAccess: atomic.LoadInt64(&r.lastAccess),
 		Hits:       atomic.LoadUint64(&r.hits),
@@ -256,5 +258,6 @@ func toRecord(e Entry, layouts *layoutTable) record {
 		ssdFile:    e.SSD.File,
 		layout:     layouts.intern(e.Layout),
 		onSSD:      e.OnSSD,
+		demoted:    e.Demoted,
 	}
 }

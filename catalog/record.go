@@ -25,11 +25,18 @@ import (
 //	 65   8 hits
 //	 73   4 CRC-32C (Castagnoli) over the record key and value bytes [0, 73)
 //
+// Version 2 (written since 2026-12-01) is version 1 with the version byte 2
+// and one flags byte at 73 (bit 0: Demoted; the others zero), its CRC-32C
+// at 74 over [0, 74). Version 1 records decode with Demoted false.
+//
 // Only OnSSD entries are persisted, so OnSSD is implied and DRAMSlot is -1
 // on decode.
 const (
 	recordVersion1 = 1
 	recordLenV1    = 77
+	recordVersion2 = 2
+	recordLenV2    = 78
+	flagDemoted    = 1
 	recordPrefix   = "pg/"
 	recordKeyLen   = len(recordPrefix) + pagekey.Size
 )
@@ -58,11 +65,11 @@ func parseRecordKey(b []byte) (pagekey.Key, error) {
 	return k, nil
 }
 
-// appendRecord appends the version-1 value of e to dst. The CRC covers the
+// appendRecord appends the version-2 value of e to dst. The CRC covers the
 // record key too, so a value stored under the wrong key is detected.
 func appendRecord(dst []byte, e Entry) []byte {
 	start := len(dst)
-	dst = append(dst, recordVersion1)
+	dst = append(dst, recordVersion2)
 	dst = append(dst, e.Layout[:]...)
 	dst = binary.LittleEndian.AppendUint64(dst, e.Size)
 	dst = binary.LittleEndian.AppendUint32(dst, e.Checksum)
@@ -72,6 +79,11 @@ func appendRecord(dst []byte, e Entry) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, e.SSD.Bytes)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(e.LastAccess))
 	dst = binary.LittleEndian.AppendUint64(dst, e.Hits)
+	var flags byte
+	if e.Demoted {
+		flags |= flagDemoted
+	}
+	dst = append(dst, flags)
 	return binary.LittleEndian.AppendUint32(dst, recordCRC(e.Key, dst[start:]))
 }
 
@@ -87,15 +99,24 @@ func decodeRecord(k pagekey.Key, v []byte) (Entry, error) {
 	if len(v) == 0 {
 		return Entry{}, fmt.Errorf("%w: empty value", ErrCorruptRecord)
 	}
-	if v[0] != recordVersion1 {
+	n := 0
+	switch v[0] {
+	case recordVersion1:
+		n = recordLenV1
+	case recordVersion2:
+		n = recordLenV2
+	default:
 		return Entry{}, fmt.Errorf("%w: unknown version %d", ErrCorruptRecord, v[0])
 	}
-	if len(v) != recordLenV1 {
-		return Entry{}, fmt.Errorf("%w: %d bytes, want %d", ErrCorruptRecord, len(v), recordLenV1)
+	if len(v) != n {
+		return Entry{}, fmt.Errorf("%w: %d bytes, want %d", ErrCorruptRecord, len(v), n)
 	}
-	body, sum := v[:recordLenV1-4], binary.LittleEndian.Uint32(v[recordLenV1-4:])
+	body, sum := v[:n-4], binary.LittleEndian.Uint32(v[n-4:])
 	if got := recordCRC(k, body); got != sum {
 		return Entry{}, fmt.Errorf("%w: crc %08x, want %08x", ErrCorruptRecord, got, sum)
+	}
+	if n == recordLenV2 && v[73]&^flagDemoted != 0 {
+		return Entry{}, fmt.Errorf("%w: unknown flags %#x", ErrCorruptRecord, v[73])
 	}
 	le := binary.LittleEndian
 	e := Entry{Key: k, DRAMSlot: -1, OnSSD: true}
@@ -108,5 +129,6 @@ func decodeRecord(k pagekey.Key, v []byte) (Entry, error) {
 	e.SSD.Bytes = le.Uint64(v[49:])
 	e.LastAccess = int64(le.Uint64(v[57:]))
 	e.Hits = le.Uint64(v[65:])
+	e.Demoted = n == recordLenV2 && v[73]&flagDemoted != 0
 	return e, nil
 }

@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -12,20 +13,46 @@ func TestRecordRoundTrip(t *testing.T) {
 	e := ssdEntry(12345)
 	e.LastAccess = -1
 	e.Hits = ^uint64(0)
+	for _, demoted := range []bool{false, true} {
+		e.Demoted = demoted
+		v := appendRecord(nil, e)
+		if len(v) != recordLenV2 {
+			t.Fatalf("record is %d bytes, want %d", len(v), recordLenV2)
+		}
+		got, err := decodeRecord(e.Key, v)
+		if err != nil || got != e {
+			t.Fatalf("decode = %+v, %v; want %+v", got, err, e)
+		}
+	}
 	v := appendRecord(nil, e)
-	if len(v) != recordLenV1 {
-		t.Fatalf("record is %d bytes, want %d", len(v), recordLenV1)
-	}
-	got, err := decodeRecord(e.Key, v)
-	if err != nil || got != e {
-		t.Fatalf("decode = %+v, %v; want %+v", got, err, e)
-	}
 	if _, err := decodeRecord(key(1), v); !errors.Is(err, ErrCorruptRecord) {
 		t.Fatalf("decode under another key = %v, want ErrCorruptRecord", err)
 	}
 	k, err := parseRecordKey(appendRecordKey(nil, e.Key))
 	if err != nil || k != e.Key {
 		t.Fatalf("parseRecordKey = %s, %v", k, err)
+	}
+}
+
+// TestVersion1RecordsStillDecode: records written before the demoted flag
+// decode as they were, not demoted (never replaced by a readmission); a
+// version-2 record with an unknown flag is refused.
+func TestVersion1RecordsStillDecode(t *testing.T) {
+	e := ssdEntry(7)
+	e.Demoted = true
+	v2 := appendRecord(nil, e)
+	v1 := append([]byte{recordVersion1}, v2[1:73]...) // the version-1 layout: no flags byte
+	v1 = binary.LittleEndian.AppendUint32(v1, recordCRC(e.Key, v1))
+	got, err := decodeRecord(e.Key, v1)
+	e.Demoted = false
+	if err != nil || got != e {
+		t.Fatalf("version-1 decode = %+v, %v; want %+v", got, err, e)
+	}
+	bad := append([]byte(nil), v2[:74]...)
+	bad[73] |= 0x80
+	bad = binary.LittleEndian.AppendUint32(bad, recordCRC(e.Key, bad))
+	if _, err := decodeRecord(e.Key, bad); !errors.Is(err, ErrCorruptRecord) {
+		t.Fatalf("unknown flag: %v, want ErrCorruptRecord", err)
 	}
 }
 
@@ -51,7 +78,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if e.Key != k || !e.OnSSD || e.DRAMSlot != -1 {
 			t.Fatalf("decoded %+v", e)
 		}
-		if again := appendRecord(nil, e); !bytes.Equal(again, v) {
+		if again := appendRecord(nil, e); v[0] == recordVersion2 && !bytes.Equal(again, v) {
 			t.Fatalf("re-encode differs:\n got %x\nwant %x", again, v)
 		}
 	})

@@ -175,7 +175,9 @@ func (c *Catalog) dropStoreLocked(cause error) {
 
 // changesRecords reports whether any change writes a record that says
 // something new about its page: a new record, or another layout, size,
-// checksum, generation or SSD slot. Deletions do not count: they may wait.
+// checksum, generation, SSD slot or demoted mark (a durable save
+// acknowledged on a demoted copy must outlive a crash). Deletions do not
+// count: they may wait.
 func (c *Catalog) changesRecords(changes []change) bool {
 	for _, ch := range changes {
 		if ch.deleted || !ch.e.OnSSD {
@@ -183,7 +185,8 @@ func (c *Catalog) changesRecords(changes []change) bool {
 		}
 		old, ok := c.Get(ch.e.Key)
 		if !ok || !old.OnSSD || old.Layout != ch.e.Layout || old.Size != ch.e.Size ||
-			old.Checksum != ch.e.Checksum || old.Generation != ch.e.Generation || old.SSD != ch.e.SSD {
+			old.Checksum != ch.e.Checksum || old.Generation != ch.e.Generation || old.SSD != ch.e.SSD ||
+			old.Demoted != ch.e.Demoted {
 			return true
 		}
 	}

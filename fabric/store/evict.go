@@ -204,6 +204,7 @@ func (s *Store) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
 			continue
 		}
 		cur.OnSSD, cur.SSD, cur.Checksum = true, w.SSD, w.Checksum // the checksum in the header just written
+		cur.Demoted = true                                         // our own copy of a DRAM-acknowledged save (readmit.go)
 		if s.mu.dram.Pins(w.Key) == 1 {                            // only our pin: the DRAM copy can go
 			free = append(free, dram.Slot(cur.DRAMSlot))
 			cur.DRAMSlot = -1
@@ -219,7 +220,6 @@ func (s *Store) demoteBatch(ctx context.Context, pages []catalog.Entry) int {
 		}
 		return 0
 	}
-	s.noteDemotedLocked(commit)
 	for _, c := range commit {
 		s.mu.ssd.Touch(c.Key)
 		if c.DRAMSlot < 0 {
@@ -277,10 +277,9 @@ func (s *Store) dropSSDLocked(keys []pagekey.Key) error {
 			s.mu.ssd.Remove(k) // a stale LRU key: nothing on SSD to drop
 			continue
 		}
-		s.forgetDemotedLocked(k)
 		if e.DRAMSlot >= 0 {
 			keepLocs = append(keepLocs, ssdLoc(e.SSD))
-			e.OnSSD, e.SSD = false, catalog.SSDLoc{}
+			e.OnSSD, e.SSD, e.Demoted = false, catalog.SSDLoc{}, false
 			keep = append(keep, e)
 		} else {
 			delLocs = append(delLocs, ssdLoc(e.SSD))

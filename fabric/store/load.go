@@ -188,13 +188,12 @@ func (s *Store) dropUnreadable(it *loadItem) {
 	}
 	if e.DRAMSlot >= 0 {
 		// A concurrent load promoted a verified copy: keep it, drop the SSD one.
-		if _, _, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool { c.OnSSD, c.SSD = false, catalog.SSDLoc{}; return true }); err != nil {
+		if _, _, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool { c.OnSSD, c.SSD, c.Demoted = false, catalog.SSDLoc{}, false; return true }); err != nil {
 			return
 		}
 	} else if err := s.cat.Delete(e.Key); err != nil {
 		return
 	}
-	s.forgetDemotedLocked(e.Key)
 	if !s.mu.ssd.Pinned(e.Key) {
 		// A pinned node stays (its holders unpin it later); with no SSD copy
 		// behind it, eviction drops it as a stale key.

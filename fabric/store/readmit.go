@@ -2,7 +2,6 @@ package store
 
 import (
 	"github.com/orbitkv/orbitkv/catalog"
-	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
 // Readmission: a cache-fill save of a page the peer holds only on SSD takes
@@ -25,8 +24,10 @@ import (
 //     when the SSD copy is one the peer demoted itself and nothing pins it,
 //     the SSD copy is dropped and ours is stored as a fresh DRAM page, so
 //     every copy an entry names holds the bytes its checksum covers. A copy
-//     an engine saved durably (or one recovered at start, whose history is
-//     unknown) is never replaced: its bytes stay, and ours are freed.
+//     an engine saved durably, or acknowledged to a durable save since, is
+//     never replaced: its bytes stay, and ours are freed. Which copies the
+//     peer demoted is persisted (catalog.Entry.Demoted), so this holds
+//     across restarts; a catalog rebuilt from the SSD files marks none.
 
 // readmittable reports whether a save of a page with entry e takes the page
 // back into DRAM: a cache fill of a page held only on SSD.
@@ -34,27 +35,26 @@ func readmittable(e catalog.Entry, toSSD bool) bool {
 	return !toSSD && e.OnSSD && e.DRAMSlot < 0
 }
 
-// noteDemotedLocked records pages the peer wrote to SSD itself (demotions of
-// cache fills): their SSD copies may be replaced by a readmission.
-func (s *Store) noteDemotedLocked(entries []catalog.Entry) {
-	for _, e := range entries {
-		s.mu.demoted[e.Key] = e.Generation
+// ackDurableLocked records that a durable save was acknowledged on e's SSD
+// copy: a copy the peer demoted is no longer replaceable (persisted, and
+// synced with the commit: catalog.Entry.Demoted). s.mu is held.
+func (s *Store) ackDurableLocked(e *catalog.Entry) error {
+	if !e.Demoted {
+		return nil
 	}
-}
-
-// forgetDemotedLocked stops tracking pages whose SSD copies are gone.
-func (s *Store) forgetDemotedLocked(keys ...pagekey.Key) {
-	for _, k := range keys {
-		delete(s.mu.demoted, k)
+	cur, _, err := s.cat.Update(e.Key, func(c *catalog.Entry) bool { c.Demoted = false; return true })
+	if err != nil {
+		return err
 	}
+	*e = cur
+	return nil
 }
 
 // replaceableLocked reports whether e's SSD copy may give way to other
 // bytes: one the peer demoted itself, not acknowledged durable since, that
 // nothing reads or leases now.
 func (s *Store) replaceableLocked(e catalog.Entry) bool {
-	gen, ok := s.mu.demoted[e.Key]
-	return ok && gen == e.Generation && !s.mu.ssd.Pinned(e.Key)
+	return e.Demoted && !s.mu.ssd.Pinned(e.Key)
 }
 
 // readmitVerdict is what becomes of a readmitted page at its commit.

@@ -3,7 +3,14 @@ package store
 import (
 	"bytes"
 	"hash/crc32"
+	"path/filepath"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/orbitkv/orbitkv/tiers/dram"
+	"github.com/orbitkv/orbitkv/tiers/ssd"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -196,4 +203,70 @@ func dropDRAMCopy(t *testing.T, ps *Store, k pagekey.Key) {
 	if !ps.dropDRAMLocked(e) {
 		t.Fatal("could not drop the DRAM copy")
 	}
+}
+
+// storeIn is testStore over dir (catalog, SSD file), recovered from what an
+// earlier store left there, as a peer's start does; closed with the test.
+func storeIn(t *testing.T, dir string) *Store {
+	t.Helper()
+	pool, err := dram.New(dram.Config{Bytes: 4 << 20, SlabBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ssd.Open(ssd.Config{Dir: filepath.Join(dir, "ssd"), CapacityBytes: 64 << 20, FileBytes: 64 << 20, QueueDepth: 8, Sync: ssd.SyncNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := catalog.Open(catalog.Options{Dir: filepath.Join(dir, "catalog")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close(); st.Close(); pool.Close() })
+	ps := New(cat, pool, st, Options{QueryBudget: 1 << 20, SSDDir: filepath.Join(dir, "ssd"), Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
+	sc, err := ps.ScanSSD(filepath.Join(dir, "ssd"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps.Recover(sc); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// TestReadmissionAfterARestart: which SSD copies the peer demoted itself is
+// persisted, so after a restart other bytes still replace such a copy, and
+// still never one a durable save was acknowledged on.
+func TestReadmissionAfterARestart(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		dir := t.TempDir()
+		e := newTestEngine(t)
+		k := randKey(t)
+		func() {
+			ps := storeIn(t, dir)
+			saveOne(t, ps, e, k, false)
+			demoteOut(t, ps, k)
+			if durable {
+				saveOne(t, ps, e, k, true) // acknowledged on the demoted copy
+			}
+			ps.cat.Close() // the peer stops
+		}()
+		ps := storeIn(t, dir)
+		before := ssdOnly(t, ps, k)
+		if before.Demoted == durable {
+			t.Fatalf("durable %v: recovered entry %+v, demoted mark %v", durable, before, before.Demoted)
+		}
+		flip(e)
+		saveOne(t, ps, e, k, false)
+		after, _ := ps.cat.Get(k)
+		if replaced := !after.OnSSD; replaced == durable || readmits(t, ps, "replaced") != boolFloat(!durable) {
+			t.Fatalf("durable %v: after the restart, entry %+v (was %+v); want replaced %v", durable, after, before, !durable)
+		}
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -127,8 +127,8 @@ func (s *Store) storedFor(k pagekey.Key, toSSD bool) (catalog.Entry, bool) {
 	if !ok || !(e.OnSSD || !toSSD) {
 		return catalog.Entry{}, false
 	}
-	if toSSD {
-		s.forgetDemotedLocked(k)
+	if toSSD && s.ackDurableLocked(&e) != nil {
+		return catalog.Entry{}, false // not acknowledged on that copy: the save writes its own
 	}
 	return e, true
 }
@@ -232,7 +232,11 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 		if e, ok := s.cat.Get(it.key); ok {
 			if e.OnSSD || !it.entry.OnSSD || e.DRAMSlot < 0 {
 				if e.OnSSD && it.entry.OnSSD {
-					s.forgetDemotedLocked(it.key) // a durable save answered on that copy: never replaced now
+					if err := s.ackDurableLocked(&e); err != nil { // a durable save answered on that copy
+						res[it.i] = FailResult(fmt.Errorf("catalog: %w", err))
+						s.releaseLocked(it)
+						continue
+					}
 				}
 				res[it.i] = okResult(e.Tier())
 				s.releaseLocked(it)

@@ -65,7 +65,6 @@ type Store struct {
 		gen       uint64
 		unsealed  map[pagekey.Key]struct{}    // DRAM pages whose checksum is pending
 		retired   map[pagekey.Key][]dram.Slot // replaced DRAM copies still pinned (retire.go)
-		demoted   map[pagekey.Key]uint64      // SSD copies the peer demoted itself, by generation (readmit.go)
 		leased    uint64                      // query budget in use by leases' pins (pins.go)
 	}
 }
@@ -111,7 +110,6 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(dramProtectedShare), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
-	s.mu.demoted = make(map[pagekey.Key]uint64)
 	s.sealWake = make(chan struct{}, 1)
 	s.flushWake = make(chan struct{}, 1)
 	s.m = newMetrics(opts.Registry, func() float64 {
