@@ -314,3 +314,20 @@ def test_a_budget_cut_the_other_leases_could_not_explain_takes_the_hit_at_once()
     assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # a waits for blocks with 2 pages leased
     assert s.get_num_new_matched_tokens(b, 0) == (6 * PT, True)  # cut by 6 > the 2 a holds: no wait
     assert s.gate.totals.deferred_budget == 0
+
+
+def test_a_budget_cut_behind_restores_holding_admission_waits_at_most_the_bound():
+    """Behind a restore holding admission a cut hit waits for its release, but not for
+    ever: with holds that never end it takes the cut hit after BUDGET_WAIT_S."""
+    from orbitkv.vllm import scheduler as sched
+
+    now = [0.0]
+    s, be, a, b = _budget_pair(6, 4, 4, lambda: now[0])
+    assert _admit(s, a, list(range(17))) == 4 * PT  # a holds admission (and 4 of 6 pages) throughout
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    s.gate.epoch += 1  # holds released and retaken elsewhere: b asks again, still cut
+    now[0] += sched.BUDGET_WAIT_S / 2
+    assert s.get_num_new_matched_tokens(b, 0) == (None, False)
+    s.gate.epoch += 1
+    now[0] += sched.BUDGET_WAIT_S
+    assert s.get_num_new_matched_tokens(b, 0) == (2 * PT, True)  # past the bound: takes the cut hit

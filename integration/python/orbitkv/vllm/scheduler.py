@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 
 # A hit the query budget cut short while other waiting requests' leases pin
 # the budget (they hold no admission, so no release ends the deferral) asks
-# again after BUDGET_RETRY_S, and stops waiting BUDGET_WAIT_S after its first
-# such deferral: it then takes the hit it gets and recomputes the rest.
+# again after BUDGET_RETRY_S. Whatever it waits for (those leases, or
+# restores holding admission, whose releases end the deferral), it stops
+# waiting BUDGET_WAIT_S after its first deferral for the budget: it then
+# takes the hit it gets and recomputes the rest.
 BUDGET_RETRY_S = 0.05
 BUDGET_WAIT_S = 0.5
 
@@ -66,7 +68,7 @@ class _Req:
     finished: bool = False
     deferred_epoch: Optional[int] = None  # the gate's epoch when this request was last deferred
     deferred_until: Optional[float] = None  # a deferral for other requests' leases also ends then
-    budget_wait_since: Optional[float] = None  # first deferral for other requests' leases
+    budget_wait_since: Optional[float] = None  # first deferral for the budget since the last uncut lookup
 
 
 class SchedulerHalf:
@@ -210,7 +212,9 @@ class SchedulerHalf:
         # A hit the query budget cut short while other restores pin it: wait for
         # them (the budget frees as their loads end) rather than recompute the rest.
         cut = restores and lk.budget_cut > 0 and self.gate.enabled
-        holders = cut and self.gate.others_hold(st.req_id)
+        if not cut:
+            st.budget_wait_since = None  # a later cut may wait again
+        holders = cut and self.gate.others_hold(st.req_id) and self._may_wait_for_budget(st)
         leased = cut and not holders and self._others_lease(st.req_id, lk.budget_cut) and self._may_wait_for_budget(st)
         verdict = self.gate.defer_for_budget() if holders or leased else self.gate.query(st.req_id, blocks)
         if verdict == Admission.DEFER:
