@@ -258,6 +258,6 @@ func toRecord(e Entry, layouts *layoutTable) record {
 		ssdFile:    e.SSD.File,
 		layout:     layouts.intern(e.Layout),
 		onSSD:      e.OnSSD,
-		demoted:    e.Demoted,
+		demoted:    e.Demoted && e.OnSSD, // the mark is of an SSD copy
 	}
 }

@@ -34,6 +34,12 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// recordV1 is e's record in the version-1 layout (no flags byte).
+func recordV1(e Entry) []byte {
+	v := append([]byte{recordVersion1}, appendRecord(nil, e)[1:73]...)
+	return binary.LittleEndian.AppendUint32(v, recordCRC(e.Key, v))
+}
+
 // TestVersion1RecordsStillDecode: records written before the demoted flag
 // decode as they were, not demoted (never replaced by a readmission); a
 // version-2 record with an unknown flag is refused.
@@ -41,9 +47,7 @@ func TestVersion1RecordsStillDecode(t *testing.T) {
 	e := ssdEntry(7)
 	e.Demoted = true
 	v2 := appendRecord(nil, e)
-	v1 := append([]byte{recordVersion1}, v2[1:73]...) // the version-1 layout: no flags byte
-	v1 = binary.LittleEndian.AppendUint32(v1, recordCRC(e.Key, v1))
-	got, err := decodeRecord(e.Key, v1)
+	got, err := decodeRecord(e.Key, recordV1(e))
 	e.Demoted = false
 	if err != nil || got != e {
 		t.Fatalf("version-1 decode = %+v, %v; want %+v", got, err, e)
@@ -59,7 +63,9 @@ func TestVersion1RecordsStillDecode(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	for i := range 4 {
 		e := ssdEntry(i)
+		e.Demoted = i%2 == 1
 		f.Add(e.Key[:], appendRecord(nil, e))
+		f.Add(e.Key[:], recordV1(e)) // written before the flags byte
 	}
 	f.Add(make([]byte, 16), []byte{})
 	f.Add(make([]byte, 16), []byte{1, 2, 3})
@@ -78,8 +84,12 @@ func FuzzDecodeRecord(f *testing.F) {
 		if e.Key != k || !e.OnSSD || e.DRAMSlot != -1 {
 			t.Fatalf("decoded %+v", e)
 		}
-		if again := appendRecord(nil, e); v[0] == recordVersion2 && !bytes.Equal(again, v) {
+		again := appendRecord(nil, e)
+		if v[0] == recordVersion2 && !bytes.Equal(again, v) {
 			t.Fatalf("re-encode differs:\n got %x\nwant %x", again, v)
+		}
+		if back, err := decodeRecord(k, again); v[0] == recordVersion1 && (err != nil || back != e || e.Demoted) {
+			t.Fatalf("a version-1 record %+v: rewritten and read back %+v, %v", e, back, err)
 		}
 	})
 }

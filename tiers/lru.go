@@ -1,6 +1,10 @@
 package tiers
 
-import "github.com/orbitkv/orbitkv/internal/pagekey"
+import (
+	"math"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
 
 // LRU orders the pages of one tier by last use and hands out eviction
 // victims, oldest first, skipping pinned pages. A page is pinned while a
@@ -32,6 +36,11 @@ type lruNode struct {
 	prev, next *lruNode
 }
 
+// DRAMProtectedShare is the share of the DRAM tier's pages that pages used
+// again (restored, promoted or readmitted) may hold against pages saved
+// once: the peer's DRAM order (fabric/store), and the sim's.
+const DRAMProtectedShare = 0.8
+
 // NewLRU returns an empty plain LRU: Promote is Touch.
 func NewLRU() *LRU { return NewSegmentedLRU(0) }
 
@@ -40,6 +49,9 @@ func NewLRU() *LRU { return NewSegmentedLRU(0) }
 // picked (a tier still filling up protects all it restores); share 0 is
 // NewLRU.
 func NewSegmentedLRU(share float64) *LRU {
+	if math.IsNaN(share) {
+		share = 0
+	}
 	l := &LRU{nodes: make(map[pagekey.Key]*lruNode), share: max(0, min(share, 1))}
 	l.head.prev, l.head.next = &l.head, &l.head
 	l.prot.prev, l.prot.next = &l.prot, &l.prot

@@ -69,12 +69,6 @@ type Store struct {
 	}
 }
 
-// dramProtectedShare is the share of DRAM's pages that pages used again
-// (restored, promoted or readmitted) may hold against pages saved once
-// (tiers.NewSegmentedLRU): a stream of new prefixes evicts its own kind
-// first, and the prefixes that come back stay.
-const dramProtectedShare = 0.8
-
 // Options configure a Store beyond the tiers it is given.
 type Options struct {
 	// QueryBudget is the bytes all leases may pin at once (pins.go).
@@ -107,7 +101,7 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 		s.log.Warn().Int64("every", s.corrupt.every).Str("env", testCorruptEnv).
 			Msg("TEST HOOK: one bit of the first page of every Nth load is flipped before it reaches the engine; never serve users with it")
 	}
-	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(dramProtectedShare), tiers.NewLRU()
+	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(tiers.DRAMProtectedShare), tiers.NewLRU()
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.sealWake = make(chan struct{}, 1)

@@ -42,10 +42,6 @@ const (
 	DRAMLRU       = "lru"
 )
 
-// dramProtectedShare mirrors fabric/store's: the share of DRAM's pages the
-// protected segment keeps when a victim is picked.
-const dramProtectedShare = 0.8
-
 // ssdSlower reports whether reading a page from SSD takes longer than
 // computing its tokens under the cost model.
 func (c Config) ssdSlower() bool {
@@ -58,7 +54,7 @@ func (c Config) dramLRU() *tiers.LRU {
 	if c.DRAMPolicy == DRAMLRU {
 		return tiers.NewLRU()
 	}
-	return tiers.NewSegmentedLRU(dramProtectedShare)
+	return tiers.NewSegmentedLRU(tiers.DRAMProtectedShare)
 }
 
 // CostModel turns pages and tokens into virtual time.
