@@ -53,7 +53,9 @@ type Copier interface {
 //     copy), and Header is what the remote side says they are (the holder's
 //     page header, checksum included). A transport need not verify the
 //     bytes: the caller checks them against Header (page.Header.Verify) and
-//     against what it asked for before it uses them. The bytes of a
+//     against what it asked for before it uses them, unless the completion
+//     says Verified — then the bytes match Header's checksum, and a page
+//     that did not fails with a *page.CorruptError instead. The bytes of a
 //     descriptor that failed are undefined.
 //   - After Submit returns the transport touches no local region of the
 //     batch (an RDMA transport waits for, or flushes, its work requests).
@@ -136,4 +138,10 @@ type Completion struct {
 	Header page.Header
 	// Err nil means the descriptor completed (see Transport).
 	Err error
+	// Verified: the transport checked the bytes against Header itself (the
+	// TCP data plane sums each read as it lands), so the caller need not
+	// read them again for that; it still checks that Header names what it
+	// asked for. A transport that cannot (RDMA: the NIC writes the bytes)
+	// leaves it false, and the caller verifies.
+	Verified bool
 }

@@ -150,8 +150,9 @@ func (s *Store) planFetch(ctx context.Context, sess *Engine, reqs []PageReq, idx
 // checkFetched verifies every completed Read (DESIGN.md §7: every page is
 // checked on network receive): the header the remote sent must name the
 // page asked for, at the size asked for, and the bytes must match its
-// checksum. A page that fails gets a *page.CorruptError; none is ever
-// stored. The checksums run on up to copyWorkers cores.
+// checksum — summed here, on up to copyWorkers cores, unless the transport
+// already did as the bytes landed (Completion.Verified). A page that fails
+// gets a *page.CorruptError; none is ever stored.
 func (s *Store) checkFetched(batch []transfer.RemoteDesc, got []transfer.Completion) {
 	parallel(len(batch), func(j int) {
 		d, h := batch[j], got[j].Header
@@ -159,6 +160,7 @@ func (s *Store) checkFetched(batch []transfer.RemoteDesc, got []transfer.Complet
 		case got[j].Err != nil:
 		case h.Key != d.Remote.Page || h.Layout != d.Remote.Layout || h.Length != d.Len:
 			got[j].Err = &page.CorruptError{Key: d.Remote.Page, Reason: fmt.Sprintf("the transport delivered page %s (%d bytes) for %s (%d bytes)", h.Key, h.Length, d.Remote.Page, d.Len)}
+		case got[j].Verified:
 		default:
 			got[j].Err = h.Verify(d.LocalBytes())
 		}

@@ -11,9 +11,9 @@ import (
 // naming remote pages by content (transfer.PageKey; RemoteOff 0, Len the
 // page's size) into host memory is one Fetch request to the endpoint,
 // each page read from the socket straight into its local region (no
-// staging copy). The checksums are left to the caller, as the Transport
-// contract says (the store verifies every page it takes in); Fetch, for
-// callers outside that contract, verifies them itself.
+// staging copy), and summed read by read as it lands (receive.go): a page
+// whose bytes do not match its header fails with a *page.CorruptError, and
+// the others complete Verified, so the store does not read them again.
 
 var _ transfer.Transport = (*Client)(nil)
 
@@ -40,8 +40,8 @@ func (c *Client) Submit(ctx context.Context, endpoint string, batch []transfer.R
 	}
 	for lo := 0; lo < len(wants); lo += MaxPages {
 		hi := min(lo+MaxPages, len(wants))
-		for j, r := range c.fetch(ctx, endpoint, wants[lo:hi], dst[lo:hi], false) {
-			out[at[lo+j]] = transfer.Completion{Header: r.Header, Err: r.Err}
+		for j, r := range c.fetch(ctx, endpoint, wants[lo:hi], dst[lo:hi], true) {
+			out[at[lo+j]] = transfer.Completion{Header: r.Header, Err: r.Err, Verified: r.Err == nil}
 		}
 	}
 	return out

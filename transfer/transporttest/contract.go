@@ -49,6 +49,7 @@ func Contract(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"cancelled context fails every descriptor", cancelled},
 		{"stalled remote ends by the deadline", stalled},
 		{"write reads back or is unsupported", writeBack},
+		{"bytes unlike their header are never verified", neverVerifiesWrongBytes},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, newHarness(t)) })
 	}
@@ -107,6 +108,25 @@ func readBatch(t *testing.T, h Harness) {
 		if !bytes.Equal(b, want[i]) || c.Header.Verify(b) != nil {
 			t.Fatalf("descriptor %d: bytes not in place at %d", i, batch[i].LocalOff)
 		}
+	}
+}
+
+// neverVerifiesWrongBytes: a remote page whose bytes do not match its own
+// header (a holder with a bad copy) completes unverified, for the caller
+// to catch, or fails as corrupt; a Verified completion never carries them.
+func neverVerifiesWrongBytes(t *testing.T, h Harness) {
+	r := rand.New(rand.NewPCG(5, 6))
+	hd, data := testPage(r, 8192)
+	hd.Checksum ^= 1 // the holder's header no longer matches its bytes
+	local := h.local(t, "local", 8192)
+	got := h.Transport.Submit(deadline(t, 10*time.Second), h.Endpoint,
+		[]transfer.RemoteDesc{{Op: transfer.Read, Remote: h.Put(hd, data), Len: 8192, Local: local}})
+	var ce *page.CorruptError
+	switch c := got[0]; {
+	case c.Err != nil && !errors.As(c.Err, &ce):
+		t.Fatalf("a wrong page failed with %v, want a *page.CorruptError (or an unverified completion)", c.Err)
+	case c.Err == nil && c.Verified:
+		t.Fatal("a page whose bytes do not match its header completed Verified")
 	}
 }
 

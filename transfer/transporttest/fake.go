@@ -5,10 +5,10 @@
 // (the TCP data plane, Faulty in pass-through, Memory; the RDMA verbs
 // transport, over rdma's stand-in libibverbs).
 //
-// A Faulty transport reports a corrupted Read as completed: it models a
-// transport (or a wire, or a remote memory) that delivers bytes it did not
-// check, which the Transport contract allows, so the caller's verification
-// is what stands between the bytes and its store.
+// A Faulty transport reports a corrupted Read as completed, unverified: it
+// models a transport (or a wire, or a remote memory) that delivers bytes it
+// did not check, which the Transport contract allows, so the caller's
+// verification is what stands between the bytes and its store.
 package transporttest
 
 import (
@@ -170,6 +170,7 @@ func (f *Faulty) Submit(ctx context.Context, endpoint string, batch []transfer.R
 			if c.Err == nil && batch[i].Op == transfer.Read && f.Faults.Corrupt != nil && f.Faults.Corrupt(i, batch[i]) {
 				if b := batch[i].LocalBytes(); len(b) > 0 {
 					b[len(b)/2] ^= 0x10
+					out[i].Verified = false // corrupted after whatever the inner transport checked
 					f.Corrupted.Add(1)
 				}
 			}

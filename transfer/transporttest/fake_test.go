@@ -77,3 +77,36 @@ func TestFaultyFaults(t *testing.T) {
 		})
 	}
 }
+
+// verifying claims every completion Verified, as the TCP data plane does
+// for the bytes it summed as they landed.
+type verifying struct{ transfer.Transport }
+
+func (v verifying) Submit(ctx context.Context, ep string, b []transfer.RemoteDesc) []transfer.Completion {
+	out := v.Transport.Submit(ctx, ep, b)
+	for i := range out {
+		out[i].Verified = out[i].Err == nil
+	}
+	return out
+}
+
+// TestFaultyCorruptionIsNeverVerified: bytes the fake corrupts after the
+// inner transport checked them are not reported Verified, so the store,
+// which skips its own check for verified completions, still catches them.
+func TestFaultyCorruptionIsNeverVerified(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	m := NewMemory()
+	local := transfer.HostRegion("local", make([]byte, 2*4096))
+	var batch []transfer.RemoteDesc
+	for i := range 2 {
+		hd, data := testPage(r, 4096)
+		batch = append(batch, transfer.RemoteDesc{Op: transfer.Read, Remote: m.Put(hd, data), Len: 4096, Local: local, LocalOff: uint64(i * 4096)})
+	}
+	f := &Faulty{Inner: verifying{m}, Faults: Faults{Corrupt: func(i int, _ transfer.RemoteDesc) bool { return i == 1 }}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	got := f.Submit(ctx, "", batch)
+	if !got[0].Verified || got[1].Verified || got[1].Err != nil {
+		t.Fatalf("completions %+v: want the first verified, the corrupted second completed unverified", got)
+	}
+}
