@@ -300,12 +300,12 @@ func (s *Store) settleReadmitsLocked(items []*saveItem, res []Result) []*saveIte
 			rest = append(rest, it)
 			continue
 		}
-		cur, ok := s.cat.Get(it.key)
 		if seen[it.key] { // the same page twice in one save: the first decides
 			s.keepReadmitLocked(it, it.prior, res)
 			continue
 		}
 		seen[it.key] = true
+		cur, ok := s.cat.Get(it.key)
 		switch s.readmitVerdictLocked(cur, ok, it.prior, it.entry.Checksum) {
 		case readmitFresh:
 			rest = append(rest, it)

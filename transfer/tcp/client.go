@@ -76,12 +76,6 @@ type Result struct {
 // be wants[i].Size, returning one Result per page. It returns by ctx's
 // deadline (DefaultDeadline without one).
 func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]byte) []Result {
-	return c.fetch(ctx, addr, wants, dst, true)
-}
-
-// fetch is Fetch; verify false leaves the checksums to the caller
-// (Submit: the transfer.Transport contract).
-func (c *Client) fetch(ctx context.Context, addr string, wants []Want, dst [][]byte, verify bool) []Result {
 	res := make([]Result, len(wants))
 	errs := make([]error, len(wants))
 	defer func() {
@@ -106,7 +100,7 @@ func (c *Client) fetch(ctx context.Context, addr string, wants []Want, dst [][]b
 			fill(errs, 0, err)
 			return res
 		}
-		got, err := c.exchange(ctx, cn, wants, dst, res, errs, verify)
+		got, err := c.exchange(ctx, cn, wants, dst, res, errs)
 		if err == nil {
 			c.put(addr, cn)
 			return res
@@ -154,7 +148,7 @@ func fill(errs []error, from int, err error) {
 // were received and the connection's error, if any; per-page errors go to
 // errs, headers to res. With verify, the bytes of each read are checksummed
 // on another goroutine (a verifier) while the next read runs.
-func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error, verify bool) (int, error) {
+func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error) (int, error) {
 	deadline, _ := ctx.Deadline()
 	cn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { cn.SetDeadline(time.Unix(1, 0)) })
@@ -162,13 +156,8 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 	if _, err := cn.Write(appendRequest(nil, time.Until(deadline), wants)); err != nil {
 		return 0, fmt.Errorf("send request: %w", err)
 	}
-	var v *verifier
-	var got func([]byte) // each read's bytes, to the verifier
-	if verify {
-		v = c.startVerifier(errs)
-		defer v.wait()
-		got = v.sum
-	}
+	v := c.startVerifier(errs)
+	defer v.wait()
 	for i, w := range wants {
 		h, ok, err := readHead(cn.r, w)
 		if err != nil {
@@ -178,15 +167,11 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 			errs[i] = ErrNotFound
 			continue
 		}
-		if err := readPage(cn.r, dst[i], got); err != nil {
+		if err := readPage(cn.r, dst[i], v.sum); err != nil {
 			return i, fmt.Errorf("read page %s: %w", w.Key, err)
 		}
 		res[i].Header = h
-		if v != nil {
-			v.end(i, h)
-		} else {
-			c.received.Add(h.Length)
-		}
+		v.end(i, h)
 	}
 	return len(wants), nil
 }

@@ -40,7 +40,7 @@ func (c *Client) Submit(ctx context.Context, endpoint string, batch []transfer.R
 	}
 	for lo := 0; lo < len(wants); lo += MaxPages {
 		hi := min(lo+MaxPages, len(wants))
-		for j, r := range c.fetch(ctx, endpoint, wants[lo:hi], dst[lo:hi], true) {
+		for j, r := range c.Fetch(ctx, endpoint, wants[lo:hi], dst[lo:hi]) {
 			out[at[lo+j]] = transfer.Completion{Header: r.Header, Err: r.Err, Verified: r.Err == nil}
 		}
 	}
