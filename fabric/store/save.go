@@ -119,16 +119,21 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 // for a durable save). A durable save acknowledged on an existing SSD copy
 // makes that copy durable: it is never replaced (readmit.go).
 func (s *Store) storedFor(k pagekey.Key, toSSD bool) (catalog.Entry, bool) {
-	if toSSD { // the look and the acknowledgement together: no readmission between them
-		s.mu.Lock()
-		defer s.mu.Unlock()
-	}
 	e, ok := s.cat.Get(k)
-	if !ok || !(e.OnSSD || !toSSD) {
+	switch {
+	case !ok || (toSSD && !e.OnSSD):
 		return catalog.Entry{}, false
+	case !toSSD || !e.Demoted:
+		// An SSD copy without the mark never gains it (only a demotion of a
+		// DRAM-only page sets it): nothing to acknowledge, no lock to take.
+		return e, true
 	}
-	if toSSD && s.ackDurableLocked(&e) != nil {
-		return catalog.Entry{}, false // not acknowledged on that copy: the save writes its own
+	// A demoted copy: look again and clear its mark under the lock, so that
+	// no readmission replaces it between the look and the acknowledgement.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok = s.cat.Get(k); !ok || !e.OnSSD || s.ackDurableLocked(&e) != nil {
+		return catalog.Entry{}, false // gone, or not acknowledged on that copy: the save writes its own
 	}
 	return e, true
 }
