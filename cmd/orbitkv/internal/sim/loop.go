@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 
+	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
@@ -136,15 +137,27 @@ func (sm *sim) start(j *job) {
 	heap.Push(&sm.fin, j)
 }
 
+// restoredFromSSD is the set of pages job j read from its own host's SSD.
+func (sm *sim) restoredFromSSD(j *job) map[pagekey.Key]bool {
+	out := map[pagekey.Key]bool{}
+	for _, l := range j.plan.leases {
+		if l.host == j.host && l.tier == catalog.TierSSD {
+			out[l.key] = true
+		}
+	}
+	return out
+}
+
 // finish ends a job's leases, saves its pages, records its TTFT and starts
 // the next job of its host.
 func (sm *sim) finish(j *job) error {
 	sm.now = j.endNs
 	h := sm.hosts[j.host]
+	restored := sm.restoredFromSSD(j)
 	sm.release(j.plan)
 	h.store.now = sm.now
 	for _, k := range j.keys {
-		if err := h.store.save(k); err != nil {
+		if err := h.store.save(k, restored[k]); err != nil {
 			return err
 		}
 	}

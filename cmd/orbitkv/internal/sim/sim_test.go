@@ -189,15 +189,15 @@ func TestPinnedPagesAreNotEvicted(t *testing.T) {
 	}
 	defer s.close()
 	keys := PageKeys(cfg.Model.Layout(64).Fingerprint(), 64, Request{InputTokens: 128, HashIDs: []int64{1}})
-	if err := s.save(keys[0]); err != nil {
+	if err := s.save(keys[0], false); err != nil {
 		t.Fatal(err)
 	}
 	s.pin(keys[0], s.cat.Lookup(keys[:1], 0).Tiers[0])
-	if err := s.save(keys[1]); err != nil || c.UnsavedPages != 1 || s.cat.Len() != 1 {
+	if err := s.save(keys[1], false); err != nil || c.UnsavedPages != 1 || s.cat.Len() != 1 {
 		t.Fatalf("save beside a pinned page: err %v, unsaved %d, entries %d: want it refused", err, c.UnsavedPages, s.cat.Len())
 	}
 	s.unpin(keys[0], 1)
-	if err := s.save(keys[1]); err != nil || c.EvictedPages.DRAM != 1 {
+	if err := s.save(keys[1], false); err != nil || c.EvictedPages.DRAM != 1 {
 		t.Fatalf("after unpin: err %v, evicted %d: want page 0 evicted", err, c.EvictedPages.DRAM)
 	}
 }

@@ -72,13 +72,14 @@ func (s *store) keepInHBM(keys []pagekey.Key) {
 }
 
 // save stores one page of a finished prefill in DRAM: kept if there,
-// promoted if on SSD only (the SSD read buffer becomes the DRAM copy),
+// promoted if on SSD only (the SSD read buffer becomes the DRAM copy when
+// the request restored it, the computed page a readmission otherwise),
 // written from HBM otherwise. A page that finds no room (every DRAM page
 // pinned, or no DRAM tier) is not saved.
-func (s *store) save(k pagekey.Key) error {
-	e, onSSD := s.cat.Get(k)
-	if onSSD && (e.DRAMSlot >= 0 || s.noReadmit) {
-		return nil // a hit touched when it was loaded, or (before readmission) an SSD copy kept as it is
+func (s *store) save(k pagekey.Key, restored bool) error {
+	e, held := s.cat.Get(k)
+	if held && (e.DRAMSlot >= 0 || (s.noReadmit && !restored)) {
+		return nil // a hit touched when it was loaded, or (before readmission) a computed page left on SSD
 	}
 	room, err := s.allocDRAM()
 	if err != nil || !room {
@@ -93,15 +94,15 @@ func (s *store) save(k pagekey.Key) error {
 	} else {
 		s.gen++
 		err = s.cat.Put(catalog.Entry{Key: k, Layout: s.fp, Size: s.pageBytes, Generation: s.gen, DRAMSlot: slot, LastAccess: s.now})
-		if !onSSD {
+		if !held {
 			s.moved.Bytes.HBMToDRAM += s.pageBytes
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("save page %s: %w", k, err)
 	}
-	if onSSD {
-		s.dram.Promote(k) // an SSD hit promoted: used again
+	if held {
+		s.dram.Promote(k) // an SSD hit promoted, or a page readmitted: used again
 	} else {
 		s.dram.Touch(k)
 	}
