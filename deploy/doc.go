@@ -13,7 +13,7 @@
 //     (go test -run TestManifestsMatchChart -update rewrites it).
 //  3. The arguments the DaemonSet, its probes and the systemd unit run are
 //     flags the real binary accepts, with values of the flag's type: the
-//     tests build bin/orbitkv (or take ORBITKV_BIN) and read `--help`.
+//     tests build orbitkv into a temporary directory (or take ORBITKV_BIN) and read `--help`.
 //  4. Every PromQL expression in the dashboards names only series a running
 //     peer exports, with label matchers some exported series satisfies.
 package deploy

@@ -109,8 +109,8 @@ class RestoreGate:
         return Admission.DEFER
 
     def defer_for_budget(self) -> Admission:
-        """A restore the query budget cut short while others hold admission:
-        deferred (the budget frees as their loads end), and counted."""
+        """A restore the query budget cut short while others hold admission or
+        live leases: deferred (the budget frees as their loads end), and counted."""
         self._count("deferred_budget", 1)
         return Admission.DEFER
 

@@ -28,6 +28,7 @@ import sys
 import time
 from typing import Dict, List
 
+from .bench import _sync
 from .config import EngineConfig, ModelConfig, engine_config
 from .engine import Engine
 from .graphs import DecodeGraphs
@@ -45,17 +46,11 @@ def floor_ms(m: ModelConfig, tokens: int, context_tokens: int, hbm_tbps: float, 
     return 1e3 * max(read / (hbm_tbps * 1e12), flops / (tflops * 1e12))
 
 
-def _sync(cfg: EngineConfig) -> None:
-    if cfg.device.startswith("cuda"):
-        import torch
-        torch.cuda.synchronize()
-
-
 def _timed_step(e: Engine) -> float:
-    _sync(e.cfg)
+    _sync(e.cfg.device)
     t0 = time.perf_counter()
     e.step()
-    _sync(e.cfg)
+    _sync(e.cfg.device)
     return 1e3 * (time.perf_counter() - t0)
 
 

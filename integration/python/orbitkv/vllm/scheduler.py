@@ -209,8 +209,9 @@ class SchedulerHalf:
                 log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
         restores = lk is not None and num_computed_tokens % self.cfg.block_tokens == 0 and lk.hit_pages > num_computed_tokens // pt
         blocks = -(-n // self.cfg.block_tokens) if restores else 0
-        # A hit the query budget cut short while other restores pin it: wait for
-        # them (the budget frees as their loads end) rather than recompute the rest.
+        # A hit the query budget cut short while other restores or waiting
+        # requests' leases pin it: wait for them (bounded, BUDGET_WAIT_S) rather
+        # than recompute the rest.
         cut = restores and lk.budget_cut > 0 and self.gate.enabled
         if not cut:
             st.budget_wait_since = None  # a later cut may wait again
