@@ -19,7 +19,7 @@
 #               (vLLM's own prefix cache), evicted then restored by OrbitKV
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
 #               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
-#   invariant   VLLM_BATCH_INVARIANT=1: native, DRAM and SSD sustained runs (30 s windows) whose
+#   invariant   VLLM_BATCH_INVARIANT=1: native, DRAM and SSD (or INV_SEQ) sustained runs (30 s windows) whose
 #               reused prompts must match their serial reference token for token (~2-3 min each
 #               with vLLM's start: run corrupt in a call of its own)
 #   corrupt     the control for invariant: a DRAM run (batch-invariant) whose peer flips one bit of every
@@ -58,7 +58,7 @@ stop_all() {
 trap stop_all EXIT
 
 carry() { # PART: move one carried part out of the repository folder (laid anew at every call)
-	mv .gpucarry/vllm-site.part"$1" "$K/" && cp .gpucarry/vllm-site.sha256 "$K/"
+	mv .gpucarry/vllm-site.part"$1" "$K/" && cp .gpucarry/vllm-site.sha256 "$K/" || { say "part $1 not carried"; return 1; }
 	say "carried part $1: $(ls -l "$K" | grep -c part) part(s) under $K"
 }
 
@@ -171,7 +171,7 @@ overhead() {
 }
 
 invariant() {
-	for cfg in native dram ssd; do
+	for cfg in ${INV_SEQ:-native dram ssd}; do
 		one "$cfg" "invariant-$cfg" VLLM_BATCH_INVARIANT=1 -- "${SEEDS[@]}" --duration 30s --label pair=invariant --label mode=batch-invariant
 	done
 }
@@ -198,8 +198,8 @@ fi
 DET=()
 out/orbitkv bench serving --help 2>&1 | grep -q -- -deterministic && DET=(--deterministic=false)
 case ${1:-} in
-carry1) carry 00; exit 0 ;;
-carry2) carry 01; unpack || exit 1; shift ;;
+carry1) carry 00; exit $? ;;
+carry2) carry 01 && unpack || exit 1; shift ;;
 esac
 for m in "$@"; do
 	case $m in
