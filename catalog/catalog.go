@@ -89,6 +89,7 @@ type Catalog struct {
 	corrupt   int
 	damage    Damage
 	commits   atomic.Uint64
+	syncs     atomic.Uint64
 }
 
 // Damage says what Open found wrong with the persisted catalog and where it
@@ -105,6 +106,7 @@ type Stats struct {
 	Recovered      int    // entries recovered at Open
 	CorruptRecords int    // persisted records skipped as corrupt at Open
 	Commits        uint64 // Pebble batches committed since Open
+	Syncs          uint64 // of those, commits that waited for the WAL to reach the disk
 	Damage         Damage // what Open set aside
 	Rebuilds       uint64 // stores rewritten from memory by Repair
 	// Background is the number of errors Pebble reported on its own
@@ -238,6 +240,7 @@ func (c *Catalog) Stats() Stats {
 		Recovered:      c.recovered,
 		CorruptRecords: c.corrupt,
 		Commits:        c.commits.Load(),
+		Syncs:          c.syncs.Load(),
 		Damage:         c.damage,
 		Rebuilds:       c.persist.rebuilds.Load(),
 		Background:     c.persist.background.Load(),

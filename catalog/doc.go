@@ -11,7 +11,9 @@
 //     the SSD location from the catalog (Put without OnSSD, Update or Delete)
 //     before the SSD space is reused.
 //   - Put, Update and Delete commit one Pebble batch (synced unless
-//     Options.NoSync) before the in-memory index changes. If a commit that
+//     Options.NoSync, or unless it changes only LastAccess or Hits; none at
+//     all when every record already says what it would write) before the
+//     in-memory index changes. If a commit that
 //     writes records fails, memory is unchanged and the error is returned
 //     (ErrNoSpace below Options.ReserveBytes or on ENOSPC, ErrUnavailable
 //     with a failed store). A commit that only deletes records never fails

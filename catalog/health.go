@@ -164,14 +164,14 @@ func (c *Catalog) copyIndexTo(s *store) error {
 			return true
 		}
 		if err = b.set(e); err == nil && b.sets >= rebuildBatch {
-			err = s.commit(b)
+			err = s.commit(b, true)
 			b.close()
 			b = s.newBatch()
 		}
 		return err == nil
 	})
 	if err == nil && !b.empty() {
-		err = s.commit(b)
+		err = s.commit(b, true)
 	}
 	b.close()
 	if err != nil {

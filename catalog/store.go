@@ -147,6 +147,7 @@ type batch struct {
 	b    *pebble.Batch
 	buf  []byte
 	sets int
+	dels int
 }
 
 func (s *store) newBatch() *batch { return &batch{b: s.db.NewBatch()} }
@@ -159,19 +160,25 @@ func (b *batch) set(e Entry) error {
 }
 
 func (b *batch) delete(k pagekey.Key) error {
+	b.dels++
 	b.buf = appendRecordKey(b.buf[:0], k)
 	return b.b.Delete(b.buf, nil)
 }
 
 func (b *batch) empty() bool { return b.b.Empty() }
 
-// commit commits the batch. A failure leaves the store unusable: Pebble's
-// commit pipeline does not survive a failed WAL write.
-func (s *store) commit(b *batch) error {
+// commit commits the batch, with sync waiting for the WAL to reach the disk
+// (unless the store was opened with NoSync). A failure leaves the store
+// unusable: Pebble's commit pipeline does not survive a failed WAL write.
+func (s *store) commit(b *batch, sync bool) error {
 	if err := s.failure(); err != nil {
 		return err
 	}
-	return guarded(func() error { return b.b.Commit(s.wo) })
+	wo := s.wo
+	if !sync {
+		wo = pebble.NoSync
+	}
+	return guarded(func() error { return b.b.Commit(wo) })
 }
 
 func (b *batch) close() { _ = guarded(func() error { return b.b.Close() }) }

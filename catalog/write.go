@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"bytes"
 	"fmt"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -17,8 +18,10 @@ type change struct {
 // committed with sync: entries with OnSSD are persisted; entries without
 // OnSSD have any persisted record deleted. The in-memory index changes only
 // after the commit succeeded. When a key appears more than once, the last
-// entry wins. A Put that persists nothing (DRAM-only pages never persisted)
-// commits nothing.
+// entry wins. A Put that persists nothing (DRAM-only pages never persisted,
+// or SSD pages whose record already says it all: a DRAM copy added or
+// dropped) commits nothing; one that changes only LastAccess or Hits
+// commits without waiting for the disk.
 func (c *Catalog) Put(entries ...Entry) error {
 	changes := make([]change, 0, len(entries))
 	for i := range entries {
@@ -127,6 +130,9 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 	for _, ch := range changes {
 		var err error
 		switch {
+		case !ch.deleted && ch.e.OnSSD && c.recordHolds(ch.e):
+			// The record says this already (a DRAM copy added or dropped):
+			// writing it again would cost a synced commit for nothing.
 		case !ch.deleted && ch.e.OnSSD:
 			err = b.set(ch.e)
 		case c.persisted(ch.e.Key):
@@ -148,7 +154,12 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 			return err
 		}
 	}
-	if err := c.store.commit(b); err != nil {
+	// Only records that say something new about their page, and deletions,
+	// must be on the disk before the commit returns; a change of LastAccess
+	// or Hits alone may be lost in a crash (the next commit's sync, or a
+	// clean Close, writes it).
+	sync := force || !optional || b.dels > 0
+	if err := c.store.commit(b, sync); err != nil {
 		err = fmt.Errorf("commit %d catalog changes: %w", len(changes), err)
 		c.dropStoreLocked(err)
 		if optional || b.sets == 0 {
@@ -160,7 +171,21 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 		c.persist.setFull(nil) // there was room for records
 	}
 	c.commits.Add(1)
+	if sync {
+		c.syncs.Add(1)
+	}
 	return nil
+}
+
+// recordHolds reports whether k's persisted record already says everything
+// e's record would: its current entry is on SSD and encodes the same.
+func (c *Catalog) recordHolds(e Entry) bool {
+	old, ok := c.Get(e.Key)
+	if !ok || !old.OnSSD {
+		return false
+	}
+	var a, b [recordLenV2]byte
+	return bytes.Equal(appendRecord(a[:0], old), appendRecord(b[:0], e))
 }
 
 // dropStoreLocked lets a store that failed go: Pebble's commit pipeline
