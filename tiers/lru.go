@@ -178,22 +178,34 @@ func (l *LRU) Pins(k pagekey.Key) int {
 // page; a protected segment over its share first hands its oldest pages
 // back to the probationary one.
 func (l *LRU) Victim() (pagekey.Key, bool) {
-	if l.share > 0 {
-		l.rebalance()
-	}
-	if k, ok := victimIn(&l.head); ok {
+	for k := range l.Oldest(math.MaxInt) {
 		return k, true
 	}
-	return victimIn(&l.prot)
+	return pagekey.Key{}, false
 }
 
-func victimIn(head *lruNode) (pagekey.Key, bool) {
-	for n := head.next; n != head; n = n.next {
-		if n.pins == 0 {
-			return n.key, true
+// Oldest yields up to n of the oldest unpinned pages of each segment, in
+// the order Victim would pick them: the probationary segment's, then the
+// protected one's (a plain LRU has only the first). It balances the
+// segments first, as Victim does. The LRU must not change while it runs.
+func (l *LRU) Oldest(n int) func(yield func(pagekey.Key) bool) {
+	return func(yield func(pagekey.Key) bool) {
+		if l.share > 0 {
+			l.rebalance()
+		}
+		for _, head := range [...]*lruNode{&l.head, &l.prot} {
+			left := n
+			for p := head.next; p != head && left > 0; p = p.next {
+				if p.pins > 0 {
+					continue
+				}
+				if !yield(p.key) {
+					return
+				}
+				left--
+			}
 		}
 	}
-	return pagekey.Key{}, false
 }
 
 func (n *lruNode) unlink() {

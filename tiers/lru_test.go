@@ -194,3 +194,38 @@ func TestSegmentedLRUKeepsReusedPagesFromAStreamOfNewOnes(t *testing.T) {
 		}
 	}
 }
+
+// TestOldestInPickOrder: Oldest walks the unpinned pages as Victim would
+// pick them one after another — probationary oldest first, then protected,
+// pinned pages skipped — at most n of each segment, stopping when told.
+func TestOldestInPickOrder(t *testing.T) {
+	l := NewSegmentedLRU(0.5)
+	for i := range 6 {
+		l.Touch(key(i))
+	}
+	l.Promote(key(1))
+	l.Promote(key(4))
+	l.Pin(key(2))
+	walk := func(n int) []pagekey.Key {
+		var got []pagekey.Key
+		for k := range l.Oldest(n) {
+			got = append(got, k)
+		}
+		return got
+	}
+	if got, want := walk(10), []pagekey.Key{key(0), key(3), key(5), key(1), key(4)}; !slices.Equal(got, want) {
+		t.Fatalf("Oldest(10) = %v, want %v", got, want)
+	}
+	if got, want := walk(1), []pagekey.Key{key(0), key(1)}; !slices.Equal(got, want) {
+		t.Fatalf("Oldest(1) = %v, want %v (one of each segment)", got, want)
+	}
+	n := 0
+	for range l.Oldest(10) {
+		if n++; n == 2 {
+			break
+		}
+	}
+	if v, _ := l.Victim(); v != key(0) || n != 2 {
+		t.Fatalf("Victim %v after a walk cut at %d; want key 0 after 2", v, n)
+	}
+}

@@ -16,11 +16,29 @@ import (
 // the lot instead of one each.
 const evictBatch = 16
 
+// allocMode is what a DRAM allocation may do when the pool is full.
+type allocMode int
+
+const (
+	// allocDemote (an SSD-bound save, the flusher, a cache fill while the
+	// disk keeps up): drop the oldest copy if it needs no write, else demote
+	// a batch of the oldest pages and wait for the write.
+	allocDemote allocMode = iota
+	// allocBehind (a cache fill with the disk behind the saves): first any
+	// of the oldest pages that go without a write — a clean copy, or a
+	// DRAM-only page unused for fillProtect, dropped — then as allocDemote.
+	allocBehind
+	// allocReadmit (a readmission, readmit.go): only a clean copy among the
+	// oldest pages, dropped; none is no slot, at once. A page the SSD holds
+	// already is not worth a write, or a wait for one, on the engine's path.
+	allocReadmit
+)
+
 // allocDRAM returns a free DRAM slot. When the pool is full it evicts the
 // least recently used unpinned pages: copies already on SSD (or with no SSD
 // tier) are dropped at once; the others are demoted in batches first.
 func (s *Store) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
-	return s.allocDRAMAs(ctx, size, false)
+	return s.allocDRAMAs(ctx, size, allocDemote)
 }
 
 // allocCacheFill returns a DRAM slot for a save acknowledged in DRAM (a
@@ -29,24 +47,38 @@ func (s *Store) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
 // second) it stops waiting for the disk: a save that waits holds the
 // engine's blocks (vLLM frees a request's blocks only once its saves end)
 // — on the H200 such saves spent 27 s of a 60-s run in allocation and the
-// SSD configuration served slower than none (docs/benchmarks.md). The
-// oldest unpinned DRAM-only page not used within fillProtect is dropped
-// instead, as a DRAM-only peer would drop it, while the flusher goes on
-// writing what the disk can absorb. A burst the disk keeps up with still
-// demotes, and loses nothing.
+// SSD configuration served slower than none (docs/benchmarks.md). A clean
+// copy among the oldest pages, or the oldest unpinned DRAM-only page not
+// used within fillProtect, is dropped instead, as a DRAM-only peer would
+// drop it, while the flusher goes on writing what the disk can absorb. A
+// burst the disk keeps up with still demotes, and loses nothing.
 func (s *Store) allocCacheFill(ctx context.Context, size uint64) (dram.Slot, error) {
 	if s.behind() {
-		return s.allocDRAMAs(ctx, size, true)
+		return s.allocDRAMAs(ctx, size, allocBehind)
 	}
 	start := s.now()
-	slot, err := s.allocDRAMAs(ctx, size, false)
+	slot, err := s.allocDRAMAs(ctx, size, allocDemote)
 	if end := s.now(); end.Sub(start) > 0 {
 		s.fillWaits.add(end, end.Sub(start))
 	}
 	return slot, err
 }
 
-func (s *Store) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.Slot, error) {
+// allocSave returns the DRAM slot for one page of a save: an SSD-bound save
+// demotes to make room, a readmission takes only a slot that costs no write
+// (ErrNoSpace at once otherwise: the page stays as stored, on SSD), any
+// other save is a cache fill.
+func (s *Store) allocSave(ctx context.Context, size uint64, toSSD, readmit bool) (dram.Slot, error) {
+	switch {
+	case toSSD:
+		return s.allocDRAM(ctx, size)
+	case readmit:
+		return s.allocDRAMAs(ctx, size, allocReadmit)
+	}
+	return s.allocCacheFill(ctx, size)
+}
+
+func (s *Store) allocDRAMAs(ctx context.Context, size uint64, mode allocMode) (dram.Slot, error) {
 	failed := 0 // our own demotions that moved nothing
 	for {
 		if err := ctx.Err(); err != nil {
@@ -61,7 +93,7 @@ func (s *Store) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.S
 			}
 			return slot, err
 		}
-		dropped, demote := s.pickVictimsLocked(fill)
+		dropped, demote := s.pickVictimsLocked(mode)
 		s.mu.Unlock()
 		switch {
 		case dropped:
@@ -80,6 +112,9 @@ func (s *Store) allocDRAMAs(ctx context.Context, size uint64, fill bool) (dram.S
 			if err := sleepCtx(ctx, time.Millisecond); err != nil {
 				return 0, err
 			}
+		case mode == allocReadmit:
+			s.wakeFlusher() // the flusher makes clean copies and free slots for the next
+			return 0, ErrNoSpace
 		case s.demoting.Load() > 0:
 			// The candidates are another demotion's (the flusher's): it
 			// frees slots when its write lands; wait for it, not fail.
@@ -108,10 +143,22 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // pickVictimsLocked drops the oldest unpinned DRAM copy that needs no I/O,
-// or else pins and returns up to evictBatch pages to demote. With
-// dropUnflushed (a cache fill's allocation) the oldest copy is dropped even
-// when it is held nowhere else.
-func (s *Store) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []catalog.Entry) {
+// or else pins and returns up to evictBatch pages to demote. A cache fill
+// with the disk behind, or a readmission, first looks further for a page
+// that goes without a write (freeVictimLocked); a readmission demotes
+// nothing.
+func (s *Store) pickVictimsLocked(mode allocMode) (dropped bool, demote []catalog.Entry) {
+	if mode != allocDemote {
+		if e, unflushed, ok := s.freeVictimLocked(mode); ok && s.dropDRAMLocked(e) {
+			if unflushed {
+				s.m.unflushedDrops.Inc()
+			}
+			return true, nil
+		}
+		if mode == allocReadmit {
+			return false, nil
+		}
+	}
 	for len(demote) < evictBatch {
 		victim, ok := s.mu.dram.Victim()
 		if !ok {
@@ -126,12 +173,6 @@ func (s *Store) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []ca
 		// full disk), a DRAM-only page is dropped: DRAM keeps serving saves.
 		if e.OnSSD || s.ssd == nil || s.cat.Health() != nil {
 			dropped = s.dropDRAMLocked(e)
-			break
-		}
-		if dropUnflushed && s.now().Sub(time.Unix(0, e.LastAccess)) > fillProtect {
-			if dropped = s.dropDRAMLocked(e); dropped {
-				s.m.unflushedDrops.Inc()
-			}
 			break
 		}
 		s.mu.dram.Pin(victim)
@@ -149,6 +190,34 @@ func (s *Store) pickVictimsLocked(dropUnflushed bool) (dropped bool, demote []ca
 		s.demoting.Add(1)
 	}
 	return dropped, demote
+}
+
+// fillScan is how many of the oldest unpinned DRAM pages of each LRU
+// segment a cache fill with the disk behind, or a readmission, looks
+// through for one that goes without a write.
+const fillScan = 64
+
+// freeVictimLocked returns the first of the fillScan oldest unpinned DRAM
+// pages of each segment (tiers.LRU.Oldest) that can go without a write: a clean copy (on SSD as well), any
+// page when there is no SSD tier or the catalog cannot persist a demotion,
+// and for allocBehind a DRAM-only page unused for fillProtect (unflushed:
+// dropping it loses it). Restored and readmitted pages are protected in
+// the LRU order, so on the H200 the oldest pages were fresh saves, each a
+// write, while clean copies sat behind them.
+func (s *Store) freeVictimLocked(mode allocMode) (e catalog.Entry, unflushed, ok bool) {
+	anyPage := s.ssd == nil || s.cat.Health() != nil
+	now := s.now()
+	for k := range s.mu.dram.Oldest(fillScan) {
+		c, found := s.cat.Get(k)
+		switch {
+		case !found:
+		case c.OnSSD || anyPage:
+			return c, false, true
+		case mode == allocBehind && now.Sub(time.Unix(0, c.LastAccess)) > fillProtect:
+			return c, true, true
+		}
+	}
+	return catalog.Entry{}, false, false
 }
 
 // dropDRAMLocked removes a page's DRAM copy; a page held nowhere else leaves

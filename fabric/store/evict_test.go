@@ -176,3 +176,79 @@ func TestRestoredPagesOutliveAStreamOfNewSaves(t *testing.T) {
 		}
 	}
 }
+
+// fillDRAM fills the rest of the DRAM pool with pages held there only, each
+// used just now, and returns them.
+func fillDRAM(t *testing.T, ps *Store, size uint64) []catalog.Entry {
+	t.Helper()
+	var out []catalog.Entry
+	for i := 0; ; i++ {
+		sl, err := ps.pool.Alloc(size)
+		if err != nil {
+			return out
+		}
+		e := catalog.Entry{Key: randKey(t), Size: size, Generation: uint64(1000 + i), DRAMSlot: int64(sl), LastAccess: now()}
+		if err := ps.cat.Put(e); err != nil {
+			t.Fatal(err)
+		}
+		ps.mu.dram.Touch(e.Key)
+		out = append(out, e)
+	}
+}
+
+// TestNoWriteOnTheEnginesPathForACopyTheSSDHas reproduces the H200's SSD
+// configuration after readmission landed (docs/benchmarks.md, "Fourth
+// session"): the DRAM pool full of fresh saves, clean copies (readmitted,
+// protected in the LRU order) behind them. A readmission there must not
+// demote anything to take a slot — the page is on SSD already — and a cache
+// fill with the disk behind drops a clean copy rather than write a fresh
+// page; on the H200 those waits were 46 s of a 60-s run. No flusher runs.
+func TestNoWriteOnTheEnginesPathForACopyTheSSDHas(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	e := newTestEngine(t)
+	ssdPage, cleanPage := randKey(t), randKey(t)
+	saveOne(t, ps, e, ssdPage, false)
+	demoteOut(t, ps, ssdPage)
+	demoted := counterValue(t, ps.m.demotedPages)
+	fresh := fillDRAM(t, ps, e.PageBytes)
+
+	// A readmission with no slot free of a write: the page stays on SSD.
+	if got := saveOne(t, ps, e, ssdPage, false); got.Tier != catalog.TierSSD {
+		t.Fatalf("readmission into a pool of fresh pages answered %v, want ssd (no room)", got.Tier)
+	}
+	if d := counterValue(t, ps.m.demotedPages); d != demoted {
+		t.Fatalf("a readmission demoted %v pages to make room, want none", d-demoted)
+	}
+	if n := readmits(t, ps, "no_room"); n != 1 {
+		t.Fatalf("no_room readmissions = %v, want 1", n)
+	}
+	ssdOnly(t, ps, ssdPage)
+
+	// Make one clean copy: a fresh page's slot goes to a readmitted one.
+	ps.mu.Lock()
+	ps.dropDRAMLocked(fresh[0])
+	ps.mu.Unlock()
+	saveOne(t, ps, e, cleanPage, false)
+	demoteOut(t, ps, cleanPage)
+	demoted = counterValue(t, ps.m.demotedPages)
+	if got := saveOne(t, ps, e, cleanPage, false); got.Tier != catalog.TierDRAM {
+		t.Fatalf("readmission into a free slot answered %v, want dram", got.Tier)
+	}
+
+	// The disk behind: a cache fill takes the clean copy's slot, no write.
+	ps.fillWaits.add(ps.now(), 2*fillWaitLimit)
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := ps.allocCacheFill(c, e.PageBytes); err != nil {
+		t.Fatal(err)
+	}
+	if d, drops := counterValue(t, ps.m.demotedPages), counterValue(t, ps.m.unflushedDrops); d != demoted || drops != 0 {
+		t.Fatalf("cache fill with the disk behind: %v demoted, %v unflushed drops; want a clean copy dropped, nothing else", d-demoted, drops)
+	}
+	ssdOnly(t, ps, cleanPage)
+	for _, f := range fresh[1:] {
+		if got, ok := ps.cat.Get(f.Key); !ok || got.DRAMSlot < 0 {
+			t.Fatalf("fresh page %x lost its DRAM copy", f.Key[:4])
+		}
+	}
+}

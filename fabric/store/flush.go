@@ -83,7 +83,7 @@ func (s *Store) behind() bool {
 // batch of the oldest others. It reports whether anything moved.
 func (s *Store) flushOnce(ctx context.Context) bool {
 	s.mu.Lock()
-	dropped, demote := s.pickVictimsLocked(false)
+	dropped, demote := s.pickVictimsLocked(allocDemote)
 	s.mu.Unlock()
 	if dropped {
 		return true

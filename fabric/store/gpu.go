@@ -269,14 +269,10 @@ func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, to
 			res[i] = okResult(e.Tier())
 			continue
 		}
-		alloc := s.allocCacheFill
-		if toSSD {
-			alloc = s.allocDRAM
-		}
-		slot, err := alloc(ctx, sess.PageBytes)
+		slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, stored)
 		switch {
 		case err != nil && stored:
-			res[i] = okResult(e.Tier()) // no room to readmit: still stored on SSD
+			res[i] = s.noRoomToReadmit(e)
 			continue
 		case err != nil:
 			res[i] = FailResult(fmt.Errorf("dram slot: %w", err))

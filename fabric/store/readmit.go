@@ -35,6 +35,13 @@ func readmittable(e catalog.Entry, toSSD bool) bool {
 	return !toSSD && e.OnSSD && e.DRAMSlot < 0
 }
 
+// noRoomToReadmit is the result of a readmission that found no DRAM slot
+// free of a write (allocReadmit): the page stays as stored, on SSD.
+func (s *Store) noRoomToReadmit(e catalog.Entry) Result {
+	s.m.readmitted.WithLabelValues("no_room").Inc()
+	return okResult(e.Tier())
+}
+
 // ackDurableLocked records that a durable save was acknowledged on e's SSD
 // copy: a copy the peer demoted is no longer replaceable (persisted, and
 // synced with the commit: catalog.Entry.Demoted). s.mu is held.

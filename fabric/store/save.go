@@ -90,10 +90,10 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
 			return
 		}
-		it, err := s.gather(ctx, sess, r, toSSD, toSSD || stored)
+		it, err := s.gather(ctx, sess, r, toSSD, stored)
 		switch {
 		case err != nil && stored:
-			res[i] = okResult(e.Tier()) // no room to readmit: still stored on SSD
+			res[i] = s.noRoomToReadmit(e)
 			return
 		case err != nil:
 			res[i] = FailResult(err)
@@ -138,15 +138,12 @@ func (s *Store) storedFor(k pagekey.Key, toSSD bool) (catalog.Entry, bool) {
 	return e, true
 }
 
-// gather copies one page into a fresh DRAM slot; with sum (a save that must
-// reach SSD, or a readmission) it checksums the page while copying, else
-// the page is sealed later, off the engine's path (seal.go).
-func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, toSSD, sum bool) (*saveItem, error) {
-	alloc := s.allocCacheFill
-	if toSSD { // bound for SSD: demote to make room, as ever
-		alloc = s.allocDRAM
-	}
-	slot, err := alloc(ctx, sess.PageBytes)
+// gather copies one page into a fresh DRAM slot; a save that must reach
+// SSD, or a readmission, checksums the page while copying, any other is
+// sealed later, off the engine's path (seal.go).
+func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, toSSD, readmit bool) (*saveItem, error) {
+	sum := toSSD || readmit
+	slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, readmit)
 	if err != nil {
 		return nil, fmt.Errorf("dram slot: %w", err)
 	}
