@@ -106,7 +106,7 @@ type Stats struct {
 	Recovered      int    // entries recovered at Open
 	CorruptRecords int    // persisted records skipped as corrupt at Open
 	Commits        uint64 // Pebble batches committed since Open
-	Syncs          uint64 // of those, commits that waited for the WAL to reach the disk
+	Syncs          uint64 // of those, commits that waited for the WAL to reach the disk (none with NoSync)
 	Damage         Damage // what Open set aside
 	Rebuilds       uint64 // stores rewritten from memory by Repair
 	// Background is the number of errors Pebble reported on its own

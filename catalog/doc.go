@@ -11,9 +11,9 @@
 //     the SSD location from the catalog (Put without OnSSD, Update or Delete)
 //     before the SSD space is reused.
 //   - Put, Update and Delete commit one Pebble batch (synced unless
-//     Options.NoSync, or unless it changes only LastAccess or Hits; none at
-//     all when every record already says what it would write) before the
-//     in-memory index changes. If a commit that
+//     Options.NoSync, or unless it changes only LastAccess, Hits or DRAM
+//     copies: a crash may lose such a commit, a clean Close does not)
+//     before the in-memory index changes. If a commit that
 //     writes records fails, memory is unchanged and the error is returned
 //     (ErrNoSpace below Options.ReserveBytes or on ENOSPC, ErrUnavailable
 //     with a failed store). A commit that only deletes records never fails
@@ -36,7 +36,7 @@
 //     Stats().CorruptRecords; it never becomes an entry and never crashes the
 //     peer.
 //   - LastAccess and Hits are touched by Lookup in memory only; the persisted
-//     copies are those of the last Put/Update.
+//     copies are those of the last Put/Update that reached the disk.
 //   - Pebble types never leave this package.
 //
 // # Index

@@ -1,7 +1,6 @@
 package catalog
 
 import (
-	"bytes"
 	"fmt"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -18,10 +17,9 @@ type change struct {
 // committed with sync: entries with OnSSD are persisted; entries without
 // OnSSD have any persisted record deleted. The in-memory index changes only
 // after the commit succeeded. When a key appears more than once, the last
-// entry wins. A Put that persists nothing (DRAM-only pages never persisted,
-// or SSD pages whose record already says it all: a DRAM copy added or
-// dropped) commits nothing; one that changes only LastAccess or Hits
-// commits without waiting for the disk.
+// entry wins. A Put that persists nothing (DRAM-only pages never persisted)
+// commits nothing; one that changes only LastAccess, Hits or the DRAM copy
+// of SSD pages commits without waiting for the disk.
 func (c *Catalog) Put(entries ...Entry) error {
 	changes := make([]change, 0, len(entries))
 	for i := range entries {
@@ -130,9 +128,6 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 	for _, ch := range changes {
 		var err error
 		switch {
-		case !ch.deleted && ch.e.OnSSD && c.recordHolds(ch.e):
-			// The record says this already (a DRAM copy added or dropped):
-			// writing it again would cost a synced commit for nothing.
 		case !ch.deleted && ch.e.OnSSD:
 			err = b.set(ch.e)
 		case c.persisted(ch.e.Key):
@@ -155,9 +150,12 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 		}
 	}
 	// Only records that say something new about their page, and deletions,
-	// must be on the disk before the commit returns; a change of LastAccess
-	// or Hits alone may be lost in a crash (the next commit's sync, or a
-	// clean Close, writes it).
+	// must be on the disk before the commit returns. A commit that changes
+	// only LastAccess, Hits or the DRAM copy (which no record holds) — a
+	// readmission's attach, a clean copy evicted — is written without
+	// waiting: a crash may lose it (the next synced commit, or a clean
+	// Close, writes it), and on the H200 each of those waits, thousands a
+	// minute under the store's lock, stalled the engine's saves.
 	sync := force || !optional || b.dels > 0
 	if err := c.store.commit(b, sync); err != nil {
 		err = fmt.Errorf("commit %d catalog changes: %w", len(changes), err)
@@ -171,21 +169,10 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 		c.persist.setFull(nil) // there was room for records
 	}
 	c.commits.Add(1)
-	if sync {
+	if sync && !c.opts.NoSync {
 		c.syncs.Add(1)
 	}
 	return nil
-}
-
-// recordHolds reports whether k's persisted record already says everything
-// e's record would: its current entry is on SSD and encodes the same.
-func (c *Catalog) recordHolds(e Entry) bool {
-	old, ok := c.Get(e.Key)
-	if !ok || !old.OnSSD {
-		return false
-	}
-	var a, b [recordLenV2]byte
-	return bytes.Equal(appendRecord(a[:0], old), appendRecord(b[:0], e))
 }
 
 // dropStoreLocked lets a store that failed go: Pebble's commit pipeline

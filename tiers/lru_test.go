@@ -219,6 +219,19 @@ func TestOldestInPickOrder(t *testing.T) {
 	if got, want := walk(1), []pagekey.Key{key(0), key(1)}; !slices.Equal(got, want) {
 		t.Fatalf("Oldest(1) = %v, want %v (one of each segment)", got, want)
 	}
+	if got, want := walk(2), []pagekey.Key{key(0), key(3), key(1), key(4)}; !slices.Equal(got, want) {
+		t.Fatalf("Oldest(2) = %v, want %v (pinned key 2 skipped, not counted)", got, want)
+	}
+	// Over its share the protected segment hands its oldest back first, as
+	// for Victim: with 0.5 of 6 pages, 4 protected become 3 again.
+	l.Promote(key(5))
+	l.Promote(key(3))
+	if got, want := walk(10), []pagekey.Key{key(0), key(1), key(4), key(5), key(3)}; !slices.Equal(got, want) {
+		t.Fatalf("Oldest(10) over the share = %v, want %v", got, want)
+	}
+	if l.Protected(key(1)) {
+		t.Fatal("the protected segment's oldest should have gone back to probation")
+	}
 	n := 0
 	for range l.Oldest(10) {
 		if n++; n == 2 {

@@ -113,7 +113,7 @@ func (s *Store) allocDRAMAs(ctx context.Context, size uint64, mode allocMode) (d
 				return 0, err
 			}
 		case mode == allocReadmit:
-			s.wakeFlusher() // the flusher makes clean copies and free slots for the next
+			s.wakeFlusher() // the flusher frees slots for the next
 			return 0, ErrNoSpace
 		case s.demoting.Load() > 0:
 			// The candidates are another demotion's (the flusher's): it
@@ -194,18 +194,22 @@ func (s *Store) pickVictimsLocked(mode allocMode) (dropped bool, demote []catalo
 
 // fillScan is how many of the oldest unpinned DRAM pages of each LRU
 // segment a cache fill with the disk behind, or a readmission, looks
-// through for one that goes without a write.
+// through for one that goes without a write (pinned pages are skipped
+// uncounted, as Victim skips them).
 const fillScan = 64
 
-// freeVictimLocked returns the first of the fillScan oldest unpinned DRAM
-// pages of each segment (tiers.LRU.Oldest) that can go without a write: a clean copy (on SSD as well), any
-// page when there is no SSD tier or the catalog cannot persist a demotion,
-// and for allocBehind a DRAM-only page unused for fillProtect (unflushed:
-// dropping it loses it). Restored and readmitted pages are protected in
-// the LRU order, so on the H200 the oldest pages were fresh saves, each a
-// write, while clean copies sat behind them.
+// freeVictimLocked returns a page among the fillScan oldest unpinned DRAM
+// pages of each segment (tiers.LRU.Oldest) that can go without a write: the
+// first clean copy (on SSD as well), or else, for allocBehind, the first
+// DRAM-only page unused for fillProtect (unflushed: dropping it loses it);
+// with no SSD tier, or a catalog that cannot persist a demotion, a cache
+// fill may take the oldest page of any kind. Restored and readmitted pages
+// are protected in the LRU order, so on the H200 the oldest pages were fresh
+// saves, each a write, while clean copies sat behind them.
 func (s *Store) freeVictimLocked(mode allocMode) (e catalog.Entry, unflushed, ok bool) {
-	anyPage := s.ssd == nil || s.cat.Health() != nil
+	anyPage := mode != allocReadmit && (s.ssd == nil || s.cat.Health() != nil)
+	var stale catalog.Entry
+	var haveStale bool
 	now := s.now()
 	for k := range s.mu.dram.Oldest(fillScan) {
 		c, found := s.cat.Get(k)
@@ -213,11 +217,11 @@ func (s *Store) freeVictimLocked(mode allocMode) (e catalog.Entry, unflushed, ok
 		case !found:
 		case c.OnSSD || anyPage:
 			return c, false, true
-		case mode == allocBehind && now.Sub(time.Unix(0, c.LastAccess)) > fillProtect:
-			return c, true, true
+		case mode == allocBehind && !haveStale && now.Sub(time.Unix(0, c.LastAccess)) > fillProtect:
+			stale, haveStale = c, true
 		}
 	}
-	return catalog.Entry{}, false, false
+	return stale, haveStale, haveStale
 }
 
 // dropDRAMLocked removes a page's DRAM copy; a page held nowhere else leaves

@@ -272,7 +272,7 @@ func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, to
 		slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, stored)
 		switch {
 		case err != nil && stored:
-			res[i] = s.noRoomToReadmit(e)
+			res[i] = s.readmitFailed(e, err)
 			continue
 		case err != nil:
 			res[i] = FailResult(fmt.Errorf("dram slot: %w", err))

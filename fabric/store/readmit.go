@@ -1,6 +1,8 @@
 package store
 
 import (
+	"errors"
+
 	"github.com/orbitkv/orbitkv/catalog"
 )
 
@@ -15,9 +17,12 @@ import (
 // used once, and the SSD configuration served slower than none
 // (docs/benchmarks.md). Readmitted, the next reuse restores from DRAM.
 //
-// The save checksums a readmitted page while it copies, and the commit
-// decides (readmitVerdictLocked; save.go's settleReadmitsLocked acts, one
-// catalog commit for all a save attaches and one for all it replaces):
+// A readmission takes only a DRAM slot that costs no write (evict.go,
+// allocReadmit): a free one or a clean copy's; with none, the page stays on
+// SSD (no_room). The save checksums a readmitted page while it copies, and
+// the commit decides (readmitVerdictLocked; save.go's settleReadmitsLocked
+// acts, one catalog commit — unsynced: only DRAM copies change — for all a
+// save attaches and one for all it replaces):
 //   - the same bytes as the SSD copy (a deterministic engine): the DRAM copy
 //     joins the entry as a clean copy, which eviction drops without a write;
 //   - other bytes (KV recomputed in another batch differs in its last bits):
@@ -35,10 +40,13 @@ func readmittable(e catalog.Entry, toSSD bool) bool {
 	return !toSSD && e.OnSSD && e.DRAMSlot < 0
 }
 
-// noRoomToReadmit is the result of a readmission that found no DRAM slot
-// free of a write (allocReadmit): the page stays as stored, on SSD.
-func (s *Store) noRoomToReadmit(e catalog.Entry) Result {
-	s.m.readmitted.WithLabelValues("no_room").Inc()
+// readmitFailed is the result of a readmission that took no DRAM copy: the
+// page stays as stored, on SSD. err is why; ErrNoSpace (no slot free of a
+// write, allocReadmit) is counted as no_room.
+func (s *Store) readmitFailed(e catalog.Entry, err error) Result {
+	if errors.Is(err, ErrNoSpace) {
+		s.m.readmitted.WithLabelValues("no_room").Inc()
+	}
 	return okResult(e.Tier())
 }
 

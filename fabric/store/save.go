@@ -93,7 +93,7 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 		it, err := s.gather(ctx, sess, r, toSSD, stored)
 		switch {
 		case err != nil && stored:
-			res[i] = s.noRoomToReadmit(e)
+			res[i] = s.readmitFailed(e, err)
 			return
 		case err != nil:
 			res[i] = FailResult(err)

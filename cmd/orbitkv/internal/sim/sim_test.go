@@ -118,13 +118,15 @@ func TestEvictionWithOnePageOfDRAM(t *testing.T) {
 	// Request 1 saves p0, then p1 demotes p0: DRAM {p1}, SSD {p0}.
 	// Request 2 hits p0 on SSD and p1 in DRAM, then saves: p0's promotion
 	// demotes p1, whose SSD room drops p0 (SSD-only, so it leaves the
-	// catalog, and p0 is re-saved from its read buffer): DRAM {p0}, SSD {p1};
-	// p1's promotion demotes p0 and drops p1 the same way: DRAM {p1}, SSD {p0}.
+	// catalog, and p0 is re-saved from its read buffer): DRAM {p0}, SSD {p1}.
+	// p1, now on SSD only and not read from there, is a readmission: the
+	// pool holds only p0, fresh, so no slot is free of a write, and p1 stays
+	// on SSD, as in the peer (fabric/store/evict.go, allocReadmit).
 	want := Counters{
 		Tokens:       TokenCounts{Input: 258, DRAM: 64, SSD: 64, Miss: 130},
-		Bytes:        ByteCounts{HBMFromDRAM: 1024, HBMFromSSD: 1024, HBMToDRAM: 2048, DRAMToSSD: 3072},
-		EvictedPages: PageCounts{DRAM: 3, SSD: 2},
-		DemotedPages: 3,
+		Bytes:        ByteCounts{HBMFromDRAM: 1024, HBMFromSSD: 1024, HBMToDRAM: 2048, DRAMToSSD: 2048},
+		EvictedPages: PageCounts{DRAM: 2, SSD: 1},
+		DemotedPages: 2,
 	}
 	if r.Counters != want {
 		t.Fatalf("got  %+v\nwant %+v", r.Counters, want)
@@ -275,13 +277,23 @@ func TestReadmissionBringsAComputedSSDPageBack(t *testing.T) {
 	// p0 demoted by q0; the third request computes p0 (cut) and saves it:
 	// readmitted into DRAM, the fourth finds it there. Before readmission
 	// it stayed on SSD, and every later request computed it again.
+	// With two DRAM pages the flusher keeps one free (p0 demoted ahead of
+	// need), and the readmission takes it.
 	trace := line(0, 65, 1) + line(100, 65, 2) + line(200, 65, 1) + line(300, 65, 1)
 	cfg := slowSSD()
+	cfg.DRAMBytes = 2 * cfg.PageBytes()
 	if r := run(t, cfg, trace); r.Tokens.DRAM != 64 {
 		t.Fatalf("readmission: tokens %+v, want the fourth request's page from DRAM", r.Tokens)
 	}
 	cfg.NoReadmit = true
 	if r := run(t, cfg, trace); r.Tokens.DRAM != 0 || r.Tokens.SSD != 0 {
 		t.Fatalf("no readmission: tokens %+v, want nothing restored", r.Tokens)
+	}
+	// With one DRAM page, held by q1's page only there, a readmission finds
+	// no slot free of a write and, as the peer's, demotes nothing for one.
+	cfg = slowSSD()
+	if r := run(t, cfg, trace); r.Tokens.DRAM != 0 || r.DemotedPages != 1 {
+		t.Fatalf("readmission with no slot free of a write: tokens %+v, %d demoted; want nothing from DRAM, only q1's demotion of p0",
+			r.Tokens, r.DemotedPages)
 	}
 }

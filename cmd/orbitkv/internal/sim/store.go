@@ -81,9 +81,16 @@ func (s *store) save(k pagekey.Key, restored bool) error {
 	if held && (e.DRAMSlot >= 0 || (s.noReadmit && !restored)) {
 		return nil // a hit touched when it was loaded, or (before readmission) a computed page left on SSD
 	}
-	room, err := s.allocDRAM()
+	readmit := held && !restored
+	alloc := s.allocDRAM
+	if readmit {
+		alloc = s.allocReadmit
+	}
+	room, err := alloc()
 	if err != nil || !room {
-		s.moved.UnsavedPages++
+		if !readmit {
+			s.moved.UnsavedPages++
+		}
 		return err
 	}
 	slot := s.nextSlot
@@ -136,7 +143,65 @@ func (s *store) allocDRAM() (bool, error) {
 		}
 	}
 	s.dramUsed += s.pageBytes
-	return true, nil
+	return true, s.flush()
+}
+
+// flushReserve is the peer's (fabric/store/flush.go): with an SSD tier its
+// flusher keeps 1/flushReserve of the DRAM tier free, evicting ahead of
+// need (clean copies dropped, the others demoted in batches).
+const flushReserve = 8
+
+// flush evicts as the peer's flusher would after an allocation, at once:
+// until 1/flushReserve of DRAM is free or nothing moves.
+func (s *store) flush() error {
+	if s.ssdCap < s.pageBytes {
+		return nil
+	}
+	for s.dramCap-s.dramUsed < s.dramCap/flushReserve {
+		dropped, demote, err := s.pickVictims()
+		if err != nil || (!dropped && len(demote) == 0) {
+			return err
+		}
+		if len(demote) > 0 {
+			if freed, err := s.demoteBatch(demote); err != nil || freed == 0 {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readmitScan is the peer's fillScan (fabric/store/evict.go): how many of
+// the oldest unpinned pages of each DRAM segment a readmission looks at.
+const readmitScan = 64
+
+// allocReadmit makes room for a readmitted page the way the peer's
+// allocReadmit does: a free slot (the flusher's reserve), or the slot of a
+// clean copy (on SSD too) among the readmitScan oldest pages of each
+// segment; never a demotion of its own. It reports false when neither
+// exists: the page stays on SSD only.
+func (s *store) allocReadmit() (bool, error) {
+	if s.dramCap < s.pageBytes {
+		return false, nil
+	}
+	if s.dramUsed+s.pageBytes > s.dramCap {
+		var clean pagekey.Key
+		found := false
+		for k := range s.dram.Oldest(readmitScan) {
+			if e, _ := s.cat.Get(k); e.OnSSD {
+				clean, found = k, true
+				break
+			}
+		}
+		if !found {
+			return false, nil
+		}
+		if err := s.dropDRAM(clean); err != nil {
+			return false, err
+		}
+	}
+	s.dramUsed += s.pageBytes
+	return true, s.flush()
 }
 
 // pickVictims drops the oldest unpinned DRAM copy that needs no I/O, or else
