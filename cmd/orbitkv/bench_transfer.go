@@ -22,6 +22,7 @@ import (
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
+	"golang.org/x/sys/unix"
 )
 
 // bench transfer: a matrix of transport (tcp; rdma where a device exists)
@@ -185,10 +186,14 @@ func (b *transferBench) pages(keep bool) *transferPages {
 	p := &transferPages{data: map[pagekey.Key][]byte{}, sums: map[pagekey.Key]uint32{}}
 	for _, size := range b.Sizes {
 		scratch := make([]byte, size)
+		var held []byte
+		if keep {
+			held = poolMemory(uint64(b.pagesPer(size)) * size)
+		}
 		for i := range b.pagesPer(size) {
 			buf := scratch
 			if keep {
-				buf = make([]byte, size)
+				buf = held[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size]
 			}
 			fillPage(buf, size, i)
 			k := transferKey(size, i)
@@ -334,7 +339,8 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 		c.variants = iperfVariants(c.size, c.conns)
 		c.baseRates = make([][]float64, len(c.variants))
 	}
-	dst := b.destinations(c)
+	dst, unmap := b.destinations(c)
+	defer unmap()
 	var rates []float64
 	for _, s := range planCell(b.Rounds, len(c.variants)) {
 		if s.variant >= 0 {
@@ -358,20 +364,48 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 	return nil
 }
 
-// destinations are each connection's buffers for one request's pages, made
-// once per cell (the warm-up round faults them in) and reused by every
-// round, as the peer's pool is.
-func (b *transferBench) destinations(c *cell) [][][]byte {
+// destinations are each connection's buffers for one request's pages, in
+// memory like the peer's pool (poolMemory), made once per cell and reused
+// by every round.
+func (b *transferBench) destinations(c *cell) ([][][]byte, func()) {
 	per := b.batchOf(c.size)
 	dst := make([][][]byte, c.conns)
+	var maps [][]byte
 	for s := range dst {
+		mem := poolMemory(uint64(per) * c.size)
+		maps = append(maps, mem)
 		dst[s] = make([][]byte, per)
 		for j := range dst[s] {
-			dst[s][j] = make([]byte, c.size)
+			dst[s][j] = mem[uint64(j)*c.size : uint64(j+1)*c.size : uint64(j+1)*c.size]
 		}
 	}
-	return dst
+	return dst, func() {
+		for _, m := range maps {
+			unmapPool(m)
+		}
+	}
 }
+
+// poolMemory returns n bytes of memory like the peer's DRAM pool
+// (tiers/dram): anonymous, transparent huge pages asked for, every page
+// faulted in before use; Go heap memory if the mapping fails. (Go's heap
+// is in 4 KiB pages here, and the peer never serves from it: from and into
+// it the fetch moved up to 13% less, back to back; docs/benchmarks.md.)
+func poolMemory(n uint64) []byte {
+	mem, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return make([]byte, n)
+	}
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // best effort, before the first touch
+	if unix.Madvise(mem, unix.MADV_POPULATE_WRITE) != nil {
+		clear(mem)
+	}
+	return mem
+}
+
+// unmapPool releases memory from poolMemory (Go heap memory is left to
+// the collector).
+func unmapPool(mem []byte) { _ = unix.Munmap(mem) }
 
 // tcpRound fetches pages of c.size on c.conns connections for one round
 // and returns the verified rate in GB/s. A page counts only if the client
