@@ -12,7 +12,7 @@ import (
 // bytes checksummed by the reading goroutine right after the read, while
 // they are in its core's cache, the CRC continued piece by piece. (A
 // verifier goroutine summing each read while the next one ran was slower
-// on two cores in every cell measured back to back, by up to 8% with two
+// on two cores in every cell measured back to back, 6–10% with two
 // connections: its bytes came from the other core's cache and each piece
 // cost a handoff. docs/benchmarks.md, 2026-12-01 evening.)
 
