@@ -21,9 +21,9 @@ import (
 // default socket buffers as ours, its own default write size and one equal
 // to the page size (capped at iperf3's 1 MiB), and for several connections
 // also one process per stream (iperf3 3.12 drives all of a process's
-// streams from one thread, which on two cores held -P 2 to ~33 Gbit/s
-// against ~40 for two processes). The cell's baseline is the variant with
-// the highest median.
+// streams from one thread: on two cores -P 2 gave 29–40 Gbit/s, two
+// processes 47–53, the scheduler running each stream's two ends on one
+// core). The cell's baseline is the variant with the highest median.
 
 // iperfVariant is one way of running iperf3 for a cell: procs processes at
 // once, each with -P streams, each writing len bytes per call (0: iperf3's
