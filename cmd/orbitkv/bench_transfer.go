@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
+	"golang.org/x/sys/unix"
 )
 
 // bench transfer: a matrix of transport (tcp; rdma where a device exists)
@@ -39,6 +41,9 @@ type transferBench struct {
 	BatchBytes uint64 // bytes per request (pages = BatchBytes / size, at least 1)
 	PoolBytes  uint64 // bytes of pages each side holds per size
 	RDMA       rdma.Config
+	// Baseline, if set, runs one iperf3 round; each TCP READ cell then
+	// interleaves its rounds with the baseline's (bench_transfer_baseline.go).
+	Baseline iperfRunner
 }
 
 func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
@@ -47,12 +52,13 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	serve := fs.String("serve", "", "serve the matrix's pages over TCP on this address until interrupted")
 	client := fs.String("client", "", "run the matrix against a --serve side at this address")
 	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (with --client; --netns starts its own)")
+	iperfPort := fs.Int("iperf3-port", 5201, "first port of the iperf3 servers (one per connection of the largest --conns: port, port+1, …)")
 	transports := fs.String("transports", "tcp,rdma", "transports to measure")
 	ops := fs.String("ops", "read,write", "operations to measure")
 	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
 	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
 	b := transferBench{}
-	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round")
+	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
 	fs.Var(&batch, "batch-bytes", "bytes per request")
@@ -66,13 +72,21 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	if err := b.parse(*transports, *ops, *sizes, *conns); err != nil {
 		return err
 	}
+	if *netns || *iperf != "" {
+		if err := b.checkWholeSeconds(); err != nil {
+			return err
+		}
+	}
 	switch {
 	case *netns:
-		return benchTransferNetns(ctx, out, args)
+		return benchTransferNetns(ctx, out, args, slices.Max(b.Conns), *iperfPort)
 	case *serve != "":
 		return b.serve(ctx, out, *serve)
 	case *client != "":
-		return b.client(ctx, out, *client, *iperf)
+		if *iperf != "" {
+			b.Baseline = iperf3Against(*iperf, *iperfPort)
+		}
+		return b.client(ctx, out, *client)
 	}
 	return errors.New("bench transfer: give --netns, or --serve ADDR and --client ADDR")
 }
@@ -105,6 +119,18 @@ func (b *transferBench) parse(transports, ops, sizes, conns string) error {
 	}
 	if len(b.Sizes) == 0 || len(b.Conns) == 0 || len(b.Ops) == 0 || len(b.Transports) == 0 || b.Rounds < 1 || b.Seconds <= 0 {
 		return errors.New("bench transfer: empty matrix")
+	}
+	return nil
+}
+
+// round is the length of one measured round, the baseline's rounds too.
+func (b *transferBench) round() time.Duration { return time.Duration(b.Seconds * float64(time.Second)) }
+
+// checkWholeSeconds refuses a round length iperf3 cannot run (-t takes
+// whole seconds): its rounds last as long as the cell's own.
+func (b *transferBench) checkWholeSeconds() error {
+	if b.Seconds != float64(int(b.Seconds)) {
+		return fmt.Errorf("bench transfer: --seconds %g: want whole seconds beside iperf3 (-t takes whole seconds)", b.Seconds)
 	}
 	return nil
 }
@@ -160,10 +186,14 @@ func (b *transferBench) pages(keep bool) *transferPages {
 	p := &transferPages{data: map[pagekey.Key][]byte{}, sums: map[pagekey.Key]uint32{}}
 	for _, size := range b.Sizes {
 		scratch := make([]byte, size)
+		var held []byte
+		if keep {
+			held = poolMemory(uint64(b.pagesPer(size)) * size)
+		}
 		for i := range b.pagesPer(size) {
 			buf := scratch
 			if keep {
-				buf = make([]byte, size)
+				buf = held[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size]
 			}
 			fillPage(buf, size, i)
 			k := transferKey(size, i)
@@ -207,30 +237,28 @@ type cell struct {
 	transport, op string
 	size          uint64
 	conns         int
-	gbps          float64 // GB/s, verified bytes
+	gbps          float64 // GB/s, verified bytes (median of the rounds)
 	pages         int64   // pages moved and verified
 	skip          string
+	variants      []iperfVariant // the iperf3 baseline's variants, if any
+	baseRates     [][]float64    // Gbit/s per variant and round
 }
 
-func (b *transferBench) client(ctx context.Context, out io.Writer, addr, iperfHost string) error {
+func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) error {
 	sums := b.pages(false).sums
 	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request\n",
 		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes))
+	if b.Baseline != nil {
+		fmt.Fprintln(out, "iperf3 (-R, same link) per cell, its rounds interleaved with the cell's; baseline = the variant with the best median")
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "transport\top\tsize\tconns\tGB/s\tGbit/s\tiperf3 Gbit/s\tvs iperf3\tpages verified\t")
 	var rdmaWhy string
 	if contains(b.Transports, "rdma") {
 		rdmaWhy = b.rdmaSkipReason()
 	}
+	var cells []cell
 	for _, n := range b.Conns {
-		base := -1.0
-		if iperfHost != "" && contains(b.Transports, "tcp") {
-			v, err := iperf3(ctx, iperfHost, n, time.Duration(float64(b.Rounds)*b.Seconds*float64(time.Second)))
-			if err != nil {
-				return fmt.Errorf("iperf3 baseline (-P %d): %w", n, err)
-			}
-			base = v
-		}
 		for _, t := range b.Transports {
 			for _, op := range b.Ops {
 				for _, size := range b.Sizes {
@@ -239,7 +267,8 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr, iperfHo
 						tw.Flush()
 						return fmt.Errorf("%s %s %s × %d: %w", t, op, bytesize.Size(size), n, err)
 					}
-					printCell(tw, c, base)
+					printCell(tw, c)
+					cells = append(cells, c)
 				}
 			}
 		}
@@ -247,6 +276,7 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr, iperfHo
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	printBaselines(out, cells)
 	if contains(b.Transports, "tcp") && contains(b.Ops, "write") {
 		fmt.Fprintln(out, "note: tcp WRITE skipped: transfer/tcp only fetches (READ); the batched Transport interface adds WRITE")
 	}
@@ -256,16 +286,40 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr, iperfHo
 	return nil
 }
 
-func printCell(w io.Writer, c cell, base float64) {
+func printCell(w io.Writer, c cell) {
 	if c.skip != "" {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\tskipped\t\t\t\t%s\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.skip)
 		return
 	}
 	ratio, b := "", ""
-	if base > 0 && c.transport == "tcp" {
+	if _, base := bestBaseline(c.baseRates); base > 0 {
 		ratio, b = fmt.Sprintf("%.0f%%", 100*c.gbps*8/base), fmt.Sprintf("%.1f", base)
 	}
 	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%.2f\t%.1f\t%s\t%s\t%d\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.gbps, c.gbps*8, b, ratio, c.pages)
+}
+
+// printBaselines lists, per cell with a baseline, every iperf3 variant's
+// rounds and median, the baseline marked.
+func printBaselines(out io.Writer, cells []cell) {
+	for _, c := range cells {
+		best, _ := bestBaseline(c.baseRates)
+		for i, v := range c.variants {
+			mark := ""
+			if i == best {
+				mark = "  <- baseline"
+			}
+			fmt.Fprintf(out, "iperf3 %s × %d: %s: rounds %s Gbit/s, median %.1f%s\n",
+				bytesize.Size(c.size), c.conns, v, fmtRates(c.baseRates[i]), median(c.baseRates[i]), mark)
+		}
+	}
+}
+
+func fmtRates(r []float64) string {
+	s := make([]string, len(r))
+	for i, x := range r {
+		s[i] = fmt.Sprintf("%.1f", x)
+	}
+	return strings.Join(s, " ")
 }
 
 func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums map[pagekey.Key]uint32, rdmaWhy string) error {
@@ -281,13 +335,27 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 	}
 	cl := tcp.NewClient(nil)
 	defer cl.Close()
+	if b.Baseline != nil {
+		c.variants = iperfVariants(c.size, c.conns)
+		c.baseRates = make([][]float64, len(c.variants))
+	}
+	dst, unmap := b.destinations(c)
+	defer unmap()
 	var rates []float64
-	for r := range b.Rounds + 1 { // round 0 warms up (connections, destination memory)
-		rate, pages, err := b.tcpRound(ctx, cl, addr, c, sums)
+	for _, s := range planCell(b.Rounds, len(c.variants)) {
+		if s.variant >= 0 {
+			v, err := b.Baseline(ctx, c.variants[s.variant], b.round())
+			if err != nil {
+				return err
+			}
+			c.baseRates[s.variant] = append(c.baseRates[s.variant], v)
+			continue
+		}
+		rate, pages, err := b.tcpRound(ctx, cl, addr, c, sums, dst)
 		if err != nil {
 			return err
 		}
-		if r > 0 {
+		if s.round > 0 { // round 0 warms up (connections, destination memory)
 			rates = append(rates, rate)
 			c.pages += pages
 		}
@@ -296,12 +364,55 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 	return nil
 }
 
+// destinations are each connection's buffers for one request's pages, in
+// memory like the peer's pool (poolMemory), made once per cell and reused
+// by every round.
+func (b *transferBench) destinations(c *cell) ([][][]byte, func()) {
+	per := b.batchOf(c.size)
+	dst := make([][][]byte, c.conns)
+	var maps [][]byte
+	for s := range dst {
+		mem := poolMemory(uint64(per) * c.size)
+		maps = append(maps, mem)
+		dst[s] = make([][]byte, per)
+		for j := range dst[s] {
+			dst[s][j] = mem[uint64(j)*c.size : uint64(j+1)*c.size : uint64(j+1)*c.size]
+		}
+	}
+	return dst, func() {
+		for _, m := range maps {
+			unmapPool(m)
+		}
+	}
+}
+
+// poolMemory returns n bytes of memory like the peer's DRAM pool
+// (tiers/dram): anonymous, transparent huge pages asked for, every page
+// faulted in before use; Go heap memory if the mapping fails. (Go's heap
+// is in 4 KiB pages here, and the peer never serves from it: from and into
+// it the fetch moved up to 13% less, back to back; docs/benchmarks.md.)
+func poolMemory(n uint64) []byte {
+	mem, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return make([]byte, n)
+	}
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // best effort, before the first touch
+	if unix.Madvise(mem, unix.MADV_POPULATE_WRITE) != nil {
+		clear(mem)
+	}
+	return mem
+}
+
+// unmapPool releases memory from poolMemory (Go heap memory is left to
+// the collector).
+func unmapPool(mem []byte) { _ = unix.Munmap(mem) }
+
 // tcpRound fetches pages of c.size on c.conns connections for one round
 // and returns the verified rate in GB/s. A page counts only if the client
 // checked its bytes against the header's checksum and that checksum is the
 // one this side computed from the page's contents.
-func (b *transferBench) tcpRound(ctx context.Context, cl *tcp.Client, addr string, c *cell, sums map[pagekey.Key]uint32) (float64, int64, error) {
-	d := time.Duration(b.Seconds * float64(time.Second))
+func (b *transferBench) tcpRound(ctx context.Context, cl *tcp.Client, addr string, c *cell, sums map[pagekey.Key]uint32, dst [][][]byte) (float64, int64, error) {
+	d := b.round()
 	n, per := b.pagesPer(c.size), b.batchOf(c.size)
 	var moved, pages atomic.Int64
 	var wg sync.WaitGroup
@@ -309,17 +420,13 @@ func (b *transferBench) tcpRound(ctx context.Context, cl *tcp.Client, addr strin
 	start := time.Now()
 	for s := range c.conns {
 		wg.Go(func() {
-			dst := make([][]byte, per)
-			for j := range dst {
-				dst[j] = make([]byte, c.size)
-			}
 			for i := s * per; time.Since(start) < d; i += c.conns * per {
 				wants := make([]tcp.Want, per)
 				for j := range wants {
 					wants[j] = tcp.Want{Key: transferKey(c.size, (i+j)%n), Layout: benchLayout, Size: c.size}
 				}
 				fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				res := cl.Fetch(fctx, addr, wants, dst)
+				res := cl.Fetch(fctx, addr, wants, dst[s])
 				cancel()
 				for j, r := range res {
 					if err := checkFetched(r, wants[j], sums); err != nil {

@@ -13,10 +13,11 @@ import (
 )
 
 // benchTransferNetns makes namespaces A and B joined by a veth pair, runs
-// the --serve side and an iperf3 server in A and the --client side in B
-// (this binary again, with the same matrix flags), and removes everything
-// at the end, also on error or interrupt.
-func benchTransferNetns(ctx context.Context, out io.Writer, args []string) error {
+// the --serve side and iperf3 servers (one per connection of the largest
+// cell, on ports port, port+1, …) in A and the --client side in B (this
+// binary again, with the same matrix flags), and removes everything at the
+// end, also on error or interrupt.
+func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperfServers, port int) error {
 	if os.Geteuid() != 0 {
 		return errors.New("bench transfer --netns: network namespaces need root")
 	}
@@ -31,18 +32,20 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string) error
 	defer h.remove()
 	matrix := withoutFlag(args, "netns")
 	addr := h.addr[0] + ":7949"
-	iperfSrv, err := startReady(ctx, h.exec(0, "iperf3", "-s", "-B", h.addr[0], "--forceflush"), "Server listening")
-	if err != nil {
-		return fmt.Errorf("iperf3 server: %w", err)
+	for i := range iperfServers {
+		iperfSrv, err := startReady(ctx, h.exec(0, "iperf3", "-s", "-B", h.addr[0], "-p", fmt.Sprint(port+i), "--forceflush"), "Server listening")
+		if err != nil {
+			return fmt.Errorf("iperf3 server on port %d: %w", port+i, err)
+		}
+		defer iperfSrv.stop()
 	}
-	defer iperfSrv.stop()
 	srv, err := startReady(ctx, h.exec(0, self, append([]string{"bench", "transfer", "--serve", addr}, matrix...)...), "serving ")
 	if err != nil {
 		return fmt.Errorf("serve side: %w", err)
 	}
 	defer srv.stop()
 	fmt.Fprintf(out, "link: veth between network namespaces %s (%s) and %s (%s)\n", h.ns[0], h.addr[0], h.ns[1], h.addr[1])
-	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0]}, matrix...)...)
+	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0], "--iperf3-port", fmt.Sprint(port)}, matrix...)...)
 	cl.Stdout, cl.Stderr = out, out
 	return cl.Run()
 }

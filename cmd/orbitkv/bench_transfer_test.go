@@ -55,7 +55,7 @@ func TestTransferMatrixRuns(t *testing.T) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := b.client(ctx, &out, addr, ""); err != nil {
+	if err := b.client(ctx, &out, addr); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	rows := 0
@@ -98,7 +98,7 @@ func TestTransferMatrixRefusesWrongBytes(t *testing.T) {
 	b.Transports, b.Ops = []string{"tcp"}, []string{"read"}
 	addr := serveTransfer(t, lyingSource{b.pages(true)})
 	var out bytes.Buffer
-	err := b.client(context.Background(), &out, addr, "")
+	err := b.client(context.Background(), &out, addr)
 	if err == nil || !strings.Contains(err.Error(), "checksum") {
 		t.Fatalf("bench over wrong bytes: %v, want a checksum error\n%s", err, out.String())
 	}
@@ -129,7 +129,7 @@ func TestTransferMatrixRDMARowsOverStandIn(t *testing.T) {
 		b := smallTransferBench(t)
 		b.Transports = []string{"rdma"}
 		var out bytes.Buffer
-		if err := b.client(context.Background(), &out, "", ""); err != nil {
+		if err := b.client(context.Background(), &out, ""); err != nil {
 			t.Fatalf("%v\n%s", err, out.String())
 		}
 		t.Log(out.String())

@@ -146,8 +146,8 @@ func fill(errs []error, from int, err error) {
 
 // exchange sends one request and reads its answer. It returns how many pages
 // were received and the connection's error, if any; per-page errors go to
-// errs, headers to res. With verify, the bytes of each read are checksummed
-// on another goroutine (a verifier) while the next read runs.
+// errs, headers to res. Each page's bytes are checksummed as they are read
+// (receive.go).
 func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error) (int, error) {
 	deadline, _ := ctx.Deadline()
 	cn.SetDeadline(deadline)
@@ -156,8 +156,6 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 	if _, err := cn.Write(appendRequest(nil, time.Until(deadline), wants)); err != nil {
 		return 0, fmt.Errorf("send request: %w", err)
 	}
-	v := c.startVerifier(errs)
-	defer v.wait()
 	for i, w := range wants {
 		h, ok, err := readHead(cn.r, w)
 		if err != nil {
@@ -167,11 +165,14 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 			errs[i] = ErrNotFound
 			continue
 		}
-		if err := readPage(cn.r, dst[i], v.sum); err != nil {
+		verr, err := readVerified(cn.r, dst[i], h)
+		if err != nil {
 			return i, fmt.Errorf("read page %s: %w", w.Key, err)
 		}
 		res[i].Header = h
-		v.end(i, h)
+		if errs[i] = verr; verr == nil {
+			c.received.Add(h.Length)
+		}
 	}
 	return len(wants), nil
 }

@@ -9,11 +9,12 @@ import (
 
 // Receiving an answer: each page's status and header, then its bytes read
 // straight into the destination in reads of at most recvChunk, each read's
-// bytes handed to a verifier goroutine that checksums them while the next
-// read runs: the bytes are still in cache, and the last page of an answer
-// leaves at most one read to sum, not a whole page. (Summing on the
-// reading goroutine itself, right after each read, was slower on two
-// cores: the sums then wait for the reads. docs/benchmarks.md.)
+// bytes checksummed by the reading goroutine right after the read, while
+// they are in its core's cache, the CRC continued piece by piece. (A
+// verifier goroutine summing each read while the next one ran was slower
+// on two cores in every cell measured back to back, 6–10% with two
+// connections: its bytes came from the other core's cache and each piece
+// cost a handoff. docs/benchmarks.md, 2026-12-01 evening.)
 
 // readHead reads a page's status and, if it is sent, its header, which
 // must name w; ok false means the server does not hold it.
@@ -42,10 +43,9 @@ func readHead(r io.Reader, w Want) (h page.Header, ok bool, err error) {
 }
 
 // recvChunk is the most one read takes into a page: its bytes are
-// checksummed while the next read runs and are still in cache (the L2 of
-// the core that read them, 512 KiB on the development machine, or the
-// shared L3), and the last read of an answer leaves at most this much to
-// sum once the bytes are in.
+// checksummed right after it, still in the L2 of the core that read them
+// (512 KiB to 1 MiB on the development machines); 64 KiB and 1 MiB
+// measured no different.
 const recvChunk = 256 << 10
 
 // readPage fills dst from r in reads of at most recvChunk and hands each
@@ -69,51 +69,12 @@ func readPage(r io.Reader, dst []byte, got func([]byte)) error {
 	return nil
 }
 
-// verifier checksums an answer's pages on a goroutine of its own, piece by
-// piece as they are read, and checks each page against its header once
-// its last piece is summed: errs[i] for a page that fails, the client's
-// received bytes for one that passes.
-type verifier struct {
-	pieces chan piece
-	done   chan struct{}
-}
-
-// piece is a read's bytes of the page being read, or (end) the page's
-// header after its last piece.
-type piece struct {
-	b   []byte
-	end bool
-	i   int
-	h   page.Header
-}
-
-func (c *Client) startVerifier(errs []error) *verifier {
-	v := &verifier{pieces: make(chan piece, 64), done: make(chan struct{})}
-	go func() {
-		defer close(v.done)
-		var crc uint32
-		for p := range v.pieces {
-			if !p.end {
-				crc = page.UpdateChecksum(crc, p.b)
-				continue
-			}
-			if errs[p.i] = p.h.VerifySum(crc); errs[p.i] == nil {
-				c.received.Add(p.h.Length)
-			}
-			crc = 0
-		}
-	}()
-	return v
-}
-
-// sum hands a read's bytes of the page being read to the verifier.
-func (v *verifier) sum(b []byte) { v.pieces <- piece{b: b} }
-
-// end says page i, whose header is h, has been read in full.
-func (v *verifier) end(i int, h page.Header) { v.pieces <- piece{end: true, i: i, h: h} }
-
-// wait ends the answer and returns once every piece handed over is summed.
-func (v *verifier) wait() {
-	close(v.pieces)
-	<-v.done
+// readVerified reads a page's bytes into dst, summing them as they land,
+// and checks the sum against h.
+func readVerified(r io.Reader, dst []byte, h page.Header) (verr, err error) {
+	var crc uint32
+	if err := readPage(r, dst, func(b []byte) { crc = page.UpdateChecksum(crc, b) }); err != nil {
+		return nil, err
+	}
+	return h.VerifySum(crc), nil
 }

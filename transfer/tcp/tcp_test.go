@@ -84,7 +84,7 @@ func (m *memSource) Open(ctx context.Context, wants []Want) ([]Page, func()) {
 	return out, func() { m.releases.Add(1) }
 }
 
-func serve(t *testing.T, src Source, cfg *tls.Config) (*Server, string) {
+func serve(t testing.TB, src Source, cfg *tls.Config) (*Server, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

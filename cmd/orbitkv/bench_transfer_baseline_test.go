@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/orbitkv/orbitkv/transfer/tcp"
+)
+
+func TestPlanCellAlternates(t *testing.T) {
+	for _, tc := range []struct{ rounds, variants int }{{1, 0}, {1, 1}, {3, 2}, {5, 4}} {
+		t.Run(fmt.Sprintf("%d rounds × %d variants", tc.rounds, tc.variants), func(t *testing.T) {
+			plan := planCell(tc.rounds, tc.variants)
+			if len(plan) != 1+tc.rounds*(1+tc.variants) {
+				t.Fatalf("%d steps: %v", len(plan), plan)
+			}
+			if plan[0] != (step{variant: -1, round: 0}) {
+				t.Fatalf("first step %v, want the OrbitKV warm-up", plan[0])
+			}
+			// Every baseline round r comes after OrbitKV round r and before
+			// OrbitKV round r+1: the tools alternate round by round.
+			ours := 0
+			seen := make([]int, tc.variants)
+			for i, s := range plan[1:] {
+				if s.variant < 0 {
+					if s.round != ours+1 {
+						t.Fatalf("step %d: OrbitKV round %d after round %d", i+1, s.round, ours)
+					}
+					for v, n := range seen {
+						if n != ours {
+							t.Fatalf("step %d: OrbitKV round %d with variant %d at %d rounds", i+1, s.round, v, n)
+						}
+					}
+					ours = s.round
+					continue
+				}
+				if seen[s.variant]++; s.round != ours || seen[s.variant] != ours {
+					t.Fatalf("step %d: variant %d round %d while OrbitKV is at round %d", i+1, s.variant, s.round, ours)
+				}
+			}
+			if ours != tc.rounds {
+				t.Fatalf("%d OrbitKV rounds counted, want %d", ours, tc.rounds)
+			}
+		})
+	}
+}
+
+func TestIperfVariants(t *testing.T) {
+	for _, tc := range []struct {
+		size  uint64
+		conns int
+		want  []string
+	}{
+		{128 << 10, 1, []string{"-P 1, default -l"}},
+		{256 << 10, 1, []string{"-P 1, default -l", "-P 1, -l 256KiB"}},
+		{2 << 20, 2, []string{"-P 2, default -l", "-P 2, -l 1MiB", "2 procs × -P 1, default -l", "2 procs × -P 1, -l 1MiB"}},
+		{4 << 10, 3, []string{"-P 3, default -l", "-P 3, -l 4KiB", "3 procs × -P 1, default -l", "3 procs × -P 1, -l 4KiB"}},
+	} {
+		vs := iperfVariants(tc.size, tc.conns)
+		var got []string
+		for _, v := range vs {
+			got = append(got, v.String())
+			if v.procs*v.streams != tc.conns {
+				t.Errorf("%d B × %d: %s has %d streams", tc.size, tc.conns, v, v.procs*v.streams)
+			}
+		}
+		if strings.Join(got, "; ") != strings.Join(tc.want, "; ") {
+			t.Errorf("%d B × %d: %q, want %q", tc.size, tc.conns, got, tc.want)
+		}
+	}
+}
+
+func TestBestBaseline(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rates [][]float64
+		best  int
+		v     float64
+	}{
+		{"none", nil, -1, 0},
+		{"one", [][]float64{{3, 1, 2}}, 0, 2},
+		{"median not max", [][]float64{{1, 9, 1}, {2, 2, 2}}, 1, 2},
+		{"empty skipped", [][]float64{{}, {5}}, 1, 5},
+	} {
+		if b, v := bestBaseline(tc.rates); b != tc.best || v != tc.v {
+			t.Errorf("%s: %d %g, want %d %g", tc.name, b, v, tc.best, tc.v)
+		}
+	}
+}
+
+// countingSource counts the requests it answers.
+type countingSource struct {
+	p *transferPages
+	n atomic.Int64
+}
+
+func (s *countingSource) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
+	s.n.Add(1)
+	return s.p.Open(ctx, wants)
+}
+
+// TestTransferMatrixInterleavesBaseline runs TCP READ cells against a fake
+// iperf3: within each cell the baseline's rounds alternate with the cell's
+// own (some requests are served between one baseline round and the next
+// round's first, none between variants of one round), each variant runs
+// once per round for the round's length, and the cell reports the variant
+// with the best median.
+func TestTransferMatrixInterleavesBaseline(t *testing.T) {
+	b := smallTransferBench(t)
+	b.Transports, b.Ops, b.Rounds = []string{"tcp"}, []string{"read"}, 3
+	src := &countingSource{p: b.pages(true)}
+	addr := serveTransfer(t, src)
+	type call struct {
+		v        iperfVariant
+		requests int64
+	}
+	var calls []call
+	b.Baseline = func(_ context.Context, v iperfVariant, d time.Duration) (float64, error) {
+		if d != b.round() {
+			t.Errorf("baseline round of %v, want %v", d, b.round())
+		}
+		calls = append(calls, call{v, src.n.Load()})
+		// Rounds 1, 2, 3 of a variant in a cell give 11, 12, 13 Gbit/s (median 12);
+		// the variant with -l set and one process 20 more (median 32).
+		n := 0
+		for _, c := range calls {
+			if c.v == v {
+				n++
+			}
+		}
+		rate := 10.0 + float64((n-1)%b.Rounds+1)
+		if v.len != 0 && v.procs == 1 {
+			rate += 20
+		}
+		return rate, nil
+	}
+	var out bytes.Buffer
+	if err := b.client(context.Background(), &out, addr); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	i := 0
+	for _, n := range b.Conns {
+		for _, size := range b.Sizes {
+			vs := iperfVariants(size, n)
+			for r := range b.Rounds {
+				for j, v := range vs {
+					c := calls[i]
+					if c.v != v {
+						t.Fatalf("call %d: variant %s, want %s (%d B × %d, round %d)", i, c.v, v, size, n, r+1)
+					}
+					if j == 0 && i > 0 && c.requests <= calls[i-1].requests {
+						t.Errorf("call %d: no OrbitKV round since the last baseline round (%d requests)", i, c.requests)
+					}
+					if j > 0 && c.requests != calls[i-1].requests {
+						t.Errorf("call %d: OrbitKV requests between variants of one round", i)
+					}
+					i++
+				}
+			}
+		}
+	}
+	if i != len(calls) {
+		t.Fatalf("%d baseline calls, want %d", len(calls), i)
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 7 && f[0] == "tcp" && (f[6] != "32.0" || !strings.HasSuffix(f[7], "%")) {
+			t.Errorf("row without the best variant's median (32.0) as its baseline: %q", l)
+		}
+		if strings.Contains(l, "<- baseline") && !strings.Contains(l, "-P 2, -l") && !strings.Contains(l, "-P 1, -l") {
+			t.Errorf("wrong variant marked: %q", l)
+		}
+	}
+	if got := strings.Count(out.String(), "<- baseline"); got != len(b.Sizes)*len(b.Conns) {
+		t.Errorf("%d baselines marked, want one per cell:\n%s", got, out.String())
+	}
+}
+
+func TestTransferMatrixWholeSecondsBesideIperf3(t *testing.T) {
+	for _, tc := range []struct {
+		secs float64
+		ok   bool
+	}{{1, true}, {2, true}, {0.5, false}, {1.5, false}} {
+		b := transferBench{Seconds: tc.secs}
+		if err := b.checkWholeSeconds(); (err == nil) != tc.ok {
+			t.Errorf("--seconds %g: %v", tc.secs, err)
+		}
+	}
+}
