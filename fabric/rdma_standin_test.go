@@ -4,9 +4,6 @@ package fabric
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +14,7 @@ import (
 	"github.com/orbitkv/orbitkv/internal/pki"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	ibv "github.com/orbitkv/orbitkv/rdma"
+	"github.com/orbitkv/orbitkv/rdma/rdmatest"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -31,27 +29,10 @@ import (
 // TCP (counted as fallbacks); a page corrupted in the member's DRAM after
 // placement fails its checksum and is not stored; a lease not released
 // unpins at its end. Child process: a process holds one libibverbs. Needs
-// cc and libibverbs-dev (skips without).
+// cc and libibverbs-dev (rdmatest.OverStandIn: skips without;
+// ORBITKV_REQUIRE=verbs-headers fails).
 func TestClusterExchangesRDMAOverStandIn(t *testing.T) {
-	if os.Getenv("ORBITKV_RDMA_STANDIN") != "" {
-		clusterOverStandIn(t)
-		return
-	}
-	cc, err := exec.LookPath("cc")
-	if _, herr := os.Stat("/usr/include/infiniband/verbs.h"); err != nil || herr != nil {
-		t.Skip("no C compiler or /usr/include/infiniband/verbs.h (libibverbs-dev): stand-in not built")
-	}
-	lib := filepath.Join(t.TempDir(), "libibverbs-standin.so")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, "../rdma/testdata/standin_ibverbs.c").CombinedOutput(); err != nil {
-		t.Fatalf("build the stand-in: %v\n%s", err, out)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestClusterExchangesRDMAOverStandIn$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "ORBITKV_RDMA_STANDIN=1", "ORBITKV_LIBIBVERBS="+lib)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestClusterExchangesRDMAOverStandIn") {
-		t.Fatalf("child over the stand-in: %v\n%s", err, out)
-	}
-	t.Logf("child over the stand-in (not hardware):\n%s", out)
+	rdmatest.OverStandIn(t, clusterOverStandIn)
 }
 
 func clusterOverStandIn(t *testing.T) {

@@ -5,14 +5,12 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/rdma/rdmatest"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
@@ -123,42 +121,31 @@ func TestTransferMatrixFlags(t *testing.T) {
 // TestTransferMatrixRDMARowsOverStandIn runs the rdma rows through the real
 // binding against rdma's stand-in libibverbs (rdma/testdata), in a child
 // process (a process holds one libibverbs): every row moves and verifies
-// pages. The stand-in copies with memcpy, so its rates mean nothing.
+// pages. The stand-in copies with memcpy, so its rates mean nothing. Needs
+// cc and libibverbs-dev (rdmatest.OverStandIn: skips without;
+// ORBITKV_REQUIRE=verbs-headers fails).
 func TestTransferMatrixRDMARowsOverStandIn(t *testing.T) {
-	if os.Getenv("ORBITKV_RDMA_STANDIN") != "" { // the child
-		b := smallTransferBench(t)
-		b.Transports = []string{"rdma"}
-		var out bytes.Buffer
-		if err := b.client(context.Background(), &out, ""); err != nil {
-			t.Fatalf("%v\n%s", err, out.String())
-		}
-		t.Log(out.String())
-		rows := 0
-		for _, l := range strings.Split(out.String(), "\n") {
-			if f := strings.Fields(l); len(f) > 0 && f[0] == "rdma" {
-				rows++
-				if strings.Contains(l, "skipped") || f[len(f)-1] == "0" {
-					t.Errorf("rdma row moved nothing: %q", l)
-				}
+	rdmatest.OverStandIn(t, rdmaRowsOverStandIn)
+}
+
+func rdmaRowsOverStandIn(t *testing.T) {
+	b := smallTransferBench(t)
+	b.Transports = []string{"rdma"}
+	var out bytes.Buffer
+	if err := b.client(context.Background(), &out, ""); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+	rows := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "rdma" {
+			rows++
+			if strings.Contains(l, "skipped") || f[len(f)-1] == "0" {
+				t.Errorf("rdma row moved nothing: %q", l)
 			}
 		}
-		if rows == 0 {
-			t.Fatalf("no rdma row in the matrix:\n%s", out.String())
-		}
-		return
 	}
-	cc, err := exec.LookPath("cc")
-	if _, herr := os.Stat("/usr/include/infiniband/verbs.h"); err != nil || herr != nil {
-		t.Skip("no C compiler or infiniband/verbs.h (libibverbs-dev): stand-in not built")
-	}
-	lib := filepath.Join(t.TempDir(), "libibverbs-standin.so")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, "../../rdma/testdata/standin_ibverbs.c").CombinedOutput(); err != nil {
-		t.Fatalf("build the stand-in: %v\n%s", err, out)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTransferMatrixRDMARowsOverStandIn$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "ORBITKV_RDMA_STANDIN=1", "ORBITKV_LIBIBVERBS="+lib)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestTransferMatrixRDMARowsOverStandIn") {
-		t.Fatalf("child over the stand-in: %v\n%s", err, out)
+	if rows == 0 {
+		t.Fatalf("no rdma row in the matrix:\n%s", out.String())
 	}
 }

@@ -5,10 +5,6 @@ package rdma
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
@@ -17,6 +13,7 @@ import (
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	ibv "github.com/orbitkv/orbitkv/rdma"
+	"github.com/orbitkv/orbitkv/rdma/rdmatest"
 	"github.com/orbitkv/orbitkv/transfer"
 	"github.com/orbitkv/orbitkv/transfer/transporttest"
 )
@@ -30,28 +27,7 @@ import (
 // child process (a process holds one libibverbs). Needs cc and
 // libibverbs-dev (skips without; ORBITKV_REQUIRE=verbs-headers fails).
 func TestContractOverStandIn(t *testing.T) {
-	if os.Getenv("ORBITKV_RDMA_STANDIN") != "" { // the child
-		transporttest.Contract(t, standInHarness)
-		return
-	}
-	cc, err := exec.LookPath("cc")
-	if _, herr := os.Stat("/usr/include/infiniband/verbs.h"); err != nil || herr != nil {
-		if strings.Contains(os.Getenv("ORBITKV_REQUIRE"), "verbs-headers") {
-			t.Fatalf("ORBITKV_REQUIRE=verbs-headers but no cc (%v) or verbs.h (%v)", err, herr)
-		}
-		t.Skip("no C compiler or /usr/include/infiniband/verbs.h (libibverbs-dev): stand-in not built")
-	}
-	lib := filepath.Join(t.TempDir(), "libibverbs-standin.so")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, "../../rdma/testdata/standin_ibverbs.c").CombinedOutput(); err != nil {
-		t.Fatalf("build the stand-in: %v\n%s", err, out)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestContractOverStandIn$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "ORBITKV_RDMA_STANDIN=1", "ORBITKV_LIBIBVERBS="+lib)
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestContractOverStandIn") {
-		t.Fatalf("child over the stand-in: %v\n%s", err, out)
-	}
-	t.Logf("child over the stand-in (not hardware):\n%s", out)
+	rdmatest.OverStandIn(t, func(t *testing.T) { transporttest.Contract(t, standInHarness) })
 }
 
 // standIn is the remote end of a harness: an engine with one region it
