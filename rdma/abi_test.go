@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/orbitkv/orbitkv/rdma/rdmatest"
 )
 
 // TestShimLayoutsMatchVerbsHeader compiles verbs_abi.h against the real
@@ -17,13 +19,7 @@ import (
 // C compiler) the test skips and says so, or fails with
 // ORBITKV_REQUIRE=verbs-headers.
 func TestShimLayoutsMatchVerbsHeader(t *testing.T) {
-	cc, err := exec.LookPath("cc")
-	if _, herr := os.Stat("/usr/include/infiniband/verbs.h"); err != nil || herr != nil {
-		if strings.Contains(os.Getenv("ORBITKV_REQUIRE"), "verbs-headers") {
-			t.Fatalf("ORBITKV_REQUIRE=verbs-headers but no cc (%v) or verbs.h (%v)", err, herr)
-		}
-		t.Skip("no C compiler or /usr/include/infiniband/verbs.h (libibverbs-dev): layouts not checked")
-	}
+	cc := rdmatest.Compiler(t, "layouts not checked")
 	src := filepath.Join(t.TempDir(), "abi.c")
 	if err := os.WriteFile(src, []byte(abiCheckSource()), 0o600); err != nil {
 		t.Fatal(err)

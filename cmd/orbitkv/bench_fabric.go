@@ -4,14 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os/exec"
-	"strings"
 	"sync"
 	"time"
 
@@ -203,19 +201,5 @@ func fetchRound(ctx context.Context, c *tcp.Client, addr string, dst *benchPages
 func iperf3(ctx context.Context, host string, streams int, d time.Duration) (float64, error) {
 	secs := max(1, int(d.Seconds()))
 	cmd := exec.CommandContext(ctx, "iperf3", "-c", host, "-J", "-P", fmt.Sprint(streams), "-t", fmt.Sprint(secs))
-	b, err := cmd.Output()
-	if err != nil {
-		return 0, fmt.Errorf("%v: %s", err, strings.TrimSpace(string(b)))
-	}
-	var r struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return 0, err
-	}
-	return r.End.SumReceived.BitsPerSecond / 1e9, nil
+	return iperf3Gbps(cmd.Output())
 }

@@ -139,7 +139,12 @@ func iperf3Reverse(ctx context.Context, host string, port int, v iperfVariant, s
 	if v.len != 0 {
 		args = append(args, "-l", fmt.Sprint(v.len))
 	}
-	b, err := exec.CommandContext(ctx, "iperf3", args...).Output()
+	return iperf3Gbps(exec.CommandContext(ctx, "iperf3", args...).Output())
+}
+
+// iperf3Gbps is the received rate, in Gbit/s, of an iperf3 client's -J
+// output (its process's Output and error).
+func iperf3Gbps(b []byte, err error) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%v: %s", err, strings.TrimSpace(string(b)))
 	}

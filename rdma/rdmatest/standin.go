@@ -44,22 +44,31 @@ func OverStandIn(t *testing.T, child func(t *testing.T)) {
 }
 
 // Build compiles the stand-in into a temporary directory and returns its
-// path; it skips (or fails under ORBITKV_REQUIRE=verbs-headers) without cc
-// or <infiniband/verbs.h>.
+// path (Compiler: it skips, or fails, without cc or the header).
 func Build(t *testing.T) string {
+	t.Helper()
+	cc := Compiler(t, "stand-in not built")
+	lib := filepath.Join(t.TempDir(), "libibverbs-standin.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, source(t)).CombinedOutput(); err != nil {
+		t.Fatalf("build the stand-in: %v\n%s", err, out)
+	}
+	return lib
+}
+
+// Compiler returns the C compiler's path when it and libibverbs-dev's
+// <infiniband/verbs.h> are there; otherwise the test skips, saying what is
+// missing and what is not done (skipped), or fails under
+// ORBITKV_REQUIRE=verbs-headers.
+func Compiler(t *testing.T, skipped string) string {
 	t.Helper()
 	cc, err := exec.LookPath("cc")
 	if _, herr := os.Stat("/usr/include/infiniband/verbs.h"); err != nil || herr != nil {
 		if strings.Contains(os.Getenv("ORBITKV_REQUIRE"), "verbs-headers") {
 			t.Fatalf("ORBITKV_REQUIRE=verbs-headers but no cc (%v) or verbs.h (%v)", err, herr)
 		}
-		t.Skip("no C compiler or /usr/include/infiniband/verbs.h (libibverbs-dev): stand-in not built")
+		t.Skip("no C compiler or /usr/include/infiniband/verbs.h (libibverbs-dev): " + skipped)
 	}
-	lib := filepath.Join(t.TempDir(), "libibverbs-standin.so")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, source(t)).CombinedOutput(); err != nil {
-		t.Fatalf("build the stand-in: %v\n%s", err, out)
-	}
-	return lib
+	return cc
 }
 
 // source is the stand-in's C file, beside this package in the source tree.

@@ -131,19 +131,27 @@ func (s *store) allocDRAM() (bool, error) {
 		return false, nil
 	}
 	for s.dramUsed+s.pageBytes > s.dramCap {
-		dropped, demote, err := s.pickVictims()
-		if err != nil || (!dropped && len(demote) == 0) {
+		if moved, err := s.evictOnce(); err != nil || !moved {
 			return false, err
-		}
-		if len(demote) > 0 {
-			freed, err := s.demoteBatch(demote)
-			if err != nil || freed == 0 {
-				return false, err
-			}
 		}
 	}
 	s.dramUsed += s.pageBytes
 	return true, s.flush()
+}
+
+// evictOnce frees DRAM once as the peer does: it drops the oldest copy that
+// needs no I/O or demotes a batch, and reports false when nothing moved.
+func (s *store) evictOnce() (bool, error) {
+	dropped, demote, err := s.pickVictims()
+	if err != nil || (!dropped && len(demote) == 0) {
+		return false, err
+	}
+	if len(demote) > 0 {
+		if freed, err := s.demoteBatch(demote); err != nil || freed == 0 {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // flushReserve is the peer's (fabric/store/flush.go): with an SSD tier its
@@ -158,14 +166,8 @@ func (s *store) flush() error {
 		return nil
 	}
 	for s.dramCap-s.dramUsed < s.dramCap/flushReserve {
-		dropped, demote, err := s.pickVictims()
-		if err != nil || (!dropped && len(demote) == 0) {
+		if moved, err := s.evictOnce(); err != nil || !moved {
 			return err
-		}
-		if len(demote) > 0 {
-			if freed, err := s.demoteBatch(demote); err != nil || freed == 0 {
-				return err
-			}
 		}
 	}
 	return nil
