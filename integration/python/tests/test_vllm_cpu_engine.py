@@ -64,17 +64,19 @@ def test_real_vllm_engine_saves_restores_and_outputs_match(real_peer, tmpdir_sho
     assert len({tuple(o) for o in a["first"]}) == 3, "the prompts should give distinct outputs (else a mix-up hides)"
 
 
-def test_real_vllm_engine_with_layerwise_loads_restores_in_the_step(real_peer, tmpdir_short):
-    """The connector's layer-wise mode (loads inside the step that computes the request, no
-    admission hold across steps) under vLLM's real scheduler and model runner: on a CPU peer
-    there are no layer events, so each request's restore runs whole inside its step. The
-    restored runs must give the cold run's outputs."""
+@pytest.mark.parametrize("extra", [{"layerwise": True}, {"async_load": False}], ids=["layerwise", "sync"])
+def test_real_vllm_engine_with_loads_in_the_step_restores_in_the_step(real_peer, tmpdir_short, extra):
+    """The connector's loads inside the step that computes the request (no admission hold
+    across steps) under vLLM's real scheduler and model runner: layer-wise (on a CPU peer there
+    are no layer events, so each request's restore runs whole inside its step) and sync
+    (``async_load: false``: the whole restore before the step's forward, vLLM's CUDA graphs
+    kept). The restored runs must give the cold run's outputs."""
     rng = random.Random(11)
     shared = [rng.randrange(3, 1000) for _ in range(256)]
     prompts = [shared + [rng.randrange(3, 1000) for _ in range(40 + 8 * i)] for i in range(3)]
-    a = _engine(real_peer.socket, prompts, tmpdir_short, "lw", extra={"layerwise": True})
+    a = _engine(real_peer.socket, prompts, tmpdir_short, "lw" if extra.get("layerwise") else "sync", extra=extra)
     loaded = real_peer.metrics().get('orbitkv_fabric_loaded_pages_total{tier="dram"}', 0)
-    assert a["again"] == a["first"], "restored layer-wise from the peer, the outputs changed"
+    assert a["again"] == a["first"], f"restored in the step ({extra}) from the peer, the outputs changed"
     # The 4 shared pages are restored once, inside the first request's step; the other two
     # requests, scheduled in later steps, find them in vLLM's own prefix cache by then
     # (with async loads all three load in the same step: 12 pages, the test above).
