@@ -220,7 +220,8 @@ func peerDelta(r *Run, name string) float64 {
 func (rep *Report) noteBudgetCuts() {
 	for _, r := range rep.Runs {
 		if v := peerDelta(r, budgetCutMetric); v > 0 {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: the query budget cut %.0f stored pages from lookups (%s); they count as peer misses and were recomputed",
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: the query budget cut %.0f stored pages from lookups (%s), counted at every lookup: "+
+				"a request deferred and asked again counts each time, and a cut it waited out was restored after all; the others were recomputed",
 				filepath.Base(r.Dir), v, budgetCutMetric))
 		}
 	}
