@@ -81,18 +81,21 @@ func (s *Store) waitForCopyGap(ctx context.Context) bool {
 }
 
 // sealUrgent reports a backlog too long to wait for a gap between copies:
-// sealBacklog pages, or a quarter of the pages in DRAM (large pages fill
-// the pool long before 4,096 of them wait).
+// sealBacklog pages. A backlog as large as the pool is no reason to seal
+// during copies: every way out of DRAM seals its pages inline (demotion and
+// network sends on every copy worker, sealForWrite), and a page evicted
+// without an SSD tier needs no sum. Sealing during copies only moves that
+// CRC onto the cores the copies run on: on two cores an urgent sealer took
+// one of the two copy workers' cores and held a save or load of 64 pages of
+// 9 MiB to 14–15 GB/s against 24–25 GB/s without it
+// (BenchmarkSaveLoadDRAM, docs/benchmarks.md).
 func (s *Store) sealUrgent() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.sealUrgentLocked()
 }
 
-func (s *Store) sealUrgentLocked() bool {
-	n := len(s.mu.unsealed)
-	return n >= sealBacklog || (n > 0 && 4*n >= s.pool.Stats().Slots)
-}
+func (s *Store) sealUrgentLocked() bool { return len(s.mu.unsealed) >= sealBacklog }
 
 // sealSome seals up to sealBatch unsealed pages and returns how many it took.
 func (s *Store) sealSome(ctx context.Context) int {

@@ -71,3 +71,32 @@ func TestDemotionTakesASumSealedMeanwhile(t *testing.T) {
 		}
 	}
 }
+
+// TestSealerLeavesCopiesAloneWhilePoolFills: a backlog of unsealed pages
+// over a quarter of the DRAM pool does not make the sealer seal while
+// copies run (it took a core from the copy workers); only sealBacklog
+// pages do. The pages are sealed once the copies stop.
+func TestSealerLeavesCopiesAloneWhilePoolFills(t *testing.T) {
+	ps := testStore(t, 0)
+	e := newTestEngine(t)
+	keys := randKeys(t, 8)
+	res := make([]Result, len(keys))
+	ps.Save(testCtx(t), e.Engine, reqs(keys, 0), false, res)
+	mustAllOK(t, "save", res)
+	slots := ps.pool.Stats().Slots
+	ps.mu.Lock()
+	for len(ps.mu.unsealed) < slots/2 { // half the pool unsealed
+		ps.mu.unsealed[randKey(t)] = struct{}{}
+	}
+	ps.mu.Unlock()
+	if ps.sealUrgent() {
+		t.Fatalf("urgent with %d of %d slots unsealed, want only from %d pages", slots/2, slots, sealBacklog)
+	}
+	for ps.sealSome(testCtx(t)) > 0 {
+	}
+	for _, k := range keys {
+		if _, pending := ps.mu.unsealed[k]; pending {
+			t.Fatalf("page %s still unsealed after the sealer ran", k)
+		}
+	}
+}
