@@ -97,49 +97,102 @@ func (s *Store) sealUrgent() bool {
 
 func (s *Store) sealUrgentLocked() bool { return len(s.mu.unsealed) >= sealBacklog }
 
-// sealSome seals up to sealBatch unsealed pages and returns how many it took.
+// sealPiece is how much of a page the sealer sums before it looks again
+// for a copy that started meanwhile: a 9 MiB page is over a millisecond of
+// one core, which a copy would otherwise wait out on a two-core host.
+var sealPiece = 1 << 20
+
+// partialSeal is a page the sealer paused in: its entry as taken, its
+// bytes, how many of them are summed and their CRC so far. The sum is
+// recorded only if the entry still names the same slot and generation,
+// as for a page summed in one go.
+type partialSeal struct {
+	e    catalog.Entry
+	buf  []byte
+	done int
+	crc  uint32
+}
+
+// sealSome seals up to sealBatch unsealed pages and returns how many it
+// sealed or began (0: nothing was pending).
 func (s *Store) sealSome(ctx context.Context) int {
 	s.mu.Lock()
-	var batch []catalog.Entry
-	var bufs [][]byte
 	urgent := s.sealUrgentLocked()
-	for k := range s.mu.unsealed {
-		if len(batch) == sealBatch {
-			break
-		}
-		e, ok := s.cat.Get(k)
-		if !ok || e.DRAMSlot < 0 {
-			delete(s.mu.unsealed, k) // gone, or sealed by whoever moved it
-			continue
-		}
-		batch = append(batch, e)
-		// The slice is taken while the slot is allocated (every Free runs
-		// under mu): its shape stays valid even if the slot is freed later.
-		bufs = append(bufs, s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size])
-	}
+	parts := s.sealBatchLocked()
 	s.mu.Unlock()
 	// No pins: eviction must never wait for the sealer. A slot freed (and
 	// reused) meanwhile is still mapped memory, and recordSealLocked keeps
 	// a sum only if the entry still names the same slot and generation.
 	// One goroutine: sealing is background work and must leave the other
 	// cores to the copies engines wait on.
-	// Between pages it yields to a copy that started meanwhile (unless the
-	// backlog is long): a page is milliseconds of memory reads, and a GPU
-	// copy's DMA into DRAM shares that bandwidth.
-	sums := make([]uint32, 0, len(batch))
-	for i, b := range bufs {
+	// Every sealPiece it yields to a copy that started meanwhile (unless
+	// the backlog is long), keeping its place in the page: a page is
+	// milliseconds of memory reads, and a copy on the other core, or a GPU
+	// copy's DMA into DRAM, shares that bandwidth. A page's first piece (of
+	// this call) is always summed, so each call makes progress.
+	var paused *partialSeal
+	done := parts[:0]
+	for i, p := range parts {
 		if i > 0 && !urgent && s.copying.Load() > 0 {
 			break
 		}
-		sums = append(sums, crc32.Checksum(b, castagnoli))
+		for first := true; p.done < len(p.buf); first = false {
+			if !first && !urgent && s.copying.Load() > 0 {
+				paused = p
+				break
+			}
+			n := min(sealPiece, len(p.buf)-p.done)
+			p.crc = crc32.Update(p.crc, castagnoli, p.buf[p.done:p.done+n])
+			p.done += n
+		}
+		if paused != nil {
+			break
+		}
+		done = append(done, p)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, sum := range sums {
-		s.recordSealLocked(batch[i], sum)
+	for _, p := range done {
+		s.recordSealLocked(p.e, p.crc)
+	}
+	if paused != nil && s.mu.sealPart == nil {
+		s.mu.sealPart = paused
 	}
 	s.m.unsealedPages.Set(float64(len(s.mu.unsealed)))
-	return len(sums)
+	if paused != nil {
+		return len(done) + 1
+	}
+	return len(done)
+}
+
+// sealBatchLocked takes up to sealBatch pending pages to seal, the one the
+// sealer paused in first; s.mu is held.
+func (s *Store) sealBatchLocked() []*partialSeal {
+	var parts []*partialSeal
+	if p := s.mu.sealPart; p != nil {
+		s.mu.sealPart = nil
+		_, pending := s.mu.unsealed[p.e.Key]
+		if cur, ok := s.cat.Get(p.e.Key); pending && ok && cur.Generation == p.e.Generation && cur.DRAMSlot == p.e.DRAMSlot {
+			parts = append(parts, p)
+		}
+	}
+	for k := range s.mu.unsealed {
+		if len(parts) == sealBatch {
+			break
+		}
+		if len(parts) > 0 && parts[0].e.Key == k && parts[0].done > 0 {
+			continue // the paused page, resumed above
+		}
+		e, ok := s.cat.Get(k)
+		if !ok || e.DRAMSlot < 0 {
+			delete(s.mu.unsealed, k) // gone, or sealed by whoever moved it
+			continue
+		}
+		// The slice is taken while the slot is allocated (every Free runs
+		// under mu): its shape stays valid even if the slot is freed later.
+		parts = append(parts, &partialSeal{e: e, buf: s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size]})
+	}
+	return parts
 }
 
 // recordSealLocked stores a page's checksum if the page is still the one that

@@ -100,3 +100,35 @@ func TestSealerLeavesCopiesAloneWhilePoolFills(t *testing.T) {
 		}
 	}
 }
+
+// TestSealerPausesInAPageForACopy: with a copy running the sealer sums one
+// piece of a page and keeps its place; calls while the copy runs each sum
+// one more piece, and the sum recorded is the page's CRC-32C.
+func TestSealerPausesInAPageForACopy(t *testing.T) {
+	defer func(p int) { sealPiece = p }(sealPiece)
+	sealPiece = 1 << 10
+	ps := testStore(t, 0)
+	e := newTestEngine(t)
+	k := randKey(t)
+	src := reqs([]pagekey.Key{k}, 0)
+	res := make([]Result, 1)
+	ps.Save(testCtx(t), e.Engine, src, false, res)
+	mustAllOK(t, "save", res)
+	pieces := int(e.PageBytes) / sealPiece
+	ps.copying.Add(1) // a copy in flight
+	for i := 1; i < pieces; i++ {
+		if n := ps.sealSome(testCtx(t)); n != 1 {
+			t.Fatalf("call %d: sealSome = %d, want 1", i, n)
+		}
+		if p := ps.mu.sealPart; p == nil || p.done != i*sealPiece {
+			t.Fatalf("call %d: paused at %v, want %d bytes summed", i, p, i*sealPiece)
+		}
+	}
+	ps.copying.Add(-1)
+	for ps.sealSome(testCtx(t)) > 0 {
+	}
+	ent, _ := ps.cat.Get(k)
+	if want := crc32.Checksum(e.page(src[0].Blocks), castagnoli); ent.Checksum != want || len(ps.mu.unsealed) != 0 {
+		t.Fatalf("checksum %08x, want %08x; %d pages unsealed", ent.Checksum, want, len(ps.mu.unsealed))
+	}
+}

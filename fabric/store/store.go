@@ -64,6 +64,7 @@ type Store struct {
 		dram, ssd *tiers.LRU
 		gen       uint64
 		unsealed  map[pagekey.Key]struct{}    // DRAM pages whose checksum is pending
+		sealPart  *partialSeal                // a page the sealer paused in (seal.go)
 		retired   map[pagekey.Key][]dram.Slot // replaced DRAM copies still pinned (retire.go)
 		leased    uint64                      // query budget in use by leases' pins (pins.go)
 	}
