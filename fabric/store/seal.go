@@ -131,7 +131,7 @@ func (s *Store) sealSome(ctx context.Context) int {
 	// copy's DMA into DRAM, shares that bandwidth. A page's first piece (of
 	// this call) is always summed, so each call makes progress.
 	var paused *partialSeal
-	done := parts[:0]
+	var done []*partialSeal
 	for i, p := range parts {
 		if i > 0 && !urgent && s.copying.Load() > 0 {
 			break
