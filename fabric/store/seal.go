@@ -102,17 +102,6 @@ func (s *Store) sealUrgentLocked() bool { return len(s.mu.unsealed) >= sealBackl
 // one core, which a copy would otherwise wait out on a two-core host.
 var sealPiece = 1 << 20
 
-// partialSeal is a page the sealer paused in: its entry as taken, its
-// bytes, how many of them are summed and their CRC so far. The sum is
-// recorded only if the entry still names the same slot and generation,
-// as for a page summed in one go.
-type partialSeal struct {
-	e    catalog.Entry
-	buf  []byte
-	done int
-	crc  uint32
-}
-
 // sealSome seals up to sealBatch unsealed pages and returns how many it
 // sealed or began (0: nothing was pending).
 func (s *Store) sealSome(ctx context.Context) int {

@@ -154,6 +154,17 @@ func (s *Store) UpdateGauges() {
 	s.m.catalogEntries.Set(float64(s.cat.Len()))
 }
 
+// partialSeal is a page the sealer (seal.go) paused in: its entry as taken, its
+// bytes, how many of them are summed and their CRC so far. The sum is
+// recorded only if the entry still names the same slot and generation,
+// as for a page summed in one go.
+type partialSeal struct {
+	e    catalog.Entry
+	buf  []byte
+	done int
+	crc  uint32
+}
+
 func now() int64 { return time.Now().UnixNano() }
 
 // now is the time of a decision (Options.Now).
