@@ -110,10 +110,8 @@ func TestSealerPausesInAPageForACopy(t *testing.T) {
 	ps := testStore(t, 0)
 	e := newTestEngine(t)
 	k := randKey(t)
+	saveOne(t, ps, e, k, false)
 	src := reqs([]pagekey.Key{k}, 0)
-	res := make([]Result, 1)
-	ps.Save(testCtx(t), e.Engine, src, false, res)
-	mustAllOK(t, "save", res)
 	pieces := int(e.PageBytes) / sealPiece
 	ps.copying.Add(1) // a copy in flight
 	for i := 1; i < pieces; i++ {
