@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os/exec"
 	"sync"
 	"time"
 
@@ -21,12 +20,16 @@ import (
 
 // bench fabric: page fetches over the TCP data plane between two hosts
 // (network namespaces on one machine, scripts/bench-fabric-netns.sh), from
-// one DRAM pool into another, beside iperf3 on the same link in the same run.
+// one DRAM pool into another, beside iperf3 on the same link in the same
+// run, its rounds interleaved with ours as in bench transfer
+// (bench_transfer_baseline.go: -R, -P = streams and one process per
+// stream, default and page-sized writes, the best median the baseline).
 func runBenchFabric(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench fabric", flag.ContinueOnError)
 	serve := fs.String("serve", "", "serve synthetic pages on this address until interrupted")
 	fetch := fs.String("fetch", "", "fetch pages from a --serve side at this address")
 	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (empty: none)")
+	iperfPort := fs.Int("iperf3-port", 5201, "first port of the iperf3 servers (one per stream: port, port+1, …)")
 	pageBytes := fs.Uint64("page-bytes", 2<<20, "page data bytes (Qwen3-8B, 64 tokens: 9437184)")
 	pages := fs.Int("pages", 256, "pages the server holds")
 	batch := fs.Int("batch", 32, "pages per fetch request")
@@ -40,7 +43,11 @@ func runBenchFabric(ctx context.Context, args []string, out io.Writer) error {
 	case *serve != "":
 		return benchFabricServe(ctx, out, *serve, *pageBytes, *pages)
 	case *fetch != "":
-		return benchFabricFetch(ctx, out, *fetch, *iperf, *pageBytes, *pages, *batch, *streams, *rounds, time.Duration(*seconds*float64(time.Second)))
+		if *iperf != "" && *seconds != float64(int(*seconds)) {
+			return errors.New("bench fabric: --seconds must be whole beside iperf3 (its -t takes whole seconds)")
+		}
+		base := baseline{host: *iperf, port: *iperfPort}
+		return benchFabricFetch(ctx, out, *fetch, base, *pageBytes, *pages, *batch, *streams, *rounds, time.Duration(*seconds*float64(time.Second)))
 	}
 	return errors.New("bench fabric: give --serve ADDR or --fetch ADDR")
 }
@@ -120,7 +127,14 @@ func benchFabricServe(ctx context.Context, out io.Writer, addr string, pageBytes
 	return nil
 }
 
-func benchFabricFetch(ctx context.Context, out io.Writer, addr, iperfHost string, pageBytes uint64, n, batch, streams, rounds int, round time.Duration) error {
+// baseline is where the iperf3 servers of the baseline listen (host ""
+// for none).
+type baseline struct {
+	host string
+	port int
+}
+
+func benchFabricFetch(ctx context.Context, out io.Writer, addr string, iperf baseline, pageBytes uint64, n, batch, streams, rounds int, round time.Duration) error {
 	dst, err := newBenchPages(pageBytes, n, false)
 	if err != nil {
 		return err
@@ -131,29 +145,48 @@ func benchFabricFetch(ctx context.Context, out io.Writer, addr, iperfHost string
 	batch = min(batch, n)
 	fmt.Fprintf(out, "bench fabric: %d pages of %d bytes at %s, %d per request, %d stream(s), %d rounds of %v\n",
 		n, pageBytes, addr, batch, streams, rounds, round)
-	// One warm-up round opens the connections and faults nothing new.
-	if _, err := fetchRound(ctx, c, addr, dst, batch, streams, round/2); err != nil {
-		return err
+	var variants []iperfVariant
+	var runIperf iperfRunner
+	if iperf.host != "" {
+		variants, runIperf = iperfVariants(pageBytes, streams), iperf3Against(iperf.host, iperf.port)
 	}
+	// The plan's round 0 is the warm-up: it opens the connections and
+	// faults nothing new. iperf3's rounds alternate with ours (planCell).
 	var rates []float64
-	for r := range rounds {
-		gb, err := fetchRound(ctx, c, addr, dst, batch, streams, round)
+	base := make([][]float64, len(variants))
+	for _, st := range planCell(rounds, len(variants)) {
+		if st.variant >= 0 {
+			g, err := runIperf(ctx, variants[st.variant], round)
+			if err != nil {
+				return fmt.Errorf("iperf3 baseline: %w", err)
+			}
+			base[st.variant] = append(base[st.variant], g)
+			fmt.Fprintf(out, "  round %d: iperf3 %s: %.1f Gbit/s\n", st.round, variants[st.variant], g)
+			continue
+		}
+		d := round
+		if st.round == 0 {
+			d = round / 2
+		}
+		gb, err := fetchRound(ctx, c, addr, dst, batch, streams, d)
 		if err != nil {
 			return err
 		}
-		rates = append(rates, gb)
-		fmt.Fprintf(out, "  round %d: %.2f GB/s (%.1f Gbit/s)\n", r+1, gb, gb*8)
+		if st.round > 0 {
+			rates = append(rates, gb)
+			fmt.Fprintf(out, "  round %d: fetch %.2f GB/s (%.1f Gbit/s)\n", st.round, gb, gb*8)
+		}
 	}
 	fetch := median(rates)
 	fmt.Fprintf(out, "fetch (verified, into a DRAM pool): median %.2f GB/s = %.1f Gbit/s\n", fetch, fetch*8)
-	if iperfHost == "" {
+	if len(variants) == 0 {
 		return nil
 	}
-	base, err := iperf3(ctx, iperfHost, streams, time.Duration(rounds)*round)
-	if err != nil {
-		return fmt.Errorf("iperf3 baseline: %w", err)
+	for i, v := range variants {
+		fmt.Fprintf(out, "iperf3 -c %s -R, %s: median %.1f Gbit/s\n", iperf.host, v, median(base[i]))
 	}
-	fmt.Fprintf(out, "iperf3 -c %s -P %d: %.1f Gbit/s\nfetch / iperf3: %.0f%%\n", iperfHost, streams, base, 100*fetch*8/base)
+	best, gbit := bestBaseline(base)
+	fmt.Fprintf(out, "fetch / iperf3 (best: %s): %.0f%%\n", variants[best], 100*fetch*8/gbit)
 	return nil
 }
 
@@ -194,12 +227,4 @@ func fetchRound(ctx context.Context, c *tcp.Client, addr string, dst *benchPages
 	default:
 	}
 	return gbps(c.ReceivedBytes()-before, time.Since(start)), nil
-}
-
-// iperf3 runs the iperf3 client against host and returns the received
-// rate in Gbit/s.
-func iperf3(ctx context.Context, host string, streams int, d time.Duration) (float64, error) {
-	secs := max(1, int(d.Seconds()))
-	cmd := exec.CommandContext(ctx, "iperf3", "-c", host, "-J", "-P", fmt.Sprint(streams), "-t", fmt.Sprint(secs))
-	return iperf3Gbps(cmd.Output())
 }
