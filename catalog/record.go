@@ -37,6 +37,7 @@ const (
 	recordVersion2 = 2
 	recordLenV2    = 78
 	flagDemoted    = 1
+	flagsOffset    = 73 // of the flags byte in a version-2 value
 	recordPrefix   = "pg/"
 	recordKeyLen   = len(recordPrefix) + pagekey.Size
 )
@@ -115,8 +116,8 @@ func decodeRecord(k pagekey.Key, v []byte) (Entry, error) {
 	if got := recordCRC(k, body); got != sum {
 		return Entry{}, fmt.Errorf("%w: crc %08x, want %08x", ErrCorruptRecord, got, sum)
 	}
-	if n == recordLenV2 && v[73]&^flagDemoted != 0 {
-		return Entry{}, fmt.Errorf("%w: unknown flags %#x", ErrCorruptRecord, v[73])
+	if n == recordLenV2 && v[flagsOffset]&^flagDemoted != 0 {
+		return Entry{}, fmt.Errorf("%w: unknown flags %#x", ErrCorruptRecord, v[flagsOffset])
 	}
 	le := binary.LittleEndian
 	e := Entry{Key: k, DRAMSlot: -1, OnSSD: true}
@@ -129,6 +130,6 @@ func decodeRecord(k pagekey.Key, v []byte) (Entry, error) {
 	e.SSD.Bytes = le.Uint64(v[49:])
 	e.LastAccess = int64(le.Uint64(v[57:]))
 	e.Hits = le.Uint64(v[65:])
-	e.Demoted = n == recordLenV2 && v[73]&flagDemoted != 0
+	e.Demoted = n == recordLenV2 && v[flagsOffset]&flagDemoted != 0
 	return e, nil
 }

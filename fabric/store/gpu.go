@@ -204,8 +204,7 @@ func (s *Store) gatherSummed(ctx context.Context, sess *Engine, reqs []PageReq, 
 			}
 			continue
 		}
-		it.entry = catalog.Entry{Key: it.key, Layout: sess.FP, Size: sess.PageBytes, Checksum: it.entry.Checksum,
-			Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
+		it.entry = s.dramEntry(it.key, sess.FP, sess.PageBytes, it.entry.Checksum, it.slot)
 		out = append(out, it)
 	}
 	return out
@@ -234,8 +233,7 @@ func (s *Store) gatherStream(ctx context.Context, sess *Engine, reqs []PageReq, 
 				continue
 			}
 		default:
-			it.entry = catalog.Entry{Key: it.key, Layout: sess.FP, Size: sess.PageBytes,
-				Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
+			it.entry = s.dramEntry(it.key, sess.FP, sess.PageBytes, 0, it.slot)
 			it.unsealed = true
 			out = append(out, it)
 			continue

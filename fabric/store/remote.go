@@ -113,8 +113,7 @@ func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []
 		}
 		h := got[j].Header
 		clear(s.pool.Bytes(it.slot)[h.Length:]) // as a save leaves the padding
-		it.entry = catalog.Entry{Key: h.Key, Layout: h.Layout, Size: h.Length, Checksum: h.Checksum,
-			Generation: s.nextGen(), DRAMSlot: int64(it.slot), LastAccess: now()}
+		it.entry = s.dramEntry(h.Key, h.Layout, h.Length, h.Checksum, it.slot)
 		arrived = append(arrived, it)
 		c.NoteFetch("ok", h.Length)
 	}

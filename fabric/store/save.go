@@ -166,9 +166,15 @@ func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, toSSD, read
 	}
 	buf := s.pool.Bytes(slot)
 	clear(buf[sess.PageBytes:]) // O_DIRECT writes the padding too
-	e := catalog.Entry{Key: r.Key, Layout: sess.FP, Size: sess.PageBytes, Checksum: crc,
-		Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: now()}
+	e := s.dramEntry(r.Key, sess.FP, sess.PageBytes, crc, slot)
 	return &saveItem{key: r.Key, slot: slot, entry: e, unsealed: !sum}, nil
+}
+
+// dramEntry is the catalog entry of a page just copied into a DRAM slot:
+// a fresh generation, used now; crc 0 while its checksum is pending (the
+// sealer's, seal.go).
+func (s *Store) dramEntry(k pagekey.Key, fp pagekey.Fingerprint, size uint64, crc uint32, slot dram.Slot) catalog.Entry {
+	return catalog.Entry{Key: k, Layout: fp, Size: size, Checksum: crc, Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: now()}
 }
 
 // writeThrough makes every item durable on SSD with one batched write; items
