@@ -56,11 +56,15 @@ def test_real_vllm_engine_saves_restores_and_outputs_match(real_peer, tmpdir_sho
     # 64-token pages: each prompt's whole pages (4 shared, plus 1 of its own for the longer two)
     assert saved >= 4, m
     assert a["again"] == a["first"], "restored from the peer, the outputs changed"
-    assert loaded_a >= 3 * 4, m  # the rerun restored every prompt's shared pages
+    # The rerun restored the shared pages: all three prompts' when vLLM schedules them in one
+    # step (12 pages), fewer when a prompt scheduled a step later finds them in vLLM's own
+    # prefix cache, restored there by the first (CI's two busy cores: seen once, 8 of 12).
+    assert loaded_a >= 4, m
     b = _engine(real_peer.socket, prompts, tmpdir_short, "b")
     loaded_b = real_peer.metrics().get('orbitkv_fabric_loaded_pages_total{tier="dram"}', 0)
     assert b["first"] == a["first"] and b["again"] == a["first"], "a fresh engine restoring got other outputs"
-    assert loaded_b - loaded_a >= 2 * 3 * 4  # both of its runs restored
+    # Both of its runs restored: one run restores at most 3 * 4 pages, so more means two did.
+    assert loaded_b - loaded_a > 3 * 4, (loaded_a, loaded_b)
     assert len({tuple(o) for o in a["first"]}) == 3, "the prompts should give distinct outputs (else a mix-up hides)"
 
 
