@@ -49,6 +49,7 @@ type transferBench struct {
 func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
 	netns := fs.Bool("netns", false, "make two network namespaces joined by a veth pair, run both sides and iperf3 in them, remove them at the end (root)")
+	splitCPUs := fs.Bool("split-cpus", false, "with --netns: run each namespace's processes (OrbitKV's and iperf3's) on its own half of the CPUs, as two hosts would; default: both share every CPU")
 	serve := fs.String("serve", "", "serve the matrix's pages over TCP on this address until interrupted")
 	client := fs.String("client", "", "run the matrix against a --serve side at this address")
 	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (with --client; --netns starts its own)")
@@ -79,7 +80,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	}
 	switch {
 	case *netns:
-		return benchTransferNetns(ctx, out, args, slices.Max(b.Conns), *iperfPort)
+		return benchTransferNetns(ctx, out, args, slices.Max(b.Conns), *iperfPort, *splitCPUs)
 	case *serve != "":
 		return b.serve(ctx, out, *serve)
 	case *client != "":

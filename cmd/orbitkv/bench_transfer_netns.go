@@ -8,16 +8,20 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // benchTransferNetns makes namespaces A and B joined by a veth pair, runs
 // the --serve side and iperf3 servers (one per connection of the largest
 // cell, on ports port, port+1, …) in A and the --client side in B (this
 // binary again, with the same matrix flags), and removes everything at the
-// end, also on error or interrupt.
-func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperfServers, port int) error {
+// end, also on error or interrupt. With splitCPUs each namespace's
+// processes run on their own half of the CPUs, as two hosts would.
+func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperfServers, port int, splitCPUs bool) error {
 	if os.Geteuid() != 0 {
 		return errors.New("bench transfer --netns: network namespaces need root")
 	}
@@ -30,7 +34,12 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 		return err
 	}
 	defer h.remove()
-	matrix := withoutFlag(args, "netns")
+	if splitCPUs {
+		if h.cpus, err = splitAllowedCPUs(); err != nil {
+			return err
+		}
+	}
+	matrix := withoutFlag(withoutFlag(args, "netns"), "split-cpus")
 	addr := h.addr[0] + ":7949"
 	for i := range iperfServers {
 		iperfSrv, err := startReady(ctx, h.exec(0, "iperf3", "-s", "-B", h.addr[0], "-p", fmt.Sprint(port+i), "--forceflush"), "Server listening")
@@ -45,14 +54,20 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 	}
 	defer srv.stop()
 	fmt.Fprintf(out, "link: veth between network namespaces %s (%s) and %s (%s)\n", h.ns[0], h.addr[0], h.ns[1], h.addr[1])
+	if splitCPUs {
+		fmt.Fprintf(out, "cpus: %s runs on CPUs %s, %s on CPUs %s (--split-cpus)\n", h.ns[0], h.cpus[0], h.ns[1], h.cpus[1])
+	} else {
+		fmt.Fprintln(out, "cpus: both namespaces share every CPU (--split-cpus gives each its own half)")
+	}
 	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0], "--iperf3-port", fmt.Sprint(port)}, matrix...)...)
 	cl.Stdout, cl.Stderr = out, out
 	return cl.Run()
 }
 
-// netnsPair is two network namespaces joined by a veth pair.
+// netnsPair is two network namespaces joined by a veth pair; cpus, if
+// set, are the CPU lists (taskset -c) each namespace's processes run on.
 type netnsPair struct {
-	ns, addr, link [2]string
+	ns, addr, link, cpus [2]string
 }
 
 func newNetnsPair(prefix, subnet string) (*netnsPair, error) {
@@ -87,7 +102,45 @@ func (h *netnsPair) remove() {
 }
 
 func (h *netnsPair) exec(i int, name string, args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", h.ns[i], name}, args...)...)
+	argv := append([]string{"ip", "netns", "exec", h.ns[i], name}, args...)
+	if h.cpus[i] != "" {
+		argv = append([]string{"taskset", "-c", h.cpus[i]}, argv...)
+	}
+	return exec.Command(argv[0], argv[1:]...)
+}
+
+// splitAllowedCPUs returns the CPUs this process may run on as two lists,
+// the first half and the rest, for taskset -c.
+func splitAllowedCPUs() ([2]string, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return [2]string{}, fmt.Errorf("bench transfer --split-cpus: %w", err)
+	}
+	var cpus []int
+	for c := range 1024 {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return halveCPUs(cpus)
+}
+
+func halveCPUs(cpus []int) ([2]string, error) {
+	if len(cpus) < 2 {
+		return [2]string{}, fmt.Errorf("bench transfer --split-cpus: %d CPU allowed, need 2 or more", len(cpus))
+	}
+	var out [2]string
+	for i, c := range cpus {
+		half := 0
+		if i >= len(cpus)/2 {
+			half = 1
+		}
+		if out[half] != "" {
+			out[half] += ","
+		}
+		out[half] += strconv.Itoa(c)
+	}
+	return out, nil
 }
 
 // child is a process the bench started; exited is closed once it has been

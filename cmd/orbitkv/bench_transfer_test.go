@@ -113,7 +113,7 @@ func TestTransferMatrixFlags(t *testing.T) {
 			t.Errorf("parse(%q) accepted", bad)
 		}
 	}
-	if got := withoutFlag([]string{"--netns", "--sizes", "1MiB", "-netns=true"}, "netns"); strings.Join(got, " ") != "--sizes 1MiB" {
+	if got := withoutFlag([]string{"--split-cpus", "--netns", "--sizes", "1MiB", "-netns=true"}, "netns"); strings.Join(got, " ") != "--split-cpus --sizes 1MiB" {
 		t.Errorf("withoutFlag = %q", got)
 	}
 }
@@ -147,5 +147,35 @@ func rdmaRowsOverStandIn(t *testing.T) {
 	}
 	if rows == 0 {
 		t.Fatalf("no rdma row in the matrix:\n%s", out.String())
+	}
+}
+
+// TestSplitCPUsHalvesAndWrapsInTaskset: --split-cpus gives namespace A the
+// first half of the allowed CPUs and B the rest, each side's commands run
+// under taskset; without it they run as they are.
+func TestSplitCPUsHalvesAndWrapsInTaskset(t *testing.T) {
+	for _, tc := range []struct {
+		cpus []int
+		want [2]string
+	}{
+		{[]int{0, 1}, [2]string{"0", "1"}},
+		{[]int{0, 1, 2}, [2]string{"0", "1,2"}},
+		{[]int{2, 3, 6, 7}, [2]string{"2,3", "6,7"}},
+	} {
+		got, err := halveCPUs(tc.cpus)
+		if err != nil || got != tc.want {
+			t.Errorf("halveCPUs(%v) = %q, %v; want %q", tc.cpus, got, err, tc.want)
+		}
+	}
+	if _, err := halveCPUs([]int{0}); err == nil {
+		t.Error("halveCPUs of one CPU accepted")
+	}
+	h := &netnsPair{ns: [2]string{"na", "nb"}}
+	if got := strings.Join(h.exec(1, "iperf3", "-s").Args, " "); got != "ip netns exec nb iperf3 -s" {
+		t.Errorf("shared: %q", got)
+	}
+	h.cpus = [2]string{"0", "1"}
+	if got := strings.Join(h.exec(1, "iperf3", "-s").Args, " "); got != "taskset -c 1 ip netns exec nb iperf3 -s" {
+		t.Errorf("split: %q", got)
 	}
 }
