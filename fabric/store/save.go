@@ -230,30 +230,10 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 	var fresh []*saveItem
 	committing := make(map[pagekey.Key]bool, len(items))
 	for _, it := range s.settleReadmitsLocked(items, res) {
-		it.replaces = -1
-		if committing[it.key] { // the same key twice in one batch: keep the first
-			res[it.i] = okResult(it.entry.Tier())
-			s.releaseLocked(it)
-			continue
+		if s.storesLocked(it, committing, res) {
+			entries = append(entries, it.entry)
+			fresh = append(fresh, it)
 		}
-		committing[it.key] = true
-		if e, ok := s.cat.Get(it.key); ok {
-			if e.OnSSD || !it.entry.OnSSD || e.DRAMSlot < 0 {
-				if e.OnSSD && it.entry.OnSSD {
-					if err := s.ackDurableLocked(&e); err != nil { // a durable save answered on that copy
-						res[it.i] = FailResult(fmt.Errorf("catalog: %w", err))
-						s.releaseLocked(it)
-						continue
-					}
-				}
-				res[it.i] = okResult(e.Tier())
-				s.releaseLocked(it)
-				continue
-			}
-			it.replaces = e.DRAMSlot // theirs is in DRAM only; ours is durable
-		}
-		entries = append(entries, it.entry)
-		fresh = append(fresh, it)
 	}
 	if err := s.cat.Put(entries...); err != nil {
 		for _, it := range fresh {
@@ -262,9 +242,48 @@ func (s *Store) commitSaves(items []*saveItem, res []Result) {
 		}
 		return
 	}
-	// Touch tail first: within one prefix the last page becomes the oldest,
-	// so eviction trims prefixes from the end and never strands a tail
-	// behind an evicted head.
+	s.committedLocked(fresh, res)
+}
+
+// storesLocked reports whether the item's entry goes into the commit. If not, its
+// result is set and its slots released: the same key earlier in the batch,
+// or a copy already stored that ours does not replace (a durable save
+// answered on an SSD copy makes that copy durable first). A durable save
+// over a DRAM-only copy goes in with it.replaces naming that copy's slot.
+func (s *Store) storesLocked(it *saveItem, committing map[pagekey.Key]bool, res []Result) bool {
+	it.replaces = -1
+	if committing[it.key] { // the same key twice in one batch: keep the first
+		res[it.i] = okResult(it.entry.Tier())
+		s.releaseLocked(it)
+		return false
+	}
+	committing[it.key] = true
+	e, ok := s.cat.Get(it.key)
+	if !ok {
+		return true
+	}
+	if !e.OnSSD && it.entry.OnSSD && e.DRAMSlot >= 0 {
+		it.replaces = e.DRAMSlot // theirs is in DRAM only; ours is durable
+		return true
+	}
+	if e.OnSSD && it.entry.OnSSD {
+		if err := s.ackDurableLocked(&e); err != nil { // a durable save answered on that copy
+			res[it.i] = FailResult(fmt.Errorf("catalog: %w", err))
+			s.releaseLocked(it)
+			return false
+		}
+	}
+	res[it.i] = okResult(e.Tier())
+	s.releaseLocked(it)
+	return false
+}
+
+// committedLocked finishes the pages just committed: their LRU places (tail
+// first: within one prefix the last page becomes the oldest, so eviction
+// trims prefixes from the end and never strands a tail behind an evicted
+// head), results, the DRAM copies they replaced (retired) and the sums
+// still to compute.
+func (s *Store) committedLocked(fresh []*saveItem, res []Result) {
 	for j := len(fresh) - 1; j >= 0; j-- {
 		it := fresh[j]
 		if it.readmit { // saved anew after it had left DRAM: used again
