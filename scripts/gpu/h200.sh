@@ -1,7 +1,10 @@
 #!/bin/bash
 # GPU runs for docs/benchmarks.md ("GPU"), one device call per part:
 #   scripts/gpu/h200.sh check      GPU tests (Go peer + cuda, Python), bench gpu, TTFT probe, proto check
-#   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…)
+#   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…), runs named
+#                                  CONFIG-PAIR (PAIR, ORDER label them) kept in /root/okv/ref-runs across the
+#                                  calls of a warm machine, bench report over all of them after each call:
+#                                  PAIR=1 ORDER=AB CONFIGS="native dram ssd", then PAIR=2 ORDER=BA CONFIGS="ssd dram native"
 #   scripts/gpu/h200.sh invariant  batch-invariant mode (exact attention, token tiles): its CUDA test, sustained
 #                                  native/DRAM/SSD (0 mismatches expected), and the corrupted-restore control
 #   scripts/gpu/h200.sh peer       bench gpu's through-the-peer rows, 1 vs 4 copiers, TTFT with 8K-token steps
@@ -21,7 +24,7 @@
 #   scripts/gpu/h200.sh steps      issue 11, decode near the floor: refengine CUDA tests (decode graphs included),
 #                                  then prefill/decode step times eager vs CUDA graphs at batch 1 and 8 beside the
 #                                  weight-read floor (sdpa), and exact mode at batch 8; Python only, no binaries
-# Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv, fabric.test, cuda.test, transfer.test.
+# Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv (or orbitkv.xz), fabric.test, cuda.test, transfer.test.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -87,7 +90,7 @@ print('median recompute', d['recompute_ttft_median_s'], 'restore', d['restore_tt
 }
 
 sustained_one() { # CONFIG
-	local cfg=$1 conn=()
+	local cfg=$1 conn=() dir=${RUNDIR:-$O/runs}/${RUNNAME:-$1}
 	case $cfg in
 	dram) start_peer /tmp/okv-$cfg "$O/logs.txt" --dram-bytes 16GiB --ssd-bytes 0 || return 1 ;;
 	ssd) start_peer /tmp/okv-$cfg "$O/logs.txt" --dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB || return 1 ;;
@@ -103,13 +106,16 @@ sustained_one() { # CONFIG
 	done
 	local pm=()
 	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
+	# only the exact backend is batch invariant: label the others' runs non-deterministic (bench report says so)
+	case " ${ENGINE_ARGS:-} " in *" exact "*) ;; *) pm+=(--deterministic=false) ;; esac
 	engine_metrics "$cfg before"
 	timeout ${RUN_TIMEOUT:-200} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 151936 \
 		--prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --duration ${DURATION:-60s} \
-		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} --output "$O/runs/$cfg" >>"$O/logs.txt" 2>&1
+		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} ${ORDER:+--label order=$ORDER} \
+		--output "$dir" >>"$O/logs.txt" 2>&1
 	say "sustained $cfg rc=$?"
 	engine_metrics "$cfg after"
-	[ -f "$O/runs/$cfg/summary.json" ] && cat "$O/runs/$cfg/summary.json" | head -c 1500 | tee -a "$S" && echo | tee -a "$S"
+	[ -f "$dir/summary.json" ] && head -c 1500 "$dir/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	stop_all
 }
 
@@ -118,12 +124,16 @@ engine_metrics() { # LABEL: where the reference engine's time went (prefill vs d
 		sed "s/^/[$1] /" | tee -a "$S"
 }
 
+REF_RUNS=/root/okv/ref-runs # outside the repository's folder: kept for the next call while the machine is warm
 sustained() {
-	mkdir -p "$O/runs"
-	for c in ${CONFIGS:-native dram ssd}; do sustained_one "$c"; done
-	out/orbitkv bench report "$O/runs"/* >"$O/report.txt" 2>&1 || true
+	mkdir -p "$REF_RUNS"
+	for c in ${CONFIGS:-native dram ssd}; do
+		rm -rf "$REF_RUNS/$c-${PAIR:-1}"
+		RUNDIR=$REF_RUNS RUNNAME=$c-${PAIR:-1} sustained_one "$c"
+	done
+	out/orbitkv bench report "$REF_RUNS"/*-[0-9]* >"$O/report.txt" 2>&1 || true
 	tail -40 "$O/report.txt" | tee -a "$S"
-	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
+	(cd "$REF_RUNS/.." && tar czf "$O/runs.tgz" ref-runs)
 }
 
 peer() { # the through-the-peer rows again, copier pool vs one copier, TTFT with 8K-token steps
@@ -338,6 +348,9 @@ invariant() { # issue 11: the batch-invariant GPU mode (exact attention, 64-toke
 	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
 }
 
+if [ -f out/orbitkv.xz ] && [ ! -x out/orbitkv ]; then # carried compressed
+	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz out/orbitkv && chmod +x out/orbitkv
+fi
 case ${1:-check} in
 check) check ;;
 invariant) invariant ;;
