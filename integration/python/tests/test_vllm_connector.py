@@ -35,11 +35,13 @@ class Engine:
         self.work.register_kv_caches(kv)
         self.kv = kv
 
+    forward_context = None  # what vLLM passes start_load_kv (its cudagraph_runtime_mode)
+
     def step(self, so, finished=(), before_save=None):
         meta = self.sched.build_connector_meta(so)
         assert isinstance(meta, OrbitKVMetadata)
         self.work.bind_connector_metadata(meta)
-        self.work.start_load_kv(None)
+        self.work.start_load_kv(self.forward_context)
         if before_save:
             before_save()  # "the forward": writes KV into the blocks
         self.work.wait_for_save()

@@ -3,6 +3,9 @@ CUDA events: one layer-wise Load per step, GPU-side waits per layer, load
 errors still reported per block, and the whole-request path where the
 session has no layer events."""
 
+import enum
+import types
+
 import pytest
 import torch
 
@@ -142,3 +145,43 @@ def test_without_layer_events_loads_are_whole_request(tmp_path, fake_cuda):
         assert e.blocks_bytes(b_blocks[:4]) == e.blocks_bytes(list(range(0, 4)))
     finally:
         close()
+
+
+class _GraphMode(enum.Enum):  # vLLM's CUDAGraphMode runtime values (vllm.config.CUDAGraphMode)
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+@pytest.mark.parametrize("mode", [_GraphMode.FULL, _GraphMode.PIECEWISE, _GraphMode.NONE, None])
+def test_a_full_graph_step_waits_for_every_layer_before_it_starts(tmp_path, fake_cuda, mode):
+    """vLLM keeps full CUDA graphs for decode-only batches; such a step calls no
+    wait_for_layer_load, so its layer-wise load must make the stream wait for
+    every layer in start_load_kv. Piecewise and eager steps wait per layer."""
+    e, fp, close = _engine(tmp_path, True, fake_cuda)
+    try:
+        e.forward_context = None if mode is None else types.SimpleNamespace(cudagraph_runtime_mode=mode)
+        a = Request("a", list(range(3 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 7)))
+        tokens = a.prompt_token_ids[: 3 * PT] + [9]
+        b_blocks = list(range(10, 17))
+        n, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks, layers_forward=False)
+        waits_at_start = list(fake_cuda)
+        assert n == 3 * PT and len(meta.loads) == 1 and fp.layerwise_loads == [3]
+        if mode is _GraphMode.FULL:
+            assert waits_at_start == [("ev", l) for l in range(L)], "every layer waited on before the graph"
+            for layer in e.kv:  # were a hook to run after all, it adds no second wait
+                e.work.wait_for_layer_load(layer)
+            assert fake_cuda == waits_at_start
+        else:
+            assert waits_at_start == [], "per-layer waits are the attention hooks' (none ran here)"
+        assert not errs and e.blocks_bytes(b_blocks[:3]) == e.blocks_bytes(list(range(0, 3)))
+    finally:
+        close()
+
+
+def test_layerwise_keeps_full_graphs_unless_asked_for_piecewise():
+    assert not OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise": True})
+    assert OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise": True, "layerwise_piecewise": True})
+    assert not OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise_piecewise": True})
+    assert not OrbitKVConnector.requires_piecewise_for_cudagraph(None)

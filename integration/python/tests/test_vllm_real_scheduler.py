@@ -74,6 +74,25 @@ def test_overridden_hooks_accept_the_base_signatures():
         assert name in checked, f"{name} is not overridden"
 
 
+def test_full_graph_steps_are_told_apart_by_the_installed_forward_context():
+    """Layer-wise loads keep vLLM's full CUDA graphs (requires_piecewise_for_cudagraph
+    False): start_load_kv reads the step's runtime mode from vLLM's ForwardContext
+    and waits for every layer when it is FULL (tests/test_vllm_layerwise.py)."""
+    import dataclasses
+    import types
+
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import ForwardContext
+
+    from orbitkv.vllm.connector import _runs_full_graph
+
+    assert "cudagraph_runtime_mode" in {f.name for f in dataclasses.fields(ForwardContext)}
+    for mode, full in ((CUDAGraphMode.FULL, True), (CUDAGraphMode.PIECEWISE, False), (CUDAGraphMode.NONE, False)):
+        assert _runs_full_graph(types.SimpleNamespace(cudagraph_runtime_mode=mode)) is full, mode
+    assert not _runs_full_graph(None)
+    assert not OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise": True})
+
+
 # --- restores through the real scheduler ------------------------------------------
 
 

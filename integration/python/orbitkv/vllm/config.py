@@ -14,6 +14,12 @@ Extra-config keys (all optional except ``socket``):
                     CUDA session layer events, layer l's attention waits on the
                     GPU only for layer l's copy (the restore overlaps the
                     forward). Without layer events: whole-request sync loads.
+                    vLLM keeps its full CUDA graphs for decode-only batches: a step it
+                    runs as one full graph (no per-layer hooks inside) waits on the GPU
+                    for every layer's copy before the graph starts.
+  layerwise_piecewise  with layerwise: ask vLLM for piecewise CUDA graphs only
+                    (requires_piecewise_for_cudagraph, what vLLM's own layer-wise
+                    connectors do; decode steps then lose their full graphs). Default False.
   gate              restore admission gate: true (default: queue-aware on vLLM >= 0.26
                     under FCFS, strict otherwise; orbitkv.gate), "strict" (one restore
                     at a time, nothing admitted beside it), false (off: experiments only)

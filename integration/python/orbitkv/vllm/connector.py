@@ -74,6 +74,13 @@ def _warn_failure_policy(vllm_config: Any) -> None:
                     kvt.kv_load_failure_policy)
 
 
+def _runs_full_graph(forward_context: Any) -> bool:
+    """Whether vLLM runs this step as one full CUDA graph, in which the
+    attention layers' connector hooks (wait_for_layer_load) do not run."""
+    mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+    return getattr(mode, "name", None) == "FULL"
+
+
 class OrbitKVConnector(KVConnectorBase_V1):
     """vLLM V1 KV connector backed by the host's OrbitKV peer."""
 
@@ -141,10 +148,14 @@ class OrbitKVConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
-        """Layer-wise loads wait inside attention (wait_for_layer_load), which a
-        full CUDA graph would not replay; whole-request loads run outside the
-        forward, so full graphs are fine."""
-        return bool((extra_config or {}).get("layerwise", False))
+        """No, unless asked (layerwise_piecewise). Layer-wise loads wait inside
+        attention (wait_for_layer_load), which a full CUDA graph does not run;
+        vLLM runs full graphs only for decode-only batches and says so in the
+        forward context, and start_load_kv then waits for every layer's copy
+        before the graph starts (_runs_full_graph). Piecewise-only graphs cost
+        every decode step (10.65 ms against 5.70 ms ITL on the H200)."""
+        extra = extra_config or {}
+        return bool(extra.get("layerwise", False)) and bool(extra.get("layerwise_piecewise", False))
 
     # --- scheduler side ----------------------------------------------------------
 
@@ -219,7 +230,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         meta = self._meta()
         if meta.preempted:
             self.worker.handle_preemptions(meta.preempted)
-        self.worker.start_load_kv(meta)
+        self.worker.start_load_kv(meta, full_graph=_runs_full_graph(forward_context))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Layer-wise loads: a GPU-side wait on the layer's event; otherwise a

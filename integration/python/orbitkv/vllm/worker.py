@@ -18,6 +18,9 @@ on that layer's event (a GPU-side wait: the CPU never blocks), and the
 step's end collects the page results through Wait, reporting failed blocks
 as for every load. If the Load call itself fails, no event is waited on and
 every block of the step's loads is reported failed (the engine recomputes).
+A step vLLM runs as one full CUDA graph (decode-only batches) calls no
+wait_for_layer_load: start_load_kv then makes the stream wait for every
+layer's event before the graph starts.
 """
 
 from __future__ import annotations
@@ -223,11 +226,18 @@ class WorkerHalf:
 
     # --- per step ----------------------------------------------------------------
 
-    def start_load_kv(self, meta: OrbitKVMetadata) -> None:
+    def start_load_kv(self, meta: OrbitKVMetadata, full_graph: bool = False) -> None:
+        """Starts the step's loads. full_graph: the step runs as one full CUDA
+        graph, whose attention layers call no wait_for_layer_load, so a
+        layer-wise load makes the stream wait for every layer here instead."""
         self._wait_layers = False
         self._refresh_events()
         if self._events and meta.loads:
             self._start_layerwise(meta.loads)
+            if full_graph and self._wait_layers:
+                for ev in self._events:
+                    _stream_wait(self._device, ev)
+                self._wait_layers = False
             return
         for spec in meta.loads:
             fut = self._load_pool.submit(self._run_load, spec)
