@@ -123,7 +123,10 @@ class FakePeer(pbg.EngineServiceServicer):
         from orbitkv import keys
 
         fp = keys.Layout(**{f: getattr(lay, f) for f in keys.Layout.__dataclass_fields__}).fingerprint()
-        events = [bytes([i + 1]) * 64 for i in range(lay.num_layers)] if self.layer_events and not lookup_only else []
+        # byte 0: the layer + 1; byte 1: how many sessions this peer opened before (a reopened
+        # session's events are new ones)
+        nth = self.calls.get("OpenSession", 1) - 1
+        events = [bytes([i + 1, nth % 256]) * 32 for i in range(lay.num_layers)] if self.layer_events and not lookup_only else []
         sess.layer_events = bool(events)
         return pb.OpenSessionResponse(session_id=sid, layout_fingerprint=fp, page_bytes=page_bytes,
                                       keepalive_ms=req.keepalive_ms or 1000, layer_events=events)

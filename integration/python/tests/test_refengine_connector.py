@@ -296,6 +296,44 @@ def test_call_sequence_follows_vllm():
     assert [m for m, _ in s].count("get_num_new_matched_tokens") == 1
 
 
+class _HooksSeen(DictKVConnector):
+    """The double, noting per step what start_load_kv was told (orbitkv.vllm's reading of
+    the forward context) and how many layer hooks the step then called."""
+
+    def start_load_kv(self, forward_context):
+        from orbitkv.vllm.connector import _hooks_skipped
+
+        self.store.steps.append([_hooks_skipped(forward_context), 0])
+        super().start_load_kv(forward_context)
+
+    def wait_for_layer_load(self, layer_name):
+        self.store.steps[-1][1] += 1
+        super().wait_for_layer_load(layer_name)
+
+
+def test_a_decode_graph_step_says_full_in_the_forward_context():
+    """A decode step the engine replays as a CUDA graph (DecodeGraphs; run eagerly here)
+    says FULL in the forward context start_load_kv gets, as vLLM's runner does, so that
+    a layer-wise connector waits for every layer before it (orbitkv.vllm); the engine
+    itself calls every layer's load hook before the replay (graphs.py). Eager steps say
+    otherwise and call each layer's hook in the forward."""
+    from orbitkv.refengine.graphs import DecodeGraphs
+
+    ps = prompts(2, 40, seed=5)
+    store = DictStore()
+    store.steps = []
+    cfg = tiny()
+    with Engine(cfg, (DictKVConnector("scheduler", store), _HooksSeen("worker", store))) as e:
+        e.runner.graphs = DecodeGraphs(cfg, e.model, e.pool, capture=False)
+        e.generate(ps, 4)
+        graph_steps = e.runner.graphs.stats["eager_fixed"]
+    assert graph_steps > 0, "some decode steps took the graph path"
+    forwards = [skipped for skipped, hooks in store.steps if hooks]
+    assert forwards.count(True) == graph_steps, store.steps
+    assert all(hooks in (0, cfg.model.num_layers) for _, hooks in store.steps), store.steps
+    assert all(skipped for skipped, hooks in store.steps if not hooks), "a step without a forward says so"
+
+
 def test_delayed_free_holds_blocks_until_finished_sending():
     store = DictStore()
     with Engine(tiny(), double(store, delay_free=True)) as e:

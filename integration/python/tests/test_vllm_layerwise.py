@@ -19,6 +19,9 @@ from tests.vllm_fakes import NewRequestData, Request, SchedulerOutput
 
 
 class LayerwiseEngine(Engine):
+    # a step whose attention layers call the hooks, as vLLM's piecewise and eager steps do
+    forward_context = types.SimpleNamespace(attn_metadata={"layer": "metadata"}, cudagraph_runtime_mode=None)
+
     def __init__(self, socket, kv):
         extra = dict(_extra(socket), layerwise=True)
         self.sched = OrbitKVConnector(extra, KVConnectorRole.SCHEDULER, None)
@@ -153,14 +156,24 @@ class _GraphMode(enum.Enum):  # vLLM's CUDAGraphMode runtime values (vllm.config
     FULL = 2
 
 
-@pytest.mark.parametrize("mode", [_GraphMode.FULL, _GraphMode.PIECEWISE, _GraphMode.NONE, None])
-def test_a_full_graph_step_waits_for_every_layer_before_it_starts(tmp_path, fake_cuda, mode):
+_META = {"layer": "metadata"}
+
+
+@pytest.mark.parametrize("ctx,hooks_run", [
+    (types.SimpleNamespace(attn_metadata=_META, cudagraph_runtime_mode=_GraphMode.FULL), False),  # V1, full graph
+    (types.SimpleNamespace(attn_metadata=None, cudagraph_runtime_mode=_GraphMode.NONE), False),  # V2 before a full graph
+    (None, False),
+    (types.SimpleNamespace(attn_metadata=_META, cudagraph_runtime_mode=_GraphMode.PIECEWISE), True),
+    (types.SimpleNamespace(attn_metadata=_META, cudagraph_runtime_mode=_GraphMode.NONE), True),
+], ids=["v1-full", "v2-full", "no-context", "piecewise", "eager"])
+def test_a_full_graph_step_waits_for_every_layer_before_it_starts(tmp_path, fake_cuda, ctx, hooks_run):
     """vLLM keeps full CUDA graphs for decode-only batches; such a step calls no
     wait_for_layer_load, so its layer-wise load must make the stream wait for
     every layer in start_load_kv. Piecewise and eager steps wait per layer."""
     e, fp, close = _engine(tmp_path, True, fake_cuda)
     try:
-        e.forward_context = None if mode is None else types.SimpleNamespace(cudagraph_runtime_mode=mode)
+        e.forward_context = ctx
+        mode = _GraphMode.FULL if not hooks_run else None
         a = Request("a", list(range(3 * PT + 1)))
         _compute_and_save(e, a, list(range(0, 7)))
         tokens = a.prompt_token_ids[: 3 * PT] + [9]
@@ -185,3 +198,25 @@ def test_layerwise_keeps_full_graphs_unless_asked_for_piecewise():
     assert OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise": True, "layerwise_piecewise": True})
     assert not OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise_piecewise": True})
     assert not OrbitKVConnector.requires_piecewise_for_cudagraph(None)
+
+
+def test_a_session_reopened_by_the_load_is_waited_on_with_its_own_events(tmp_path, fake_cuda, monkeypatch):
+    """The peer forgot the session; the layer-wise Load reopens it and runs there. The
+    layers must wait on the new session's events, not on the old ones (never recorded
+    for this load, so a wait on them would not wait at all)."""
+    monkeypatch.setattr(worker_mod, "_open_events", lambda dev, hs: [("ev", h[0] - 1, h[1]) for h in hs])
+    e, fp, close = _engine(tmp_path, True, fake_cuda)
+    try:
+        a = Request("a", list(range(2 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 5)))
+        old = {ev[2] for ev in e.work.worker._events}
+        fp.restart()
+        tokens = a.prompt_token_ids[: 2 * PT] + [5]
+        b_blocks = list(range(10, 15))
+        _, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
+        assert len(meta.loads) == 1 and fp.layerwise_loads == [2]
+        new = {ev[2] for ev in fake_cuda}
+        assert len(fake_cuda) == L and new and not (new & old), (old, fake_cuda)
+        assert not errs and e.blocks_bytes(b_blocks[:2]) == e.blocks_bytes(list(range(0, 2)))
+    finally:
+        close()

@@ -74,22 +74,44 @@ def test_overridden_hooks_accept_the_base_signatures():
         assert name in checked, f"{name} is not overridden"
 
 
-def test_full_graph_steps_are_told_apart_by_the_installed_forward_context():
+def test_steps_without_layer_hooks_are_told_apart_in_the_installed_runners(monkeypatch):
     """Layer-wise loads keep vLLM's full CUDA graphs (requires_piecewise_for_cudagraph
-    False): start_load_kv reads the step's runtime mode from vLLM's ForwardContext
-    and waits for every layer when it is FULL (tests/test_vllm_layerwise.py)."""
-    import dataclasses
+    False), so start_load_kv must tell from what vLLM passes it whether the attention
+    layers will call wait_for_layer_load (tests/test_vllm_layerwise.py then waits for
+    every layer). V1 passes its forward context (FULL on a graph replay); the V2 runner,
+    0.26's default for dense models, calls start_load_kv through ActiveKVConnector.
+    pre_forward, before a full graph outside any forward context, else inside the
+    piecewise or eager forward's context."""
     import types
 
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import ForwardContext
+    from vllm.config import CUDAGraphMode, DeviceConfig, VllmConfig
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.worker.gpu import kv_connector as v2
 
-    from orbitkv.vllm.connector import _runs_full_graph
+    from orbitkv.vllm.connector import _hooks_skipped
 
-    assert "cudagraph_runtime_mode" in {f.name for f in dataclasses.fields(ForwardContext)}
-    for mode, full in ((CUDAGraphMode.FULL, True), (CUDAGraphMode.PIECEWISE, False), (CUDAGraphMode.NONE, False)):
-        assert _runs_full_graph(types.SimpleNamespace(cudagraph_runtime_mode=mode)) is full, mode
-    assert not _runs_full_graph(None)
+    seen = []
+
+    class Recorder:  # the connector as V2's ActiveKVConnector drives it
+        def register_kv_caches(self, kv): pass
+        def set_host_xfer_buffer_ops(self, op): pass
+        def handle_preemptions(self, meta): pass
+        def bind_connector_metadata(self, meta): pass
+        def start_load_kv(self, ctx, **kw): seen.append(_hooks_skipped(ctx))
+
+    monkeypatch.setattr(v2, "get_kv_transfer_group", lambda: Recorder())
+    cfg = VllmConfig(device_config=DeviceConfig("cpu"))
+    active = v2.ActiveKVConnector(cfg, {})
+    so = types.SimpleNamespace(kv_connector_metadata=object())
+    active.pre_forward(so)  # V2, FULL: no forward context is set
+    meta = {"model.layers.0.self_attn.attn": object()}
+    for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE):  # V2's piecewise and eager forwards
+        with set_forward_context(meta, cfg, cudagraph_runtime_mode=mode):
+            active.pre_forward(so)
+    assert seen == [True, False, False]
+    # V1: its forward context on a full-graph replay, and in the piecewise forward
+    assert _hooks_skipped(types.SimpleNamespace(attn_metadata=meta, cudagraph_runtime_mode=CUDAGraphMode.FULL))
+    assert not _hooks_skipped(types.SimpleNamespace(attn_metadata=meta, cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE))
     assert not OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise": True})
 
 

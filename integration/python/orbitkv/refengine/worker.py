@@ -24,6 +24,9 @@ from .model import LayerHooks, Qwen3Model
 from .scheduler import SchedulerOutput, cdiv
 
 
+_FULL_GRAPH = types.SimpleNamespace(name="FULL")  # vLLM's CUDAGraphMode.FULL, by name
+
+
 class _ConnectorHooks(LayerHooks):
     def __init__(self, connector: Any):
         self.connector = connector
@@ -80,7 +83,7 @@ class ModelRunner:
             start_ev.record()
             self.hooks.marks = []
         try:
-            conn.start_load_kv(self._forward_context(batch[1] if batch else None))
+            conn.start_load_kv(self._forward_context(batch[1] if batch else None, graph is not None))
             t1 = time.perf_counter()
             sampled = self._run(so, batch, graph) if so.seqs else {}
             if batch and self.device.type == "cuda":
@@ -117,10 +120,13 @@ class ModelRunner:
             return sending, recving, None
         return None, None, None
 
-    def _forward_context(self, meta: Optional[BatchMeta]):
+    def _forward_context(self, meta: Optional[BatchMeta], graph: bool = False):
+        """What vLLM passes start_load_kv; a decode step replayed as a CUDA graph
+        says FULL (as vLLM's runner does), since its layers call no connector hook."""
         layers = {name: types.SimpleNamespace(kv_cache=[t], layer_name=name)
                   for name, t in self.pool.kv_caches().items()}
-        return types.SimpleNamespace(no_compile_layers=layers, attn_metadata=meta, virtual_engine=0)
+        return types.SimpleNamespace(no_compile_layers=layers, attn_metadata=meta, virtual_engine=0,
+                                     cudagraph_runtime_mode=_FULL_GRAPH if graph else None)
 
     def _graph_step(self, so: SchedulerOutput):
         """(rows, key) when this step replays a decode graph: graphs on, every request

@@ -14,9 +14,10 @@ Extra-config keys (all optional except ``socket``):
                     CUDA session layer events, layer l's attention waits on the
                     GPU only for layer l's copy (the restore overlaps the
                     forward). Without layer events: whole-request sync loads.
-                    vLLM keeps its full CUDA graphs for decode-only batches: a step it
-                    runs as one full graph (no per-layer hooks inside) waits on the GPU
-                    for every layer's copy before the graph starts.
+                    vLLM keeps its full CUDA graphs (for decode-only batches under its
+                    default FULL_AND_PIECEWISE mode): a step it runs as one full graph (no
+                    per-layer hooks inside) waits on the GPU for every layer's copy before
+                    the graph starts, in vLLM's V1 and V2 model runners alike.
   layerwise_piecewise  with layerwise: ask vLLM for piecewise CUDA graphs only
                     (requires_piecewise_for_cudagraph, what vLLM's own layer-wise
                     connectors do; decode steps then lose their full graphs). Default False.

@@ -74,9 +74,17 @@ def _warn_failure_policy(vllm_config: Any) -> None:
                     kvt.kv_load_failure_policy)
 
 
-def _runs_full_graph(forward_context: Any) -> bool:
-    """Whether vLLM runs this step as one full CUDA graph, in which the
-    attention layers' connector hooks (wait_for_layer_load) do not run."""
+def _hooks_skipped(forward_context: Any) -> bool:
+    """Whether the step's attention layers will call no wait_for_layer_load,
+    so that a layer-wise load must be waited for whole before the forward.
+    vLLM's V1 runner says so in the context it passes (cudagraph_runtime_mode
+    FULL: one full graph is replayed); its V2 runner (0.26's default for
+    dense models) calls start_load_kv before a full graph outside the
+    forward's own context, in one with no attention metadata — which is also
+    when vLLM's hook wrapper (maybe_transfer_kv_layer) skips the hooks; and a
+    step without a forward passes no metadata either."""
+    if getattr(forward_context, "attn_metadata", None) is None:
+        return True
     mode = getattr(forward_context, "cudagraph_runtime_mode", None)
     return getattr(mode, "name", None) == "FULL"
 
@@ -150,10 +158,11 @@ class OrbitKVConnector(KVConnectorBase_V1):
     def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
         """No, unless asked (layerwise_piecewise). Layer-wise loads wait inside
         attention (wait_for_layer_load), which a full CUDA graph does not run;
-        vLLM runs full graphs only for decode-only batches and says so in the
-        forward context, and start_load_kv then waits for every layer's copy
-        before the graph starts (_runs_full_graph). Piecewise-only graphs cost
-        every decode step (10.65 ms against 5.70 ms ITL on the H200)."""
+        vLLM replays full graphs for decode-only batches (and, in some modes,
+        for mixed ones), and start_load_kv then waits for every layer's copy
+        before the graph starts (_hooks_skipped): the restore loses its
+        overlap in those steps only. Piecewise-only graphs cost every decode
+        step (10.65 ms against 5.70 ms ITL on the H200)."""
         extra = extra_config or {}
         return bool(extra.get("layerwise", False)) and bool(extra.get("layerwise_piecewise", False))
 
@@ -230,7 +239,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         meta = self._meta()
         if meta.preempted:
             self.worker.handle_preemptions(meta.preempted)
-        self.worker.start_load_kv(meta, full_graph=_runs_full_graph(forward_context))
+        self.worker.start_load_kv(meta, hooks_skipped=_hooks_skipped(forward_context))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Layer-wise loads: a GPU-side wait on the layer's event; otherwise a

@@ -132,6 +132,7 @@ class WorkerHalf:
         self._layer_index: dict[str, int] = {}
         self._events: list[Any] = []  # torch.cuda.Event per layer, opened from the peer's handles
         self._events_gen = -1  # session generation the events belong to
+        self._events_sid = ""  # and that session's id
         self._device: Any = None
         self._wait_layers = False  # this step's layer-wise load was enqueued
         # Instrumentation (cheap, CPU only): per layer-wise load, the Load call's latency
@@ -197,11 +198,12 @@ class WorkerHalf:
         s = self.session
         if s is None or s.generation == self._events_gen:
             return
-        self._events_gen, self._events = s.generation, []
-        if not (self.cfg.layerwise and self._device is not None and s.info.layer_events):
+        info = s.info  # one SessionInfo: its id and its events belong together
+        self._events_gen, self._events, self._events_sid = s.generation, [], info.session_id
+        if not (self.cfg.layerwise and self._device is not None and info.layer_events):
             return
         try:
-            self._events = _open_events(self._device, s.info.layer_events)
+            self._events = _open_events(self._device, info.layer_events)
         except Exception as e:  # an old torch or driver: whole-request loads
             log.warning("orbitkv: cannot open the peer's layer events (%s); layer-wise loads off", e)
             self._events = []
@@ -226,15 +228,15 @@ class WorkerHalf:
 
     # --- per step ----------------------------------------------------------------
 
-    def start_load_kv(self, meta: OrbitKVMetadata, full_graph: bool = False) -> None:
-        """Starts the step's loads. full_graph: the step runs as one full CUDA
-        graph, whose attention layers call no wait_for_layer_load, so a
-        layer-wise load makes the stream wait for every layer here instead."""
+    def start_load_kv(self, meta: OrbitKVMetadata, hooks_skipped: bool = False) -> None:
+        """Starts the step's loads. hooks_skipped: the step's attention layers
+        will call no wait_for_layer_load (one full CUDA graph), so a layer-wise
+        load makes the stream wait for every layer here instead."""
         self._wait_layers = False
         self._refresh_events()
         if self._events and meta.loads:
             self._start_layerwise(meta.loads)
-            if full_graph and self._wait_layers:
+            if hooks_skipped and self._wait_layers:
                 for ev in self._events:
                     _stream_wait(self._device, ev)
                 self._wait_layers = False
@@ -268,7 +270,10 @@ class WorkerHalf:
                         e = e2
                 if op is None:
                     log.warning("orbitkv layer-wise load of %d pages failed, recomputing: %s", len(refs), e)
-        self._wait_layers = op is not None
+        if op is not None:
+            self._refresh_events()  # the Load reopened the session: its events are new ones
+        # the events waited on must be those of the session that runs the Load
+        self._wait_layers = op is not None and bool(self._events) and op.session_id == self._events_sid
         self.lw_timings.append({"pages": len(refs), "load_rpc_s": time.perf_counter() - t0})
         del self.lw_timings[:-256]
         whole = cf.Future() if op is None else self._load_pool.submit(self._wait, op, self.cfg.load_deadline_ms)
@@ -279,6 +284,8 @@ class WorkerHalf:
                 fut: cf.Future = cf.Future()
                 whole.add_done_callback(lambda w, i=i, f=fut: f.set_result(_split(_result_of(w), specs)[i]))
                 self._loads[sp.req_id] = _LoadState(sp, fut, layerwise=True)
+        if op is not None and not self._wait_layers:
+            whole.result()  # no layer events to wait on after all: the whole load, before the forward
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Layer-wise loads: the current CUDA stream waits for the layer's
