@@ -109,13 +109,18 @@ start_vllm() { # CONFIG [ENV=VALUE...]: native | dram | ssd
 	VLLM_PID=$!
 	local t0=$SECONDS
 	for _ in $(seq 1500); do
-		curl -sf -o /dev/null 127.0.0.1:8000/health && { say "vllm $cfg up in $((SECONDS - t0)) s"; return 0; }
+		curl -sf -o /dev/null 127.0.0.1:8000/health && { say "vllm $cfg up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
 		kill -0 $VLLM_PID 2>/dev/null || break
 		sleep 0.2
 	done
 	say "vllm $cfg failed to start"
 	grep -E "Error|error|Traceback" "$O/vllm.log" | tail -12 | tee -a "$S"
 	return 1
+}
+
+vllm_modes() { # which model runner and CUDA graph mode this start took (layer-wise loads depend on both)
+	grep -hoE "Using V[0-9] Model Runner|Overriding cudagraph_mode[^.]*|'cudagraph_mode': <CUDAGraphMode\.[A-Z_]+" "$O/vllm.log" |
+		tail -3 | sed "s/^/[vllm mode] /" | tee -a "$S"
 }
 
 bench() { # CFG NAME BENCH-ARGS...
