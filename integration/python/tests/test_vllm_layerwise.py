@@ -220,3 +220,32 @@ def test_a_session_reopened_by_the_load_is_waited_on_with_its_own_events(tmp_pat
         assert not errs and e.blocks_bytes(b_blocks[:2]) == e.blocks_bytes(list(range(0, 2)))
     finally:
         close()
+
+
+@pytest.mark.parametrize("with_events", [True, False], ids=["layer-wise", "whole-request"])
+def test_a_restore_reaches_the_peer_only_after_the_engines_earlier_kernels(tmp_path, fake_cuda, monkeypatch,
+                                                                           with_events):
+    """The peer copies on its own stream, unordered with the engine's: under vLLM's async
+    scheduling the previous step may still be writing blocks a preemption just handed to
+    this restore. The Load must reach the peer only once an event recorded on the engine's
+    stream at start_load_kv has been waited for."""
+    e, fp, close = _engine(tmp_path, with_events, fake_cuda)
+    try:
+        a = Request("a", list(range(2 * PT + 1)))
+        _compute_and_save(e, a, list(range(0, 5)))
+        loads_before = fp.calls.get("Load", 0)
+        seen = []  # per wait on an engine event: how many Loads the peer had received by then
+
+        class Ordered:
+            def synchronize(self):
+                seen.append(fp.calls.get("Load", 0))
+
+        monkeypatch.setattr(worker_mod, "_record_event", lambda dev: Ordered())
+        tokens = a.prompt_token_ids[: 2 * PT] + [5]
+        b_blocks = list(range(10, 15))
+        _, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
+        assert len(meta.loads) == 1 and fp.calls.get("Load", 0) == loads_before + 1
+        assert seen and seen[0] == loads_before, f"the engine's event was waited for before the Load: {seen}"
+        assert not errs and e.blocks_bytes(b_blocks[:2]) == e.blocks_bytes(list(range(0, 2)))
+    finally:
+        close()

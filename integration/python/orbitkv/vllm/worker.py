@@ -234,29 +234,36 @@ class WorkerHalf:
         load makes the stream wait for every layer here instead."""
         self._wait_layers = False
         self._refresh_events()
+        ready = self._engine_event() if meta.loads else None
         if self._events and meta.loads:
-            self._start_layerwise(meta.loads)
+            self._start_layerwise(meta.loads, ready)
             if hooks_skipped and self._wait_layers:
                 for ev in self._events:
                     _stream_wait(self._device, ev)
                 self._wait_layers = False
             return
         for spec in meta.loads:
-            fut = self._load_pool.submit(self._run_load, spec)
+            fut = self._load_pool.submit(self._run_load, spec, ready)
             with self._lock:
                 self._loads[spec.req_id] = _LoadState(spec, fut)
         for spec in meta.loads:
             if spec.sync:
                 self._loads[spec.req_id].future.result()
 
-    def _start_layerwise(self, specs: Sequence[LoadSpec]) -> None:
+    def _start_layerwise(self, specs: Sequence[LoadSpec], ready: Any = None) -> None:
         """One layer-wise Load for every load of the step; returns once the
-        peer has enqueued it (the events are then safe to wait on)."""
+        peer has enqueued it (the events are then safe to wait on). It waits
+        on the CPU for the engine's earlier kernels first (ready: the peer's
+        copies must not overtake them, _engine_event), which idles the GPU for
+        the Load call in steps that restore."""
         assert self.session is not None
         refs = [r for sp in specs for r in _refs(sp, self.rank)]
         leases = {sp.leases.get(self.rank, "") for sp in specs}
         lease = leases.pop() if len(leases) == 1 else ""
         op: Optional[Op] = None
+        t_wait = time.perf_counter()
+        if ready is not None and self.session.ready:
+            ready.synchronize()
         t0 = time.perf_counter()
         if self.session.ready:  # peer down: no call; every block fails (recompute)
             try:
@@ -274,7 +281,7 @@ class WorkerHalf:
             self._refresh_events()  # the Load reopened the session: its events are new ones
         # the events waited on must be those of the session that runs the Load
         self._wait_layers = op is not None and bool(self._events) and op.session_id == self._events_sid
-        self.lw_timings.append({"pages": len(refs), "load_rpc_s": time.perf_counter() - t0})
+        self.lw_timings.append({"pages": len(refs), "engine_wait_s": t0 - t_wait, "load_rpc_s": time.perf_counter() - t0})
         del self.lw_timings[:-256]
         whole = cf.Future() if op is None else self._load_pool.submit(self._wait, op, self.cfg.load_deadline_ms)
         if op is None:
@@ -314,7 +321,7 @@ class WorkerHalf:
                     self._saves.setdefault(spec.req_id, []).append(fut)
             self.skipped_saves += len(meta.saves)
             return
-        ready = self._kv_written_event()
+        ready = self._engine_event()
         for spec in meta.saves:
             fut = self._save_pool.submit(self._run_save, spec, ready)
             with self._lock:
@@ -365,13 +372,15 @@ class WorkerHalf:
 
     # --- operations (pool threads) ---------------------------------------------------
 
-    def _run_load(self, spec: LoadSpec) -> OpResult:
+    def _run_load(self, spec: LoadSpec, ready: Any = None) -> OpResult:
         assert self.session is not None, "register_kv_caches was not called"
         refs = _refs(spec, self.rank)
         lease = spec.leases.get(self.rank, "")
         if not self.session.ready:  # peer down: every block fails (recompute), no call
             log.debug("orbitkv load for %s skipped: peer unreachable", spec.req_id)
             return OpResult("", True, ())
+        if ready is not None:
+            ready.synchronize()  # on the load thread: the engine's earlier kernels are done (_engine_event)
         try:
             try:
                 # The lease ends with the load: its budget is free for the next restore at once.
@@ -389,10 +398,15 @@ class WorkerHalf:
             log.warning("orbitkv load for %s failed, recomputing: %s", spec.req_id, e)
             return OpResult("", True, ())
 
-    def _kv_written_event(self) -> Any:
-        """On a GPU, an event recorded after the step's KV writes: the peer's
-        device copies run on its own stream, so a save must not start until
-        the engine's kernels that wrote those blocks are done."""
+    def _engine_event(self) -> Any:
+        """On a GPU, an event recorded on the engine's stream now, after all the
+        work the engine has launched. The peer's device copies run on its own
+        stream, in its own process, unordered with the engine's kernels, so
+        neither a save nor a load may start before them: a save reads blocks
+        the step just wrote; a load writes blocks that, under vLLM's async
+        scheduling, the previous step may still be writing on the GPU (blocks
+        a preemption in this scheduling pass freed and handed to the restore,
+        or those of a request that finished one step earlier)."""
         if self._device is None:
             return None
         return _record_event(self._device)
