@@ -3,6 +3,7 @@ CUDA events: one layer-wise Load per step, GPU-side waits per layer, load
 errors still reported per block, and the whole-request path where the
 session has no layer events."""
 
+import dataclasses
 import enum
 import types
 
@@ -222,14 +223,18 @@ def test_a_session_reopened_by_the_load_is_waited_on_with_its_own_events(tmp_pat
         close()
 
 
+@pytest.mark.parametrize("fenced", [False, True], ids=["producer", "vllm-fences"])
 @pytest.mark.parametrize("with_events", [True, False], ids=["layer-wise", "whole-request"])
 def test_a_restore_reaches_the_peer_only_after_the_engines_earlier_kernels(tmp_path, fake_cuda, monkeypatch,
-                                                                           with_events):
+                                                                           with_events, fenced):
     """The peer copies on its own stream, unordered with the engine's: under vLLM's async
     scheduling the previous step may still be writing blocks a preemption just handed to
     this restore. The Load must reach the peer only once an event recorded on the engine's
-    stream at start_load_kv has been waited for."""
+    stream at start_load_kv has been waited for — unless vLLM fences such blocks itself
+    (consumer roles, vLLM 0.26: _compat.engine_fences_loads), when the restore skips it."""
     e, fp, close = _engine(tmp_path, with_events, fake_cuda)
+    w = e.work.worker
+    w.cfg = dataclasses.replace(w.cfg, engine_fences_loads=fenced)
     try:
         a = Request("a", list(range(2 * PT + 1)))
         _compute_and_save(e, a, list(range(0, 5)))
@@ -245,7 +250,25 @@ def test_a_restore_reaches_the_peer_only_after_the_engines_earlier_kernels(tmp_p
         b_blocks = list(range(10, 15))
         _, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
         assert len(meta.loads) == 1 and fp.calls.get("Load", 0) == loads_before + 1
-        assert seen and seen[0] == loads_before, f"the engine's event was waited for before the Load: {seen}"
+        if fenced:
+            assert all(n > loads_before for n in seen), f"no wait before the Load: {seen}"
+        else:
+            assert seen and seen[0] == loads_before, f"the engine's event was waited for before the Load: {seen}"
         assert not errs and e.blocks_bytes(b_blocks[:2]) == e.blocks_bytes(list(range(0, 2)))
     finally:
         close()
+
+
+def test_vllm_fences_restores_for_consumer_roles_from_0_26_without_a_drafter():
+    from orbitkv.vllm._compat import engine_fences_loads
+
+    def cfg(consumer=True, spec=None):
+        return types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(is_kv_consumer=consumer),
+                                     speculative_config=spec)
+
+    assert engine_fences_loads(cfg(), "0.26.0")
+    assert engine_fences_loads(cfg(), "0.27.1")
+    assert not engine_fences_loads(cfg(consumer=False), "0.26.0"), "kv_producer: vLLM frees at once"
+    assert not engine_fences_loads(cfg(spec=object()), "0.26.0"), "V2 fences before the drafter runs"
+    assert not engine_fences_loads(cfg(), "0.25.1"), "not known to fence"
+    assert not engine_fences_loads({"socket": "x"}) and not engine_fences_loads(None)

@@ -115,6 +115,26 @@ def test_steps_without_layer_hooks_are_told_apart_in_the_installed_runners(monke
     assert not OrbitKVConnector.requires_piecewise_for_cudagraph({"layerwise": True})
 
 
+def test_the_installed_vllm_fences_freed_blocks_for_the_roles_we_skip_the_wait_for():
+    """OrbitKV's loads skip their wait for the engine's earlier kernels where vLLM itself
+    holds freed blocks from restores until their steps end (_compat.engine_fences_loads):
+    the installed Scheduler must still defer frees for consumer kv_roles, and its
+    is_kv_consumer must name the roles we trust it for."""
+    import types
+
+    from vllm.config import KVTransferConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from orbitkv.vllm._compat import engine_fences_loads
+
+    src = inspect.getsource(Scheduler.__init__)
+    assert "defer_block_free" in src and "is_kv_consumer" in src and "max_concurrent_batches" in src
+    for role, fenced in (("kv_both", True), ("kv_consumer", True), ("kv_producer", False)):
+        kvt = KVTransferConfig(kv_connector="OrbitKVConnector", kv_role=role)
+        vc = types.SimpleNamespace(kv_transfer_config=kvt, speculative_config=None)
+        assert engine_fences_loads(vc) is fenced, role
+
+
 # --- restores through the real scheduler ------------------------------------------
 
 

@@ -95,6 +95,24 @@ def vllm_version() -> str:
         return ""
 
 
+def engine_fences_loads(vllm_config: Any, version: Optional[str] = None) -> bool:
+    """Whether vLLM itself keeps a freed request's blocks from a restore until
+    every step that used them has finished, so that a load into them needs no
+    wait of its own (worker.py, _engine_event). vLLM 0.26 defers such frees
+    (Scheduler.defer_block_free) when batches overlap (async scheduling, PP)
+    and its kv_role is a consumer one (kv_both, kv_consumer); without overlap
+    there is nothing to fence. Not with a draft model: V2 records the fence
+    before the drafter runs. Older versions are not known to fence."""
+    if vllm_config is None or isinstance(vllm_config, dict):
+        return False
+    kvt = getattr(vllm_config, "kv_transfer_config", None)
+    if kvt is None or not bool(getattr(kvt, "is_kv_consumer", False)):
+        return False
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        return False
+    return _at_least(vllm_version() if version is None else version, (0, 26))
+
+
 def vllm_byte_layout(block_tokens: int) -> Optional[str]:
     """The page byte layout the installed vLLM's attention backends allocate
     for ``block_tokens``-token blocks (orbitkv.buffers names them): 5-D K/V

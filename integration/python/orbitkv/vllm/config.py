@@ -61,7 +61,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from orbitkv.keys import Layout
-from orbitkv.vllm._compat import vllm_byte_layout
+from orbitkv.vllm._compat import engine_fences_loads, vllm_byte_layout
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
@@ -84,6 +84,7 @@ class ConnectorConfig:
     durability: str = "dram"
     lookup_refresh_s: float = 0.5
     recompute_tokens_per_s: int = 0
+    engine_fences_loads: bool = False  # vLLM holds freed blocks from restores until their steps end
     kv_layout: str = "auto"
     tp_rank: Optional[int] = None
     engine_id: str = "vllm"
@@ -197,6 +198,7 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         durability=str(extra.get("durability", "dram")),
         lookup_refresh_s=float(extra.get("lookup_refresh_s", 0.5)),
         recompute_tokens_per_s=int(extra.get("recompute_tokens_per_s", 0)),
+        engine_fences_loads=engine_fences_loads(None if isinstance(vllm_config, Mapping) else vllm_config),
         kv_layout=str(extra.get("kv_layout", "auto")),
         tp_rank=int(extra["tp_rank"]) if "tp_rank" in extra else None,
         engine_id=str(extra.get("engine_id", "vllm")),

@@ -89,7 +89,7 @@ def _record_event(device: Any) -> Any:
     """An event recorded on the current stream now (synchronize() waits for it)."""
     import torch
 
-    ev = torch.cuda.Event()
+    ev = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning a core
     ev.record(torch.cuda.current_stream(device))
     return ev
 
@@ -234,7 +234,9 @@ class WorkerHalf:
         load makes the stream wait for every layer here instead."""
         self._wait_layers = False
         self._refresh_events()
-        ready = self._engine_event() if meta.loads else None
+        # vLLM fences freed blocks itself for consumer roles (_compat.engine_fences_loads); a
+        # producer's restores wait for the engine's earlier kernels here (_engine_event)
+        ready = self._engine_event() if meta.loads and not self.cfg.engine_fences_loads else None
         if self._events and meta.loads:
             self._start_layerwise(meta.loads, ready)
             if hooks_skipped and self._wait_layers:
@@ -261,11 +263,11 @@ class WorkerHalf:
         leases = {sp.leases.get(self.rank, "") for sp in specs}
         lease = leases.pop() if len(leases) == 1 else ""
         op: Optional[Op] = None
-        t_wait = time.perf_counter()
-        if ready is not None and self.session.ready:
-            ready.synchronize()
-        t0 = time.perf_counter()
+        t_wait = t0 = time.perf_counter()
         if self.session.ready:  # peer down: no call; every block fails (recompute)
+            if ready is not None:
+                ready.synchronize()
+                t0 = time.perf_counter()
             try:
                 op = self.session.load(refs, lease_id=lease, deadline_ms=self.cfg.load_deadline_ms, layerwise=True,
                                        end_lease=True)
@@ -403,10 +405,12 @@ class WorkerHalf:
         work the engine has launched. The peer's device copies run on its own
         stream, in its own process, unordered with the engine's kernels, so
         neither a save nor a load may start before them: a save reads blocks
-        the step just wrote; a load writes blocks that, under vLLM's async
-        scheduling, the previous step may still be writing on the GPU (blocks
-        a preemption in this scheduling pass freed and handed to the restore,
-        or those of a request that finished one step earlier)."""
+        the step just wrote; a load writes blocks that, with overlapping
+        batches (vLLM's async scheduling), a step still on the GPU may be
+        writing — those of a request that stopped or was aborted after it was
+        scheduled into that step — unless vLLM defers such frees itself, as
+        0.26 does for consumer roles (_compat.engine_fences_loads: the load
+        then skips this wait; a kv_producer's restores keep it)."""
         if self._device is None:
             return None
         return _record_event(self._device)
