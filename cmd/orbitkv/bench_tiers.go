@@ -15,8 +15,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/orbitkv/orbitkv/fabric"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
@@ -160,54 +158,18 @@ func memcpyGBps(n int) float64 {
 	return float64(n) / best.Seconds() / 1e9
 }
 
-// benchEngine is an in-process peer plus an engine session over its socket.
-type benchEngine struct {
-	e     *engineclient.Engine
-	admin pb.AdminServiceClient
-	shm   *engineclient.Shm
-	stop  func()
-}
-
 func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
 	cfg := fabric.DefaultConfig()
 	cfg.DataDir, cfg.MetricsAddr, cfg.SSDBytes = filepath.Join(b.scratch, "peer"), "", 0
-	pageBytes := uint64(b.flash.Size()) / uint64(b.flash.NumBlocks) * uint64(b.flash.PageTokens/b.flash.BlockTokens)
+	pageBytes := flashPageBytes(b.flash)
 	cfg.DRAMSlabBytes = bytesize.Size(max(64<<20, 4*((pageBytes+4095)&^4095)))
 	cfg.DRAMBytes = bytesize.Size(uint64(cfg.DRAMSlabBytes) * (uint64(b.pages)*pageBytes/uint64(cfg.DRAMSlabBytes) + 2))
-	os.RemoveAll(cfg.DataDir)
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	peer, err := fabric.New(cfg, zerolog.Nop())
+	be, err := startBenchPeer(ctx, cfg, b.flash, filepath.Join(b.shmDir, "orbitkv-bench-"+strconv.Itoa(os.Getpid())))
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- peer.Run(pctx) }()
-	stop := func() { cancel(); <-done }
-	shm, err := engineclient.CreateShm(filepath.Join(b.shmDir, "orbitkv-bench-"+strconv.Itoa(os.Getpid())), b.flash.Size())
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	rand.Read(shm.Mem)
-	conn, err := engineclient.Dial(cfg.Socket)
-	if err != nil {
-		stop()
-		shm.Close()
-		return nil, err
-	}
-	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
-	defer ocancel()
-	e, err := engineclient.Open(octx, conn, b.flash.OpenRequest("bench", shm.Path))
-	if err != nil {
-		conn.Close()
-		stop()
-		shm.Close()
-		return nil, err
-	}
-	return &benchEngine{e: e, admin: pb.NewAdminServiceClient(conn), shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
+	rand.Read(be.shm.Mem)
+	return be, nil
 }
 
 // dramRound is one round of the DRAM comparison, GB/s.

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/orbitkv/orbitkv/fabric"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+// benchEngine is an in-process peer plus an engine session over its socket.
+type benchEngine struct {
+	e     *engineclient.Engine
+	admin pb.AdminServiceClient
+	shm   *engineclient.Shm
+	stop  func()
+}
+
+// startBenchPeer starts a peer in-process from cfg (validated here; its
+// data directory is emptied first), creates the engine's shared-memory KV
+// buffer of flash's geometry at shmPath (zeroed: the caller fills it) and
+// opens one session over the peer's Unix socket, as an engine does. stop
+// closes the connection, stops the peer and removes the buffer.
+func startBenchPeer(ctx context.Context, cfg fabric.Config, flash engineclient.Flash, shmPath string) (*benchEngine, error) {
+	os.RemoveAll(cfg.DataDir)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	peer, err := fabric.New(cfg, zerolog.Nop())
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- peer.Run(pctx) }()
+	stop := func() { cancel(); <-done }
+	shm, err := engineclient.CreateShm(shmPath, flash.Size())
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	conn, err := engineclient.Dial(cfg.Socket)
+	if err != nil {
+		stop()
+		shm.Close()
+		return nil, err
+	}
+	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+	defer ocancel()
+	e, err := engineclient.Open(octx, conn, flash.OpenRequest("bench", shm.Path))
+	if err != nil {
+		conn.Close()
+		stop()
+		shm.Close()
+		return nil, err
+	}
+	return &benchEngine{e: e, admin: pb.NewAdminServiceClient(conn), shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
+}
+
+// flashPageBytes is the bytes of one page of f's geometry: every layer's K
+// and V blocks of the page's tokens.
+func flashPageBytes(f engineclient.Flash) uint64 {
+	return uint64(f.Layers) * 2 * uint64(f.BlockBytes()) * uint64(f.PageTokens/f.BlockTokens)
+}
