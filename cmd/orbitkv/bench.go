@@ -10,8 +10,8 @@ import (
 
 func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
-		"ssd":    runBenchSSD,
-		"tiers":  runBenchTiers,
+		"ssd":   runBenchSSD,
+		"tiers": runBenchTiers, "saturation": runBenchSaturation,
 		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer, "cluster": runBenchCluster,
 		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport,
 	})

@@ -39,7 +39,7 @@ func TestEveryCommandAnswersHelp(t *testing.T) {
 	captureStderr(t)
 	quietFlagUsage(t)
 	groups := map[string][]string{"catalog": {"lookup"}, "pki": {"init", "issue"}, "config": {"print"},
-		"bench": {"tiers", "lookup", "ssd", "fabric", "transfer", "cluster", "gpu", "serving", "report"}}
+		"bench": {"tiers", "saturation", "lookup", "ssd", "fabric", "transfer", "cluster", "gpu", "serving", "report"}}
 	for _, c := range commands() {
 		var out bytes.Buffer
 		err := run(context.Background(), []string{c.name, "--help"}, &out)
