@@ -202,7 +202,7 @@ func (b *satBench) drivePeer(ctx context.Context, label string, ssdBytes bytesiz
 	if err != nil {
 		return satResult{}, err
 	}
-	defer be.stop()
+	defer func() { be.stop(); os.RemoveAll(cfg.DataDir) }() // B's SSD files: gigabytes
 	kctx, kcancel := context.WithCancel(ctx)
 	defer kcancel()
 	go be.e.KeepAlive(kctx, 2*time.Second)

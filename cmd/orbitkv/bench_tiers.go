@@ -158,6 +158,8 @@ func memcpyGBps(n int) float64 {
 	return float64(n) / best.Seconds() / 1e9
 }
 
+// startPeer starts the DRAM-only peer of the DRAM comparison, its pool
+// sized for the run's pages, the engine buffer filled with random bytes.
 func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
 	cfg := fabric.DefaultConfig()
 	cfg.DataDir, cfg.MetricsAddr, cfg.SSDBytes = filepath.Join(b.scratch, "peer"), "", 0
