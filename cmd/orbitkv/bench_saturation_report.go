@@ -256,6 +256,12 @@ func satRows(rs []satResult) []satRow {
 			return fmt.Sprintf("%d / %d", r.tally.load.pages["ok dram"], r.tally.load.pages["ok ssd"])
 		}},
 	)
+	return append(rows, peerRows()...)
+}
+
+// peerRows are the peer's own counters and the disk's, over the run.
+func peerRows() []satRow {
+	var rows []satRow
 	for _, m := range []struct{ name, series string }{
 		{"peer: saved pages", "orbitkv_fabric_saved_pages_total"},
 		{"peer: demoted pages (DRAM -> SSD)", "orbitkv_tiers_demoted_pages_total"},
