@@ -277,7 +277,7 @@ func peerRows() []satRow {
 		rows = append(rows, satRow{m.name, func(r satResult) string { return r.metric(m.series) }})
 	}
 	return append(rows,
-		satRow{"disk bytes written (this process)", func(r satResult) string { return bytesize.Size(r.peer.diskWritten).String() }},
+		satRow{"disk GB written (this process)", func(r satResult) string { return fmt.Sprintf("%.2f", float64(r.peer.diskWritten)/1e9) }},
 		satRow{"disk write GB/s over the run", func(r satResult) string {
 			return fmt.Sprintf("%.2f", float64(r.peer.diskWritten)/r.elapsed.Seconds()/1e9)
 		}},
