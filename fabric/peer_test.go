@@ -385,11 +385,8 @@ func flipByte(t *testing.T, dir string, file uint32, off int64) {
 	}
 }
 
-// TestSSDFullDropsOldest overfills both tiers with durable saves (each
-// written through to the SSD, so none waits on a cache fill's admission:
-// saves acknowledged in DRAM faster than the disk writes may be left out,
-// TestCacheFillDropsInsteadOfDemoting): the oldest pages leave, the newest
-// stay loadable, and no save fails.
+// TestSSDFullDropsOldest overfills both tiers: the oldest pages leave, the
+// newest stay loadable, and no save fails.
 func TestSSDFullDropsOldest(t *testing.T) {
 	cfg := smallConfig(t.TempDir())
 	cfg.SSDBytes, cfg.SSDFileBytes = 64<<20, 64<<20
@@ -400,7 +397,7 @@ func TestSSDFullDropsOldest(t *testing.T) {
 	keys := randKeys(100)
 	src := refs(keys, 0, 4)
 	for i := 0; i < len(keys); i += 10 {
-		okOp(t)(e.Save(ctx(t), src[i:i+10], pb.Durability_DURABILITY_SSD))
+		okOp(t)(e.Save(ctx(t), src[i:i+10], pb.Durability_DURABILITY_DRAM))
 	}
 	first, err := e.Lookup(ctx(t), keys[:1], false)
 	if err != nil || first.HitPages != 0 {

@@ -24,10 +24,9 @@ const (
 	// disk keeps up): drop the oldest copy if it needs no write, else demote
 	// a batch of the oldest pages and wait for the write.
 	allocDemote allocMode = iota
-	// allocBehind (a cache fill with the disk behind the saves): any of the
-	// oldest pages that go without a write — a clean copy, or a DRAM-only
-	// page unused for fillProtect, dropped; none is no slot, at once (the
-	// page is not cached). It writes and waits for nothing.
+	// allocBehind (a cache fill with the disk behind the saves): first any
+	// of the oldest pages that go without a write — a clean copy, or a
+	// DRAM-only page unused for fillProtect, dropped — then as allocDemote.
 	allocBehind
 	// allocReadmit (a readmission, readmit.go): only a clean copy among the
 	// oldest pages, dropped; none is no slot, at once. A page the SSD holds
@@ -44,49 +43,26 @@ func (s *Store) allocDRAM(ctx context.Context, size uint64) (dram.Slot, error) {
 
 // allocCacheFill returns a DRAM slot for a save acknowledged in DRAM (a
 // cache fill). Once the disk has fallen behind the saves (flush.go,
-// behind: cache fills waiting for the disk more than fillWaitLimit a
+// behind: cache fills waiting for demotions more than fillWaitLimit a
 // second) it stops waiting for the disk: a save that waits holds the
 // engine's blocks (vLLM frees a request's blocks only once its saves end)
 // — on the H200 such saves spent 27 s of a 60-s run in allocation and the
 // SSD configuration served slower than none (docs/benchmarks.md). A clean
 // copy among the oldest pages, or the oldest unpinned DRAM-only page not
 // used within fillProtect, is dropped instead, as a DRAM-only peer would
-// drop it, while the flusher goes on writing what the disk can absorb;
-// with neither, the page is not cached (errFillBehind), at once: a pool
-// that turns over faster than fillProtect held such saves about a second
-// at p99 in bench saturation when they demoted for themselves, 0.5–0.7 s
-// when they waited up to 20 ms for the flusher (the median tripled), and
-// 8 ms when they did not wait (docs/benchmarks.md). A burst the disk keeps
-// up with still demotes, and loses nothing. Every wait counts towards
-// behind, and a page left out counts as the whole fillWaitLimit, so the
-// disk stays behind while it is.
+// drop it, while the flusher goes on writing what the disk can absorb. A
+// burst the disk keeps up with still demotes, and loses nothing.
 func (s *Store) allocCacheFill(ctx context.Context, size uint64) (dram.Slot, error) {
-	mode := allocDemote
 	if s.behind() {
-		mode = allocBehind
+		return s.allocDRAMAs(ctx, size, allocBehind)
 	}
 	start := s.now()
-	slot, err := s.allocDRAMAs(ctx, size, mode)
-	end := s.now()
-	switch {
-	case mode == allocBehind && errors.Is(err, ErrNoSpace):
-		// a page left out is the disk behind for this second and the next
-		s.fillWaits.add(end, fillWaitLimit+end.Sub(start))
-	case end.Sub(start) > 0:
+	slot, err := s.allocDRAMAs(ctx, size, allocDemote)
+	if end := s.now(); end.Sub(start) > 0 {
 		s.fillWaits.add(end, end.Sub(start))
 	}
 	return slot, err
 }
-
-// errFillBehind is a cache fill's answer when the disk is behind and no
-// DRAM slot came free without a write: the page is not cached.
-var errFillBehind error = noRoom("the disk is behind the saves and no DRAM page goes without a write: the page is not cached")
-
-// noRoom is an ErrNoSpace that says why.
-type noRoom string
-
-func (e noRoom) Error() string        { return "no room: " + string(e) }
-func (e noRoom) Is(target error) bool { return target == ErrNoSpace }
 
 // allocSave returns the DRAM slot for one page of a save: an SSD-bound save
 // demotes to make room, a readmission takes only a slot that costs no write
@@ -139,9 +115,6 @@ func (s *Store) allocDRAMAs(ctx context.Context, size uint64, mode allocMode) (d
 		case mode == allocReadmit:
 			s.wakeFlusher() // the flusher frees slots for the next
 			return 0, ErrNoSpace
-		case mode == allocBehind:
-			s.wakeFlusher()
-			return 0, errFillBehind
 		case s.demoting.Load() > 0:
 			// The candidates are another demotion's (the flusher's): it
 			// frees slots when its write lands; wait for it, not fail.
@@ -171,8 +144,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // pickVictimsLocked drops the oldest unpinned DRAM copy that needs no I/O,
 // or else pins and returns up to evictBatch pages to demote. A cache fill
-// with the disk behind, or a readmission, only looks further for a page
-// that goes without a write (freeVictimLocked) and demotes nothing.
+// with the disk behind, or a readmission, first looks further for a page
+// that goes without a write (freeVictimLocked); a readmission demotes
+// nothing.
 func (s *Store) pickVictimsLocked(mode allocMode) (dropped bool, demote []catalog.Entry) {
 	if mode != allocDemote {
 		if e, unflushed, ok := s.freeVictimLocked(mode); ok && s.dropDRAMLocked(e) {
@@ -181,7 +155,9 @@ func (s *Store) pickVictimsLocked(mode allocMode) (dropped bool, demote []catalo
 			}
 			return true, nil
 		}
-		return false, nil // a readmission or a fill behind the disk writes nothing
+		if mode == allocReadmit {
+			return false, nil
+		}
 	}
 	for len(demote) < evictBatch {
 		victim, ok := s.mu.dram.Victim()
