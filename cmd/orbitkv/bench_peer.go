@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"os"
 	"time"
 
@@ -65,4 +66,17 @@ func startBenchPeer(ctx context.Context, cfg fabric.Config, flash engineclient.F
 // and V blocks of the page's tokens.
 func flashPageBytes(f engineclient.Flash) uint64 {
 	return uint64(f.Layers) * 2 * uint64(f.BlockBytes()) * uint64(f.PageTokens/f.BlockTokens)
+}
+
+// qwen3Flash is the benches' default page geometry: Qwen3-8B (36 layers, 8
+// KV heads of 128, bf16) in 16-token blocks, 64-token (9 MiB) pages.
+func qwen3Flash() engineclient.Flash {
+	return engineclient.Flash{Layers: 36, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2}
+}
+
+// geometryFlags lets --layers, --kv-heads and --head-dim change f.
+func geometryFlags(fs *flag.FlagSet, f *engineclient.Flash) {
+	fs.IntVar(&f.Layers, "layers", f.Layers, "layers of the page geometry (default: Qwen3-8B)")
+	fs.IntVar(&f.KVHeads, "kv-heads", f.KVHeads, "KV heads")
+	fs.IntVar(&f.HeadDim, "head-dim", f.HeadDim, "head dimension")
 }

@@ -47,16 +47,13 @@ type satBench struct {
 }
 
 func runBenchSaturation(ctx context.Context, args []string, out io.Writer) error {
-	b := satBench{flash: engineclient.Flash{Layers: 36, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2},
-		dramBytes: 1 << 30, ssdBytes: 6 << 30}
+	b := satBench{flash: qwen3Flash(), dramBytes: 1 << 30, ssdBytes: 6 << 30}
 	fs := flag.NewFlagSet("bench saturation", flag.ContinueOnError)
 	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the peers' data and SSD tier, removed at the end")
 	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
 	fs.Var(&b.dramBytes, "dram-bytes", "DRAM pool of both peers")
 	fs.Var(&b.ssdBytes, "ssd-bytes", "SSD tier of peer B")
-	fs.IntVar(&b.flash.Layers, "layers", b.flash.Layers, "layers of the page geometry (default: Qwen3-8B)")
-	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
-	fs.IntVar(&b.flash.HeadDim, "head-dim", b.flash.HeadDim, "head dimension")
+	geometryFlags(fs, &b.flash)
 	fs.Float64Var(&b.seconds, "seconds", 20, "seconds each peer is driven")
 	fs.IntVar(&b.streams, "streams", 4, "concurrent savers/loaders on the one engine session")
 	fs.IntVar(&b.batch, "batch", 8, "pages per save (one prompt's pages)")

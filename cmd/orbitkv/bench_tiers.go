@@ -44,13 +44,11 @@ type tiersBench struct {
 }
 
 func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
-	b := tiersBench{flash: engineclient.Flash{Layers: 36, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2}}
+	b := tiersBench{flash: qwen3Flash()}
 	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
 	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the run's scratch files, removed at the end")
 	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
-	fs.IntVar(&b.flash.Layers, "layers", b.flash.Layers, "layers of the page geometry (default: Qwen3-8B)")
-	fs.IntVar(&b.flash.KVHeads, "kv-heads", b.flash.KVHeads, "KV heads")
-	fs.IntVar(&b.flash.HeadDim, "head-dim", b.flash.HeadDim, "head dimension")
+	geometryFlags(fs, &b.flash)
 	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer, Redis and the peer systems")
 	fs.IntVar(&b.rounds, "rounds", 5, "rounds of the DRAM comparison (medians reported)")
 	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
