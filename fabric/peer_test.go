@@ -537,6 +537,9 @@ func TestFlusherKeepsRoomFree(t *testing.T) {
 	if got := tp.metric("orbitkv_tiers_demoted_pages_total"); got == "orbitkv_tiers_demoted_pages_total 0" {
 		t.Fatal("room was made without demoting")
 	}
+	if got := tp.metric("orbitkv_tiers_flusher_busy_seconds_total"); got == "" || got == "orbitkv_tiers_flusher_busy_seconds_total 0" {
+		t.Fatalf("the flusher's work is not counted: %q", got)
+	}
 	look, err := e.Lookup(ctx(t), keys, false)
 	if err != nil || look.HitPages != 60 || look.Tiers.Ssd == 0 {
 		t.Fatalf("lookup after flushing: %v %v; want all 60 found, some on SSD", look, err)

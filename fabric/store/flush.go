@@ -51,12 +51,14 @@ func (s *Store) RunFlusher(ctx context.Context) {
 		case <-t.C:
 		}
 		wake = s.flushWake
+		start := s.now()
 		for ctx.Err() == nil && s.flushLow() {
 			if !s.flushOnce(ctx) {
 				wake = nil // every candidate pinned, or the SSD refused: wait for the tick
 				break
 			}
 		}
+		s.m.flusherBusy.Add(s.now().Sub(start).Seconds())
 	}
 }
 

@@ -11,6 +11,7 @@ type metrics struct {
 	loadedPages, evictedPages   *prometheus.CounterVec
 	demotedPages, promotedPages prometheus.Counter
 	unflushedDrops              prometheus.Counter
+	flusherBusy                 prometheus.Counter
 	readmitted                  *prometheus.CounterVec
 	corruptPages                prometheus.Counter
 	ssdDropped, ssdErrors       *prometheus.CounterVec
@@ -49,6 +50,8 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 		demotedPages: counter("tiers", "demoted_pages_total", "Pages written DRAM -> SSD on eviction."),
 		unflushedDrops: counter("tiers", "dram_unflushed_drops_total",
 			"DRAM-only pages dropped, not demoted, to make room for a DRAM-acknowledged save: the SSD's writes fell behind the saves."),
+		flusherBusy: counter("tiers", "flusher_busy_seconds_total",
+			"Seconds the background flusher spent making room ahead of the saves (demotions and drops): rising at 1 a second, the disk is what holds the saves back."),
 		readmitted: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "readmitted_pages_total",
 			"Cache-fill saves of pages held only on SSD, taken back into DRAM (readmit.go), by result: attached (the same bytes: "+
 				"a clean DRAM copy), replaced (other bytes: the peer's own demoted SSD copy dropped for them), kept (the SSD copy stays; ours freed), "+
@@ -77,7 +80,7 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 		Name: "layerwise_device_seconds", Buckets: buckets,
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
-	reg.MustRegister(m.savedPages, m.loadedTokens, m.loadedPages, m.evictedPages, m.demotedPages, m.unflushedDrops, m.readmitted, m.promotedPages,
+	reg.MustRegister(m.savedPages, m.loadedTokens, m.loadedPages, m.evictedPages, m.demotedPages, m.unflushedDrops, m.flusherBusy, m.readmitted, m.promotedPages,
 		m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults, m.unsealedPages, m.quarantined, m.inflight, m.ssdInflight,
 		m.tierBytes, m.tierPages, m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec)
 	m.observe(reg)

@@ -137,7 +137,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
 		sed "s/^/[$name vllm] /" | tee -a "$S"
 	[ "$cfg" != native ] && curl -s --max-time 5 127.0.0.1:9464/metrics |
-		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_phase_seconds_total" |
+		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_phase_seconds_total" |
 		sed "s/^/[$name peer] /" | tee -a "$S"
 	# the connector's restore-gate counters, from vLLM's periodic "KV Transfer metrics" lines
 	[ "$cfg" != native ] && grep -o "KV Transfer metrics: .*" "$O/vllm.log" | tail -3 | sed "s/^/[$name gate] /" | tee -a "$S"
