@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Flushing: with an SSD tier, a background flusher keeps part of the DRAM
@@ -40,6 +42,7 @@ func (s *Store) RunFlusher(ctx context.Context) {
 	if s.ssd == nil {
 		return
 	}
+	s.registerBehind()
 	t := time.NewTicker(flushTick)
 	defer t.Stop()
 	wake := s.flushWake
@@ -74,6 +77,20 @@ const fillWaitLimit = 100 * time.Millisecond
 // beside it stay (a save larger than the free pool demotes its own older
 // pages rather than dropping them).
 const fillProtect = time.Second
+
+// registerBehind exports behind as orbitkv_tiers_disk_behind, once (the
+// flusher's start; a second start finds it registered).
+func (s *Store) registerBehind() {
+	_ = s.opts.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
+		Name: "disk_behind", Help: "1 while the disk counts as behind the saves (cache fills waited over 100 ms for demotions in the " +
+			"current or last second), when cache fills drop clean copies and pages unused for a second before they demote."},
+		func() float64 {
+			if s.behind() {
+				return 1
+			}
+			return 0
+		}))
+}
 
 // behind reports whether the disk has fallen behind the saves: cache fills
 // waited for it more than fillWaitLimit in this second or the last.

@@ -117,15 +117,6 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 	opts.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
 		Name: "ssd_read_bytes_per_second", Help: "The SSD tier's measured read rate (moving average of read batches; 0 before the first)."},
 		func() float64 { return math.Float64frombits(s.ssdReads.bits.Load()) }))
-	opts.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "tiers",
-		Name: "disk_behind", Help: "1 while the disk counts as behind the saves (cache fills waited over 100 ms for demotions in the " +
-			"current or last second; flush.go), when cache fills drop clean copies and pages unused for a second before they demote."},
-		func() float64 {
-			if st != nil && s.behind() {
-				return 1
-			}
-			return 0
-		}))
 	return s
 }
 
