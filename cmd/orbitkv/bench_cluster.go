@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -371,18 +370,13 @@ func residentBytes(pid int) (uint64, error) {
 
 // scrapeMetric reads one unlabelled sample from a peer's metrics.
 func scrapeMetric(addr, name string) (float64, error) {
-	cl := http.Client{Timeout: 5 * time.Second}
-	resp, err := cl.Get("http://" + addr + "/metrics")
+	m, err := scrapeAll(addr)
 	if err != nil {
-		return 0, fmt.Errorf("bench cluster: metrics of %s: %w", addr, err)
+		return 0, fmt.Errorf("bench cluster: %w", err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
-			return strconv.ParseFloat(f[1], 64)
-		}
+	v, ok := m[name]
+	if !ok {
+		return 0, fmt.Errorf("bench cluster: %s does not export %s (is it clustered?)", addr, name)
 	}
-	return 0, fmt.Errorf("bench cluster: %s does not export %s (is it clustered?)", addr, name)
+	return v, nil
 }

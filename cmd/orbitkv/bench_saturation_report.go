@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -88,34 +89,12 @@ func (p satPeer) since(before satPeer) satPeer {
 }
 
 // scrapeAll reads every sample of a peer's /metrics, keyed by the series
-// as exposed (name{labels}).
+// as exposed (name{labels}), with bench serving's scraper.
 func scrapeAll(addr string) (map[string]float64, error) {
-	cl := http.Client{Timeout: 5 * time.Second}
-	resp, err := cl.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, fmt.Errorf("metrics of %s: %w", addr, err)
-	}
-	defer resp.Body.Close()
-	return parseMetrics(resp.Body)
-}
-
-func parseMetrics(r io.Reader) (map[string]float64, error) {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		i := strings.LastIndexByte(line, ' ')
-		if line == "" || line[0] == '#' || i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out, sc.Err()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sample, err := serving.Scrape(ctx, http.DefaultClient, "http://"+addr+"/metrics")
+	return sample.Values, err
 }
 
 // selfWriteBytes is /proc/self/io's write_bytes: what this process caused

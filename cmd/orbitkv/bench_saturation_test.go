@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
 )
 
@@ -184,11 +185,12 @@ func TestBlockedTime(t *testing.T) {
 }
 
 func TestParseMetrics(t *testing.T) {
-	m, err := parseMetrics(strings.NewReader("# HELP x y\n# TYPE x counter\nx 3\n" +
+	sample, err := serving.ParseMetrics(strings.NewReader("# HELP x y\n# TYPE x counter\nx 3\n" +
 		`orbitkv_tiers_readmitted_pages_total{result="attached"} 12` + "\nh_bucket{le=\"+Inf\"} 1e+06\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := sample.Values
 	if m["x"] != 3 || m[`orbitkv_tiers_readmitted_pages_total{result="attached"}`] != 12 || m[`h_bucket{le="+Inf"}`] != 1e6 {
 		t.Fatalf("parsed %v", m)
 	}
