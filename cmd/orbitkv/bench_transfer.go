@@ -9,6 +9,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,6 +60,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	ops := fs.String("ops", "read,write", "operations to measure")
 	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
 	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
+	profile := fs.String("cpuprofile", "", "write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof (with --netns: both sides')")
 	b := transferBench{}
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
@@ -82,14 +85,36 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	case *netns:
 		return benchTransferNetns(ctx, out, args, slices.Max(b.Conns), *iperfPort, *splitCPUs)
 	case *serve != "":
-		return b.serve(ctx, out, *serve)
+		return profiled(*profile, "serve", func() error { return b.serve(ctx, out, *serve) })
 	case *client != "":
 		if *iperf != "" {
 			b.Baseline = iperf3Against(*iperf, *iperfPort)
 		}
-		return b.client(ctx, out, *client)
+		return profiled(*profile, "client", func() error { return b.client(ctx, out, *client) })
 	}
 	return errors.New("bench transfer: give --netns, or --serve ADDR and --client ADDR")
+}
+
+// profiled runs side, with a CPU profile written to prefix.name.pprof
+// unless prefix is empty.
+func profiled(prefix, name string, side func() error) error {
+	if prefix == "" {
+		return side()
+	}
+	f, err := os.Create(prefix + "." + name + ".pprof")
+	if err != nil {
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	err = side()
+	pprof.StopCPUProfile()
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("cpu profile: %w", cerr)
+	}
+	return err
 }
 
 func (b *transferBench) parse(transports, ops, sizes, conns string) error {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,58 @@ func TestSplitCPUsHalvesAndWrapsInTaskset(t *testing.T) {
 	h.cpus = [2]string{"0", "1"}
 	if got := strings.Join(h.exec(1, "iperf3", "-s").Args, " "); got != "taskset -c 1 ip netns exec nb iperf3 -s" {
 		t.Errorf("split: %q", got)
+	}
+}
+
+// TestTransferMatrixWritesCPUProfiles runs each side through the command's
+// flags with --cpuprofile (one side at a time: a process holds one CPU
+// profile): each writes a gzipped pprof file of its own.
+func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
+	dir := t.TempDir()
+	small := []string{"--sizes", "4KiB", "--conns", "1", "--transports", "tcp", "--ops", "read",
+		"--seconds", "0.05", "--rounds", "1", "--batch-bytes", "16KiB", "--pool-bytes", "64KiB"}
+	prof := append([]string{"--cpuprofile", dir + "/p"}, small...)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, side := range []string{"serve", "client"} {
+		srvArgs, clArgs := small, prof
+		if side == "serve" {
+			srvArgs, clArgs = prof, small
+		}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := lis.Addr().String()
+		lis.Close()
+		srvCtx, stopSrv := context.WithCancel(ctx)
+		served := make(chan error, 1)
+		go func() { served <- runBenchTransfer(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
+		var out bytes.Buffer
+		for err := errors.New("not yet"); err != nil; {
+			select {
+			case err := <-served:
+				t.Fatalf("serve side ended: %v", err)
+			default:
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("client: %v\n%s", err, out.String())
+			}
+			out.Reset()
+			if err = runBenchTransfer(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
+				t.Fatalf("client: %v\n%s", err, out.String())
+			}
+		}
+		stopSrv()
+		if err := <-served; err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+		b, err := os.ReadFile(dir + "/p." + side + ".pprof")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s profile: %d bytes, not gzip (pprof)", side, len(b))
+		}
 	}
 }

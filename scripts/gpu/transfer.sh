@@ -1,0 +1,25 @@
+#!/bin/bash
+# The TCP transfer matrix (orbitkv bench transfer --netns --split-cpus) on the GPU machine's
+# 16 cores: each namespace gets 8, so each connection's check can run on a core of its own
+# (docs/benchmarks.md "Each namespace on its own cores"). Carry out/orbitkv.xz and out/netbin
+# (Debian 12's iperf3 and ip with their libraries, for machines that lack them):
+#   mkdir -p out/netbin/lib && cp /usr/bin/iperf3 /usr/sbin/ip out/netbin/ &&
+#   for l in libiperf.so.0 libsctp.so.1 libbpf.so.1 libelf.so.1 libmnl.so.0 libbsd.so.0 libcap.so.2 libmd.so.0; do
+#     cp -L /lib/x86_64-linux-gnu/$l out/netbin/lib/; done
+# The machine's own iperf3 and ip are used where they exist. PROFILE=1 writes both sides' Go CPU
+# profiles to $OUT/transfer.{serve,client}.pprof (read them here with go tool pprof).
+set -u
+O=${OUT:-/tmp/orbitkv-gpu-out}
+mkdir -p "$O"
+S=$O/summary.txt
+say() { echo "== $(date +%T) $*" | tee -a "$S"; }
+[ -x out/orbitkv ] || xz -dk out/orbitkv.xz || { say "no out/orbitkv"; exit 1; }
+B=$(mktemp -d /tmp/okv-netbin.XXXX)
+for t in iperf3 ip; do command -v "$t" >/dev/null || { cp out/netbin/"$t" "$B/"; say "$t: carried (Debian 12)"; }; done
+export PATH=$PATH:$B LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(pwd)/out/netbin/lib
+say "cpus $(nproc): $(iperf3 --version | head -1); $(ip -V)"
+command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s ' ' | paste -sd';' | sed 's/^/cpu topology: /' | tee -a "$S"
+ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
+out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
+	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
+say "bench transfer rc=${PIPESTATUS[0]}"
