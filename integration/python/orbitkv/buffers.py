@@ -23,9 +23,9 @@ stream) before it asks the peer to save those blocks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import tempfile
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from orbitkv.errors import BufferError_, NotFileBacked
@@ -168,18 +168,36 @@ def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = 
 # --- CPU engines: KV in anonymous memory --------------------------------------
 
 
-def share_cpu_tensors(tensors: Sequence[Any], prefix: str = "orbitkv-kv-") -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class SharedFile:
+    """A memfd holding KV memory moved out of anonymous memory
+    (share_cpu_tensors). ``path`` (/proc/PID/fd/N) is how the peer opens it;
+    it lives while ``fd`` is open, and the kernel frees it once the
+    descriptor and every mapping are gone — also when the process is killed,
+    so a crashed engine leaves nothing behind in /dev/shm."""
+
+    fd: int
+    path: str
+    size_bytes: int
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def share_cpu_tensors(tensors: Sequence[Any], name: str = "orbitkv-kv") -> list[SharedFile]:
     """Moves CPU tensors whose memory the peer cannot map (anonymous: vLLM's
-    CPU backend allocates its KV cache with torch.zeros) into /dev/shm files,
-    in place: each distinct storage is copied into a shared file mapping and
-    every tensor on it is re-pointed there (same shape, strides and offset),
-    so the engine, which holds these very tensor objects, reads and writes
-    the shared copy from then on. Call it before the engine's first forward.
-    Returns the files made; the caller unlinks them when its session ends
-    (the peer opens them by path)."""
+    CPU backend allocates its KV cache with torch.zeros) into shared memory
+    the peer can open, in place: each distinct storage is copied into a
+    shared mapping of a memfd and every tensor on it is re-pointed there
+    (same shape, strides and offset), so the engine, which holds these very
+    tensor objects, reads and writes the shared copy from then on. Call it
+    before the engine's first forward. Returns the memfds made; the caller
+    closes them when its session ends. (Files in /dev/shm, used before,
+    outlived an engine that was killed: gigabytes of RAM each.)"""
     import torch
 
-    made: list[str] = []
+    made: list[SharedFile] = []
     maps = _read_maps()
     by_storage: dict[int, list[Any]] = {}
     for t in tensors:
@@ -193,9 +211,13 @@ def share_cpu_tensors(tensors: Sequence[Any], prefix: str = "orbitkv-kv-") -> li
             by_storage.setdefault(st.data_ptr(), []).append(t)
     for group in by_storage.values():
         nbytes = _storage(group[0]).nbytes()
-        fd, path = tempfile.mkstemp(prefix=prefix, dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        os.close(fd)
-        flat = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            flat = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=nbytes, dtype=torch.uint8)
+        except BaseException:
+            os.close(fd)
+            raise
         first = group[0]
         whole = first.new_empty(0).set_(first)  # the whole old storage, as first's dtype
         whole = whole.as_strided((nbytes // first.element_size(),), (1,), 0)
@@ -203,7 +225,7 @@ def share_cpu_tensors(tensors: Sequence[Any], prefix: str = "orbitkv-kv-") -> li
         for t in group:
             size, stride, offset = t.size(), t.stride(), t.storage_offset()
             t.set_(flat.view(t.dtype)).as_strided_(size, stride, offset)
-        made.append(path)
+        made.append(SharedFile(fd, f"/proc/{os.getpid()}/fd/{fd}", nbytes))
     return made
 
 
