@@ -5,6 +5,7 @@ import (
 	"github.com/orbitkv/orbitkv/fabric/store"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -204,6 +205,56 @@ func TestLeasePinsAndBudget(t *testing.T) {
 	_, err = e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: look.LeaseId})
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("second release: %v, want NotFound", err)
+	}
+}
+
+// TestLookupLeasesOnlyPastTheEnginesOwnPages: a lookup whose engine holds
+// the first pages itself (lease_from) still needs them stored for its hit,
+// but leases, pins and charges to the query budget only the pages after
+// them: a hit the budget cut to 5 pages from page 0 fits whole from page 3,
+// and the engine's pages are evicted like any unpinned page.
+func TestLookupLeasesOnlyPastTheEnginesOwnPages(t *testing.T) {
+	cfg := smallConfig(t.TempDir())
+	cfg.SSDBytes = 0 // evicted pages are dropped: only pins keep them
+	cfg.QueryBudgetBytes = 5 * 64 << 10
+	f := tinyFlash
+	f.NumBlocks, f.HeadDim = 512, 128 // 64 KiB pages
+	tp := startPeer(t, cfg)
+	e := tp.engine(f)
+	keys := randKeys(8)
+	okOp(t)(e.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	lookup := func(from uint32, lease bool) (*pb.LookupResponse, error) {
+		return e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: e.Session, Keys: keys, Lease: lease, LeaseFrom: from})
+	}
+	look, err := lookup(3, true)
+	if err != nil || look.HitPages != 8 || look.BudgetCutPages != 0 || look.LeaseId == "" || look.Tiers.Dram != 5 {
+		t.Fatalf("lease from page 3 in a 5-page budget: %v, %v; want hit 8, no cut, a lease, 5 DRAM pages", look, err)
+	}
+	if got := tp.metric("orbitkv_fabric_query_bytes"); got != "orbitkv_fabric_query_bytes "+strconv.Itoa(5*64<<10) {
+		t.Fatalf("query bytes: %q, want the 5 pages past the engine's", got)
+	}
+	// All held by the engine: a hit, nothing to lease.
+	if all, err := lookup(8, true); err != nil || all.HitPages != 8 || all.LeaseId != "" || all.Tiers.Dram != 0 {
+		t.Fatalf("lease from the end: %v, %v; want hit 8 and no lease", all, err)
+	}
+	if _, err := lookup(9, true); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("lease_from past the keys: %v, want InvalidArgument", err)
+	}
+	// Fill DRAM with other pages: the leased pages survive, the engine's go.
+	for range 8 {
+		_, _ = e.Save(ctx(t), refs(randKeys(10), 100, 4), pb.Durability_DURABILITY_DRAM)
+	}
+	if tail, err := e.Lookup(ctx(t), keys[3:], false); err != nil || tail.HitPages != 5 {
+		t.Fatalf("leased pages evicted: %v %v", tail, err)
+	}
+	if head, err := e.Lookup(ctx(t), keys[:3], false); err != nil || head.HitPages == 3 {
+		t.Fatalf("the engine's own pages stayed pinned: %v %v", head, err)
+	}
+	if _, err := e.C.Release(ctx(t), &pb.ReleaseRequest{SessionId: e.Session, LeaseId: look.LeaseId}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tp.metric("orbitkv_fabric_query_bytes"); got != "orbitkv_fabric_query_bytes 0" {
+		t.Fatalf("query bytes after release: %q", got)
 	}
 }
 
@@ -483,6 +534,12 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	setRate(slow)
 	want("slow SSD", lookup(fast.SessionId), 0, 0, 0, 4)
 	want("slow SSD, session without a rate", lookup(e.Session), 4, 0, 4, 0)
+	// Pages the engine holds itself are not judged: it reads none of them.
+	held, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: fast.SessionId, Keys: keys, LeaseFrom: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("slow SSD, every page held by the engine", held, 4, 0, 0, 0)
 	// The rate an engine measures now and sends with the lookup overrides the
 	// session's: a session that declared none is cut, one recomputing 16x
 	// slower than it declared restores again.

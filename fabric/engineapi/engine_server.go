@@ -76,7 +76,11 @@ func (s *engineServer) Lookup(_ context.Context, r *pb.LookupRequest) (*pb.Looku
 	if r.RecomputeTokensPerS > 0 {
 		rate = float64(r.RecomputeTokensPerS)
 	}
-	res := s.p.lookup(sess, keys, r.Lease, min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL), rate)
+	if int(r.LeaseFrom) > len(keys) {
+		return nil, toStatus(fmt.Errorf("%w: lease_from %d is past the %d keys", ErrInvalid, r.LeaseFrom, len(keys)))
+	}
+	ttl := min(durationMs(r.LeaseMs, s.p.cfg.LeaseTTL), maxAskMultiple*s.p.cfg.LeaseTTL)
+	res := s.p.lookup(sess, keys, lookupAsk{take: r.Lease, ttl: ttl, recompute: rate, held: int(r.LeaseFrom)})
 	out := &pb.LookupResponse{HitPages: uint32(res.hit), Tiers: &pb.TierCounts{Dram: uint32(res.dram), Ssd: uint32(res.ssd), Remote: uint32(res.remote)},
 		RecomputePages: uint32(res.recompute), BudgetCutPages: uint32(res.budgetHits)}
 	if res.lease != nil {

@@ -2,9 +2,10 @@ package engineapi
 
 import (
 	"fmt"
-	"github.com/orbitkv/orbitkv/fabric/store"
 	"time"
 
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/fabric/store"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
@@ -26,42 +27,68 @@ type lookupResult struct {
 	recompute  int // pages cut because the SSD is slower than the engine (ssdrate.go)
 }
 
+// lookupAsk is what a Lookup asks besides its keys.
+type lookupAsk struct {
+	take bool          // lease the hit
+	ttl  time.Duration // the lease's time
+	// recompute is the engine's prefill rate in tokens/s (0: unknown),
+	// which decides whether SSD-only pages are worth restoring (ssdrate.go).
+	recompute float64
+	// held is how many leading pages the engine holds itself: they must be
+	// stored for the hit to pass them but are not leased, not charged to
+	// the budget and not judged by the SSD cut.
+	held int
+}
+
 // lookup finds the longest stored prefix of keys and, with take, pins it
-// under a lease bounded by the query budget: a hit that does not fit the
-// budget is shortened, never over-committed.
-// recompute is the engine's prefill rate in tokens/s (0: unknown), which
-// decides whether SSD-only pages are worth restoring (ssdrate.go).
-func (p *API) lookup(sess *session, keys []pagekey.Key, take bool, ttl time.Duration, recompute float64) lookupResult {
+// (past the pages the engine holds) under a lease bounded by the query
+// budget: a hit that does not fit the budget is shortened, never
+// over-committed.
+func (p *API) lookup(sess *session, keys []pagekey.Key, ask lookupAsk) lookupResult {
 	res := p.cat.Lookup(keys, time.Now().UnixNano())
-	cut, dram := p.pages.CutSlowSSD(&sess.Engine, recompute, keys[:res.Hit])
-	out := lookupResult{hit: res.Hit, recompute: res.Hit - cut}
-	if cut < res.Hit { // the pages before the cut: the DRAM prefix, and a probe's SSD page
-		res.Hit, res.DRAM, res.SSD, out.hit = cut, dram, cut-dram, cut
+	held := min(ask.held, res.Hit)
+	cut, dram := p.pages.CutSlowSSD(&sess.Engine, ask.recompute, keys[held:res.Hit])
+	out := lookupResult{hit: held + cut, recompute: res.Hit - held - cut}
+	if out.recompute > 0 { // the pages before the cut: the DRAM prefix, and a probe's SSD page
+		out.dram, out.ssd = dram, cut-dram
+	} else {
+		out.dram, out.ssd = countTiers(res.Tiers[held:])
 	}
 	defer func() {
 		p.recordLookup(len(keys), out.hit)
 		p.m.lookupRecompute.Add(float64(out.recompute))
 		p.m.lookupBudgetCut.Add(float64(out.budgetHits))
 	}()
-	if !take || res.Hit == 0 {
-		out.dram, out.ssd = res.DRAM, res.SSD
+	if !ask.take || out.hit == held { // nothing to lease: no lease asked, or the engine holds the hit
 		if out.recompute == 0 {
 			p.extendRemote(sess, keys, &out)
 		}
 		return out
 	}
-	l := &lease{id: newID("l-"), expires: p.now().Add(ttl)}
-	l.pins, out.dram, out.ssd, out.budgetHits = p.pages.LeasePins(keys[:res.Hit])
-	out.hit = l.pins.Len()
-	if out.hit > 0 {
+	l := &lease{id: newID("l-"), expires: p.now().Add(ask.ttl)}
+	l.pins, out.dram, out.ssd, out.budgetHits = p.pages.LeasePins(keys[held:out.hit])
+	out.hit = held + l.pins.Len()
+	if l.pins.Len() > 0 {
 		out.lease = l
 		p.m.leases.Inc()
 		p.m.queryBytes.Add(float64(l.pins.Bytes()))
 	}
-	if out.hit == res.Hit && out.recompute == 0 {
+	if out.hit == held+cut && out.recompute == 0 {
 		p.extendRemote(sess, keys, &out)
 	}
 	return out
+}
+
+// countTiers counts a lookup's hit pages by tier.
+func countTiers(tiers []catalog.Tier) (dram, ssd int) {
+	for _, t := range tiers {
+		if t == catalog.TierDRAM {
+			dram++
+		} else {
+			ssd++
+		}
+	}
+	return dram, ssd
 }
 
 // extendRemote extends a lookup's hit, which holds the whole local prefix,

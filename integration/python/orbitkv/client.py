@@ -439,14 +439,17 @@ class Session:
     # calls -----------------------------------------------------------------
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0,
-               recompute_tokens_per_s: int = 0) -> LookupResult:
+               recompute_tokens_per_s: int = 0, lease_from: int = 0) -> LookupResult:
         """``recompute_tokens_per_s``: the engine's prefill rate as it measures
         it now (0: the session's declared rate); with it the peer leaves
-        SSD-only pages to recompute while its SSD reads are slower."""
+        SSD-only pages to recompute while its SSD reads are slower.
+        ``lease_from``: leading pages the engine holds itself (its own prefix
+        cache): the hit still counts them, but the lease, the query budget,
+        the SSD cut and the tier counts take only the pages after them."""
         keys = list(keys)
         r, _ = self._call("lookup", "Lookup", lambda sid: engine_pb2.LookupRequest(
             session_id=sid, keys=keys, lease=lease, lease_ms=lease_ms,
-            recompute_tokens_per_s=max(0, int(recompute_tokens_per_s))))
+            recompute_tokens_per_s=max(0, int(recompute_tokens_per_s)), lease_from=max(0, min(int(lease_from), len(keys)))))
         return LookupResult(r.hit_pages, r.tiers.dram, r.tiers.ssd, r.tiers.remote, r.lease_id, r.lease_expires_unix_ms,
                             r.recompute_pages, r.budget_cut_pages)
 
@@ -571,8 +574,9 @@ class ControlSession:
         return self.session.ready
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0,
-               recompute_tokens_per_s: int = 0) -> LookupResult:
-        return self.session.lookup(keys, lease=lease, lease_ms=lease_ms, recompute_tokens_per_s=recompute_tokens_per_s)
+               recompute_tokens_per_s: int = 0, lease_from: int = 0) -> LookupResult:
+        return self.session.lookup(keys, lease=lease, lease_ms=lease_ms, recompute_tokens_per_s=recompute_tokens_per_s,
+                                   lease_from=lease_from)
 
     def release(self, lease_id: str) -> None:
         self.session.release(lease_id)

@@ -157,11 +157,14 @@ class FakePeer(pbg.EngineServiceServicer):
             if k not in self.store:
                 break
             hit += 1
-        resp = pb.LookupResponse(hit_pages=hit, tiers=pb.TierCounts(dram=hit))
-        if req.lease and hit:
+        if req.lease_from > len(req.keys):
+            ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "lease_from is past the keys")
+        held = min(req.lease_from, hit)  # the engine's own pages: counted in the hit, not leased
+        resp = pb.LookupResponse(hit_pages=hit, tiers=pb.TierCounts(dram=hit - held))
+        if req.lease and hit > held:
             lid = uuid.uuid4().hex
             with self.lock:
-                self.leases[lid] = (req.session_id, list(req.keys[:hit]))
+                self.leases[lid] = (req.session_id, list(req.keys[held:hit]))
             resp.lease_id = lid
             resp.lease_expires_unix_ms = int(time.time() * 1000) + (req.lease_ms or 30000)
         return resp

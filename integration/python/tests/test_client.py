@@ -58,6 +58,21 @@ def test_save_lookup_load_byte_exact(engine):
     sess.release(lk.lease_id)
 
 
+def test_lookup_leases_only_past_the_engines_own_pages(engine):
+    """lease_from: the hit counts the pages the engine holds, the lease (and the
+    tier counts) only those after them; nothing past the hit is leased."""
+    peer, client, sess, kv = engine
+    ks = keys.chain(sess.layout.fingerprint(), PT, list(range(300, 300 + 3 * PT)))
+    assert sess.save([PageRef(k, (2 * i, 2 * i + 1)) for i, k in enumerate(ks)]).wait(10).ok
+    lk = sess.lookup(ks, lease=True, lease_from=2)
+    assert (lk.hit_pages, lk.dram + lk.ssd, bool(lk.lease_id)) == (3, 1, True)
+    res = sess.load([PageRef(ks[2], (6, 7))], lease_id=lk.lease_id).wait(10)
+    assert res.ok, res
+    sess.release(lk.lease_id)
+    held = sess.lookup(ks, lease=True, lease_from=3)  # the engine holds the whole hit
+    assert (held.hit_pages, held.lease_id) == (3, "")
+
+
 def test_per_page_codes_and_lookup_misses(engine):
     peer, client, sess, kv = engine
     fp = sess.layout.fingerprint()

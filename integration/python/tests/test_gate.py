@@ -253,6 +253,30 @@ def test_a_budget_cut_hit_with_no_other_restore_takes_what_it_got():
     assert s.get_num_new_matched_tokens(a, 0) == (2 * PT, True)  # nothing to wait for
 
 
+def test_pages_in_vllms_own_cache_take_no_query_budget():
+    """A request whose first 4 pages vLLM still holds (its prefix cache) looks
+    up with lease_from 4: the lease, and the query budget, take only the 4
+    pages it restores, so two such restores fit an 8-page budget side by side
+    (leasing from page 0, the first took all 8 and the second was cut to
+    nothing). A
+    later call with fewer pages held locally looks up again: its lease must
+    cover them."""
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    be.budget_pages = 8
+    s = SchedulerHalf(cfg, be, clock=lambda: 0.0, skipped_first=True, capacity_blocks=128)  # both prompts' blocks fit
+    a, b = _req("a", 8 * PT + 5), _req("b", 8 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    assert s.get_num_new_matched_tokens(a, 4 * PT) == (4 * PT, True)  # pages 4..7 from the peer
+    s.update_state_after_alloc(a, (list(range(33)),), 4 * PT)
+    assert s.get_num_new_matched_tokens(b, 4 * PT) == (4 * PT, True)  # fits beside a's
+    assert be.lease_froms[-2:] == [4, 4] and sum(be._held.values()) == 8 and s.gate.totals.deferred_budget == 0
+    calls = be.calls
+    assert s.get_num_new_matched_tokens(b, 2 * PT) == (None, False)  # 6 pages to lease, 4 free: waits for a
+    assert be.calls == calls + 1 and be.lease_froms[-1] == 2  # looked up again from page 2
+
+
 def _budget_pair(budget_pages, a_pages, b_pages, clock):
     """A queue-aware scheduler half over a peer with a query budget of budget_pages, and two
     requests a and b whose first a_pages / b_pages pages the peer holds."""

@@ -165,6 +165,37 @@ def test_a_fresh_engine_restores_a_prefix_byte_exact(real_peer):
         h.close()
 
 
+def test_pages_vllm_holds_itself_are_looked_up_but_not_leased(real_peer):
+    """A prompt whose first 4 pages sit in vLLM's own prefix cache (a shorter
+    prompt with the same head ran in this engine just before) tells the peer
+    so with its lookup (lease_from 4): the lease, and the query budget, take
+    only the 4 pages it restores. Its output equals the first engine's."""
+    prompt = _prompt(5, 8 * 64 + 20)
+    first = _warm(real_peer.socket, {"p": prompt}, num_blocks=256)
+    h = Harness(real_peer.socket, num_blocks=256)
+    try:
+        backend = h.scheduler.connector._sched.backend
+        asked: list[int] = []  # each lookup's lease_from
+        real_lookup = backend.lookup
+
+        def spy(keys, **kw):
+            asked.append(kw.get("lease_from", 0))
+            return real_lookup(keys, **kw)
+
+        backend.lookup = spy
+        h.add("head", prompt[: 4 * 64 + 10])
+        h.run()
+        assert h.loaded_pages == 4 and asked[-1] == 0  # nothing local yet: leased from page 0
+        h.add("full", prompt)
+        h.run()
+        assert set(h.finished) == {"head", "full"}
+        assert asked[-1] == 4, asked  # vLLM's cache holds the head's 4 pages: not leased
+        assert h.loaded_pages == 4 + 4  # the full prompt restored pages 4..7 only
+        assert h.finished["full"].tokens == first.finished["p"].tokens
+    finally:
+        h.close()
+
+
 def test_without_the_connector_nothing_is_restored_and_outputs_match(real_peer):
     prompt = _prompt(4, 500)
     with_conn = _warm(real_peer.socket, {"x": prompt}, num_blocks=128)

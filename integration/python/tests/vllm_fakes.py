@@ -53,28 +53,34 @@ class DictLookup:
         self.leases: set[str] = set()
         self.calls = 0
         self.rates: list[int] = []  # the engine prefill rate each lookup carried (0: none)
+        self.lease_froms: list[int] = []  # the pages each lookup said the engine held (lease_from)
         self.budget_pages = 0  # > 0: a query budget of this many pages over the live leases
         self._held: dict[str, int] = {}  # lease -> pages
         self._n = 0
 
-    def lookup(self, ks, *, lease=False, lease_ms=0, recompute_tokens_per_s=0) -> LookupResult:
+    def lookup(self, ks, *, lease=False, lease_ms=0, recompute_tokens_per_s=0, lease_from=0) -> LookupResult:
+        """As the peer: the hit is the stored prefix from page 0; a lease and
+        the budget take only the pages from lease_from on."""
         self.calls += 1
         self.rates.append(recompute_tokens_per_s)
+        self.lease_froms.append(lease_from)
         hit = 0
         for k in ks:
             if k not in self.stored:
                 break
             hit += 1
+        held = min(lease_from, hit)
         lid, cut = "", 0
         if lease and self.budget_pages:
             left = max(0, self.budget_pages - sum(self._held.values()))
-            hit, cut = min(hit, left), max(0, hit - left)
-        if lease and hit:
+            leased = min(hit - held, left)
+            hit, cut = held + leased, hit - held - leased
+        if lease and hit > held:
             self._n += 1
             lid = f"lease-{self._n}"
             self.leases.add(lid)
-            self._held[lid] = hit
-        return LookupResult(hit, dram=hit, lease_id=lid, budget_cut_pages=cut)
+            self._held[lid] = hit - held
+        return LookupResult(hit, dram=hit - held, lease_id=lid, budget_cut_pages=cut)
 
     def release(self, lease_id: str) -> None:
         self.leases.discard(lease_id)

@@ -955,8 +955,14 @@ type LookupRequest struct {
 	// The engine's prefill rate as it measures it now (tokens/s); 0 = the
 	// session's declared rate (OpenSessionRequest.recompute_tokens_per_s).
 	RecomputeTokensPerS uint32 `protobuf:"varint,5,opt,name=recompute_tokens_per_s,json=recomputeTokensPerS,proto3" json:"recompute_tokens_per_s,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Leading pages of keys the engine already holds (its own prefix cache):
+	// they must be stored for the hit to pass them, as any page, but they are
+	// neither leased (pinned) nor charged to the query budget, and the SSD cut
+	// (recompute_pages) and the tier counts consider the pages after them
+	// only. At most the number of keys; 0 = the engine holds none.
+	LeaseFrom     uint32 `protobuf:"varint,6,opt,name=lease_from,json=leaseFrom,proto3" json:"lease_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupRequest) Reset() {
@@ -1024,6 +1030,13 @@ func (x *LookupRequest) GetRecomputeTokensPerS() uint32 {
 	return 0
 }
 
+func (x *LookupRequest) GetLeaseFrom() uint32 {
+	if x != nil {
+		return x.LeaseFrom
+	}
+	return 0
+}
+
 type TierCounts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Dram          uint32                 `protobuf:"varint,1,opt,name=dram,proto3" json:"dram,omitempty"`
@@ -1086,8 +1099,8 @@ func (x *TierCounts) GetRemote() uint32 {
 
 type LookupResponse struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
-	HitPages           uint32                 `protobuf:"varint,1,opt,name=hit_pages,json=hitPages,proto3" json:"hit_pages,omitempty"` // leading pages the peer can supply
-	Tiers              *TierCounts            `protobuf:"bytes,2,opt,name=tiers,proto3" json:"tiers,omitempty"`                        // where the hit pages are
+	HitPages           uint32                 `protobuf:"varint,1,opt,name=hit_pages,json=hitPages,proto3" json:"hit_pages,omitempty"` // leading pages the peer can supply (those below lease_from included)
+	Tiers              *TierCounts            `protobuf:"bytes,2,opt,name=tiers,proto3" json:"tiers,omitempty"`                        // where the hit pages from lease_from on are
 	LeaseId            string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`     // set when a lease was asked for and hit_pages > 0
 	LeaseExpiresUnixMs int64                  `protobuf:"varint,4,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"`
 	// Pages the peer left out of the hit because its SSD reads are slower
@@ -1807,14 +1820,16 @@ const file_orbitkv_v1_engine_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\xa8\x01\n" +
+	"\x14CloseSessionResponse\"\xc7\x01\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x14\n" +
 	"\x05lease\x18\x03 \x01(\bR\x05lease\x12\x19\n" +
 	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\x123\n" +
-	"\x16recompute_tokens_per_s\x18\x05 \x01(\rR\x13recomputeTokensPerS\"J\n" +
+	"\x16recompute_tokens_per_s\x18\x05 \x01(\rR\x13recomputeTokensPerS\x12\x1d\n" +
+	"\n" +
+	"lease_from\x18\x06 \x01(\rR\tleaseFrom\"J\n" +
 	"\n" +
 	"TierCounts\x12\x12\n" +
 	"\x04dram\x18\x01 \x01(\rR\x04dram\x12\x10\n" +

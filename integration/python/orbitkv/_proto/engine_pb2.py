@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17orbitkv/v1/engine.proto\x12\norbitkv.v1\"\xbc\x01\n\x06Layout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x10\n\x08kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x13\n\x0bpage_tokens\x18\t \x01(\r\x12\x13\n\x0b\x62yte_layout\x18\n \x01(\t\"\x1c\n\x0cSharedMemory\x12\x0c\n\x04path\x18\x01 \x01(\t\"9\n\x07\x43udaIpc\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"r\n\x06\x42uffer\x12\'\n\x03shm\x18\x01 \x01(\x0b\x32\x18.orbitkv.v1.SharedMemoryH\x00\x12#\n\x04\x63uda\x18\x02 \x01(\x0b\x32\x13.orbitkv.v1.CudaIpcH\x00\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x42\x06\n\x04kind\"r\n\x07Segment\x12\r\n\x05layer\x18\x01 \x01(\r\x12\r\n\x05plane\x18\x02 \x01(\r\x12\x0e\n\x06\x62uffer\x18\x03 \x01(\r\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x14\n\x0c\x62lock_stride\x18\x05 \x01(\x04\x12\x13\n\x0b\x62lock_bytes\x18\x06 \x01(\x04\"\xf7\x01\n\x12OpenSessionRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\"\n\x06layout\x18\x02 \x01(\x0b\x32\x12.orbitkv.v1.Layout\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12#\n\x07\x62uffers\x18\x05 \x03(\x0b\x32\x12.orbitkv.v1.Buffer\x12%\n\x08segments\x18\x06 \x03(\x0b\x32\x13.orbitkv.v1.Segment\x12\x14\n\x0ckeepalive_ms\x18\x07 \x01(\r\x12\x1e\n\x16recompute_tokens_per_s\x18\x08 \x01(\r\"\x85\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12layout_fingerprint\x18\x02 \x01(\x0c\x12\x12\n\npage_bytes\x18\x03 \x01(\x04\x12\x14\n\x0ckeepalive_ms\x18\x04 \x01(\r\x12\x14\n\x0clayer_events\x18\x05 \x03(\x0c\"&\n\x10KeepaliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x13\n\x11KeepaliveResponse\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"r\n\rLookupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\r\n\x05lease\x18\x03 \x01(\x08\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x12\x1e\n\x16recompute_tokens_per_s\x18\x05 \x01(\r\"7\n\nTierCounts\x12\x0c\n\x04\x64ram\x18\x01 \x01(\r\x12\x0b\n\x03ssd\x18\x02 \x01(\r\x12\x0e\n\x06remote\x18\x03 \x01(\r\"\xae\x01\n\x0eLookupResponse\x12\x11\n\thit_pages\x18\x01 \x01(\r\x12%\n\x05tiers\x18\x02 \x01(\x0b\x32\x16.orbitkv.v1.TierCounts\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x1d\n\x15lease_expires_unix_ms\x18\x04 \x01(\x03\x12\x17\n\x0frecompute_pages\x18\x05 \x01(\r\x12\x18\n\x10\x62udget_cut_pages\x18\x06 \x01(\r\"&\n\x07PageRef\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06\x62locks\x18\x02 \x03(\r\"\x94\x01\n\x0bSaveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x05pages\x18\x02 \x03(\x0b\x32\x13.orbitkv.v1.PageRef\x12*\n\ndurability\x18\x03 \x01(\x0e\x32\x16.orbitkv.v1.Durability\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x0c\n\x04wait\x18\x05 \x01(\x08\"\xa0\x01\n\x0bLoadRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\"\n\x05pages\x18\x03 \x03(\x0b\x32\x13.orbitkv.v1.PageRef\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x11\n\tlayerwise\x18\x05 \x01(\x08\x12\x0c\n\x04wait\x18\x06 \x01(\x08\x12\x11\n\tend_lease\x18\x07 \x01(\x08\"?\n\x08OpHandle\x12\r\n\x05op_id\x18\x01 \x01(\t\x12$\n\x06status\x18\x02 \x01(\x0b\x32\x14.orbitkv.v1.OpStatus\"D\n\x0bWaitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05op_id\x18\x02 \x01(\t\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"a\n\nPageResult\x12\"\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x14.orbitkv.v1.PageCode\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.orbitkv.v1.Tier\x12\x0f\n\x07message\x18\x03 \x01(\t\"N\n\x08OpStatus\x12\r\n\x05op_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12%\n\x05pages\x18\x03 \x03(\x0b\x32\x16.orbitkv.v1.PageResult\"6\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"\x11\n\x0fReleaseResponse*J\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_DRAM\x10\x01\x12\x0c\n\x08TIER_SSD\x10\x02\x12\x0f\n\x0bTIER_REMOTE\x10\x03*Q\n\nDurability\x12\x1a\n\x16\x44URABILITY_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44URABILITY_DRAM\x10\x01\x12\x12\n\x0e\x44URABILITY_SSD\x10\x02*\x9c\x01\n\x08PageCode\x12\x10\n\x0cPAGE_PENDING\x10\x00\x12\x0b\n\x07PAGE_OK\x10\x01\x12\x12\n\x0ePAGE_NOT_FOUND\x10\x02\x12\x10\n\x0cPAGE_CORRUPT\x10\x03\x12\x11\n\rPAGE_NO_SPACE\x10\x04\x12\x11\n\rPAGE_DEADLINE\x10\x05\x12\x11\n\rPAGE_IO_ERROR\x10\x06\x12\x12\n\x0ePAGE_CANCELLED\x10\x07\x32\xa6\x04\n\rEngineService\x12N\n\x0bOpenSession\x12\x1e.orbitkv.v1.OpenSessionRequest\x1a\x1f.orbitkv.v1.OpenSessionResponse\x12H\n\tKeepalive\x12\x1c.orbitkv.v1.KeepaliveRequest\x1a\x1d.orbitkv.v1.KeepaliveResponse\x12Q\n\x0c\x43loseSession\x12\x1f.orbitkv.v1.CloseSessionRequest\x1a .orbitkv.v1.CloseSessionResponse\x12?\n\x06Lookup\x12\x19.orbitkv.v1.LookupRequest\x1a\x1a.orbitkv.v1.LookupResponse\x12\x35\n\x04Save\x12\x17.orbitkv.v1.SaveRequest\x1a\x14.orbitkv.v1.OpHandle\x12\x35\n\x04Load\x12\x17.orbitkv.v1.LoadRequest\x1a\x14.orbitkv.v1.OpHandle\x12\x35\n\x04Wait\x12\x17.orbitkv.v1.WaitRequest\x1a\x14.orbitkv.v1.OpStatus\x12\x42\n\x07Release\x12\x1a.orbitkv.v1.ReleaseRequest\x1a\x1b.orbitkv.v1.ReleaseResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17orbitkv/v1/engine.proto\x12\norbitkv.v1\"\xbc\x01\n\x06Layout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x10\n\x08kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x13\n\x0bpage_tokens\x18\t \x01(\r\x12\x13\n\x0b\x62yte_layout\x18\n \x01(\t\"\x1c\n\x0cSharedMemory\x12\x0c\n\x04path\x18\x01 \x01(\t\"9\n\x07\x43udaIpc\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"r\n\x06\x42uffer\x12\'\n\x03shm\x18\x01 \x01(\x0b\x32\x18.orbitkv.v1.SharedMemoryH\x00\x12#\n\x04\x63uda\x18\x02 \x01(\x0b\x32\x13.orbitkv.v1.CudaIpcH\x00\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x42\x06\n\x04kind\"r\n\x07Segment\x12\r\n\x05layer\x18\x01 \x01(\r\x12\r\n\x05plane\x18\x02 \x01(\r\x12\x0e\n\x06\x62uffer\x18\x03 \x01(\r\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x14\n\x0c\x62lock_stride\x18\x05 \x01(\x04\x12\x13\n\x0b\x62lock_bytes\x18\x06 \x01(\x04\"\xf7\x01\n\x12OpenSessionRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\"\n\x06layout\x18\x02 \x01(\x0b\x32\x12.orbitkv.v1.Layout\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12#\n\x07\x62uffers\x18\x05 \x03(\x0b\x32\x12.orbitkv.v1.Buffer\x12%\n\x08segments\x18\x06 \x03(\x0b\x32\x13.orbitkv.v1.Segment\x12\x14\n\x0ckeepalive_ms\x18\x07 \x01(\r\x12\x1e\n\x16recompute_tokens_per_s\x18\x08 \x01(\r\"\x85\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12layout_fingerprint\x18\x02 \x01(\x0c\x12\x12\n\npage_bytes\x18\x03 \x01(\x04\x12\x14\n\x0ckeepalive_ms\x18\x04 \x01(\r\x12\x14\n\x0clayer_events\x18\x05 \x03(\x0c\"&\n\x10KeepaliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x13\n\x11KeepaliveResponse\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x86\x01\n\rLookupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\r\n\x05lease\x18\x03 \x01(\x08\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x12\x1e\n\x16recompute_tokens_per_s\x18\x05 \x01(\r\x12\x12\n\nlease_from\x18\x06 \x01(\r\"7\n\nTierCounts\x12\x0c\n\x04\x64ram\x18\x01 \x01(\r\x12\x0b\n\x03ssd\x18\x02 \x01(\r\x12\x0e\n\x06remote\x18\x03 \x01(\r\"\xae\x01\n\x0eLookupResponse\x12\x11\n\thit_pages\x18\x01 \x01(\r\x12%\n\x05tiers\x18\x02 \x01(\x0b\x32\x16.orbitkv.v1.TierCounts\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x1d\n\x15lease_expires_unix_ms\x18\x04 \x01(\x03\x12\x17\n\x0frecompute_pages\x18\x05 \x01(\r\x12\x18\n\x10\x62udget_cut_pages\x18\x06 \x01(\r\"&\n\x07PageRef\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06\x62locks\x18\x02 \x03(\r\"\x94\x01\n\x0bSaveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x05pages\x18\x02 \x03(\x0b\x32\x13.orbitkv.v1.PageRef\x12*\n\ndurability\x18\x03 \x01(\x0e\x32\x16.orbitkv.v1.Durability\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x0c\n\x04wait\x18\x05 \x01(\x08\"\xa0\x01\n\x0bLoadRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\"\n\x05pages\x18\x03 \x03(\x0b\x32\x13.orbitkv.v1.PageRef\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x11\n\tlayerwise\x18\x05 \x01(\x08\x12\x0c\n\x04wait\x18\x06 \x01(\x08\x12\x11\n\tend_lease\x18\x07 \x01(\x08\"?\n\x08OpHandle\x12\r\n\x05op_id\x18\x01 \x01(\t\x12$\n\x06status\x18\x02 \x01(\x0b\x32\x14.orbitkv.v1.OpStatus\"D\n\x0bWaitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05op_id\x18\x02 \x01(\t\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"a\n\nPageResult\x12\"\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x14.orbitkv.v1.PageCode\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.orbitkv.v1.Tier\x12\x0f\n\x07message\x18\x03 \x01(\t\"N\n\x08OpStatus\x12\r\n\x05op_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12%\n\x05pages\x18\x03 \x03(\x0b\x32\x16.orbitkv.v1.PageResult\"6\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"\x11\n\x0fReleaseResponse*J\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_DRAM\x10\x01\x12\x0c\n\x08TIER_SSD\x10\x02\x12\x0f\n\x0bTIER_REMOTE\x10\x03*Q\n\nDurability\x12\x1a\n\x16\x44URABILITY_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44URABILITY_DRAM\x10\x01\x12\x12\n\x0e\x44URABILITY_SSD\x10\x02*\x9c\x01\n\x08PageCode\x12\x10\n\x0cPAGE_PENDING\x10\x00\x12\x0b\n\x07PAGE_OK\x10\x01\x12\x12\n\x0ePAGE_NOT_FOUND\x10\x02\x12\x10\n\x0cPAGE_CORRUPT\x10\x03\x12\x11\n\rPAGE_NO_SPACE\x10\x04\x12\x11\n\rPAGE_DEADLINE\x10\x05\x12\x11\n\rPAGE_IO_ERROR\x10\x06\x12\x12\n\x0ePAGE_CANCELLED\x10\x07\x32\xa6\x04\n\rEngineService\x12N\n\x0bOpenSession\x12\x1e.orbitkv.v1.OpenSessionRequest\x1a\x1f.orbitkv.v1.OpenSessionResponse\x12H\n\tKeepalive\x12\x1c.orbitkv.v1.KeepaliveRequest\x1a\x1d.orbitkv.v1.KeepaliveResponse\x12Q\n\x0c\x43loseSession\x12\x1f.orbitkv.v1.CloseSessionRequest\x1a .orbitkv.v1.CloseSessionResponse\x12?\n\x06Lookup\x12\x19.orbitkv.v1.LookupRequest\x1a\x1a.orbitkv.v1.LookupResponse\x12\x35\n\x04Save\x12\x17.orbitkv.v1.SaveRequest\x1a\x14.orbitkv.v1.OpHandle\x12\x35\n\x04Load\x12\x17.orbitkv.v1.LoadRequest\x1a\x14.orbitkv.v1.OpHandle\x12\x35\n\x04Wait\x12\x17.orbitkv.v1.WaitRequest\x1a\x14.orbitkv.v1.OpStatus\x12\x42\n\x07Release\x12\x1a.orbitkv.v1.ReleaseRequest\x1a\x1b.orbitkv.v1.ReleaseResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'orbitkv.v1.engine_pb2', globals())
@@ -21,12 +21,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1'
-  _TIER._serialized_start=2158
-  _TIER._serialized_end=2232
-  _DURABILITY._serialized_start=2234
-  _DURABILITY._serialized_end=2315
-  _PAGECODE._serialized_start=2318
-  _PAGECODE._serialized_end=2474
+  _TIER._serialized_start=2179
+  _TIER._serialized_end=2253
+  _DURABILITY._serialized_start=2255
+  _DURABILITY._serialized_end=2336
+  _PAGECODE._serialized_start=2339
+  _PAGECODE._serialized_end=2495
   _LAYOUT._serialized_start=40
   _LAYOUT._serialized_end=228
   _SHAREDMEMORY._serialized_start=230
@@ -49,30 +49,30 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _CLOSESESSIONREQUEST._serialized_end=1039
   _CLOSESESSIONRESPONSE._serialized_start=1041
   _CLOSESESSIONRESPONSE._serialized_end=1063
-  _LOOKUPREQUEST._serialized_start=1065
-  _LOOKUPREQUEST._serialized_end=1179
-  _TIERCOUNTS._serialized_start=1181
-  _TIERCOUNTS._serialized_end=1236
-  _LOOKUPRESPONSE._serialized_start=1239
-  _LOOKUPRESPONSE._serialized_end=1413
-  _PAGEREF._serialized_start=1415
-  _PAGEREF._serialized_end=1453
-  _SAVEREQUEST._serialized_start=1456
-  _SAVEREQUEST._serialized_end=1604
-  _LOADREQUEST._serialized_start=1607
-  _LOADREQUEST._serialized_end=1767
-  _OPHANDLE._serialized_start=1769
-  _OPHANDLE._serialized_end=1832
-  _WAITREQUEST._serialized_start=1834
-  _WAITREQUEST._serialized_end=1902
-  _PAGERESULT._serialized_start=1904
-  _PAGERESULT._serialized_end=2001
-  _OPSTATUS._serialized_start=2003
-  _OPSTATUS._serialized_end=2081
-  _RELEASEREQUEST._serialized_start=2083
-  _RELEASEREQUEST._serialized_end=2137
-  _RELEASERESPONSE._serialized_start=2139
-  _RELEASERESPONSE._serialized_end=2156
-  _ENGINESERVICE._serialized_start=2477
-  _ENGINESERVICE._serialized_end=3027
+  _LOOKUPREQUEST._serialized_start=1066
+  _LOOKUPREQUEST._serialized_end=1200
+  _TIERCOUNTS._serialized_start=1202
+  _TIERCOUNTS._serialized_end=1257
+  _LOOKUPRESPONSE._serialized_start=1260
+  _LOOKUPRESPONSE._serialized_end=1434
+  _PAGEREF._serialized_start=1436
+  _PAGEREF._serialized_end=1474
+  _SAVEREQUEST._serialized_start=1477
+  _SAVEREQUEST._serialized_end=1625
+  _LOADREQUEST._serialized_start=1628
+  _LOADREQUEST._serialized_end=1788
+  _OPHANDLE._serialized_start=1790
+  _OPHANDLE._serialized_end=1853
+  _WAITREQUEST._serialized_start=1855
+  _WAITREQUEST._serialized_end=1923
+  _PAGERESULT._serialized_start=1925
+  _PAGERESULT._serialized_end=2022
+  _OPSTATUS._serialized_start=2024
+  _OPSTATUS._serialized_end=2102
+  _RELEASEREQUEST._serialized_start=2104
+  _RELEASEREQUEST._serialized_end=2158
+  _RELEASERESPONSE._serialized_start=2160
+  _RELEASERESPONSE._serialized_end=2177
+  _ENGINESERVICE._serialized_start=2498
+  _ENGINESERVICE._serialized_end=3048
 # @@protoc_insertion_point(module_scope)

@@ -39,7 +39,8 @@ class LookupBackend(Protocol):
     unreachable or the session not open; lookups then report misses
     without a call and no saves are planned."""
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0) -> LookupResult: ...
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, lease_ms: int = 0,
+               recompute_tokens_per_s: int = 0, lease_from: int = 0) -> LookupResult: ...
 
     def release(self, lease_id: str) -> None: ...
 
@@ -51,6 +52,11 @@ class _Lookup:
     at: float
     expires_ms: int  # earliest lease expiry (unix ms), 0 = none
     budget_cut: int = 0  # pages the peer left out for the query budget (max over ranks)
+    lease_from: int = 0  # leading pages the engine held at the lookup: not leased
+
+    @property
+    def leased_pages(self) -> int:
+        return max(0, self.hit_pages - self.lease_from)
 
 
 @dataclasses.dataclass
@@ -121,14 +127,20 @@ class SchedulerHalf:
             return self.clock() - lk.at < self.cfg.lookup_refresh_s
         return lk.expires_ms == 0 or lk.expires_ms - time.time() * 1000 > 1000
 
-    def _lookup(self, st: _Req, max_pages: int) -> _Lookup:
-        if st.lookup is not None and self._fresh(st.lookup):
+    def _lookup(self, st: _Req, max_pages: int, held: int) -> _Lookup:
+        """The request's lookup, leased from page ``held`` on (the engine holds
+        the pages before it: vLLM's own prefix cache); a live one is reused
+        while it leases every page past what the engine holds now."""
+        held = min(held, max_pages)
+        if st.lookup is not None and self._fresh(st.lookup) and st.lookup.lease_from <= held:
             return st.lookup
         self._release(st.lookup)
         st.lookup = None
         hit, leases, expires, cut = max_pages, {}, 0, 0
         rate = self.recompute_rate()
         extra = {"recompute_tokens_per_s": rate} if rate else {}
+        if held:
+            extra["lease_from"] = held
         for rank in self._fps:
             ks = self._keys(st, rank)[:max_pages]
             res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms, **extra)
@@ -138,7 +150,7 @@ class SchedulerHalf:
                     expires = res.lease_expires_unix_ms if not expires else min(expires, res.lease_expires_unix_ms)
             hit = min(hit, res.hit_pages)
             cut = max(cut, int(getattr(res, "budget_cut_pages", 0) or 0))
-        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut)
+        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut, held)
         return st.lookup
 
     def _still_deferred(self, st: _Req) -> bool:
@@ -153,7 +165,7 @@ class SchedulerHalf:
         the cut. Expired leases hold nothing; a chain the whole budget
         cannot hold waits for no one."""
         now_ms = time.time() * 1000
-        held = sum(o.lookup.hit_pages for o in self._reqs.values()
+        held = sum(o.lookup.leased_pages for o in self._reqs.values()
                    if o.req_id != req_id and o.lookup is not None and o.lookup.leases
                    and (o.lookup.expires_ms == 0 or o.lookup.expires_ms > now_ms))
         return held >= pages
@@ -202,7 +214,7 @@ class SchedulerHalf:
         lk = None
         if max_pages > 0 and self._available():  # peer down: a miss, no call (and no log)
             try:
-                lk = self._lookup(st, max_pages)
+                lk = self._lookup(st, max_pages, num_computed_tokens // pt)
             except (errors.PeerUnavailable, errors.SessionLost) as e:
                 log.debug("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
             except errors.OrbitKVError as e:
