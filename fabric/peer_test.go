@@ -563,6 +563,13 @@ func TestLookupLeavesSlowSSDToRecompute(t *testing.T) {
 	if got := tp.metric("orbitkv_fabric_lookup_recompute_pages_total"); got != "orbitkv_fabric_lookup_recompute_pages_total 10" {
 		t.Fatalf("metric %q, want 10", got)
 	}
+	// The engine holds page 0: the cut is judged on pages 1–3 (DRAM, SSD,
+	// SSD) and falls after page 1.
+	past, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: fast.SessionId, Keys: keys, LeaseFrom: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("slow SSD after a DRAM prefix, page 0 held by the engine", past, 2, 1, 0, 2)
 	setRate(quick)
 	want("fast SSD", lookup(fast.SessionId), 4, 2, 2, 0)
 	setRate(slow)

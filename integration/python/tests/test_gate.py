@@ -277,6 +277,25 @@ def test_pages_in_vllms_own_cache_take_no_query_budget():
     assert be.calls == calls + 1 and be.lease_froms[-1] == 2  # looked up again from page 2
 
 
+def test_a_hit_vllm_holds_whole_is_asked_again_after_the_refresh_time():
+    """A hit that vLLM's own cache holds whole takes no lease, so no lease
+    expiry ends its cached lookup: like a miss, it is trusted for
+    lookup_refresh_s, then asked again, and pages saved meanwhile restore."""
+    now = [0.0]
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS)
+    be = DictLookup()
+    s = SchedulerHalf(cfg, be, clock=lambda: now[0], skipped_first=True, capacity_blocks=128)
+    a = _req("a", 8 * PT + 5)
+    be.store_prefix(LAYOUT, a.prompt_token_ids[: 4 * PT])  # the 4 pages vLLM holds too
+    assert s.get_num_new_matched_tokens(a, 4 * PT) == (0, False) and not be.leases
+    s.update_state_after_alloc(a, ([],), 0)  # vLLM had no blocks: a waits
+    be.store_prefix(LAYOUT, a.prompt_token_ids)  # another engine saved the rest
+    now[0] += cfg.lookup_refresh_s / 2
+    assert s.get_num_new_matched_tokens(a, 4 * PT) == (0, False)  # still the cached answer
+    now[0] += cfg.lookup_refresh_s
+    assert s.get_num_new_matched_tokens(a, 4 * PT) == (4 * PT, True)
+
+
 def _budget_pair(budget_pages, a_pages, b_pages, clock):
     """A queue-aware scheduler half over a peer with a query budget of budget_pages, and two
     requests a and b whose first a_pages / b_pages pages the peer holds."""

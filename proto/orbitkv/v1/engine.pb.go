@@ -1098,11 +1098,14 @@ func (x *TierCounts) GetRemote() uint32 {
 }
 
 type LookupResponse struct {
-	state              protoimpl.MessageState `protogen:"open.v1"`
-	HitPages           uint32                 `protobuf:"varint,1,opt,name=hit_pages,json=hitPages,proto3" json:"hit_pages,omitempty"` // leading pages the peer can supply (those below lease_from included)
-	Tiers              *TierCounts            `protobuf:"bytes,2,opt,name=tiers,proto3" json:"tiers,omitempty"`                        // where the hit pages from lease_from on are
-	LeaseId            string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`     // set when a lease was asked for and hit_pages > 0
-	LeaseExpiresUnixMs int64                  `protobuf:"varint,4,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HitPages uint32                 `protobuf:"varint,1,opt,name=hit_pages,json=hitPages,proto3" json:"hit_pages,omitempty"` // leading pages the peer can supply (those below lease_from included)
+	// Where the hit pages from lease_from on are; remote counts every page
+	// past the peer's own hit, which can start below lease_from when the peer
+	// lost a page the engine still holds.
+	Tiers              *TierCounts `protobuf:"bytes,2,opt,name=tiers,proto3" json:"tiers,omitempty"`
+	LeaseId            string      `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"` // set when a lease was asked for and it pinned a page (from lease_from on)
+	LeaseExpiresUnixMs int64       `protobuf:"varint,4,opt,name=lease_expires_unix_ms,json=leaseExpiresUnixMs,proto3" json:"lease_expires_unix_ms,omitempty"`
 	// Pages the peer left out of the hit because its SSD reads are slower
 	// than the session's recompute rate: from the first page held only on
 	// SSD to the end of the stored chain (they count as lookup misses too).

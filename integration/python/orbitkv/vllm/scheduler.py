@@ -123,7 +123,10 @@ class SchedulerHalf:
                 log.debug("release lease %s: %s", lease, e)
 
     def _fresh(self, lk: _Lookup) -> bool:
-        if lk.hit_pages == 0:
+        """Whether a cached lookup may answer again: while its leases live, or
+        for lookup_refresh_s when it holds none (a miss, a hit vLLM's own
+        cache holds whole, remote pages): pages saved since may extend it."""
+        if lk.hit_pages == 0 or not lk.leases:
             return self.clock() - lk.at < self.cfg.lookup_refresh_s
         return lk.expires_ms == 0 or lk.expires_ms - time.time() * 1000 > 1000
 
