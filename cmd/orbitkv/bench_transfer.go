@@ -38,6 +38,7 @@ type transferBench struct {
 	Ops        []string
 	Sizes      []uint64
 	Conns      []int
+	Verify     []string // TCP only: where the client checksums pages ("inline", "behind": tcp.Client.VerifyBehind)
 	Seconds    float64
 	Rounds     int
 	BatchBytes uint64 // bytes per request (pages = BatchBytes / size, at least 1)
@@ -60,6 +61,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	ops := fs.String("ops", "read,write", "operations to measure")
 	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
 	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
+	verify := fs.String("verify", "inline", "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads); both: inline,behind")
 	profile := fs.String("cpuprofile", "", "write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof (with --netns: both sides')")
 	b := transferBench{}
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
@@ -74,6 +76,9 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	}
 	b.BatchBytes, b.PoolBytes = uint64(batch), uint64(pool)
 	if err := b.parse(*transports, *ops, *sizes, *conns); err != nil {
+		return err
+	}
+	if err := b.parseVerify(*verify); err != nil {
 		return err
 	}
 	if *netns || *iperf != "" {
@@ -150,6 +155,46 @@ func (b *transferBench) parse(transports, ops, sizes, conns string) error {
 }
 
 // round is the length of one measured round, the baseline's rounds too.
+// parseVerify sets the TCP verify modes of the matrix.
+func (b *transferBench) parseVerify(modes string) error {
+	b.Verify = splitList(modes)
+	for _, m := range b.Verify {
+		if m != "inline" && m != "behind" {
+			return fmt.Errorf("bench transfer: unknown verify mode %q (inline, behind)", m)
+		}
+	}
+	if len(b.Verify) == 0 {
+		return errors.New("bench transfer: empty --verify")
+	}
+	return nil
+}
+
+// verifyModes are the verify modes of transport t's cells (TCP's; one,
+// unnamed, for RDMA, whose bench checks every slot itself).
+func (b *transferBench) verifyModes(t string) []string {
+	if t != "tcp" || len(b.Verify) == 0 {
+		return []string{""}
+	}
+	return b.Verify
+}
+
+// cells lists the matrix's cells in the order they run.
+func (b *transferBench) cells() []cell {
+	var out []cell
+	for _, n := range b.Conns {
+		for _, t := range b.Transports {
+			for _, op := range b.Ops {
+				for _, size := range b.Sizes {
+					for _, v := range b.verifyModes(t) {
+						out = append(out, cell{transport: t, op: op, size: size, conns: n, verify: v})
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
 func (b *transferBench) round() time.Duration { return time.Duration(b.Seconds * float64(time.Second)) }
 
 // checkWholeSeconds refuses a round length iperf3 cannot run (-t takes
@@ -263,11 +308,20 @@ type cell struct {
 	transport, op string
 	size          uint64
 	conns         int
+	verify        string  // TCP: "inline" or "behind"; "" for RDMA
 	gbps          float64 // GB/s, verified bytes (median of the rounds)
 	pages         int64   // pages moved and verified
 	skip          string
 	variants      []iperfVariant // the iperf3 baseline's variants, if any
 	baseRates     [][]float64    // Gbit/s per variant and round
+}
+
+// verifyLabel is the cell's verify column.
+func (c cell) verifyLabel() string {
+	if c.verify == "" {
+		return "-"
+	}
+	return c.verify
 }
 
 func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) error {
@@ -278,26 +332,19 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) 
 		fmt.Fprintln(out, "iperf3 (-R, same link) per cell, its rounds interleaved with the cell's; baseline = the variant with the best median")
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "transport\top\tsize\tconns\tGB/s\tGbit/s\tiperf3 Gbit/s\tvs iperf3\tpages verified\t")
+	fmt.Fprintln(tw, "transport\top\tsize\tconns\tverify\tGB/s\tGbit/s\tiperf3 Gbit/s\tvs iperf3\tpages verified\t")
 	var rdmaWhy string
 	if contains(b.Transports, "rdma") {
 		rdmaWhy = b.rdmaSkipReason()
 	}
-	var cells []cell
-	for _, n := range b.Conns {
-		for _, t := range b.Transports {
-			for _, op := range b.Ops {
-				for _, size := range b.Sizes {
-					c := cell{transport: t, op: op, size: size, conns: n}
-					if err := b.measure(ctx, &c, addr, sums, rdmaWhy); err != nil {
-						tw.Flush()
-						return fmt.Errorf("%s %s %s × %d: %w", t, op, bytesize.Size(size), n, err)
-					}
-					printCell(tw, c)
-					cells = append(cells, c)
-				}
-			}
+	cells := b.cells()
+	for i := range cells {
+		c := &cells[i]
+		if err := b.measure(ctx, c, addr, sums, rdmaWhy); err != nil {
+			tw.Flush()
+			return fmt.Errorf("%s %s %s × %d: %w", c.transport, c.op, bytesize.Size(c.size), c.conns, err)
 		}
+		printCell(tw, *c)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -314,14 +361,14 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) 
 
 func printCell(w io.Writer, c cell) {
 	if c.skip != "" {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\tskipped\t\t\t\t%s\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.skip)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\tskipped\t\t\t\t%s\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.verifyLabel(), c.skip)
 		return
 	}
 	ratio, b := "", ""
 	if _, base := bestBaseline(c.baseRates); base > 0 {
 		ratio, b = fmt.Sprintf("%.0f%%", 100*c.gbps*8/base), fmt.Sprintf("%.1f", base)
 	}
-	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%.2f\t%.1f\t%s\t%s\t%d\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.gbps, c.gbps*8, b, ratio, c.pages)
+	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%.2f\t%.1f\t%s\t%s\t%d\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.verifyLabel(), c.gbps, c.gbps*8, b, ratio, c.pages)
 }
 
 // printBaselines lists, per cell with a baseline, every iperf3 variant's
@@ -334,8 +381,8 @@ func printBaselines(out io.Writer, cells []cell) {
 			if i == best {
 				mark = "  <- baseline"
 			}
-			fmt.Fprintf(out, "iperf3 %s × %d: %s: rounds %s Gbit/s, median %.1f%s\n",
-				bytesize.Size(c.size), c.conns, v, fmtRates(c.baseRates[i]), median(c.baseRates[i]), mark)
+			fmt.Fprintf(out, "iperf3 %s × %d (%s cell): %s: rounds %s Gbit/s, median %.1f%s\n",
+				bytesize.Size(c.size), c.conns, c.verifyLabel(), v, fmtRates(c.baseRates[i]), median(c.baseRates[i]), mark)
 		}
 	}
 }
@@ -360,6 +407,7 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 		return nil
 	}
 	cl := tcp.NewClient(nil)
+	cl.VerifyBehind = c.verify == "behind"
 	defer cl.Close()
 	if b.Baseline != nil {
 		c.variants = iperfVariants(c.size, c.conns)

@@ -168,7 +168,7 @@ func TestTransferMatrixInterleavesBaseline(t *testing.T) {
 		t.Fatalf("%d baseline calls, want %d", len(calls), i)
 	}
 	for _, l := range strings.Split(out.String(), "\n") {
-		if f := strings.Fields(l); len(f) > 7 && f[0] == "tcp" && (f[6] != "32.0" || !strings.HasSuffix(f[7], "%")) {
+		if f := strings.Fields(l); len(f) > 8 && f[0] == "tcp" && (f[7] != "32.0" || !strings.HasSuffix(f[8], "%")) {
 			t.Errorf("row without the best variant's median (32.0) as its baseline: %q", l)
 		}
 		if strings.Contains(l, "<- baseline") && !strings.Contains(l, "-P 2, -l") && !strings.Contains(l, "-P 1, -l") {

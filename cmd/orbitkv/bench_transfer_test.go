@@ -23,7 +23,42 @@ func smallTransferBench(t *testing.T) *transferBench {
 	if err := b.parse("tcp,rdma", "read,write", "4KiB,16KiB", "1,2"); err != nil {
 		t.Fatal(err)
 	}
+	if err := b.parseVerify("inline"); err != nil {
+		t.Fatal(err)
+	}
 	return b
+}
+
+// TestTransferMatrixVerifyModes: --verify inline,behind measures every TCP
+// READ cell both ways, each moving verified pages, and refuses other modes.
+func TestTransferMatrixVerifyModes(t *testing.T) {
+	b := smallTransferBench(t)
+	b.Transports, b.Ops = []string{"tcp"}, []string{"read"}
+	if err := b.parseVerify("inline,behind"); err != nil {
+		t.Fatal(err)
+	}
+	addr := serveTransfer(t, b.pages(true))
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.client(ctx, &out, addr); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	modes := map[string]int{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) >= 8 && f[0] == "tcp" {
+			if f[len(f)-1] == "0" {
+				t.Errorf("row verified no pages: %q", l)
+			}
+			modes[f[4]]++
+		}
+	}
+	if modes["inline"] != 4 || modes["behind"] != 4 {
+		t.Fatalf("rows per verify mode %v, want 4 each:\n%s", modes, out.String())
+	}
+	if err := b.parseVerify("later"); err == nil {
+		t.Error("--verify later accepted")
+	}
 }
 
 // serveTransfer serves src on loopback until the test ends.

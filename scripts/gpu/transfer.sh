@@ -7,7 +7,8 @@
 #   for l in libiperf.so.0 libsctp.so.1 libbpf.so.1 libelf.so.1 libmnl.so.0 libbsd.so.0 libcap.so.2 libmd.so.0; do
 #     cp -L /lib/x86_64-linux-gnu/$l out/netbin/lib/; done
 # The machine's own iperf3 and ip are used where they exist. PROFILE=1 writes both sides' Go CPU
-# profiles to $OUT/transfer.{serve,client}.pprof (read them here with go tool pprof).
+# profiles to $OUT/transfer.{serve,client}.pprof (read them here with go tool pprof). VERIFY
+# (default inline,behind) is bench transfer's --verify: where the client checksums each page.
 set -u
 O=${OUT:-/tmp/orbitkv-gpu-out}
 mkdir -p "$O"
@@ -21,5 +22,6 @@ say "cpus $(nproc): $(iperf3 --version | head -1); $(ip -V)"
 command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s ' ' | paste -sd';' | sed 's/^/cpu topology: /' | tee -a "$S"
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
-	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
+	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} \
+	${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
 say "bench transfer rc=${PIPESTATUS[0]}"

@@ -36,6 +36,13 @@ const headBuf = 4 << 10
 type Client struct {
 	tls *tls.Config
 
+	// VerifyBehind, set before the first Fetch, checksums each page on a
+	// goroutine of the Fetch's own, behind the reads, instead of on the
+	// reading goroutine right after each read (receive.go). An experiment
+	// for machines with cores to spare (docs/benchmarks.md, "On 16
+	// cores"); the default reads and sums on one core.
+	VerifyBehind bool
+
 	received atomic.Uint64
 
 	mu     sync.Mutex
@@ -156,6 +163,11 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 	if _, err := cn.Write(appendRequest(nil, time.Until(deadline), wants)); err != nil {
 		return 0, fmt.Errorf("send request: %w", err)
 	}
+	var sums *summer
+	if c.VerifyBehind {
+		sums = startSummer(&c.received)
+		defer sums.wait() // before the caller reads errs: the summer sets them
+	}
 	for i, w := range wants {
 		h, ok, err := readHead(cn.r, w)
 		if err != nil {
@@ -163,6 +175,14 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 		}
 		if !ok {
 			errs[i] = ErrNotFound
+			continue
+		}
+		if sums != nil {
+			if err := readPage(cn.r, dst[i], sums.add); err != nil {
+				return i, fmt.Errorf("read page %s: %w", w.Key, err)
+			}
+			res[i].Header = h
+			sums.end(h, &errs[i])
 			continue
 		}
 		verr, err := readVerified(cn.r, dst[i], h)

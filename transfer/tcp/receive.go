@@ -3,6 +3,7 @@ package tcp
 import (
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	"github.com/orbitkv/orbitkv/internal/page"
 )
@@ -14,7 +15,10 @@ import (
 // verifier goroutine summing each read while the next one ran was slower
 // on two cores in every cell measured back to back, 6–10% with two
 // connections: its bytes came from the other core's cache and each piece
-// cost a handoff. docs/benchmarks.md, 2026-12-01 evening.)
+// cost a handoff. docs/benchmarks.md, 2026-12-01 evening.) Where cores are
+// free that may not hold: Client.VerifyBehind sums on a goroutine of the
+// Fetch's own (summer, below), for `bench transfer --verify behind` to
+// measure beside the default.
 
 // readHead reads a page's status and, if it is sent, its header, which
 // must name w; ok false means the server does not hold it.
@@ -77,4 +81,53 @@ func readVerified(r io.Reader, dst []byte, h page.Header) (verr, err error) {
 		return nil, err
 	}
 	return h.VerifySum(crc), nil
+}
+
+// summerDepth is how many reads a summer may lag behind (at recvChunk
+// each, 4 MiB): a reader that gets further ahead waits for it.
+const summerDepth = 16
+
+// summer checksums a Fetch's pages on a goroutine of its own, in the order
+// their bytes were read (Client.VerifyBehind): the reading goroutine hands
+// it each read's bytes (add) and each page's end (end), and reads on.
+type summer struct {
+	jobs chan sumJob
+	done chan struct{}
+}
+
+// sumJob is the next bytes of the page being summed, or (verdict set) its
+// end: compare with h, set *verdict, count its bytes in received if good.
+type sumJob struct {
+	data    []byte
+	h       page.Header
+	verdict *error
+}
+
+func startSummer(received *atomic.Uint64) *summer {
+	s := &summer{jobs: make(chan sumJob, summerDepth), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		var crc uint32
+		for j := range s.jobs {
+			if j.verdict == nil {
+				crc = page.UpdateChecksum(crc, j.data)
+				continue
+			}
+			if *j.verdict = j.h.VerifySum(crc); *j.verdict == nil {
+				received.Add(j.h.Length)
+			}
+			crc = 0
+		}
+	}()
+	return s
+}
+
+func (s *summer) add(b []byte) { s.jobs <- sumJob{data: b} }
+
+func (s *summer) end(h page.Header, verdict *error) { s.jobs <- sumJob{h: h, verdict: verdict} }
+
+// wait returns once every page handed over is summed; the summer ends.
+func (s *summer) wait() {
+	close(s.jobs)
+	<-s.done
 }

@@ -2,13 +2,17 @@ package tcp
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"testing"
 	"testing/iotest"
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
 // TestReadPageInPieces: readPage hands over the page's bytes in order, in
@@ -58,30 +62,37 @@ func TestReadPageShortStream(t *testing.T) {
 // TestChangedPieceIsCaught: a page served with one byte changed in its
 // first, a middle or its last piece (the header keeping the true
 // checksum) fails alone as corrupt; its neighbours in the answer arrive.
+// Both ways of checking: on the reading goroutine, and behind it
+// (Client.VerifyBehind).
 func TestChangedPieceIsCaught(t *testing.T) {
 	size := 3*recvChunk + 100
-	for name, at := range map[string]int{"first byte": 0, "middle piece": recvChunk + recvChunk/2, "last byte": size - 1} {
-		t.Run(name, func(t *testing.T) {
-			src := newMemSource()
-			a, bad, c3 := src.add(1, size), src.add(2, size), src.add(3, 5000)
-			src.flip[bad.Key] = at
-			_, addr := serve(t, src, nil)
-			c := NewClient(nil)
-			defer c.Close()
-			ask := []Want{a, bad, c3}
-			dst := buffers(ask)
-			errs := errsOf(c.Fetch(ctxFor(t, 10*time.Second), addr, ask, dst))
-			var ce *page.CorruptError
-			if !errors.As(errs[1], &ce) || ce.Key != bad.Key {
-				t.Fatalf("changed page: %v, want a CorruptError for it", errs[1])
-			}
-			if errs[0] != nil || errs[2] != nil || !bytes.Equal(dst[0], src.pages[a.Key].Data) || !bytes.Equal(dst[2], src.pages[c3.Key].Data) {
-				t.Fatalf("neighbours of the changed page: %v, %v", errs[0], errs[2])
-			}
-			if got := c.ReceivedBytes(); got != a.Size+c3.Size {
-				t.Errorf("received %d verified bytes, want %d", got, a.Size+c3.Size)
-			}
-		})
+	for _, behind := range []bool{false, true} {
+		for name, at := range map[string]int{"first byte": 0, "middle piece": recvChunk + recvChunk/2, "last byte": size - 1} {
+			t.Run(fmt.Sprintf("%s, behind %v", name, behind), func(t *testing.T) { changedPieceIsCaught(t, size, at, behind) })
+		}
+	}
+}
+
+func changedPieceIsCaught(t *testing.T, size, at int, behind bool) {
+	src := newMemSource()
+	a, bad, c3 := src.add(1, size), src.add(2, size), src.add(3, 5000)
+	src.flip[bad.Key] = at
+	_, addr := serve(t, src, nil)
+	c := NewClient(nil)
+	c.VerifyBehind = behind
+	defer c.Close()
+	ask := []Want{a, bad, c3}
+	dst := buffers(ask)
+	errs := errsOf(c.Fetch(ctxFor(t, 10*time.Second), addr, ask, dst))
+	var ce *page.CorruptError
+	if !errors.As(errs[1], &ce) || ce.Key != bad.Key {
+		t.Fatalf("changed page: %v, want a CorruptError for it", errs[1])
+	}
+	if errs[0] != nil || errs[2] != nil || !bytes.Equal(dst[0], src.pages[a.Key].Data) || !bytes.Equal(dst[2], src.pages[c3.Key].Data) {
+		t.Fatalf("neighbours of the changed page: %v, %v", errs[0], errs[2])
+	}
+	if got := c.ReceivedBytes(); got != a.Size+c3.Size {
+		t.Errorf("received %d verified bytes, want %d", got, a.Size+c3.Size)
 	}
 }
 
@@ -91,4 +102,45 @@ func pattern(n int) []byte {
 		b[i] = byte(i*131 + i>>9)
 	}
 	return b
+}
+
+// TestAnAnswerCutInsideAPageFailsIt: a server that goes away in the middle
+// of a page's bytes fails that page with the connection's error, not as
+// corrupt and not as a hang, whichever goroutine checks the bytes.
+func TestAnAnswerCutInsideAPageFailsIt(t *testing.T) {
+	data := pattern(3 * recvChunk)
+	h := page.Header{Key: pagekey.Key{5}, Layout: layout, Length: uint64(len(data)), Checksum: page.Checksum(data), Generation: 1}
+	for _, behind := range []bool{false, true} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			if _, err := io.ReadFull(c, make([]byte, reqHeadSize+wantSize)); err != nil {
+				return
+			}
+			head := make([]byte, 1+page.WireSize)
+			head[0] = statusOK
+			h.EncodeWire(head[1:])
+			c.Write(append(head, data[:recvChunk+5]...))
+		}()
+		c := NewClient(nil)
+		c.VerifyBehind = behind
+		w := Want{Key: h.Key, Layout: layout, Size: h.Length}
+		errs := errsOf(c.Fetch(ctxFor(t, 5*time.Second), lis.Addr().String(), []Want{w}, buffers([]Want{w})))
+		var ce *page.CorruptError
+		if errs[0] == nil || errors.As(errs[0], &ce) || errors.Is(errs[0], context.DeadlineExceeded) {
+			t.Errorf("behind %v: a page cut short: %v, want the connection's error", behind, errs[0])
+		}
+		if c.ReceivedBytes() != 0 {
+			t.Errorf("behind %v: %d bytes counted as received", behind, c.ReceivedBytes())
+		}
+		c.Close()
+		lis.Close()
+	}
 }
