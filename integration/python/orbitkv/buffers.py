@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from orbitkv.errors import BufferError_, NotFileBacked
@@ -168,33 +169,83 @@ def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = 
 # --- CPU engines: KV in anonymous memory --------------------------------------
 
 
+SHARED_DIR = "/dev/shm"
+
+# An engine's shared KV file older than this whose owner holds no lock on it
+# is an orphan (its engine was killed); younger ones may be still being made.
+ORPHAN_AGE_S = 60.0
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedFile:
-    """A memfd holding KV memory moved out of anonymous memory
-    (share_cpu_tensors). ``path`` (/proc/PID/fd/N) is how the peer opens it;
-    it lives while ``fd`` is open, and the kernel frees it once the
-    descriptor and every mapping are gone — also when the process is killed,
-    so a crashed engine leaves nothing behind in /dev/shm."""
+    """A /dev/shm file holding KV memory moved out of anonymous memory
+    (share_cpu_tensors), opened by the peer by its path (a file, not a memfd
+    behind /proc/PID/fd: a peer in another PID namespace, a pod with
+    hostIPC, opens it too). ``fd`` stays open with a shared flock on the
+    file while the engine lives: a killed engine's lock goes with it, and
+    the next engine to share its KV removes the orphan (sweep_orphans)."""
 
     fd: int
     path: str
     size_bytes: int
 
     def close(self) -> None:
+        """The engine's session ended: remove the file (the mappings stay)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
 
-def share_cpu_tensors(tensors: Sequence[Any], name: str = "orbitkv-kv") -> list[SharedFile]:
+def sweep_orphans(prefix: str = "orbitkv-kv-", directory: str = SHARED_DIR, age_s: float = ORPHAN_AGE_S) -> list[str]:
+    """Removes the shared KV files of engines that died without removing
+    them (killed, crashed): files named ``prefix``… older than ``age_s`` on
+    which no process holds the lock a living engine keeps. Returns the
+    paths removed. The peer may still map one (until its session ends);
+    the memory is freed once nothing does."""
+    import fcntl
+    import time
+
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    now = time.time()
+    for n in names:
+        path = os.path.join(directory, n)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if now - os.fstat(fd).st_mtime < age_s:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its engine lives
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
+def share_cpu_tensors(tensors: Sequence[Any], prefix: str = "orbitkv-kv-") -> list[SharedFile]:
     """Moves CPU tensors whose memory the peer cannot map (anonymous: vLLM's
-    CPU backend allocates its KV cache with torch.zeros) into shared memory
-    the peer can open, in place: each distinct storage is copied into a
-    shared mapping of a memfd and every tensor on it is re-pointed there
-    (same shape, strides and offset), so the engine, which holds these very
-    tensor objects, reads and writes the shared copy from then on. Call it
-    before the engine's first forward. Returns the memfds made; the caller
-    closes them when its session ends. (Files in /dev/shm, used before,
-    outlived an engine that was killed: gigabytes of RAM each.)"""
+    CPU backend allocates its KV cache with torch.zeros) into /dev/shm files,
+    in place: each distinct storage is copied into a shared file mapping and
+    every tensor on it is re-pointed there (same shape, strides and offset),
+    so the engine, which holds these very tensor objects, reads and writes
+    the shared copy from then on. Call it before the engine's first forward.
+    Returns the files made, each locked while this process lives; the caller
+    closes them when its session ends. Orphans of killed engines are swept
+    first (sweep_orphans)."""
+    import fcntl
+
     import torch
 
     made: list[SharedFile] = []
@@ -209,14 +260,17 @@ def share_cpu_tensors(tensors: Sequence[Any], name: str = "orbitkv-kv") -> list[
             continue  # already shareable
         except NotFileBacked:
             by_storage.setdefault(st.data_ptr(), []).append(t)
+    if by_storage:
+        sweep_orphans(prefix)
     for group in by_storage.values():
         nbytes = _storage(group[0]).nbytes()
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        fd, path = tempfile.mkstemp(prefix=prefix, dir=SHARED_DIR if os.path.isdir(SHARED_DIR) else None)
         try:
-            os.ftruncate(fd, nbytes)
-            flat = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=nbytes, dtype=torch.uint8)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # held while this process lives: not an orphan
+            flat = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
         except BaseException:
             os.close(fd)
+            os.unlink(path)
             raise
         first = group[0]
         whole = first.new_empty(0).set_(first)  # the whole old storage, as first's dtype
@@ -225,7 +279,7 @@ def share_cpu_tensors(tensors: Sequence[Any], name: str = "orbitkv-kv") -> list[
         for t in group:
             size, stride, offset = t.size(), t.stride(), t.storage_offset()
             t.set_(flat.view(t.dtype)).as_strided_(size, stride, offset)
-        made.append(SharedFile(fd, f"/proc/{os.getpid()}/fd/{fd}", nbytes))
+        made.append(SharedFile(fd, path, nbytes))
     return made
 
 

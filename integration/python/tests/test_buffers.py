@@ -109,7 +109,7 @@ def test_ambiguous_vllm_shape():
         buffers.vllm_layout_of(torch.zeros(2, 2, 4, 1, 1))
 
 
-def test_share_cpu_tensors_moves_anonymous_kv_into_shared_memory_in_place():
+def test_share_cpu_tensors_moves_anonymous_kv_into_shm_in_place():
     import numpy as np
 
     base = torch.zeros(4 * 2 * 8 * 16, dtype=torch.float32)  # anonymous, like vLLM's CPU KV cache
@@ -120,18 +120,19 @@ def test_share_cpu_tensors_moves_anonymous_kv_into_shared_memory_in_place():
         buffers.resolve_file_range(packed.data_ptr(), 4)
     made = buffers.share_cpu_tensors([packed, logical])
     try:
-        assert len(made) == 1  # one storage, one memfd
+        assert len(made) == 1  # one storage, one file
         assert made[0].size_bytes == base.numel() * 4
         assert buffers.resolve_file_range(packed.data_ptr(), 4) == (made[0].path, 0)
         assert (logical.shape, logical.stride()) == ((4, 8, 2, 16), (256, 16, 128, 1))
         assert packed[1, 0, 0, 0].item() == 7.0 and logical[1, 0, 0, 0].item() == 7.0  # contents kept
-        logical[2, 3, 1, 4] = 5.0  # a write through one view lands in the shared memory
+        logical[2, 3, 1, 4] = 5.0  # a write through one view lands in the file
         raw = np.fromfile(made[0].path, dtype=np.float32)  # read as the peer opens it
         assert raw[2 * 256 + 1 * 128 + 3 * 16 + 4] == 5.0 and packed[2, 1, 3, 4].item() == 5.0
         assert buffers.share_cpu_tensors([packed, logical]) == []  # already shareable: left alone
     finally:
         for f in made:
             f.close()
+    assert not os.path.exists(made[0].path)  # the session's end removes it
 
 
 _KILLED_ENGINE = """
@@ -145,20 +146,34 @@ os.kill(os.getpid(), signal.SIGKILL)  # no session end, no cleanup
 """
 
 
-def test_shared_kv_memory_is_freed_when_the_engine_is_killed(tmp_path):
-    """An engine killed after moving its KV cache leaves nothing in /dev/shm
-    (files there outlived it: its whole KV cache of RAM, until someone
-    deleted them by hand)."""
+def test_a_killed_engines_shared_kv_is_removed_by_the_next_engine():
+    """A killed engine leaves its /dev/shm KV file (its whole KV cache of RAM);
+    the next engine to share its KV removes it once it is older than
+    ORPHAN_AGE_S — and never a living engine's, nor one just made."""
     import subprocess
     import sys
+    import time
 
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(buffers.__file__)))
-    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     p = subprocess.run([sys.executable, "-c", _KILLED_ENGINE, pkg], capture_output=True, text=True, timeout=60)
     assert p.returncode == -9, p.stderr
-    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    left = sorted(n for n in after - before if n.startswith("orbitkv"))
-    for n in left:
-        os.unlink(os.path.join("/dev/shm", n))
-    assert not left, f"shared KV memory left behind in /dev/shm: {left}"
-    assert p.stdout.startswith("/proc/"), p.stdout  # the peer's path to it while the engine lived
+    orphan = p.stdout.strip()
+    assert orphan.startswith("/dev/shm/orbitkv-kv-") and os.path.exists(orphan), orphan  # a path any peer can open
+    living = buffers.share_cpu_tensors([torch.zeros(1024)])  # this process's, locked
+    try:
+        assert os.path.exists(orphan)  # too young to be taken for an orphan
+        old = time.time() - 2 * buffers.ORPHAN_AGE_S
+        for path in (orphan, living[0].path):
+            os.utime(path, (old, old))
+        again = buffers.share_cpu_tensors([torch.zeros(1024)])  # the next engine's start
+        try:
+            assert not os.path.exists(orphan), "a killed engine's KV file was left in /dev/shm"
+            assert os.path.exists(living[0].path), "a living engine's KV file was removed"
+        finally:
+            for f in again:
+                f.close()
+    finally:
+        for f in living:
+            f.close()
+        if os.path.exists(orphan):
+            os.unlink(orphan)

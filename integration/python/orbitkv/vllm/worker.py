@@ -137,7 +137,7 @@ class WorkerHalf:
         # (it answers once enqueued) and the step end's wait for the page results.
         self.lw_timings: list[dict] = []
         self.skipped_saves = 0  # save specs not started because the peer was unreachable
-        self._shared_files: list[buffers.SharedFile] = []  # memfd copies of CPU KV caches (share_cpu_tensors)
+        self._shared_files: list[buffers.SharedFile] = []  # /dev/shm copies of CPU KV caches (share_cpu_tensors)
 
     # --- registration ----------------------------------------------------------
 
@@ -155,13 +155,13 @@ class WorkerHalf:
 
     def _share_cpu_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """vLLM's CPU backend keeps its KV cache in anonymous memory, which the
-        peer cannot map: move it into shared memory (memfds) in place (before
-        the first forward), once."""
+        peer cannot map: move it into /dev/shm in place (before the first
+        forward), once; files of killed engines before it are swept."""
         made = buffers.share_cpu_tensors(list(kv_caches.values()))
         if made:
             self._shared_files += made
             size = sum(f.size_bytes for f in made)
-            log.info("orbitkv: moved vLLM's CPU KV cache (%d buffers, %.1f GiB) into shared memory (memfd) so the peer can map it",
+            log.info("orbitkv: moved vLLM's CPU KV cache (%d buffers, %.1f GiB) into /dev/shm so the peer can map it",
                      len(made), size / 2**30)
 
     def register_planes(self, planes: Sequence[Sequence[Any]]) -> None:
