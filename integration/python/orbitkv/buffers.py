@@ -175,6 +175,11 @@ SHARED_DIR = "/dev/shm"
 # is an orphan (its engine was killed); younger ones may be still being made.
 ORPHAN_AGE_S = 60.0
 
+# The names of locked shared KV files. Connectors before the locks named
+# theirs "orbitkv-kv-…" and held no lock: a sweep must not take a living
+# one of those for an orphan, so the locked files have a prefix of their own.
+KV_PREFIX = "orbitkv-kvl-"
+
 
 @dataclasses.dataclass(frozen=True)
 class SharedFile:
@@ -197,7 +202,7 @@ class SharedFile:
             os.close(self.fd)
 
 
-def sweep_orphans(prefix: str = "orbitkv-kv-", directory: str = SHARED_DIR, age_s: float = ORPHAN_AGE_S) -> list[str]:
+def sweep_orphans(prefix: str = KV_PREFIX, directory: str = SHARED_DIR, age_s: float = ORPHAN_AGE_S) -> list[str]:
     """Removes the shared KV files of engines that died without removing
     them (killed, crashed): files named ``prefix``… older than ``age_s`` on
     which no process holds the lock a living engine keeps. Returns the
@@ -234,7 +239,7 @@ def sweep_orphans(prefix: str = "orbitkv-kv-", directory: str = SHARED_DIR, age_
     return removed
 
 
-def share_cpu_tensors(tensors: Sequence[Any], prefix: str = "orbitkv-kv-") -> list[SharedFile]:
+def share_cpu_tensors(tensors: Sequence[Any], prefix: str = KV_PREFIX) -> list[SharedFile]:
     """Moves CPU tensors whose memory the peer cannot map (anonymous: vLLM's
     CPU backend allocates its KV cache with torch.zeros) into /dev/shm files,
     in place: each distinct storage is copied into a shared file mapping and

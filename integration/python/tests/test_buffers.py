@@ -158,7 +158,7 @@ def test_a_killed_engines_shared_kv_is_removed_by_the_next_engine():
     p = subprocess.run([sys.executable, "-c", _KILLED_ENGINE, pkg], capture_output=True, text=True, timeout=60)
     assert p.returncode == -9, p.stderr
     orphan = p.stdout.strip()
-    assert orphan.startswith("/dev/shm/orbitkv-kv-") and os.path.exists(orphan), orphan  # a path any peer can open
+    assert orphan.startswith("/dev/shm/" + buffers.KV_PREFIX) and os.path.exists(orphan), orphan  # a path any peer can open
     living = buffers.share_cpu_tensors([torch.zeros(1024)])  # this process's, locked
     try:
         assert os.path.exists(orphan)  # too young to be taken for an orphan
