@@ -172,7 +172,9 @@ def resolve_file_range(addr: int, length: int, maps: Optional[list[_Mapping]] = 
 SHARED_DIR = "/dev/shm"
 
 # An engine's shared KV file older than this whose owner holds no lock on it
-# is an orphan (its engine was killed); younger ones may be still being made.
+# is an orphan (its engine was killed); younger ones may be still being made
+# (between mkstemp and flock). Only the lock tells a living engine's file:
+# mtime says nothing of liveness (writes through a mapping need not touch it).
 ORPHAN_AGE_S = 60.0
 
 # The names of locked shared KV files. Connectors before the locks named
@@ -202,7 +204,12 @@ class SharedFile:
             os.close(self.fd)
 
 
-def sweep_orphans(prefix: str = KV_PREFIX, directory: str = SHARED_DIR, age_s: float = ORPHAN_AGE_S) -> list[str]:
+def shared_dir() -> str:
+    """Where shared KV files go: /dev/shm, else the temporary directory."""
+    return SHARED_DIR if os.path.isdir(SHARED_DIR) else tempfile.gettempdir()
+
+
+def sweep_orphans(prefix: str = KV_PREFIX, directory: Optional[str] = None, age_s: float = ORPHAN_AGE_S) -> list[str]:
     """Removes the shared KV files of engines that died without removing
     them (killed, crashed): files named ``prefix``… older than ``age_s`` on
     which no process holds the lock a living engine keeps. Returns the
@@ -212,6 +219,7 @@ def sweep_orphans(prefix: str = KV_PREFIX, directory: str = SHARED_DIR, age_s: f
     import time
 
     removed: list[str] = []
+    directory = directory or shared_dir()
     try:
         names = [n for n in os.listdir(directory) if n.startswith(prefix)]
     except OSError:
@@ -249,10 +257,6 @@ def share_cpu_tensors(tensors: Sequence[Any], prefix: str = KV_PREFIX) -> list[S
     Returns the files made, each locked while this process lives; the caller
     closes them when its session ends. Orphans of killed engines are swept
     first (sweep_orphans)."""
-    import fcntl
-
-    import torch
-
     made: list[SharedFile] = []
     maps = _read_maps()
     by_storage: dict[int, list[Any]] = {}
@@ -267,16 +271,34 @@ def share_cpu_tensors(tensors: Sequence[Any], prefix: str = KV_PREFIX) -> list[S
             by_storage.setdefault(st.data_ptr(), []).append(t)
     if by_storage:
         sweep_orphans(prefix)
-    for group in by_storage.values():
-        nbytes = _storage(group[0]).nbytes()
-        fd, path = tempfile.mkstemp(prefix=prefix, dir=SHARED_DIR if os.path.isdir(SHARED_DIR) else None)
+    try:
+        for group in by_storage.values():
+            made.append(_share_storage(group, prefix))
+    except BaseException:
+        for f in made:  # the tensors moved so far keep their (now private) mappings
+            f.close()
+        raise
+    return made
+
+
+def _share_storage(group: Sequence[Any], prefix: str) -> SharedFile:
+    """Moves the tensors of one storage into a new locked shared file."""
+    import fcntl
+
+    import torch
+
+    nbytes = _storage(group[0]).nbytes()
+    fd, path = tempfile.mkstemp(prefix=prefix, dir=shared_dir())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # held while this process lives: not an orphan
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # held while this process lives: not an orphan
-            flat = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
+            # Reserve the memory now: a sparse file that outgrew /dev/shm would
+            # fail the copy below with SIGBUS, killing the engine unexplained.
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            raise BufferError_(f"cannot hold the {nbytes}-byte KV cache in {path}: {e.strerror} "
+                               f"(free space in {os.path.dirname(path)}?)") from e
+        flat = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
         first = group[0]
         whole = first.new_empty(0).set_(first)  # the whole old storage, as first's dtype
         whole = whole.as_strided((nbytes // first.element_size(),), (1,), 0)
@@ -284,8 +306,11 @@ def share_cpu_tensors(tensors: Sequence[Any], prefix: str = KV_PREFIX) -> list[S
         for t in group:
             size, stride, offset = t.size(), t.stride(), t.storage_offset()
             t.set_(flat.view(t.dtype)).as_strided_(size, stride, offset)
-        made.append(SharedFile(fd, path, nbytes))
-    return made
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return SharedFile(fd, path, nbytes)
 
 
 def _storage(t: Any) -> Any:

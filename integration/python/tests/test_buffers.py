@@ -135,6 +135,25 @@ def test_share_cpu_tensors_moves_anonymous_kv_into_shm_in_place():
     assert not os.path.exists(made[0].path)  # the session's end removes it
 
 
+def test_a_kv_cache_that_does_not_fit_dev_shm_fails_clearly_and_leaves_nothing(monkeypatch):
+    """No room for the KV cache in /dev/shm: a clear BufferError_ at
+    registration (a sparse file would have let the copy die of SIGBUS),
+    no file left behind, the tensor still usable where it was."""
+    import errno
+
+    def full(fd, off, n):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    before = set(os.listdir(buffers.shared_dir()))
+    kv = torch.ones(4096)
+    ptr = kv.data_ptr()
+    with pytest.raises(errors.BufferError_, match="cannot hold the 16384-byte KV cache"):
+        buffers.share_cpu_tensors([kv])
+    assert set(os.listdir(buffers.shared_dir())) == before
+    assert kv.data_ptr() == ptr and kv.sum().item() == 4096
+
+
 _KILLED_ENGINE = """
 import os, signal, sys, torch
 sys.path.insert(0, sys.argv[1])
