@@ -37,13 +37,7 @@ func TestTransferMatrixVerifyModes(t *testing.T) {
 	if err := b.parseVerify("inline,behind"); err != nil {
 		t.Fatal(err)
 	}
-	addr := serveTransfer(t, b.pages(true))
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := b.client(ctx, &out, addr); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	out := runMatrix(t, b)
 	modes := map[string]int{}
 	for _, l := range strings.Split(out.String(), "\n") {
 		if f := strings.Fields(l); len(f) >= 8 && f[0] == "tcp" {
@@ -59,6 +53,20 @@ func TestTransferMatrixVerifyModes(t *testing.T) {
 	if err := b.parseVerify("later"); err == nil {
 		t.Error("--verify later accepted")
 	}
+}
+
+// runMatrix runs b's client side against its pages served on loopback
+// and returns what it printed.
+func runMatrix(t *testing.T, b *transferBench) *bytes.Buffer {
+	t.Helper()
+	addr := serveTransfer(t, b.pages(true))
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.client(ctx, &out, addr); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	return &out
 }
 
 // serveTransfer serves src on loopback until the test ends.
@@ -86,13 +94,7 @@ func serveTransfer(t *testing.T, src tcp.Source) string {
 // printed as skipped with the reason.
 func TestTransferMatrixRuns(t *testing.T) {
 	b := smallTransferBench(t)
-	addr := serveTransfer(t, b.pages(true))
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := b.client(ctx, &out, addr); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	out := runMatrix(t, b)
 	rows := 0
 	for _, l := range strings.Split(out.String(), "\n") {
 		f := strings.Fields(l)
