@@ -34,6 +34,11 @@ type Config struct {
 	// tier no longer covers, and remove their files; without it such a
 	// start is refused (discard.go).
 	SSDDiscard bool
+	// SSDNoReadmit answers a cache-fill save of a page held only on SSD
+	// "already stored", as before readmission, instead of taking the
+	// engine's bytes back into DRAM (store/readmit.go): no device copy, and
+	// the page is read from the SSD when it is next restored.
+	SSDNoReadmit bool
 	// Now is the clock of the peer's decisions: lease expiry, the SSD read
 	// rate's age, tier fault windows (nil: time.Now). Not a flag: tests
 	// move it.
@@ -90,6 +95,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SSDQueueDepth, "ssd-queue-depth", c.SSDQueueDepth, "io_uring submissions in flight")
 	fs.BoolVar(&c.SSDNoSync, "ssd-no-sync", c.SSDNoSync, "skip fdatasync on SSD writes (benchmarks only)")
 	fs.BoolVar(&c.SSDDiscard, "ssd-discard", c.SSDDiscard, "start even if the SSD tier is now smaller than the pages on disk: drop those pages and remove their files")
+	fs.BoolVar(&c.SSDNoReadmit, "ssd-no-readmit", c.SSDNoReadmit, "answer a cache-fill save of a page held only on SSD \"already stored\" instead of taking it back into DRAM")
 	c.Limits.RegisterFlags(fs)
 	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")

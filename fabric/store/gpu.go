@@ -263,7 +263,7 @@ func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, to
 	items := make([]*saveItem, 0, len(reqs))
 	for i, r := range reqs {
 		e, stored := s.storedFor(r.Key, toSSD)
-		if stored && !readmittable(e, toSSD) {
+		if stored && !s.readmittable(e, toSSD) {
 			res[i] = okResult(e.Tier())
 			continue
 		}

@@ -35,9 +35,10 @@ import (
 //     across restarts; a catalog rebuilt from the SSD files marks none.
 
 // readmittable reports whether a save of a page with entry e takes the page
-// back into DRAM: a cache fill of a page held only on SSD.
-func readmittable(e catalog.Entry, toSSD bool) bool {
-	return !toSSD && e.OnSSD && e.DRAMSlot < 0
+// back into DRAM: a cache fill of a page held only on SSD, unless
+// readmission is off (Options.NoReadmit).
+func (s *Store) readmittable(e catalog.Entry, toSSD bool) bool {
+	return !s.opts.NoReadmit && !toSSD && e.OnSSD && e.DRAMSlot < 0
 }
 
 // readmitFailed is the result of a readmission that took no DRAM copy: the

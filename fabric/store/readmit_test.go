@@ -109,6 +109,34 @@ func TestCacheFillReadmitsAPageHeldOnlyOnSSD(t *testing.T) {
 	}
 }
 
+// TestNoReadmitLeavesThePageOnSSD: with readmission off (Options.NoReadmit,
+// --ssd-no-readmit) a re-save of a page held only on SSD is answered
+// "already stored" from the SSD: no DRAM copy, no readmission counted, and
+// the next load reads it from the SSD, byte for byte.
+func TestNoReadmitLeavesThePageOnSSD(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	ps.opts.NoReadmit = true
+	e := newTestEngine(t)
+	k := randKey(t)
+	saveOne(t, ps, e, k, false)
+	before := demoteOut(t, ps, k)
+	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierSSD {
+		t.Fatalf("re-save answered tier %v, want ssd (already stored)", got.Tier)
+	}
+	after := ssdOnly(t, ps, k)
+	if after.Generation != before.Generation {
+		t.Fatalf("entry changed: generation %d, was %d", after.Generation, before.Generation)
+	}
+	for _, r := range []string{"attached", "kept", "replaced", "no_room"} {
+		if n := readmits(t, ps, r); n != 0 {
+			t.Errorf("readmissions %s = %v, want 0", r, n)
+		}
+	}
+	if tier, got := loadOne(t, ps, e, k); tier != catalog.TierSSD || !bytes.Equal(got, e.page(reqs([]pagekey.Key{k}, 0)[0].Blocks)) {
+		t.Fatalf("load from %v; want ssd, the saved bytes", tier)
+	}
+}
+
 // TestReadmitWithOtherBytes: recomputed KV whose bytes differ replaces the
 // peer's own demoted SSD copy (every copy an entry names must hold the
 // bytes of its checksum), but never a copy an engine saved durably, one

@@ -86,7 +86,7 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 	parallel(len(reqs), func(i int) {
 		r := reqs[i]
 		e, stored := s.storedFor(r.Key, toSSD)
-		if stored && !readmittable(e, toSSD) {
+		if stored && !s.readmittable(e, toSSD) {
 			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
 			return
 		}

@@ -81,6 +81,9 @@ type Options struct {
 	// configured sizes, named in the refusal.
 	SSDDiscard             bool
 	SSDBytes, SSDFileBytes bytesize.Size
+	// NoReadmit turns readmission off (readmit.go): a cache-fill save of a
+	// page held only on SSD is answered "already stored".
+	NoReadmit bool
 	// Members fetches pages other members hold; nil runs standalone.
 	Members Members
 	// Registry takes the store's metrics.

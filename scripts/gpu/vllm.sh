@@ -28,7 +28,8 @@
 # CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
 # kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
 # in a session of their own: bench report compares by config label). QUERY_BUDGET (default 2GiB)
-# is the peer's --query-budget-bytes, labelled query_budget=... when set.
+# is the peer's --query-budget-bytes, labelled query_budget=... when set; PEER_FLAGS (e.g.
+# --ssd-no-readmit) are added to every peer's flags, labelled peer_flags=... when set.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -79,7 +80,7 @@ start_peer() { # CONFIG: dram | ssd
 	rm -rf "$dir"
 	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
 	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
-	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes "${QUERY_BUDGET:-2GiB}" "${tier[@]}" >>"$O/peer.log" 2>&1 &
+	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes "${QUERY_BUDGET:-2GiB}" "${tier[@]}" ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
 	PEER_PID=$!
 	for _ in $(seq 900); do
 		[ -S "$dir/orbitkv.sock" ] && return 0
@@ -133,7 +134,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --model qwen3-8b --vocab 151936 \
 		--engine-metrics http://127.0.0.1:8000/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=vllm-0.26.0 \
 		--label "engine_flags=${VLLM_FLAGS[*]}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
-		${QUERY_BUDGET:+--label "query_budget=$QUERY_BUDGET"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
+		${QUERY_BUDGET:+--label "query_budget=$QUERY_BUDGET"} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
