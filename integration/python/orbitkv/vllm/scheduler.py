@@ -126,7 +126,7 @@ class SchedulerHalf:
         """Whether a cached lookup may answer again: while its leases live, or
         for lookup_refresh_s when it holds none (a miss, a hit vLLM's own
         cache holds whole, remote pages): pages saved since may extend it."""
-        if lk.hit_pages == 0 or not lk.leases:
+        if not lk.leases:
             return self.clock() - lk.at < self.cfg.lookup_refresh_s
         return lk.expires_ms == 0 or lk.expires_ms - time.time() * 1000 > 1000
 
