@@ -76,7 +76,9 @@ func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func registerServingFlags(fs *flag.FlagSet, c *serving.Config, labels labelFlag) {
-	fs.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "base URL of the OpenAI-compatible server")
+	fs.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "base URL of the engine's HTTP server")
+	fs.StringVar(&c.API, "api", c.API, "openai: streamed /v1/completions (vLLM, the reference engine); "+
+		"sglang: SGLang's native /generate with input_ids, for a server started with --skip-tokenizer-init")
 	fs.StringVar(&c.Model, "model", c.Model, "model name sent in each request (empty: left out)")
 	fs.StringVar(&c.Workload, "workload", c.Workload, "sustained | trace | probes")
 	fs.StringVar(&c.Output, "output", c.Output, "run directory to create (required; must not hold a run)")

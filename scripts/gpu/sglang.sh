@@ -206,7 +206,9 @@ bench() { # CFG NAME BENCH-ARGS...
 	local pm=()
 	case $cfg in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics) ;; esac
 	rm -rf "$RUNS/$name"
-	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab 151936 \
+	# --api sglang: SGLang's /generate with input_ids; without a tokenizer (--skip-tokenizer-init) its
+	# OpenAI routes fail every request (HTTP 500, KeyError 'text': the H200, 2026-12-02)
+	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --api sglang --vocab 151936 \
 		--engine-metrics http://127.0.0.1:$PORT/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=sglang-0.5.17 \
 		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"

@@ -9,13 +9,25 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
 
-// Client sends streaming completions to an OpenAI-compatible endpoint.
+// The APIs a Client speaks.
+const (
+	APIOpenAI = "openai" // POST /v1/completions, OpenAI's streamed completions (vLLM, SGLang, reference engine)
+	// APISGLang is SGLang's native POST /generate with input_ids. A server
+	// started with --skip-tokenizer-init has no text to put in its OpenAI
+	// routes' answers (SGLang 0.5.17 fails them with KeyError 'text'); its
+	// /generate streams the output ids.
+	APISGLang = "sglang"
+)
+
+// Client sends streaming completions to an engine's HTTP endpoint.
 type Client struct {
 	Endpoint  string // base URL, e.g. http://127.0.0.1:8000 (…/v1 also accepted)
+	API       string // APIOpenAI (also when empty) or APISGLang
 	Model     string // "model" field; empty leaves it out
 	IgnoreEOS bool   // ask for exactly max_tokens (vLLM/SGLang extension)
 	HTTP      *http.Client
@@ -58,25 +70,42 @@ type streamChunk struct {
 func (c *Client) url() string {
 	u := strings.TrimRight(c.Endpoint, "/")
 	u = strings.TrimSuffix(u, "/v1")
+	if c.API == APISGLang {
+		return u + "/generate"
+	}
 	return u + "/v1/completions"
+}
+
+// body is one request's JSON for c.API.
+func (c *Client) body(prompt []int, maxTokens int) []byte {
+	var body map[string]any
+	if c.API == APISGLang {
+		sp := map[string]any{"max_new_tokens": maxTokens, "temperature": 0}
+		if c.IgnoreEOS {
+			sp["ignore_eos"] = true
+		}
+		body = map[string]any{"input_ids": prompt, "sampling_params": sp, "stream": true}
+	} else {
+		// return_token_ids (vLLM): a server started without a tokenizer streams
+		// token ids and empty text; other servers ignore the field.
+		body = map[string]any{"prompt": prompt, "max_tokens": maxTokens, "stream": true,
+			"temperature": 0, "stream_options": map[string]any{"include_usage": true}, "return_token_ids": true}
+		if c.IgnoreEOS {
+			body["ignore_eos"] = true
+		}
+	}
+	if c.Model != "" && c.API != APISGLang {
+		body["model"] = c.Model
+	}
+	buf, _ := json.Marshal(body)
+	return buf
 }
 
 // Complete streams one completion; ctx bounds the whole request. The result
 // always carries the timings it got; Err says why it is incomplete.
 func (c *Client) Complete(ctx context.Context, prompt []int, maxTokens int) Result {
-	// return_token_ids (vLLM): a server started without a tokenizer streams
-	// token ids and empty text; other servers ignore the field.
-	body := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "stream": true,
-		"temperature": 0, "stream_options": map[string]any{"include_usage": true}, "return_token_ids": true}
-	if c.Model != "" {
-		body["model"] = c.Model
-	}
-	if c.IgnoreEOS {
-		body["ignore_eos"] = true
-	}
-	buf, _ := json.Marshal(body)
 	res := Result{Start: time.Now()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(), bytes.NewReader(buf))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(), bytes.NewReader(c.body(prompt, maxTokens)))
 	if err != nil {
 		res.Err = err
 		return res
@@ -96,15 +125,91 @@ func (c *Client) Complete(ctx context.Context, prompt []int, maxTokens int) Resu
 		res.Latency = time.Since(res.Start)
 		return res
 	}
-	res.Err = readStream(resp.Body, &res)
+	dec := decodeOpenAI
+	if c.API == APISGLang {
+		dec = (&sglangDecoder{}).decode
+	}
+	res.Err = readStream(resp.Body, &res, dec)
 	res.Latency = time.Since(res.Start)
 	return res
 }
 
 var errNoDone = errors.New("stream ended without [DONE]")
 
+// event is what one SSE event of a completion carried.
+type event struct {
+	text  string // new text
+	ids   []int  // new token ids, when the server streams ids (no tokenizer)
+	usage *usage // token counts, when the event has them
+}
+
+type usage struct{ prompt, completion, cached, restored int }
+
+// decoder turns one SSE event's data into an event, or the server's error.
+type decoder func(data []byte) (event, error)
+
+func decodeOpenAI(data []byte) (event, error) {
+	var ch streamChunk
+	if err := json.Unmarshal(data, &ch); err != nil {
+		return event{}, fmt.Errorf("bad SSE event %.80q: %v", data, err)
+	}
+	if ch.Error != nil {
+		return event{}, fmt.Errorf("server error in stream: %s", ch.Error.Message)
+	}
+	var ev event
+	if u := ch.Usage; u != nil {
+		ev.usage = &usage{prompt: u.PromptTokens, completion: u.CompletionTokens, restored: u.RestoredTokens}
+		if d := u.PromptTokensDetails; d != nil {
+			ev.usage.cached = d.CachedTokens
+		}
+	}
+	if len(ch.Choices) > 0 {
+		ev.text, ev.ids = ch.Choices[0].Text, ch.Choices[0].TokenIDs
+	}
+	return ev, nil
+}
+
+// sglangDecoder reads SGLang's /generate stream. With SGLang's default
+// (incremental_streaming_output off) each event holds every output id so far;
+// the decoder passes on the new ones and checks that the earlier ones did not
+// change, so a server streaming deltas instead fails the request rather than
+// losing tokens.
+type sglangDecoder struct{ ids []int }
+
+type sglangChunk struct {
+	OutputIDs []int `json:"output_ids"`
+	MetaInfo  *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		CachedTokens     int `json:"cached_tokens"`
+	} `json:"meta_info"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (d *sglangDecoder) decode(data []byte) (event, error) {
+	var ch sglangChunk
+	if err := json.Unmarshal(data, &ch); err != nil {
+		return event{}, fmt.Errorf("bad SSE event %.80q: %v", data, err)
+	}
+	if ch.Error != nil {
+		return event{}, fmt.Errorf("server error in stream: %s", ch.Error.Message)
+	}
+	var ev event
+	if m := ch.MetaInfo; m != nil {
+		ev.usage = &usage{prompt: m.PromptTokens, completion: m.CompletionTokens, cached: m.CachedTokens}
+	}
+	if len(ch.OutputIDs) < len(d.ids) || !slices.Equal(ch.OutputIDs[:len(d.ids)], d.ids) {
+		return event{}, fmt.Errorf("SGLang stream: output ids %v do not extend the %v before them (is incremental_streaming_output on?)", ch.OutputIDs, d.ids)
+	}
+	ev.ids = ch.OutputIDs[len(d.ids):]
+	d.ids = append(d.ids, ev.ids...)
+	return ev, nil
+}
+
 // readStream consumes SSE events until [DONE], filling res.
-func readStream(r io.Reader, res *Result) error {
+func readStream(r io.Reader, res *Result, dec decoder) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var text strings.Builder
 	defer func() { res.Text = text.String() }()
@@ -119,21 +224,14 @@ func readStream(r io.Reader, res *Result) error {
 				if string(data) == "[DONE]" {
 					return nil
 				}
-				var ch streamChunk
-				if jerr := json.Unmarshal(data, &ch); jerr != nil {
-					return fmt.Errorf("bad SSE event %.80q: %v", data, jerr)
+				ev, derr := dec(data)
+				if derr != nil {
+					return derr
 				}
-				if ch.Error != nil {
-					return fmt.Errorf("server error in stream: %s", ch.Error.Message)
+				if u := ev.usage; u != nil {
+					res.PromptTokens, res.CompletionTokens, res.CachedTokens, res.RestoredTokens = u.prompt, u.completion, u.cached, u.restored
 				}
-				if ch.Usage != nil {
-					res.PromptTokens, res.CompletionTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
-					res.RestoredTokens = ch.Usage.RestoredTokens
-					if d := ch.Usage.PromptTokensDetails; d != nil {
-						res.CachedTokens = d.CachedTokens
-					}
-				}
-				if len(ch.Choices) > 0 && (ch.Choices[0].Text != "" || len(ch.Choices[0].TokenIDs) > 0) {
+				if ev.text != "" || len(ev.ids) > 0 {
 					if res.Chunks == 0 {
 						res.TTFT = now.Sub(res.Start)
 					} else {
@@ -141,7 +239,7 @@ func readStream(r io.Reader, res *Result) error {
 					}
 					last = now
 					res.Chunks++
-					writeOutput(&text, ch.Choices[0].Text, ch.Choices[0].TokenIDs)
+					writeOutput(&text, ev.text, ev.ids)
 				}
 			}
 		}

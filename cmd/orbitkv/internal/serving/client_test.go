@@ -114,6 +114,65 @@ func TestClientReadsTokenIDStreams(t *testing.T) {
 	}
 }
 
+// TestClientSpeaksSGLangsGenerate: SGLang started with --skip-tokenizer-init
+// answers /v1/completions with HTTP 500 (KeyError 'text', seen on the H200 with
+// SGLang 0.5.17); its native /generate takes input_ids and streams every output
+// id so far in each event, with the token counts in meta_info. The events below
+// have the shape of SGLang 0.5.17's tokenizer_manager (BatchTokenIDOutput,
+// stream, incremental_streaming_output off); the real server is met on the H200
+// (scripts/gpu/sglang.sh).
+func TestClientSpeaksSGLangsGenerate(t *testing.T) {
+	var path, body string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path, body = r.URL.Path, readAll(r)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"output_ids\":[17],\"meta_info\":{\"id\":\"a\",\"prompt_tokens\":2,\"completion_tokens\":1,\"cached_tokens\":0}}\n\n")
+		fmt.Fprint(w, "data: {\"output_ids\":[17,5,9],\"meta_info\":{\"id\":\"a\",\"prompt_tokens\":2,\"completion_tokens\":3,\"cached_tokens\":1}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	c := &Client{Endpoint: srv.URL + "/v1", API: APISGLang, Model: "m", IgnoreEOS: true, HTTP: http.DefaultClient}
+	res := c.Complete(context.Background(), []int{1, 2}, 3)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	for _, want := range []string{`"input_ids":[1,2]`, `"max_new_tokens":3`, `"ignore_eos":true`, `"stream":true`, `"temperature":0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("request %s lacks %s", body, want)
+		}
+	}
+	if path != "/generate" || strings.Contains(body, `"model"`) || strings.Contains(body, `"prompt"`) {
+		t.Errorf("asked %s with %s; want /generate with input_ids only", path, body)
+	}
+	if res.Text != "<17><5><9>" || res.Chunks != 2 || len(res.ITL) != 1 || res.TTFT == 0 {
+		t.Errorf("text %q, chunks %d, ITL %d, ttft %v", res.Text, res.Chunks, len(res.ITL), res.TTFT)
+	}
+	if res.PromptTokens != 2 || res.CompletionTokens != 3 || res.CachedTokens != 1 {
+		t.Errorf("usage %d/%d/%d; want 2/3/1", res.PromptTokens, res.CompletionTokens, res.CachedTokens)
+	}
+}
+
+// TestClientRefusesSGLangStreamsItCannotRead: a stream of deltas
+// (incremental_streaming_output on) or an error event fails the request with
+// the reason; tokens are never dropped silently.
+func TestClientRefusesSGLangStreamsItCannotRead(t *testing.T) {
+	for _, tc := range []struct{ name, events, want string }{
+		{"deltas", `{"output_ids":[17],"meta_info":{"completion_tokens":1}}` + "\n\ndata: " + `{"output_ids":[5],"meta_info":{"completion_tokens":2}}`, "do not extend"},
+		{"error", `{"error":{"message":"context too long","code":400}}`, "context too long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				fmt.Fprint(w, "data: "+tc.events+"\n\ndata: [DONE]\n\n")
+			}))
+			defer srv.Close()
+			c := &Client{Endpoint: srv.URL, API: APISGLang, HTTP: http.DefaultClient}
+			if res := c.Complete(context.Background(), []int{1}, 2); res.Err == nil || !strings.Contains(res.Err.Error(), tc.want) {
+				t.Fatalf("err %v; want it to mention %q", res.Err, tc.want)
+			}
+		})
+	}
+}
+
 func readAll(r *http.Request) string {
 	var b strings.Builder
 	_, _ = io.Copy(&b, r.Body)

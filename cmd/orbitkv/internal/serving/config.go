@@ -33,7 +33,8 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // Config is one `bench serving` run. Units are in the field comments.
 type Config struct {
-	Endpoint       string   `json:"endpoint"` // base URL of the OpenAI-compatible server
+	Endpoint       string   `json:"endpoint"` // base URL of the engine's HTTP server
+	API            string   `json:"api"`      // openai (/v1/completions) | sglang (/generate)
 	Model          string   `json:"model"`    // "model" field of each request
 	Workload       string   `json:"workload"` // sustained | trace | probes
 	Output         string   `json:"output"`   // run directory (created; must not hold a run)
@@ -70,7 +71,7 @@ type Config struct {
 // DefaultConfig is the seeds' sustained workload.
 func DefaultConfig() Config {
 	return Config{
-		Endpoint: "http://127.0.0.1:8000", Workload: WorkloadSustained, Seed: 1, Vocab: 32000,
+		Endpoint: "http://127.0.0.1:8000", API: APIOpenAI, Workload: WorkloadSustained, Seed: 1, Vocab: 32000,
 		Concurrency: 8, Duration: Duration(60 * time.Second), OutputTokens: 16,
 		RequestTimeout: Duration(300 * time.Second), IgnoreEOS: true,
 		Prefixes: 12, PrefixTokens: []int{1024, 4096, 8192}, Reuse: 0.75,
@@ -87,6 +88,9 @@ func (c Config) Validate() error {
 	}
 	if c.Output == "" {
 		return fmt.Errorf("--output DIR is required")
+	}
+	if c.API != "" && c.API != APIOpenAI && c.API != APISGLang {
+		return fmt.Errorf("--api %q: want %s or %s", c.API, APIOpenAI, APISGLang)
 	}
 	switch {
 	case c.Concurrency <= 0:

@@ -1,6 +1,6 @@
 // Package serving is the engine-facing half of `orbitkv bench serving`: it
-// drives an OpenAI-compatible /v1/completions endpoint with streaming and
-// records what a person needs to judge a serving window.
+// drives an OpenAI-compatible /v1/completions endpoint with streaming (or
+// SGLang's native /generate, Config.API) and records what a person needs to judge a serving window.
 //
 // Invariants:
 //   - Workloads are pure functions of (seed, request index): the same seed

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,6 +18,9 @@ type Sample struct {
 	At     time.Time          `json:"at"`
 	Values map[string]float64 `json:"values"`
 	Types  map[string]string  `json:"types,omitempty"`
+	// NotFinite names the series whose value was NaN or ±Inf (allowed in
+	// Prometheus' text format, not in JSON): they are left out of Values.
+	NotFinite []string `json:"not_finite,omitempty"`
 }
 
 // DrainGauges are the peer gauges that must return to 0 when idle (DESIGN.md §7).
@@ -76,6 +80,10 @@ func ParseMetrics(r io.Reader) (Sample, error) {
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
 			return s, fmt.Errorf("bad value in metrics line %.80q", line)
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			s.NotFinite = append(s.NotFinite, series)
+			continue
 		}
 		s.Values[series] = v
 	}

@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg Config, m Manifest, opt Options) (Summary, err
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency + 4}}
 	defer hc.CloseIdleConnections()
 	r := &runner{cfg: cfg, opt: opt, hc: hc, rows: rows,
-		client: &Client{Endpoint: cfg.Endpoint, Model: cfg.Model, IgnoreEOS: cfg.IgnoreEOS, HTTP: hc}}
+		client: &Client{Endpoint: cfg.Endpoint, API: cfg.API, Model: cfg.Model, IgnoreEOS: cfg.IgnoreEOS, HTTP: hc}}
 	var w windowResult
 	switch cfg.Workload {
 	case WorkloadSustained:

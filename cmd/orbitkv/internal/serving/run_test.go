@@ -3,10 +3,14 @@ package serving
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -145,5 +149,40 @@ func TestProbesPhases(t *testing.T) {
 	}
 	if len(sum.Notes) != 1 || !strings.Contains(sum.Notes[0], "restart probe skipped") {
 		t.Errorf("notes %v", sum.Notes)
+	}
+}
+
+// TestRunKeepsEngineMetricsThatAreNotNumbers: SGLang 0.5.17's /metrics has
+// gauges whose value is NaN (Prometheus' text format allows NaN and ±Inf; JSON
+// has neither). On the H200 every SGLang run then failed with "json:
+// unsupported value: NaN" and wrote no metrics.json. The series is left out of
+// the sample and named, and the run stands.
+func TestRunKeepsEngineMetricsThatAreNotNumbers(t *testing.T) {
+	var scrapes atomic.Int64
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n := scrapes.Add(1)
+		fmt.Fprintf(w, "# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total %d\n", n*100)
+		fmt.Fprint(w, "# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{tp_rank=\"0\"} NaN\n")
+		fmt.Fprint(w, "# TYPE sglang:ratio gauge\nsglang:ratio +Inf\n")
+	}))
+	defer engine.Close()
+	cfg := testConfig(t, startFake(t, &fakeEngine{tokenDelay: time.Millisecond}))
+	cfg.EngineMetrics = engine.URL + "/metrics"
+	sum, err := Run(context.Background(), cfg, Manifest{}, Options{})
+	if err != nil || sum.Status != "ok" {
+		t.Fatalf("run: %v, status %q %v", err, sum.Status, sum.Reasons)
+	}
+	var m map[string]*Window
+	b, err := os.ReadFile(filepath.Join(cfg.Output, MetricsFile))
+	if err != nil || json.Unmarshal(b, &m) != nil || m["engine"] == nil {
+		t.Fatalf("metrics.json: %v %s", err, b)
+	}
+	w := m["engine"]
+	if w.Delta["sglang:prompt_tokens_total"] <= 0 {
+		t.Errorf("engine counter delta %v", w.Delta)
+	}
+	want := []string{`sglang:spec_accept_rate{tp_rank="0"}`, "sglang:ratio"}
+	if !slices.Equal(w.After.NotFinite, want) {
+		t.Errorf("not-finite series %q; want %q", w.After.NotFinite, want)
 	}
 }
