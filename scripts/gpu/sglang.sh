@@ -1,7 +1,8 @@
 #!/bin/bash
 # Real SGLang 0.5.17 driving OrbitKV through its HiCache storage backend on the H200 (issue 12;
-# docs/benchmarks.md "Real SGLang on the H200"). PREPARED, NOT YET RUN: every flag was checked
-# against SGLang 0.5.17's own argument parser on a CPU, nothing here has met the GPU machine.
+# docs/benchmarks.md "Real SGLang on the H200"). Every flag is checked against SGLang 0.5.17's own
+# argument parser on a CPU (sglang-check.py); first run on the H200 on 2026-12-02 (sustained dram and
+# native, deterministic dram); the ssd config, recovery and l2 have not met the GPU machine yet.
 #
 # What travels: .gpucarry/sglang-site.partNN (scripts/gpu/sglang-bundle.sh; sglang-site.sha256 and
 # sglang-site.parts with every part), unpacked to /root/okv/sgl; the vLLM site /root/okv/site
@@ -29,8 +30,8 @@
 #                 every reused prompt must match its serial reference token for token
 #   report        bench report over every sustained run so far
 #
-# Plan (unknown: SGLang's start time on the H200; budgeted at 120 s a start like vLLM's 72-144 s;
-# a sustained run = start + 12 serial prefixes + 60 s + drain ~= 220 s). The bundle is 3 parts
+# Plan (SGLang's start on the H200: 171-189 s the first time on a fresh machine, compiling; 59-92 s
+# after; a sustained run = start + 12 serial prefixes + 60 s + drain ~= 150-260 s). The bundle is 3 parts
 # today (160 MiB; sglang-bundle.sh prints the count). Calls, each naming its files in carry:
 #   1 vllm.sh carry1     .gpucarry/vllm-site.part00 .gpucarry/vllm-site.sha256         } only when
 #   2 vllm.sh carry2     .gpucarry/vllm-site.part01 .gpucarry/vllm-site.sha256         } no /root/okv/site
