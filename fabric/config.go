@@ -39,6 +39,10 @@ type Config struct {
 	// engine's bytes back into DRAM (store/readmit.go): no device copy, and
 	// the page is read from the SSD when it is next restored.
 	SSDNoReadmit bool
+	// SSDReadmitAll readmits such a page even into a full DRAM tier when it
+	// was asked for no more often lately than the page it pushes out
+	// (fabric/store/readmit.go): the peer before 2026-12-02, for A/B runs.
+	SSDReadmitAll bool
 	// Now is the clock of the peer's decisions: lease expiry, the SSD read
 	// rate's age, tier fault windows (nil: time.Now). Not a flag: tests
 	// move it.
@@ -96,6 +100,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.SSDNoSync, "ssd-no-sync", c.SSDNoSync, "skip fdatasync on SSD writes (benchmarks only)")
 	fs.BoolVar(&c.SSDDiscard, "ssd-discard", c.SSDDiscard, "start even if the SSD tier is now smaller than the pages on disk: drop those pages and remove their files")
 	fs.BoolVar(&c.SSDNoReadmit, "ssd-no-readmit", c.SSDNoReadmit, "answer a cache-fill save of a page held only on SSD \"already stored\" instead of taking it back into DRAM")
+	fs.BoolVar(&c.SSDReadmitAll, "ssd-readmit-all", c.SSDReadmitAll, "take every such page back into DRAM, even into a full tier when it was asked for no more often lately than the page it pushes out (default: only a hotter one)")
 	c.Limits.RegisterFlags(fs)
 	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")

@@ -134,7 +134,7 @@ func (p *Peer) apiDeps() engineapi.Deps {
 
 // storeOptions are the store's options from the peer's config.
 func (p *Peer) storeOptions(budget uint64) store.Options {
-	o := store.Options{QueryBudget: budget, SSDDir: filepath.Join(p.cfg.DataDir, "ssd"), SSDDiscard: p.cfg.SSDDiscard, NoReadmit: p.cfg.SSDNoReadmit,
+	o := store.Options{QueryBudget: budget, SSDDir: filepath.Join(p.cfg.DataDir, "ssd"), SSDDiscard: p.cfg.SSDDiscard, NoReadmit: p.cfg.SSDNoReadmit, ReadmitAll: p.cfg.SSDReadmitAll,
 		SSDBytes: p.cfg.SSDBytes, SSDFileBytes: p.cfg.SSDFileBytes, Registry: p.m.reg, Log: p.log, Now: p.now}
 	if p.cluster != nil { // a nil *cluster.Cluster must not become a non-nil Members
 		o.Members = p.cluster

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -607,5 +608,30 @@ func TestFlusherKeepsRoomFree(t *testing.T) {
 	look, err := e.Lookup(ctx(t), keys, false)
 	if err != nil || look.HitPages != 60 || look.Tiers.Ssd == 0 {
 		t.Fatalf("lookup after flushing: %v %v; want all 60 found, some on SSD", look, err)
+	}
+}
+
+// TestLookupsCountWhatTheyAskFor: every page a lookup names counts as asked
+// for, hit or miss, lease or not, the engine's own pages included: what a
+// readmission into a full DRAM tier is judged by (fabric/store/readmit.go).
+func TestLookupsCountWhatTheyAskFor(t *testing.T) {
+	tp := startPeer(t, smallConfig(t.TempDir()))
+	e := tp.engine(tinyFlash)
+	keys := randKeys(4)
+	okOp(t)(e.Save(ctx(t), refs(keys[:2], 0, 4), pb.Durability_DURABILITY_DRAM))
+	if _, err := e.Lookup(ctx(t), keys, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.C.Lookup(ctx(t), &pb.LookupRequest{SessionId: e.Session, Keys: keys[:3], LeaseFrom: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []uint8{2, 2, 2, 1} {
+		k, err := pagekey.FromBytes(keys[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tp.p.pages.AskedLately(k); got != want {
+			t.Errorf("page %d asked for %d times, counted %d", i, want, got)
+		}
 	}
 }

@@ -33,6 +33,7 @@ func runSim(_ context.Context, args []string, out io.Writer) error {
 	fs.Var(&ssdBytes, "ssd-bytes", "SSD tier per host (0: none)")
 	fs.BoolVar(&cfg.SSDCut, "ssd-cut", false, "model the peer's restore-or-recompute cut: a lookup stops at the first SSD-only page when reading it is slower than computing it")
 	fs.BoolVar(&cfg.NoReadmit, "no-readmit", false, "model the peer before readmission: a computed page held only on SSD is not saved back into DRAM")
+	fs.BoolVar(&cfg.ReadmitAll, "readmit-all", false, "model readmission before 2026-12-02: into a full DRAM tier even when the page was asked for no more often lately than the page it pushes out")
 	fs.StringVar(&cfg.DRAMPolicy, "dram-policy", cfg.DRAMPolicy, "DRAM eviction order: slru (the peer's: restored pages protected from pages saved once) or lru (one LRU, the order before 2026-12-01)")
 	fs.Float64Var(&cfg.Cost.PrefillUsPerToken, "prefill-us-per-token", cfg.Cost.PrefillUsPerToken, "prefill compute per missed token, µs (default: an H200 Qwen3-8B estimate, docs/benchmarks.md)")
 	fs.Float64Var(&cfg.Cost.DRAMGBps, "dram-gbps", cfg.Cost.DRAMGBps, "DRAM → HBM bandwidth, GB/s (1e9 bytes/s)")

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 )
 
@@ -213,6 +214,10 @@ func TestNoWriteOnTheEnginesPathForACopyTheSSDHas(t *testing.T) {
 	demoteOut(t, ps, ssdPage)
 	demoted := counterValue(t, ps.m.demotedPages)
 	fresh := fillDRAM(t, ps, e.PageBytes)
+	// The engine looked both pages up before it recomputed and saved them
+	// again; the fresh pages were never asked for, so both readmissions
+	// pass the frequency rule (readmit.go) and meet the allocation's.
+	ps.NoteAsked([]pagekey.Key{ssdPage, cleanPage})
 	nothingWritten := func(what string, drops float64) {
 		t.Helper()
 		if d, u := counterValue(t, ps.m.demotedPages), counterValue(t, ps.m.unflushedDrops); d != demoted || u != drops {

@@ -267,6 +267,10 @@ func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, to
 			res[i] = okResult(e.Tier())
 			continue
 		}
+		if stored && !s.admitsReadmit(r.Key, sess.PageBytes) {
+			res[i] = s.readmitColder(e)
+			continue
+		}
 		slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, stored)
 		switch {
 		case err != nil && stored:

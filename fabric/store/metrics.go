@@ -55,7 +55,8 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 		readmitted: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "readmitted_pages_total",
 			"Cache-fill saves of pages held only on SSD, taken back into DRAM (readmit.go), by result: attached (the same bytes: "+
 				"a clean DRAM copy), replaced (other bytes: the peer's own demoted SSD copy dropped for them), kept (the SSD copy stays; ours freed), "+
-				"no_room (no DRAM slot free of a write: the page stays on SSD, nothing copied).")), []string{"result"}),
+				"no_room (no DRAM slot free of a write: the page stays on SSD, nothing copied), "+
+				"colder (DRAM full and the page asked for no more often lately than the DRAM page it would push out: it stays on SSD, nothing copied).")), []string{"result"}),
 		promotedPages: counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
 		corruptPages:  counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
 		ssdDropped: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_dropped_pages_total",

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
 // Readmission: a cache-fill save of a page the peer holds only on SSD takes
@@ -33,6 +34,56 @@ import (
 //     never replaced: its bytes stay, and ours are freed. Which copies the
 //     peer demoted is persisted (catalog.Entry.Demoted), so this holds
 //     across restarts; a catalog rebuilt from the SSD files marks none.
+
+// A readmission into a full DRAM tier also pushes a page out: the flusher
+// keeps 1/flushReserve of the pool free and evicts the least recently used
+// page to restore it. With a DRAM tier smaller than the pages that keep
+// coming back and a disk slower than the engine's prefill — the seeds'
+// SSD configuration on the H200: 4 GiB against about 7.5 GiB of prefixes —
+// every readmission evicted a page about to be asked for, which was then
+// recomputed and readmitted in turn: 8,179 readmissions a minute, 1,888
+// pages restored from DRAM, and the save path's copies taking 6.3 s of the
+// minute against the DRAM configuration's 1.7 s (docs/benchmarks.md,
+// reference engine, sixth session). So once a readmission would
+// eat into the flusher's reserve it is judged (admitsReadmit): the page
+// comes back only if it was asked for more often lately than the page the
+// flusher would evict next (tiers.Frequency over every page lookups ask
+// for, TinyLFU's admission rule); otherwise it stays on SSD, nothing copied
+// (colder). Pages equally asked for then keep their places instead of
+// taking turns: the sim of the seeds' trace in that configuration serves
+// 15.3% of the tokens from DRAM instead of 11.7%, refusing 5,135
+// readmissions, each a device copy not made (docs/benchmarks.md, "sim").
+
+// NoteAsked records that a lookup asked for keys (tiers.Frequency), the
+// ages halving once ten times the pool's pages have been asked for.
+func (s *Store) NoteAsked(keys []pagekey.Key) {
+	s.freq.Record(keys, 10*max(s.pool.Stats().Slots, 64))
+}
+
+// AskedLately is how often lookups asked for k lately (tiers.Frequency's
+// estimate, 0 to tiers.FreqMax): what a readmission of k is judged by.
+func (s *Store) AskedLately(k pagekey.Key) uint8 { return s.freq.Estimate(k) }
+
+// admitsReadmit reports whether a readmission of k (size bytes) may take
+// DRAM: always while the pool has room beyond the flusher's reserve, and
+// then only if k was asked for more often lately than the page the flusher
+// evicts next (or Options.ReadmitAll).
+func (s *Store) admitsReadmit(k pagekey.Key, size uint64) bool {
+	if s.opts.ReadmitAll || s.pool.FreeBytes() >= s.pool.Stats().CapacityBytes/flushReserve+size {
+		return true
+	}
+	s.mu.Lock()
+	victim, ok := s.mu.dram.Victim()
+	s.mu.Unlock()
+	return !ok || s.freq.Hotter(k, victim)
+}
+
+// readmitColder is the result of a readmission admitsReadmit refused: the
+// page stays as stored, on SSD, and nothing is copied.
+func (s *Store) readmitColder(e catalog.Entry) Result {
+	s.m.readmitted.WithLabelValues("colder").Inc()
+	return okResult(e.Tier())
+}
 
 // readmittable reports whether a save of a page with entry e takes the page
 // back into DRAM: a cache fill of a page held only on SSD, unless

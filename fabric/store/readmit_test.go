@@ -298,3 +298,64 @@ func boolFloat(b bool) float64 {
 	}
 	return 0
 }
+
+// TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut: with the
+// pool inside the flusher's reserve, a readmission takes DRAM only when its
+// page was asked for more often lately than the page the flusher would evict
+// next; otherwise the page stays on SSD and nothing is copied (colder). On
+// the H200's SSD configuration readmissions evicted pages about to be asked
+// for, 8,179 a minute, with 1,888 pages restored from DRAM
+// (docs/benchmarks.md). --ssd-readmit-all (Options.ReadmitAll) readmits
+// regardless.
+func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	e := newTestEngine(t)
+	k, k2 := randKey(t), randKey(t)
+	for _, key := range []pagekey.Key{k, k2} {
+		saveOne(t, ps, e, key, false)
+		demoteOut(t, ps, key)
+	}
+	fresh := fillDRAM(t, ps, e.PageBytes)
+	ps.mu.Lock()
+	ps.dropDRAMLocked(fresh[len(fresh)-1]) // one slot free, well inside the reserve
+	ps.mu.Unlock()
+	if v, _ := ps.mu.dram.Victim(); v != fresh[0].Key {
+		t.Fatal("the oldest fresh page is not the next victim")
+	}
+	slots := ps.pool.Stats().Slots
+	ps.NoteAsked([]pagekey.Key{fresh[0].Key, fresh[0].Key, k}) // the victim twice, k once
+
+	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierSSD {
+		t.Fatalf("a readmission colder than the victim answered %v, want ssd", got.Tier)
+	}
+	ssdOnly(t, ps, k)
+	if n, a := readmits(t, ps, "colder"), readmits(t, ps, "attached"); n != 1 || a != 0 {
+		t.Fatalf("colder %v, attached %v readmissions; want 1, 0", n, a)
+	}
+	if got := ps.pool.Stats().Slots; got != slots {
+		t.Fatalf("a refused readmission left %d slots allocated, want %d: it took one", got, slots)
+	}
+
+	ps.NoteAsked([]pagekey.Key{k, k}) // now three asks against the victim's two
+	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
+		t.Fatalf("a readmission hotter than the victim answered %v, want dram", got.Tier)
+	}
+	if a := readmits(t, ps, "attached"); a != 1 {
+		t.Fatalf("attached readmissions = %v, want 1", a)
+	}
+
+	// The flusher restores its reserve; k2, never asked for, is colder than
+	// any victim asked once, unless every readmission is taken.
+	ps.mu.Lock()
+	ps.dropDRAMLocked(fresh[1])
+	ps.mu.Unlock()
+	v, _ := ps.mu.dram.Victim()
+	ps.NoteAsked([]pagekey.Key{v})
+	ps.opts.ReadmitAll = true
+	if got := saveOne(t, ps, e, k2, false); got.Tier != catalog.TierDRAM {
+		t.Fatalf("with ReadmitAll a colder readmission answered %v, want dram", got.Tier)
+	}
+	if n := readmits(t, ps, "colder"); n != 1 {
+		t.Fatalf("colder readmissions = %v after ReadmitAll, want still 1", n)
+	}
+}

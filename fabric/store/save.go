@@ -90,6 +90,10 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
 			return
 		}
+		if stored && !s.admitsReadmit(r.Key, sess.PageBytes) {
+			res[i] = s.readmitColder(e)
+			return
+		}
 		it, err := s.gather(ctx, sess, r, toSSD, stored)
 		switch {
 		case err != nil && stored:

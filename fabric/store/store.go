@@ -52,6 +52,9 @@ type Store struct {
 	corrupt testCorrupt
 	// phases times CUDA sessions' whole-request loads and saves (phases.go).
 	phases phaseTable
+	// freq is how often each page was asked for lately (tiers.Frequency):
+	// what a readmission is judged by (readmit.go).
+	freq *tiers.Frequency
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
 	ssdReads ssdRate
 	// members is nil when the peer runs standalone (remote.go).
@@ -84,6 +87,9 @@ type Options struct {
 	// NoReadmit turns readmission off (readmit.go): a cache-fill save of a
 	// page held only on SSD is answered "already stored".
 	NoReadmit bool
+	// ReadmitAll readmits every page readmittable, without judging it
+	// against the DRAM page it would push out (readmit.go, admitsReadmit).
+	ReadmitAll bool
 	// Members fetches pages other members hold; nil runs standalone.
 	Members Members
 	// Registry takes the store's metrics.
@@ -93,6 +99,11 @@ type Options struct {
 	// fault windows); nil is time.Now.
 	Now func() time.Time
 }
+
+// freqPageBytes sizes the frequency sketch: a DRAM pool of n bytes holds at
+// most about n/freqPageBytes pages of the models served (a Qwen3-8B page of
+// 16 tokens is 2.25 MiB), and the sketch gives each 16 counters a row.
+const freqPageBytes = 256 << 10
 
 // New returns the store over an open catalog and tiers (st nil: no SSD tier).
 func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *Store {
@@ -106,6 +117,7 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 			Msg("TEST HOOK: one bit of the first page of every Nth load is flipped before it reaches the engine; never serve users with it")
 	}
 	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(tiers.DRAMProtectedShare), tiers.NewLRU()
+	s.freq = tiers.NewFrequency(int(pool.Stats().CapacityBytes / freqPageBytes))
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.sealWake = make(chan struct{}, 1)

@@ -32,6 +32,10 @@ type Config struct {
 	// NoReadmit models the peer before readmission (fabric/store/readmit.go): a
 	// page held only on SSD that a prefill computed is not saved back into DRAM.
 	NoReadmit bool `json:"no_readmit"`
+	// ReadmitAll models the peer's readmission before 2026-12-02
+	// (--ssd-readmit-all): into a full DRAM tier too, without judging the
+	// page against the one it pushes out (fabric/store/readmit.go).
+	ReadmitAll bool `json:"readmit_all"`
 
 	Cost CostModel `json:"cost"`
 }

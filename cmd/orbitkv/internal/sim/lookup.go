@@ -28,6 +28,7 @@ func (p plan) hitPages() int { return p.hbm + p.dram + p.ssd + p.remote }
 func (sm *sim) lookup(h int, keys []pagekey.Key) plan {
 	var p plan
 	local := sm.hosts[h].store
+	local.noteAsked(keys)
 	for pos := 0; pos < len(keys); {
 		start := pos
 		n := local.hbmPrefix(keys[pos:])

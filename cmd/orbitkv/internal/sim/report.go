@@ -34,8 +34,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t%s\t\t\n", gib(b.HBMFromDRAM), gib(b.HBMFromSSD), gib(b.RemoteToLocal), gib(b.HBMToDRAM), gib(b.DRAMToSSD))
 	fmt.Fprintln(tw, "\t\t\t\t\t\t\t")
 	e := r.EvictedPages
-	fmt.Fprintln(tw, "pages\tevicted HBM\tevicted DRAM\tevicted SSD\tdemoted\tunsaved\t\t")
-	fmt.Fprintf(tw, "\t%d\t%d\t%d\t%d\t%d\t\t\n", e.HBM, e.DRAM, e.SSD, r.DemotedPages, r.UnsavedPages)
+	fmt.Fprintln(tw, "pages\tevicted HBM\tevicted DRAM\tevicted SSD\tdemoted\tunsaved\tcolder readmits\t")
+	fmt.Fprintf(tw, "\t%d\t%d\t%d\t%d\t%d\t%d\t\n", e.HBM, e.DRAM, e.SSD, r.DemotedPages, r.UnsavedPages, r.ColderReadmits)
 	fmt.Fprintln(tw, "\t\t\t\t\t\t\t")
 	l := r.TTFTms
 	fmt.Fprintln(tw, "TTFT ms\tmean\tp50\tp90\tp99\tmax\t\t")

@@ -37,6 +37,9 @@ type Counters struct {
 	EvictedPages PageCounts  `json:"evicted_pages"`
 	DemotedPages int64       `json:"demoted_pages"`
 	UnsavedPages int64       `json:"unsaved_pages"` // no DRAM room (every page pinned, or no DRAM)
+	// ColderReadmits are readmissions refused: the page asked for no more
+	// often lately than the one it would push out (fabric/store/readmit.go).
+	ColderReadmits int64 `json:"colder_readmits"`
 }
 
 func (c *Counters) add(p plan, pageTokens, input int64) {

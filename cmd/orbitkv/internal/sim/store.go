@@ -27,6 +27,8 @@ type store struct {
 	now               int64 // virtual ns of the current operation
 	moved             *Counters
 	noReadmit         bool // Config.NoReadmit
+	readmitAll        bool // Config.ReadmitAll
+	freq              *tiers.Frequency
 }
 
 func newStore(cfg Config, c *Counters) (*store, error) {
@@ -38,7 +40,8 @@ func newStore(cfg Config, c *Counters) (*store, error) {
 		cat: cat, fp: cfg.Model.Layout(cfg.PageTokens).Fingerprint(), pageBytes: cfg.PageBytes(),
 		hbm: tiers.NewLRU(), hbmPages: int(cfg.HBMTokens / int64(cfg.PageTokens)),
 		dram: cfg.dramLRU(), ssd: tiers.NewLRU(), dramCap: cfg.DRAMBytes, ssdCap: cfg.SSDBytes,
-		moved: c, noReadmit: cfg.NoReadmit,
+		moved: c, noReadmit: cfg.NoReadmit, readmitAll: cfg.ReadmitAll,
+		freq: tiers.NewFrequency(int(cfg.DRAMBytes / cfg.PageBytes())),
 	}, nil
 }
 
@@ -82,6 +85,10 @@ func (s *store) save(k pagekey.Key, restored bool) error {
 		return nil // a hit touched when it was loaded, or (before readmission) a computed page left on SSD
 	}
 	readmit := held && !restored
+	if readmit && !s.admitsReadmit(k) {
+		s.moved.ColderReadmits++
+		return nil
+	}
 	alloc := s.allocDRAM
 	if readmit {
 		alloc = s.allocReadmit
@@ -114,6 +121,23 @@ func (s *store) save(k pagekey.Key, restored bool) error {
 		s.dram.Touch(k)
 	}
 	return nil
+}
+
+// noteAsked records that a lookup asked for keys, as the peer's lookups do
+// (fabric/store/readmit.go, NoteAsked).
+func (s *store) noteAsked(keys []pagekey.Key) {
+	s.freq.Record(keys, 10*max(int(s.dramUsed/s.pageBytes), 64))
+}
+
+// admitsReadmit is the peer's rule: a readmission that would eat into the
+// flusher's reserve takes DRAM only if its page was asked for more often
+// lately than the page evicted next.
+func (s *store) admitsReadmit(k pagekey.Key) bool {
+	if s.readmitAll || s.dramCap-s.dramUsed >= s.dramCap/flushReserve+s.pageBytes {
+		return true
+	}
+	v, ok := s.dram.Victim()
+	return !ok || s.freq.Hotter(k, v)
 }
 
 // evictBatch is how many pages the peer demotes or drops from SSD in one

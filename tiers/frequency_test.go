@@ -1,0 +1,112 @@
+package tiers
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+func TestFrequencyCountsAsks(t *testing.T) {
+	f := NewFrequency(64)
+	hot, warm, cold := key(1), key(2), key(3)
+	for range 5 {
+		f.Record([]pagekey.Key{hot}, 1<<20)
+	}
+	f.Record([]pagekey.Key{warm, warm}, 1<<20)
+	if got := f.Estimate(hot); got != 5 {
+		t.Errorf("hot asked 5 times: estimate %d", got)
+	}
+	if got := f.Estimate(warm); got != 2 {
+		t.Errorf("warm asked twice: estimate %d", got)
+	}
+	if got := f.Estimate(cold); got != 0 {
+		t.Errorf("cold never asked: estimate %d", got)
+	}
+	if !f.Hotter(hot, warm) || f.Hotter(warm, hot) || f.Hotter(cold, cold) {
+		t.Error("Hotter is not strict by estimate")
+	}
+}
+
+func TestFrequencySaturatesAndHalves(t *testing.T) {
+	f := NewFrequency(64)
+	k := key(7)
+	for range 40 {
+		f.Record([]pagekey.Key{k}, 1<<20)
+	}
+	if got := f.Estimate(k); got != FreqMax {
+		t.Fatalf("asked 40 times: estimate %d, want the cap %d", got, FreqMax)
+	}
+	// A record that reaches sample halves every counter, itself included.
+	other := key(8)
+	f.Record([]pagekey.Key{other, other, other}, 43)
+	if got, o := f.Estimate(k), f.Estimate(other); got != FreqMax/2 || o != 1 {
+		t.Errorf("after the halving: %d and %d, want %d and 1", got, o, FreqMax/2)
+	}
+	// The count starts again after a halving.
+	f.Record([]pagekey.Key{k}, 2)
+	if got := f.Estimate(k); got != FreqMax/2+1 {
+		t.Errorf("one more ask after the halving: %d", got)
+	}
+}
+
+// TestFrequencyKeepsManyKeysApart: with rows sized for the pages, keys that
+// differ in a byte or two (small ids, like these) stay apart: nearly every
+// estimate is exact and none undercounts.
+func TestFrequencyKeepsManyKeysApart(t *testing.T) {
+	const n = 4096
+	f := NewFrequency(n)
+	for i := range n {
+		ks := make([]pagekey.Key, 1+i%3)
+		for j := range ks {
+			ks[j] = key(i)
+		}
+		f.Record(ks, 1<<30)
+	}
+	over := 0
+	for i := range n {
+		want := uint8(1 + i%3)
+		switch got := f.Estimate(key(i)); {
+		case got < want:
+			t.Fatalf("key %d asked %d times: estimate %d undercounts", i, want, got)
+		case got > want:
+			over++
+		}
+	}
+	if over > n/100 {
+		t.Errorf("%d of %d estimates too high: the rows collide", over, n)
+	}
+}
+
+func TestFrequencyIsSafeForConcurrentUse(t *testing.T) {
+	f := NewFrequency(64)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				f.Record([]pagekey.Key{key(g), key(100 + i%5)}, 1<<30)
+				_ = f.Estimate(key(g))
+			}
+		})
+	}
+	wg.Wait()
+	for g := range 4 {
+		if got := f.Estimate(key(g)); got != FreqMax {
+			t.Errorf("a key recorded 200 times reads %d, want the cap %d", got, FreqMax)
+		}
+	}
+}
+
+// BenchmarkFrequencyRecord128 is one lookup's worth of asks (128 pages)
+// on a sketch sized for a 16 GiB pool of 256-KiB-or-larger pages.
+func BenchmarkFrequencyRecord128(b *testing.B) {
+	f := NewFrequency(16 << 30 / (256 << 10))
+	keys := make([]pagekey.Key, 128)
+	for i := range keys {
+		keys[i] = key(i)
+		keys[i][5] = byte(i * 7)
+	}
+	for b.Loop() {
+		f.Record(keys, 1<<20)
+	}
+}
