@@ -124,6 +124,9 @@ func (c *Config) Validate() error {
 	if c.SSDBytes > 0 && c.SSDFileBytes == 0 {
 		errs = append(errs, errors.New("ssd-file-bytes must be positive"))
 	}
+	if c.SSDNoReadmit && c.SSDReadmitAll {
+		errs = append(errs, errors.New("ssd-no-readmit and ssd-readmit-all contradict each other: readmit none, or every one"))
+	}
 	errs = append(errs, c.Limits.Validate()...)
 	switch c.CUDA {
 	case "":

@@ -28,6 +28,7 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{"ssd queue depth", func(c *Config) { c.SSDQueueDepth = 5000 }, "ssd-queue-depth 5000"},
 		{"slab alignment", func(c *Config) { c.DRAMSlabBytes = 1<<20 + 1 }, "dram-slab-bytes 1048577 is not a multiple of 4096"},
 		{"socket past sun_path", func(c *Config) { c.Socket = long }, "longer than the kernel's limit of 107"},
+		{"readmission none and every one", func(c *Config) { c.SSDNoReadmit, c.SSDReadmitAll = true, true }, "ssd-no-readmit and ssd-readmit-all contradict"},
 		{"default socket past sun_path", func(c *Config) { c.DataDir = filepath.Join(c.DataDir, strings.Repeat("d", 100)) }, "set a shorter socket (or data-dir)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

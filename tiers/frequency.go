@@ -10,9 +10,9 @@ import (
 
 // Frequency estimates how often each page was asked for lately: a
 // count-min sketch of small saturating counters (freqRows rows, each
-// indexed by its own hash of the key),
-// every counter halved once sample records have been added since the last
-// halving, so that old popularity fades — the frequency filter of TinyLFU
+// indexed by its own hash of the key), every counter halved once ten times
+// the pages it is sized for have been recorded since the last halving, so
+// that old popularity fades — the frequency filter of TinyLFU
 // (Einziger, Friedman and Manes, 2017). An estimate never undercounts the
 // records since the last halving, halved; collisions can only raise it.
 //
@@ -23,23 +23,35 @@ import (
 //
 // Frequency is safe for concurrent use.
 type Frequency struct {
-	mu    sync.Mutex
-	rows  [freqRows][]uint64 // 8-bit counters, eight to a word (halved a word at a time)
-	mask  uint64             // counters a row, less one
-	added int                // records since the last halving
+	mu     sync.Mutex
+	rows   [freqRows][]uint64 // 8-bit counters, eight to a word (halved a word at a time)
+	mask   uint64             // counters a row, less one
+	sample int                // records between two halvings
+	added  int                // records since the last halving
 }
+
+// FreqPageBytes sizes the peer's sketch, and the sim's: a DRAM tier of n
+// bytes is taken to hold n/FreqPageBytes pages, about what it holds of
+// Qwen3-8B's 16-token pages (2.25 MiB). Larger pages (64 tokens: 9 MiB)
+// only make the counts age over more of the tier's turnovers; the
+// estimates' accuracy depends on the sketch's own size.
+const FreqPageBytes = 2 << 20
 
 const (
 	freqRows = 4
 	// FreqMax is where a counter stops counting.
 	FreqMax = 15
+	// freqSamplePerPage is how many records per page the sketch is sized
+	// for go between two halvings.
+	freqSamplePerPage = 10
 	// freqWidthPerPage is a row's counters per page the sketch is sized
-	// for: the pages asked for between two halvings (ten times those a
-	// tier holds, as the peer samples) then fill under a row's 2/3, so
-	// that one in about 20 estimates is raised by a collision in every
-	// row (the sim of the seeds' trace, 4 GiB DRAM and a slow SSD, served
-	// 13.1% of its tokens from DRAM with 4 counters a page, 15.3% with 16,
-	// 15.4% with 64).
+	// for: the distinct pages recorded between two halvings (at most the
+	// records, freqSamplePerPage a page) then fill under 2/3 of a row, so
+	// that about one estimate in 20 at worst is raised by a collision in
+	// every row. (Wider rows still help: sized for the 436 pages of its
+	// DRAM tier, the sim of the seeds' trace with 4 GiB and a slow SSD
+	// served 13.5% of its tokens from DRAM with 4 counters a page, 15.6%
+	// with 16, 17.7% with 64; sized as the peer sizes it, 16.4%.)
 	freqWidthPerPage = 16
 	// minFreqWidth is the fewest counters a row has.
 	minFreqWidth = 1024
@@ -48,21 +60,25 @@ const (
 )
 
 // NewFrequency returns an empty sketch sized for about pages pages in the
-// tier it judges (rows of the next power of two at or above
-// freqWidthPerPage×pages counters, within [1 Ki, 4 Mi]).
+// tier it judges: rows of the next power of two at or above
+// freqWidthPerPage×pages counters (within [1 Ki, 4 Mi]; at the cap, one
+// halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
+// records per page the rows are sized for. Accuracy depends on the records
+// between halvings against the rows, not on the tier's real page count; a
+// tier of larger pages only ages its counts over more of its turnovers.
 func NewFrequency(pages int) *Frequency {
 	w := max(minFreqWidth, min(maxFreqWidth, freqWidthPerPage*pages))
 	w = 1 << bits.Len(uint(w-1)) // next power of two
-	f := &Frequency{mask: uint64(w - 1)}
+	f := &Frequency{mask: uint64(w - 1), sample: freqSamplePerPage * w / freqWidthPerPage}
 	for i := range f.rows {
 		f.rows[i] = make([]uint64, w/8)
 	}
 	return f
 }
 
-// Record counts one ask of each key, then halves every counter if sample
-// (at least 1) records have been added since the last halving.
-func (f *Frequency) Record(keys []pagekey.Key, sample int) {
+// Record counts one ask of each key, then halves every counter if the
+// sketch's sample of records has been reached since the last halving.
+func (f *Frequency) Record(keys []pagekey.Key) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, k := range keys {
@@ -74,7 +90,7 @@ func (f *Frequency) Record(keys []pagekey.Key, sample int) {
 			}
 		}
 	}
-	if f.added += len(keys); f.added >= max(sample, 1) {
+	if f.added += len(keys); f.added >= f.sample {
 		f.halveLocked()
 	}
 }
@@ -83,6 +99,21 @@ func (f *Frequency) Record(keys []pagekey.Key, sample int) {
 func (f *Frequency) Estimate(k pagekey.Key) uint8 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.estimateLocked(k)
+}
+
+// Hotter reports whether a has been asked for more often lately than b
+// (both estimated at one instant: no halving between them).
+func (f *Frequency) Hotter(a, b pagekey.Key) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.estimateLocked(a) > f.estimateLocked(b)
+}
+
+// Sample is how many records go between two halvings.
+func (f *Frequency) Sample() int { return f.sample }
+
+func (f *Frequency) estimateLocked(k pagekey.Key) uint8 {
 	est := uint8(FreqMax)
 	a, b := hashes(k)
 	for i := range f.rows {
@@ -91,9 +122,6 @@ func (f *Frequency) Estimate(k pagekey.Key) uint8 {
 	}
 	return est
 }
-
-// Hotter reports whether a has been asked for more often lately than b.
-func (f *Frequency) Hotter(a, b pagekey.Key) bool { return f.Estimate(a) > f.Estimate(b) }
 
 // hashes are two mixed words of k; row i counts at a + i·b (double
 // hashing, b odd). Page keys are hashes already; the mixing keeps keys that

@@ -11,9 +11,9 @@ func TestFrequencyCountsAsks(t *testing.T) {
 	f := NewFrequency(64)
 	hot, warm, cold := key(1), key(2), key(3)
 	for range 5 {
-		f.Record([]pagekey.Key{hot}, 1<<20)
+		f.Record([]pagekey.Key{hot})
 	}
-	f.Record([]pagekey.Key{warm, warm}, 1<<20)
+	f.Record([]pagekey.Key{warm, warm})
 	if got := f.Estimate(hot); got != 5 {
 		t.Errorf("hot asked 5 times: estimate %d", got)
 	}
@@ -29,24 +29,45 @@ func TestFrequencyCountsAsks(t *testing.T) {
 }
 
 func TestFrequencySaturatesAndHalves(t *testing.T) {
-	f := NewFrequency(64)
+	f := NewFrequency(64) // 1,024 counters a row, halved every 640 records
+	if f.Sample() != 640 {
+		t.Fatalf("sample %d, want 640", f.Sample())
+	}
 	k := key(7)
 	for range 40 {
-		f.Record([]pagekey.Key{k}, 1<<20)
+		f.Record([]pagekey.Key{k})
 	}
 	if got := f.Estimate(k); got != FreqMax {
 		t.Fatalf("asked 40 times: estimate %d, want the cap %d", got, FreqMax)
 	}
-	// A record that reaches sample halves every counter, itself included.
+	// The record that reaches 640 halves every counter, itself included.
 	other := key(8)
-	f.Record([]pagekey.Key{other, other, other}, 43)
-	if got, o := f.Estimate(k), f.Estimate(other); got != FreqMax/2 || o != 1 {
-		t.Errorf("after the halving: %d and %d, want %d and 1", got, o, FreqMax/2)
+	for range 598 {
+		f.Record([]pagekey.Key{other})
+	}
+	if got := f.Estimate(k); got != FreqMax {
+		t.Fatalf("after 638 records: %d, halved too early", got)
+	}
+	f.Record([]pagekey.Key{other, other})
+	if got, o := f.Estimate(k), f.Estimate(other); got != FreqMax/2 || o != FreqMax/2 {
+		t.Errorf("after the halving: %d and %d, want %d and %d", got, o, FreqMax/2, FreqMax/2)
 	}
 	// The count starts again after a halving.
-	f.Record([]pagekey.Key{k}, 2)
+	f.Record([]pagekey.Key{k})
 	if got := f.Estimate(k); got != FreqMax/2+1 {
 		t.Errorf("one more ask after the halving: %d", got)
+	}
+}
+
+// TestFrequencyHalvesEachCounterOfAWord: eight counters share a word; a
+// halving shifts the word, and no counter's low bit may fall into its
+// neighbour's top bit.
+func TestFrequencyHalvesEachCounterOfAWord(t *testing.T) {
+	f := NewFrequency(64)
+	f.rows[0][0] = 0x0f0b_0907_0503_0100 // 15 11 9 7 5 3 1 0, high byte first
+	f.halveLocked()
+	if got := f.rows[0][0]; got != 0x0705_0403_0201_0000 {
+		t.Fatalf("halved word %#016x, want %#016x", got, uint64(0x0705_0403_0201_0000))
 	}
 }
 
@@ -61,7 +82,7 @@ func TestFrequencyKeepsManyKeysApart(t *testing.T) {
 		for j := range ks {
 			ks[j] = key(i)
 		}
-		f.Record(ks, 1<<30)
+		f.Record(ks)
 	}
 	over := 0
 	for i := range n {
@@ -79,12 +100,12 @@ func TestFrequencyKeepsManyKeysApart(t *testing.T) {
 }
 
 func TestFrequencyIsSafeForConcurrentUse(t *testing.T) {
-	f := NewFrequency(64)
+	f := NewFrequency(4096) // no halving in these 1,600 records
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 200 {
-				f.Record([]pagekey.Key{key(g), key(100 + i%5)}, 1<<30)
+				f.Record([]pagekey.Key{key(g), key(100 + i%5)})
 				_ = f.Estimate(key(g))
 			}
 		})
@@ -107,6 +128,6 @@ func BenchmarkFrequencyRecord128(b *testing.B) {
 		keys[i][5] = byte(i * 7)
 	}
 	for b.Loop() {
-		f.Record(keys, 1<<20)
+		f.Record(keys)
 	}
 }

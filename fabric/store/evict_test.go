@@ -215,9 +215,11 @@ func TestNoWriteOnTheEnginesPathForACopyTheSSDHas(t *testing.T) {
 	demoted := counterValue(t, ps.m.demotedPages)
 	fresh := fillDRAM(t, ps, e.PageBytes)
 	// The engine looked both pages up before it recomputed and saved them
-	// again; the fresh pages were never asked for, so both readmissions
-	// pass the frequency rule (readmit.go) and meet the allocation's.
-	ps.NoteAsked([]pagekey.Key{ssdPage, cleanPage})
+	// again, ssdPage more often; the fresh pages were never asked for. So
+	// every readmission below passes the frequency rule (readmit.go), the
+	// one of ssdPage over cleanPage's clean copy too, and meets the
+	// allocation's.
+	ps.NoteAsked([]pagekey.Key{ssdPage, ssdPage, cleanPage})
 	nothingWritten := func(what string, drops float64) {
 		t.Helper()
 		if d, u := counterValue(t, ps.m.demotedPages), counterValue(t, ps.m.unflushedDrops); d != demoted || u != drops {

@@ -263,12 +263,8 @@ func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, to
 	items := make([]*saveItem, 0, len(reqs))
 	for i, r := range reqs {
 		e, stored := s.storedFor(r.Key, toSSD)
-		if stored && !s.readmittable(e, toSSD) {
-			res[i] = okResult(e.Tier())
-			continue
-		}
-		if stored && !s.admitsReadmit(r.Key, sess.PageBytes) {
-			res[i] = s.readmitColder(e)
+		if ans, ok := s.storedAnswer(e, stored, toSSD, r.Key, sess.PageBytes); ok {
+			res[i] = ans
 			continue
 		}
 		slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, stored)

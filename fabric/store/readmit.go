@@ -5,6 +5,7 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers/dram"
 )
 
 // Readmission: a cache-fill save of a page the peer holds only on SSD takes
@@ -51,31 +52,58 @@ import (
 // for, TinyLFU's admission rule); otherwise it stays on SSD, nothing copied
 // (colder). Pages equally asked for then keep their places instead of
 // taking turns: the sim of the seeds' trace in that configuration serves
-// 15.3% of the tokens from DRAM instead of 11.7%, refusing 5,135
+// 16.4% of the tokens from DRAM instead of 11.7%, refusing 7,320
 // readmissions, each a device copy not made (docs/benchmarks.md, "sim").
 
-// NoteAsked records that a lookup asked for keys (tiers.Frequency), the
-// ages halving once ten times the pool's pages have been asked for.
-func (s *Store) NoteAsked(keys []pagekey.Key) {
-	s.freq.Record(keys, 10*max(s.pool.Stats().Slots, 64))
-}
+// NoteAsked records that a lookup asked for keys (tiers.Frequency).
+func (s *Store) NoteAsked(keys []pagekey.Key) { s.freq.Record(keys) }
 
 // AskedLately is how often lookups asked for k lately (tiers.Frequency's
 // estimate, 0 to tiers.FreqMax): what a readmission of k is judged by.
 func (s *Store) AskedLately(k pagekey.Key) uint8 { return s.freq.Estimate(k) }
 
 // admitsReadmit reports whether a readmission of k (size bytes) may take
-// DRAM: always while the pool has room beyond the flusher's reserve, and
-// then only if k was asked for more often lately than the page the flusher
-// evicts next (or Options.ReadmitAll).
+// DRAM: always while the pool has room beyond the flusher's reserve (the
+// flusher then evicts nothing for it: flushLow); else only if k was asked
+// for more often lately than the page that leaves for it — the flusher's
+// next victim while a slot is free, the clean copy allocReadmit would drop
+// when none is (with neither, the allocation answers no_room) — or with
+// Options.ReadmitAll. The pages of one save are each judged against that
+// same next page, though together they push out several: lenient, by at
+// most a save's pages (a batch of 16 is the flusher's own unit).
 func (s *Store) admitsReadmit(k pagekey.Key, size uint64) bool {
-	if s.opts.ReadmitAll || s.pool.FreeBytes() >= s.pool.Stats().CapacityBytes/flushReserve+size {
+	if s.opts.ReadmitAll {
+		return true
+	}
+	slot, free := dram.SlotBytes(size), s.pool.FreeBytes()
+	if free >= s.pool.Stats().CapacityBytes/flushReserve+slot {
 		return true
 	}
 	s.mu.Lock()
-	victim, ok := s.mu.dram.Victim()
+	var victim pagekey.Key
+	var ok bool
+	if free >= slot {
+		victim, ok = s.mu.dram.Victim()
+	} else if e, _, found := s.freeVictimLocked(allocReadmit); found {
+		victim, ok = e.Key, true
+	}
 	s.mu.Unlock()
 	return !ok || s.freq.Hotter(k, victim)
+}
+
+// storedAnswer is a save's answer for a page that needs no copy: stored
+// already for the save's purpose and not readmittable, or a readmission
+// admitsReadmit refuses (colder). ok false: the page is to be copied.
+func (s *Store) storedAnswer(e catalog.Entry, stored, toSSD bool, k pagekey.Key, size uint64) (r Result, ok bool) {
+	switch {
+	case !stored:
+		return Result{}, false
+	case !s.readmittable(e, toSSD):
+		return okResult(e.Tier()), true // already stored: saves are idempotent
+	case !s.admitsReadmit(k, size):
+		return s.readmitColder(e), true
+	}
+	return Result{}, false
 }
 
 // readmitColder is the result of a readmission admitsReadmit refused: the

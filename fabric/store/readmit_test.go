@@ -323,10 +323,10 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 		t.Fatal("the oldest fresh page is not the next victim")
 	}
 	slots := ps.pool.Stats().Slots
-	ps.NoteAsked([]pagekey.Key{fresh[0].Key, fresh[0].Key, k}) // the victim twice, k once
+	ps.NoteAsked([]pagekey.Key{fresh[0].Key, fresh[0].Key, k, k}) // the victim twice, k as often
 
 	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierSSD {
-		t.Fatalf("a readmission colder than the victim answered %v, want ssd", got.Tier)
+		t.Fatalf("a readmission asked for as often as the victim answered %v, want ssd", got.Tier)
 	}
 	ssdOnly(t, ps, k)
 	if n, a := readmits(t, ps, "colder"), readmits(t, ps, "attached"); n != 1 || a != 0 {
@@ -336,7 +336,16 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 		t.Fatalf("a refused readmission left %d slots allocated, want %d: it took one", got, slots)
 	}
 
-	ps.NoteAsked([]pagekey.Key{k, k}) // now three asks against the victim's two
+	// The GPU path's allocation judges the same way: no slot, no item.
+	gres := make([]Result, 1)
+	if items := ps.allocSaves(testCtx(t), e.Engine, reqs([]pagekey.Key{k}, 0), false, gres); len(items) != 0 || gres[0].Code != CodeOK || gres[0].Tier != catalog.TierSSD {
+		t.Fatalf("GPU-path allocation of a colder readmission: %d items, result %+v; want none, ok on ssd", len(items), gres[0])
+	}
+	if n := readmits(t, ps, "colder"); n != 2 {
+		t.Fatalf("colder readmissions = %v after the GPU path's, want 2", n)
+	}
+
+	ps.NoteAsked([]pagekey.Key{k}) // now three asks against the victim's two
 	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
 		t.Fatalf("a readmission hotter than the victim answered %v, want dram", got.Tier)
 	}
@@ -355,7 +364,29 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 	if got := saveOne(t, ps, e, k2, false); got.Tier != catalog.TierDRAM {
 		t.Fatalf("with ReadmitAll a colder readmission answered %v, want dram", got.Tier)
 	}
-	if n := readmits(t, ps, "colder"); n != 1 {
-		t.Fatalf("colder readmissions = %v after ReadmitAll, want still 1", n)
+	if n := readmits(t, ps, "colder"); n != 2 {
+		t.Fatalf("colder readmissions = %v after ReadmitAll, want still 2", n)
+	}
+}
+
+// TestAReadmissionWithRoomIsNotJudged: while the pool has room beyond the
+// flusher's reserve a readmission evicts nothing, so even a page never
+// asked for comes back, whatever the pool holds.
+func TestAReadmissionWithRoomIsNotJudged(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	e := newTestEngine(t)
+	hot, k := randKey(t), randKey(t)
+	saveOne(t, ps, e, k, false)
+	demoteOut(t, ps, k)
+	saveOne(t, ps, e, hot, false)
+	ps.NoteAsked([]pagekey.Key{hot, hot, hot})
+	if v, ok := ps.mu.dram.Victim(); !ok || v != hot {
+		t.Fatal("the hot page is not the only DRAM page")
+	}
+	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
+		t.Fatalf("a readmission into a pool with room answered %v, want dram", got.Tier)
+	}
+	if n, a := readmits(t, ps, "colder"), readmits(t, ps, "attached"); n != 0 || a != 1 {
+		t.Fatalf("colder %v, attached %v; want 0, 1", n, a)
 	}
 }

@@ -86,12 +86,8 @@ func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, t
 	parallel(len(reqs), func(i int) {
 		r := reqs[i]
 		e, stored := s.storedFor(r.Key, toSSD)
-		if stored && !s.readmittable(e, toSSD) {
-			res[i] = okResult(e.Tier()) // already stored: saves are idempotent
-			return
-		}
-		if stored && !s.admitsReadmit(r.Key, sess.PageBytes) {
-			res[i] = s.readmitColder(e)
+		if ans, ok := s.storedAnswer(e, stored, toSSD, r.Key, sess.PageBytes); ok {
+			res[i] = ans
 			return
 		}
 		it, err := s.gather(ctx, sess, r, toSSD, stored)

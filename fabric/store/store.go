@@ -100,11 +100,6 @@ type Options struct {
 	Now func() time.Time
 }
 
-// freqPageBytes sizes the frequency sketch: a DRAM pool of n bytes holds at
-// most about n/freqPageBytes pages of the models served (a Qwen3-8B page of
-// 16 tokens is 2.25 MiB), and the sketch gives each 16 counters a row.
-const freqPageBytes = 256 << 10
-
 // New returns the store over an open catalog and tiers (st nil: no SSD tier).
 func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *Store {
 	s := &Store{cat: cat, pool: pool, ssd: st, opts: opts, members: opts.Members, log: opts.Log,
@@ -117,7 +112,7 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 			Msg("TEST HOOK: one bit of the first page of every Nth load is flipped before it reaches the engine; never serve users with it")
 	}
 	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(tiers.DRAMProtectedShare), tiers.NewLRU()
-	s.freq = tiers.NewFrequency(int(pool.Stats().CapacityBytes / freqPageBytes))
+	s.freq = tiers.NewFrequency(int(pool.Stats().CapacityBytes / tiers.FreqPageBytes))
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.sealWake = make(chan struct{}, 1)

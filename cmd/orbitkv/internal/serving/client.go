@@ -182,6 +182,13 @@ type sglangChunk struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 		CachedTokens     int `json:"cached_tokens"`
+		// FinishReason is null until the end; SGLang streams a request its
+		// scheduler aborted (HTTP 400/500/503 inside) as an ordinary event
+		// whose reason has type "abort", then [DONE].
+		FinishReason *struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"finish_reason"`
 	} `json:"meta_info"`
 	Error *struct {
 		Message string `json:"message"`
@@ -198,6 +205,9 @@ func (d *sglangDecoder) decode(data []byte) (event, error) {
 	}
 	var ev event
 	if m := ch.MetaInfo; m != nil {
+		if f := m.FinishReason; f != nil && f.Type == "abort" {
+			return event{}, fmt.Errorf("SGLang aborted the request after %d output tokens: %s", m.CompletionTokens, f.Message)
+		}
 		ev.usage = &usage{prompt: m.PromptTokens, completion: m.CompletionTokens, cached: m.CachedTokens}
 	}
 	if len(ch.OutputIDs) < len(d.ids) || !slices.Equal(ch.OutputIDs[:len(d.ids)], d.ids) {

@@ -127,7 +127,7 @@ func TestClientSpeaksSGLangsGenerate(t *testing.T) {
 		path, body = r.URL.Path, readAll(r)
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"output_ids\":[17],\"meta_info\":{\"id\":\"a\",\"prompt_tokens\":2,\"completion_tokens\":1,\"cached_tokens\":0}}\n\n")
-		fmt.Fprint(w, "data: {\"output_ids\":[17,5,9],\"meta_info\":{\"id\":\"a\",\"prompt_tokens\":2,\"completion_tokens\":3,\"cached_tokens\":1}}\n\n")
+		fmt.Fprint(w, "data: {\"output_ids\":[17,5,9],\"meta_info\":{\"id\":\"a\",\"prompt_tokens\":2,\"completion_tokens\":3,\"cached_tokens\":1,\"finish_reason\":{\"type\":\"length\",\"length\":3}}}\n\n")
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	defer srv.Close()
@@ -159,6 +159,8 @@ func TestClientRefusesSGLangStreamsItCannotRead(t *testing.T) {
 	for _, tc := range []struct{ name, events, want string }{
 		{"deltas", `{"output_ids":[17],"meta_info":{"completion_tokens":1}}` + "\n\ndata: " + `{"output_ids":[5],"meta_info":{"completion_tokens":2}}`, "do not extend"},
 		{"error", `{"error":{"message":"context too long","code":400}}`, "context too long"},
+		{"abort", `{"output_ids":[17],"meta_info":{"completion_tokens":1,"finish_reason":null}}` + "\n\ndata: " +
+			`{"output_ids":[17],"meta_info":{"completion_tokens":1,"finish_reason":{"type":"abort","message":"memory pool exhausted","status_code":503}}}`, "aborted the request after 1 output tokens: memory pool exhausted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -177,4 +179,22 @@ func readAll(r *http.Request) string {
 	var b strings.Builder
 	_, _ = io.Copy(&b, r.Body)
 	return b.String()
+}
+
+// TestNoDeltaFromACounterThatWasNotANumber: a counter NaN in the first
+// sample and finite in the last has no delta (not its whole value).
+func TestNoDeltaFromACounterThatWasNotANumber(t *testing.T) {
+	before, err := ParseMetrics(strings.NewReader("# TYPE a_total counter\na_total NaN\nb_total 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := ParseMetrics(strings.NewReader("# TYPE a_total counter\na_total 5\nb_total 7\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Window{Before: before, After: after}
+	w.Deltas()
+	if _, ok := w.Delta["a_total"]; ok || w.Delta["b_total"] != 5 {
+		t.Fatalf("deltas %v: want b_total 5 and none for a_total", w.Delta)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -132,6 +133,9 @@ func (w *Window) Deltas() {
 		}
 		if t != "counter" && !strings.HasSuffix(name, "_total") {
 			continue
+		}
+		if slices.Contains(w.Before.NotFinite, k) {
+			continue // no number before: no delta to tell
 		}
 		w.Delta[k] = a - w.Before.Values[k]
 	}

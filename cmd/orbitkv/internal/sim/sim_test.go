@@ -119,16 +119,15 @@ func TestEvictionWithOnePageOfDRAM(t *testing.T) {
 	// Request 2 hits p0 on SSD and p1 in DRAM, then saves: p0's promotion
 	// demotes p1, whose SSD room drops p0 (SSD-only, so it leaves the
 	// catalog, and p0 is re-saved from its read buffer): DRAM {p0}, SSD {p1}.
-	// p1, now on SSD only and not read from there, is a readmission into a
-	// full pool: asked for as often as p0, the page it would push out, it
-	// is colder and stays on SSD, nothing copied, as in the peer
-	// (fabric/store/readmit.go, admitsReadmit).
+	// p1, now on SSD only and not read from there, is a readmission: the
+	// pool holds only p0, fresh, so no slot is free of a write (and no clean
+	// copy to judge p1 against), and p1 stays on SSD, as in the peer
+	// (fabric/store/evict.go, allocReadmit; readmit.go, admitsReadmit).
 	want := Counters{
-		Tokens:         TokenCounts{Input: 258, DRAM: 64, SSD: 64, Miss: 130},
-		Bytes:          ByteCounts{HBMFromDRAM: 1024, HBMFromSSD: 1024, HBMToDRAM: 2048, DRAMToSSD: 2048},
-		EvictedPages:   PageCounts{DRAM: 2, SSD: 1},
-		DemotedPages:   2,
-		ColderReadmits: 1,
+		Tokens:       TokenCounts{Input: 258, DRAM: 64, SSD: 64, Miss: 130},
+		Bytes:        ByteCounts{HBMFromDRAM: 1024, HBMFromSSD: 1024, HBMToDRAM: 2048, DRAMToSSD: 2048},
+		EvictedPages: PageCounts{DRAM: 2, SSD: 1},
+		DemotedPages: 2,
 	}
 	if r.Counters != want {
 		t.Fatalf("got  %+v\nwant %+v", r.Counters, want)

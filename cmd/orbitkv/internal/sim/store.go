@@ -41,7 +41,7 @@ func newStore(cfg Config, c *Counters) (*store, error) {
 		hbm: tiers.NewLRU(), hbmPages: int(cfg.HBMTokens / int64(cfg.PageTokens)),
 		dram: cfg.dramLRU(), ssd: tiers.NewLRU(), dramCap: cfg.DRAMBytes, ssdCap: cfg.SSDBytes,
 		moved: c, noReadmit: cfg.NoReadmit, readmitAll: cfg.ReadmitAll,
-		freq: tiers.NewFrequency(int(cfg.DRAMBytes / cfg.PageBytes())),
+		freq: tiers.NewFrequency(int(cfg.DRAMBytes / tiers.FreqPageBytes)), // the peer's (fabric/store)
 	}, nil
 }
 
@@ -125,19 +125,33 @@ func (s *store) save(k pagekey.Key, restored bool) error {
 
 // noteAsked records that a lookup asked for keys, as the peer's lookups do
 // (fabric/store/readmit.go, NoteAsked).
-func (s *store) noteAsked(keys []pagekey.Key) {
-	s.freq.Record(keys, 10*max(int(s.dramUsed/s.pageBytes), 64))
-}
+func (s *store) noteAsked(keys []pagekey.Key) { s.freq.Record(keys) }
 
 // admitsReadmit is the peer's rule: a readmission that would eat into the
 // flusher's reserve takes DRAM only if its page was asked for more often
-// lately than the page evicted next.
+// lately than the page that leaves for it: the next victim while a slot is
+// free, else the clean copy allocReadmit would drop.
 func (s *store) admitsReadmit(k pagekey.Key) bool {
-	if s.readmitAll || s.dramCap-s.dramUsed >= s.dramCap/flushReserve+s.pageBytes {
+	free := s.dramCap - s.dramUsed
+	if s.readmitAll || free >= s.dramCap/flushReserve+s.pageBytes {
 		return true
 	}
 	v, ok := s.dram.Victim()
+	if free < s.pageBytes {
+		v, ok = s.cleanVictim()
+	}
 	return !ok || s.freq.Hotter(k, v)
+}
+
+// cleanVictim is the page allocReadmit drops for a readmission into a full
+// tier: the first clean copy (on SSD too) among the readmitScan oldest.
+func (s *store) cleanVictim() (pagekey.Key, bool) {
+	for k := range s.dram.Oldest(readmitScan) {
+		if e, _ := s.cat.Get(k); e.OnSSD {
+			return k, true
+		}
+	}
+	return pagekey.Key{}, false
 }
 
 // evictBatch is how many pages the peer demotes or drops from SSD in one
@@ -211,14 +225,7 @@ func (s *store) allocReadmit() (bool, error) {
 		return false, nil
 	}
 	if s.dramUsed+s.pageBytes > s.dramCap {
-		var clean pagekey.Key
-		found := false
-		for k := range s.dram.Oldest(readmitScan) {
-			if e, _ := s.cat.Get(k); e.OnSSD {
-				clean, found = k, true
-				break
-			}
-		}
+		clean, found := s.cleanVictim()
 		if !found {
 			return false, nil
 		}
