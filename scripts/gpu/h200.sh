@@ -46,7 +46,8 @@ start_peer() { # DIR LOG ARGS...
 	local dir=$1 log=$2
 	shift 2
 	rm -rf "$dir"
-	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 "$@" >>"$log" 2>&1 &
+	# PEER_FLAGS (e.g. --ssd-readmit-all) go to every peer; sustained runs are labelled peer_flags=...
+	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 "$@" ${PEER_FLAGS:-} >>"$log" 2>&1 &
 	PEER_PID=$!
 	for _ in $(seq 600); do
 		[ -S "$dir/orbitkv.sock" ] && return 0
@@ -111,7 +112,7 @@ sustained_one() { # CONFIG
 	engine_metrics "$cfg before"
 	timeout ${RUN_TIMEOUT:-200} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 151936 \
 		--prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --duration ${DURATION:-60s} \
-		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} ${ORDER:+--label order=$ORDER} \
+		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} ${ORDER:+--label order=$ORDER} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} \
 		--output "$dir" >>"$O/logs.txt" 2>&1
 	say "sustained $cfg rc=$?"
 	engine_metrics "$cfg after"

@@ -132,7 +132,8 @@ start_peer() { # CONFIG: dram | ssd
 	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
 	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
 	# --cuda off: SGLang's backend hands the peer host memory (its staging buffer), never HBM
-	"$BIN" serve --data-dir "$dir" --cuda off --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" >>"$O/peer.log" 2>&1 &
+	# PEER_FLAGS (e.g. --ssd-readmit-all) go to every peer and label the runs (peer_flags=...)
+	"$BIN" serve --data-dir "$dir" --cuda off --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
 	PEER_PID=$!
 	for _ in $(seq 900); do
 		[ -S "$dir/orbitkv.sock" ] && return 0
@@ -211,7 +212,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	# OpenAI routes fail every request (HTTP 500, KeyError 'text': the H200, 2026-12-02)
 	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --api sglang --vocab 151936 \
 		--engine-metrics http://127.0.0.1:$PORT/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=sglang-0.5.17 \
-		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
+		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	curl -s --max-time 5 127.0.0.1:$PORT/metrics | grep -E "^sglang:(prompt_tokens_total|cached_tokens_total|cache_hit_rate|num_retracted_reqs|.*hicache.*|.*storage.*|.*prefetch.*|.*backup.*)" |
