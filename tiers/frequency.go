@@ -32,9 +32,8 @@ type Frequency struct {
 
 // FreqPageBytes sizes the peer's sketch, and the sim's: a DRAM tier of n
 // bytes is taken to hold n/FreqPageBytes pages, about what it holds of
-// Qwen3-8B's 16-token pages (2.25 MiB). Larger pages (64 tokens: 9 MiB)
-// only make the counts age over more of the tier's turnovers; the
-// estimates' accuracy depends on the sketch's own size.
+// Qwen3-8B's 16-token pages (2.25 MiB). With larger pages (64 tokens:
+// 9 MiB) the counts age over more of the tier's turnovers.
 const FreqPageBytes = 2 << 20
 
 const (
@@ -48,10 +47,11 @@ const (
 	// for: the distinct pages recorded between two halvings (at most the
 	// records, freqSamplePerPage a page) then fill under 2/3 of a row, so
 	// that about one estimate in 20 at worst is raised by a collision in
-	// every row. (Wider rows still help: sized for the 436 pages of its
-	// DRAM tier, the sim of the seeds' trace with 4 GiB and a slow SSD
-	// served 13.5% of its tokens from DRAM with 4 counters a page, 15.6%
-	// with 16, 17.7% with 64; sized as the peer sizes it, 16.4%.)
+	// every row. (Both the width and the period count: in the sim of the
+	// seeds' trace, 4 GiB of DRAM and a slow SSD, halving every 5,120
+	// records, rows of 2 Ki, 8 Ki and 32 Ki counters served 13.5%, 15.6% and
+	// 17.7% of the tokens from DRAM; the peer's sizing, 32 Ki counters
+	// halved every 20,480 records, 16.4%.)
 	freqWidthPerPage = 16
 	// minFreqWidth is the fewest counters a row has.
 	minFreqWidth = 1024
@@ -63,9 +63,10 @@ const (
 // tier it judges: rows of the next power of two at or above
 // freqWidthPerPage×pages counters (within [1 Ki, 4 Mi]; at the cap, one
 // halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
-// records per page the rows are sized for. Accuracy depends on the records
+// records per page the rows are sized for. Collisions depend on the records
 // between halvings against the rows, not on the tier's real page count; a
-// tier of larger pages only ages its counts over more of its turnovers.
+// tier of larger pages ages its counts over more of its turnovers (which in
+// the sim of the seeds' trace cost a little: see freqWidthPerPage).
 func NewFrequency(pages int) *Frequency {
 	w := max(minFreqWidth, min(maxFreqWidth, freqWidthPerPage*pages))
 	w = 1 << bits.Len(uint(w-1)) // next power of two
@@ -109,9 +110,6 @@ func (f *Frequency) Hotter(a, b pagekey.Key) bool {
 	defer f.mu.Unlock()
 	return f.estimateLocked(a) > f.estimateLocked(b)
 }
-
-// Sample is how many records go between two halvings.
-func (f *Frequency) Sample() int { return f.sample }
 
 func (f *Frequency) estimateLocked(k pagekey.Key) uint8 {
 	est := uint8(FreqMax)

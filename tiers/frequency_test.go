@@ -30,8 +30,8 @@ func TestFrequencyCountsAsks(t *testing.T) {
 
 func TestFrequencySaturatesAndHalves(t *testing.T) {
 	f := NewFrequency(64) // 1,024 counters a row, halved every 640 records
-	if f.Sample() != 640 {
-		t.Fatalf("sample %d, want 640", f.Sample())
+	if f.sample != 640 {
+		t.Fatalf("sample %d, want 640", f.sample)
 	}
 	k := key(7)
 	for range 40 {
@@ -119,9 +119,9 @@ func TestFrequencyIsSafeForConcurrentUse(t *testing.T) {
 }
 
 // BenchmarkFrequencyRecord128 is one lookup's worth of asks (128 pages)
-// on a sketch sized for a 16 GiB pool of 256-KiB-or-larger pages.
+// on a sketch sized as the peer sizes one for a 16 GiB pool.
 func BenchmarkFrequencyRecord128(b *testing.B) {
-	f := NewFrequency(16 << 30 / (256 << 10))
+	f := NewFrequency(16 << 30 / FreqPageBytes)
 	keys := make([]pagekey.Key, 128)
 	for i := range keys {
 		keys[i] = key(i)

@@ -47,10 +47,11 @@ import (
 // minute against the DRAM configuration's 1.7 s (docs/benchmarks.md,
 // reference engine, sixth session). So once a readmission would
 // eat into the flusher's reserve it is judged (admitsReadmit): the page
-// comes back only if it was asked for more often lately than the page the
-// flusher would evict next (tiers.Frequency over every page lookups ask
-// for, TinyLFU's admission rule); otherwise it stays on SSD, nothing copied
-// (colder). Pages equally asked for then keep their places instead of
+// comes back only if it was asked for more often lately than the page that
+// leaves for it — the flusher's next victim, or with no slot free the clean
+// copy the allocation would drop (tiers.Frequency over every page lookups
+// ask for, TinyLFU's admission rule); otherwise it stays on SSD, nothing
+// copied (colder). Pages equally asked for then keep their places instead of
 // taking turns: the sim of the seeds' trace in that configuration serves
 // 16.4% of the tokens from DRAM instead of 11.7%, refusing 7,320
 // readmissions, each a device copy not made (docs/benchmarks.md, "sim").
@@ -64,7 +65,8 @@ func (s *Store) AskedLately(k pagekey.Key) uint8 { return s.freq.Estimate(k) }
 
 // admitsReadmit reports whether a readmission of k (size bytes) may take
 // DRAM: always while the pool has room beyond the flusher's reserve (the
-// flusher then evicts nothing for it: flushLow); else only if k was asked
+// flusher then evicts nothing for it, give or take a slab's tail: flushLow);
+// else only if k was asked
 // for more often lately than the page that leaves for it — the flusher's
 // next victim while a slot is free, the clean copy allocReadmit would drop
 // when none is (with neither, the allocation answers no_room) — or with
@@ -82,7 +84,7 @@ func (s *Store) admitsReadmit(k pagekey.Key, size uint64) bool {
 	s.mu.Lock()
 	var victim pagekey.Key
 	var ok bool
-	if free >= slot {
+	if s.pool.CanAlloc(size) {
 		victim, ok = s.mu.dram.Victim()
 	} else if e, _, found := s.freeVictimLocked(allocReadmit); found {
 		victim, ok = e.Key, true

@@ -390,3 +390,36 @@ func TestAReadmissionWithRoomIsNotJudged(t *testing.T) {
 		t.Fatalf("colder %v, attached %v; want 0, 1", n, a)
 	}
 }
+
+// TestAReadmissionIntoAFullPoolIsJudgedAgainstTheCopyItTakes: with no slot
+// free a readmission takes a clean copy's slot (allocReadmit), not the
+// flusher's next victim, so it is judged against that copy: here the next
+// victim, a fresh page, was asked for three times, the clean copy never,
+// and a page asked for once comes back in the clean copy's place.
+func TestAReadmissionIntoAFullPoolIsJudgedAgainstTheCopyItTakes(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	e := newTestEngine(t)
+	k, clean := randKey(t), randKey(t)
+	for _, key := range []pagekey.Key{k, clean} {
+		saveOne(t, ps, e, key, false)
+		demoteOut(t, ps, key)
+	}
+	if got := saveOne(t, ps, e, clean, false); got.Tier != catalog.TierDRAM { // readmitted while the pool has room: a clean copy
+		t.Fatalf("clean copy's readmission answered %v", got.Tier)
+	}
+	fresh := fillDRAM(t, ps, e.PageBytes)
+	if ps.pool.CanAlloc(e.PageBytes) {
+		t.Fatal("the pool still has a free slot")
+	}
+	if v, _ := ps.mu.dram.Victim(); v != fresh[0].Key {
+		t.Fatal("the oldest fresh page is not the next victim")
+	}
+	ps.NoteAsked([]pagekey.Key{fresh[0].Key, fresh[0].Key, fresh[0].Key, k})
+	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
+		t.Fatalf("readmission hotter than the clean copy it takes answered %v, want dram", got.Tier)
+	}
+	ssdOnly(t, ps, clean)
+	if n := readmits(t, ps, "colder"); n != 0 {
+		t.Fatalf("colder readmissions = %v, want 0", n)
+	}
+}

@@ -106,13 +106,13 @@ sustained_one() { # CONFIG
 		sleep 0.2
 	done
 	local pm=()
-	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
+	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"})
 	# only the exact backend is batch invariant: label the others' runs non-deterministic (bench report says so)
 	case " ${ENGINE_ARGS:-} " in *" exact "*) ;; *) pm+=(--deterministic=false) ;; esac
 	engine_metrics "$cfg before"
 	timeout ${RUN_TIMEOUT:-200} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --vocab 151936 \
 		--prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --duration ${DURATION:-60s} \
-		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} ${ORDER:+--label order=$ORDER} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} \
+		--output-tokens 16 --quiet "${pm[@]}" --label config=$cfg --label pair=${PAIR:-1} ${ORDER:+--label order=$ORDER} \
 		--output "$dir" >>"$O/logs.txt" 2>&1
 	say "sustained $cfg rc=$?"
 	engine_metrics "$cfg after"

@@ -206,13 +206,13 @@ bench() { # CFG NAME BENCH-ARGS...
 	local cfg=$1 name=$2
 	shift 2
 	local pm=()
-	case $cfg in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics) ;; esac
+	case $cfg in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"}) ;; esac
 	rm -rf "$RUNS/$name"
 	# --api sglang: SGLang's /generate with input_ids; without a tokenizer (--skip-tokenizer-init) its
 	# OpenAI routes fail every request (HTTP 500, KeyError 'text': the H200, 2026-12-02)
 	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --api sglang --vocab 151936 \
 		--engine-metrics http://127.0.0.1:$PORT/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=sglang-0.5.17 \
-		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
+		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	curl -s --max-time 5 127.0.0.1:$PORT/metrics | grep -E "^sglang:(prompt_tokens_total|cached_tokens_total|cache_hit_rate|num_retracted_reqs|.*hicache.*|.*storage.*|.*prefetch.*|.*backup.*)" |
