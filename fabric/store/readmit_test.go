@@ -299,6 +299,19 @@ func boolFloat(b bool) float64 {
 	return 0
 }
 
+// storeWithSSDOnlyPages is a test store with an SSD tier and n pages saved
+// and demoted: held on SSD only.
+func storeWithSSDOnlyPages(t *testing.T, n int) (*Store, *testEngine, []pagekey.Key) {
+	t.Helper()
+	ps, e := testStore(t, 64<<20), newTestEngine(t)
+	keys := randKeys(t, n)
+	for _, k := range keys {
+		saveOne(t, ps, e, k, false)
+		demoteOut(t, ps, k)
+	}
+	return ps, e, keys
+}
+
 // TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut: with the
 // pool inside the flusher's reserve, a readmission takes DRAM only when its
 // page was asked for more often lately than the page the flusher would evict
@@ -308,13 +321,8 @@ func boolFloat(b bool) float64 {
 // (docs/benchmarks.md). --ssd-readmit-all (Options.ReadmitAll) readmits
 // regardless.
 func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.T) {
-	ps := testStore(t, 64<<20)
-	e := newTestEngine(t)
-	k, k2 := randKey(t), randKey(t)
-	for _, key := range []pagekey.Key{k, k2} {
-		saveOne(t, ps, e, key, false)
-		demoteOut(t, ps, key)
-	}
+	ps, e, keys := storeWithSSDOnlyPages(t, 2)
+	k, k2 := keys[0], keys[1]
 	fresh := fillDRAM(t, ps, e.PageBytes)
 	ps.mu.Lock()
 	ps.dropDRAMLocked(fresh[len(fresh)-1]) // one slot free, well inside the reserve
@@ -373,11 +381,8 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 // flusher's reserve a readmission evicts nothing, so even a page never
 // asked for comes back, whatever the pool holds.
 func TestAReadmissionWithRoomIsNotJudged(t *testing.T) {
-	ps := testStore(t, 64<<20)
-	e := newTestEngine(t)
-	hot, k := randKey(t), randKey(t)
-	saveOne(t, ps, e, k, false)
-	demoteOut(t, ps, k)
+	ps, e, keys := storeWithSSDOnlyPages(t, 1)
+	hot, k := randKey(t), keys[0]
 	saveOne(t, ps, e, hot, false)
 	ps.NoteAsked([]pagekey.Key{hot, hot, hot})
 	if v, ok := ps.mu.dram.Victim(); !ok || v != hot {
@@ -397,13 +402,8 @@ func TestAReadmissionWithRoomIsNotJudged(t *testing.T) {
 // victim, a fresh page, was asked for three times, the clean copy never,
 // and a page asked for once comes back in the clean copy's place.
 func TestAReadmissionIntoAFullPoolIsJudgedAgainstTheCopyItTakes(t *testing.T) {
-	ps := testStore(t, 64<<20)
-	e := newTestEngine(t)
-	k, clean := randKey(t), randKey(t)
-	for _, key := range []pagekey.Key{k, clean} {
-		saveOne(t, ps, e, key, false)
-		demoteOut(t, ps, key)
-	}
+	ps, e, keys := storeWithSSDOnlyPages(t, 2)
+	k, clean := keys[0], keys[1]
 	if got := saveOne(t, ps, e, clean, false); got.Tier != catalog.TierDRAM { // readmitted while the pool has room: a clean copy
 		t.Fatalf("clean copy's readmission answered %v", got.Tier)
 	}
