@@ -298,3 +298,44 @@ func TestReadmissionBringsAComputedSSDPageBack(t *testing.T) {
 			r.Tokens, r.DemotedPages)
 	}
 }
+
+// TestReadmissionsJudgedKeepTheHotPrefixesInDRAM: the seeds' situation in
+// small — twelve prefixes of eight pages coming back in turn, a quarter of
+// the requests new, a DRAM tier of 40 pages and an SSD slower than
+// recomputing, so SSD-only pages are recomputed and saved again. Readmitted
+// without judging (ReadmitAll), each readmission pushes out a page about to
+// be asked for; judged (the peer's rule, fabric/store/readmit.go), pages
+// asked for no more often than the one they would push out stay on SSD, and
+// DRAM serves more.
+func TestReadmissionsJudgedKeepTheHotPrefixesInDRAM(t *testing.T) {
+	var b strings.Builder
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 600 {
+		id := int64(i%12) * 100
+		if rng.Float64() >= 0.75 {
+			id = int64(10_000 + i*100) // a new prefix
+		}
+		ids := make([]int, 8)
+		for j := range ids {
+			ids[j] = int(id) + j
+		}
+		b.WriteString(line(int64(i), 8*BlockTokens+1, ids...))
+	}
+	cfg := tinyConfig()
+	cfg.PageTokens = BlockTokens
+	cfg.DRAMBytes, cfg.SSDBytes = 40*cfg.PageBytes(), 1<<30
+	cfg.SSDCut, cfg.Cost.SSDGBps = true, 1e-6 // reading a page takes longer than computing it
+	if !cfg.ssdSlower() {
+		t.Fatal("the SSD is not slower than recompute")
+	}
+	judged := run(t, cfg, b.String())
+	cfg.ReadmitAll = true
+	all := run(t, cfg, b.String())
+	if judged.ColderReadmits == 0 || all.ColderReadmits != 0 {
+		t.Fatalf("colder readmissions %d judged, %d with ReadmitAll; want some, none", judged.ColderReadmits, all.ColderReadmits)
+	}
+	if judged.Tokens.DRAM <= all.Tokens.DRAM {
+		t.Fatalf("DRAM served %d tokens judged, %d readmitting all: want more judged", judged.Tokens.DRAM, all.Tokens.DRAM)
+	}
+	t.Logf("DRAM served %d tokens judged (%d readmissions refused), %d readmitting all", judged.Tokens.DRAM, judged.ColderReadmits, all.Tokens.DRAM)
+}
