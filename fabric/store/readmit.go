@@ -65,12 +65,11 @@ func (s *Store) AskedLately(k pagekey.Key) uint8 { return s.freq.Estimate(k) }
 
 // admitsReadmit reports whether a readmission of k (size bytes) may take
 // DRAM: always while the pool has room beyond the flusher's reserve (the
-// flusher then evicts nothing for it, give or take a slab's tail: flushLow);
-// else only if k was asked
-// for more often lately than the page that leaves for it — the flusher's
-// next victim while a slot is free, the clean copy allocReadmit would drop
-// when none is (with neither, the allocation answers no_room) — or with
-// Options.ReadmitAll. The pages of one save are each judged against that
+// flusher then evicts nothing for it, give or take a slab's tail:
+// flushLow); else only if k was asked for more often lately than the page
+// that leaves for it — the flusher's next victim while a slot is free, the
+// clean copy allocReadmit would drop when none is (with neither, the
+// allocation answers no_room) — or with Options.ReadmitAll. The pages of one save are each judged against that
 // same next page, though together they push out several: lenient, by at
 // most a save's pages (a batch of 16 is the flusher's own unit).
 func (s *Store) admitsReadmit(k pagekey.Key, size uint64) bool {
