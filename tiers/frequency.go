@@ -23,17 +23,18 @@ import (
 //
 // Frequency is safe for concurrent use.
 type Frequency struct {
-	mu     sync.Mutex
-	rows   [freqRows][]uint64 // 8-bit counters, eight to a word (halved a word at a time)
-	mask   uint64             // counters a row, less one
-	sample int                // records between two halvings
-	added  int                // records since the last halving
+	mu        sync.Mutex
+	rows      [freqRows][]uint64 // 8-bit counters, eight to a word (halved a word at a time)
+	mask      uint64             // counters a row, less one
+	sample    int                // records between two halvings
+	maxSample int                // the most sample may be: the rows' fill bound
+	added     int                // records since the last halving
 }
 
 // FreqPageBytes sizes the peer's sketch, and the sim's: a DRAM tier of n
 // bytes is taken to hold n/FreqPageBytes pages, about what it holds of
-// Qwen3-8B's 16-token pages (2.25 MiB). With larger pages (64 tokens:
-// 9 MiB) the counts age over more of the tier's turnovers.
+// Qwen3-8B's 16-token pages (2.25 MiB); SetPages then ages the counts by
+// the pages it really holds.
 const FreqPageBytes = 2 << 20
 
 const (
@@ -50,8 +51,8 @@ const (
 	// every row. (Both the width and the period count: in the sim of the
 	// seeds' trace, 4 GiB of DRAM and a slow SSD, halving every 5,120
 	// records, rows of 2 Ki, 8 Ki and 32 Ki counters served 13.5%, 15.6% and
-	// 17.7% of the tokens from DRAM; the peer's sizing, 32 Ki counters
-	// halved every 20,480 records, 16.4%.)
+	// 17.7% of the tokens from DRAM; 32 Ki counters halved every 20,480
+	// records, 16.4%: SetPages.)
 	freqWidthPerPage = 16
 	// minFreqWidth is the fewest counters a row has.
 	minFreqWidth = 1024
@@ -63,18 +64,31 @@ const (
 // tier it judges: rows of the next power of two at or above
 // freqWidthPerPage×pages counters (within [1 Ki, 4 Mi]; at the cap, one
 // halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
-// records per page the rows are sized for. Collisions depend on the records
-// between halvings against the rows, not on the tier's real page count; a
-// tier of larger pages ages its counts over more of its turnovers (which in
-// the sim of the seeds' trace cost a little: see freqWidthPerPage).
+// records per page the rows are sized for until SetPages says how many the
+// tier really holds. Collisions depend on the records between halvings
+// against the rows, not on the tier's real page count.
 func NewFrequency(pages int) *Frequency {
 	w := max(minFreqWidth, min(maxFreqWidth, freqWidthPerPage*pages))
 	w = 1 << bits.Len(uint(w-1)) // next power of two
 	f := &Frequency{mask: uint64(w - 1), sample: freqSamplePerPage * w / freqWidthPerPage}
+	f.maxSample = f.sample
 	for i := range f.rows {
 		f.rows[i] = make([]uint64, w/8)
 	}
 	return f
+}
+
+// SetPages ages the counts by the pages the judged tier really holds:
+// halving every freqSamplePerPage×pages records, never more records than
+// the rows were sized for (their fill bound) nor fewer than
+// freqSamplePerPage×64. A tier of pages larger than it was sized for
+// otherwise ages its counts over several of its turnovers, which in the sim
+// of the seeds' trace served 16.4% of the tokens from DRAM where halving by
+// the pages held served 17.7%.
+func (f *Frequency) SetPages(pages int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sample = min(f.maxSample, freqSamplePerPage*max(pages, 64))
 }
 
 // Record counts one ask of each key, then halves every counter if the

@@ -131,3 +131,26 @@ func BenchmarkFrequencyRecord128(b *testing.B) {
 		f.Record(keys)
 	}
 }
+
+// TestFrequencyAgesByThePagesHeld: SetPages sets the period to ten records
+// a page, within the rows' fill bound and at least ten times 64.
+func TestFrequencyAgesByThePagesHeld(t *testing.T) {
+	f := NewFrequency(4096) // rows of 64 Ki counters: at most 40,960 records a period
+	for _, c := range []struct{ pages, want int }{{100, 1000}, {10, 640}, {1 << 20, 40960}} {
+		if f.SetPages(c.pages); f.sample != c.want {
+			t.Errorf("SetPages(%d): period %d, want %d", c.pages, f.sample, c.want)
+		}
+	}
+	f.SetPages(100)
+	k := key(3)
+	for range 999 {
+		f.Record([]pagekey.Key{k})
+	}
+	if got := f.Estimate(k); got != FreqMax {
+		t.Fatalf("after 999 records: %d", got)
+	}
+	f.Record([]pagekey.Key{k})
+	if got := f.Estimate(k); got != FreqMax/2 {
+		t.Fatalf("the 1,000th record of a 100-page tier: %d, want the halving's %d", got, FreqMax/2)
+	}
+}

@@ -45,7 +45,7 @@ type lookupAsk struct {
 // budget: a hit that does not fit the budget is shortened, never
 // over-committed.
 func (p *API) lookup(sess *session, keys []pagekey.Key, ask lookupAsk) lookupResult {
-	p.pages.NoteAsked(keys) // what readmissions are judged by (fabric/store/readmit.go)
+	p.pages.NoteAsked(&sess.Engine, keys) // what readmissions are judged by (fabric/store/readmit.go)
 	res := p.cat.Lookup(keys, time.Now().UnixNano())
 	held := min(ask.held, res.Hit)
 	cut, dram := p.pages.CutSlowSSD(&sess.Engine, ask.recompute, keys[held:res.Hit])

@@ -219,7 +219,7 @@ func TestNoWriteOnTheEnginesPathForACopyTheSSDHas(t *testing.T) {
 	// every readmission below passes the frequency rule (readmit.go), the
 	// one of ssdPage over cleanPage's clean copy too, and meets the
 	// allocation's.
-	ps.NoteAsked([]pagekey.Key{ssdPage, ssdPage, cleanPage})
+	ps.NoteAsked(e.Engine, []pagekey.Key{ssdPage, ssdPage, cleanPage})
 	nothingWritten := func(what string, drops float64) {
 		t.Helper()
 		if d, u := counterValue(t, ps.m.demotedPages), counterValue(t, ps.m.unflushedDrops); d != demoted || u != drops {

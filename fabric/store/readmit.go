@@ -40,7 +40,7 @@ import (
 // keeps 1/flushReserve of the pool free and evicts the least recently used
 // page to restore it. With a DRAM tier smaller than the pages that keep
 // coming back and a disk slower than the engine's prefill — the seeds'
-// SSD configuration on the H200: 4 GiB against about 7.5 GiB of prefixes —
+// SSD configuration on the H200: 4 GiB against about 7.3 GiB of prefixes —
 // every readmission evicted a page about to be asked for, which was then
 // recomputed and readmitted in turn: 8,179 readmissions a minute, 1,888
 // pages restored from DRAM, and the save path's copies taking 6.3 s of the
@@ -53,11 +53,21 @@ import (
 // ask for, TinyLFU's admission rule); otherwise it stays on SSD, nothing
 // copied (colder). Pages equally asked for then keep their places instead of
 // taking turns: the sim of the seeds' trace in that configuration serves
-// 16.4% of the tokens from DRAM instead of 11.7%, refusing 7,320
+// 17.4% of the tokens from DRAM instead of 11.7%, refusing 6,874
 // readmissions, each a device copy not made (docs/benchmarks.md, "sim").
 
-// NoteAsked records that a lookup asked for keys (tiers.Frequency).
-func (s *Store) NoteAsked(keys []pagekey.Key) { s.freq.Record(keys) }
+// NoteAsked records that a lookup of sess asked for keys (tiers.Frequency).
+// A lookup naming a page size smaller than any before ages the counts by
+// how many such pages the pool holds (tiers.Frequency.SetPages): with
+// several models, by the one of most pages.
+func (s *Store) NoteAsked(sess *Engine, keys []pagekey.Key) {
+	if pb := sess.PageBytes; pb > 0 {
+		if cur := s.freqPage.Load(); (cur == 0 || pb < cur) && s.freqPage.CompareAndSwap(cur, pb) {
+			s.freq.SetPages(int(s.pool.Stats().CapacityBytes / dram.SlotBytes(pb)))
+		}
+	}
+	s.freq.Record(keys)
+}
 
 // AskedLately is how often lookups asked for k lately (tiers.Frequency's
 // estimate, 0 to tiers.FreqMax): what a readmission of k is judged by.

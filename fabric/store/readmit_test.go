@@ -331,7 +331,7 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 		t.Fatal("the oldest fresh page is not the next victim")
 	}
 	slots := ps.pool.Stats().Slots
-	ps.NoteAsked([]pagekey.Key{fresh[0].Key, fresh[0].Key, k, k}) // the victim twice, k as often
+	ps.NoteAsked(e.Engine, []pagekey.Key{fresh[0].Key, fresh[0].Key, k, k}) // the victim twice, k as often
 
 	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierSSD {
 		t.Fatalf("a readmission asked for as often as the victim answered %v, want ssd", got.Tier)
@@ -353,7 +353,7 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 		t.Fatalf("colder readmissions = %v after the GPU path's, want 2", n)
 	}
 
-	ps.NoteAsked([]pagekey.Key{k}) // now three asks against the victim's two
+	ps.NoteAsked(e.Engine, []pagekey.Key{k}) // now three asks against the victim's two
 	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
 		t.Fatalf("a readmission hotter than the victim answered %v, want dram", got.Tier)
 	}
@@ -367,7 +367,7 @@ func TestAReadmissionIntoAFullPoolMustBeHotterThanThePageItPushesOut(t *testing.
 	ps.dropDRAMLocked(fresh[1])
 	ps.mu.Unlock()
 	v, _ := ps.mu.dram.Victim()
-	ps.NoteAsked([]pagekey.Key{v})
+	ps.NoteAsked(e.Engine, []pagekey.Key{v})
 	ps.opts.ReadmitAll = true
 	if got := saveOne(t, ps, e, k2, false); got.Tier != catalog.TierDRAM {
 		t.Fatalf("with ReadmitAll a colder readmission answered %v, want dram", got.Tier)
@@ -384,7 +384,7 @@ func TestAReadmissionWithRoomIsNotJudged(t *testing.T) {
 	ps, e, keys := storeWithSSDOnlyPages(t, 1)
 	hot, k := randKey(t), keys[0]
 	saveOne(t, ps, e, hot, false)
-	ps.NoteAsked([]pagekey.Key{hot, hot, hot})
+	ps.NoteAsked(e.Engine, []pagekey.Key{hot, hot, hot})
 	if v, ok := ps.mu.dram.Victim(); !ok || v != hot {
 		t.Fatal("the hot page is not the only DRAM page")
 	}
@@ -414,7 +414,7 @@ func TestAReadmissionIntoAFullPoolIsJudgedAgainstTheCopyItTakes(t *testing.T) {
 	if v, _ := ps.mu.dram.Victim(); v != fresh[0].Key {
 		t.Fatal("the oldest fresh page is not the next victim")
 	}
-	ps.NoteAsked([]pagekey.Key{fresh[0].Key, fresh[0].Key, fresh[0].Key, k})
+	ps.NoteAsked(e.Engine, []pagekey.Key{fresh[0].Key, fresh[0].Key, fresh[0].Key, k})
 	if got := saveOne(t, ps, e, k, false); got.Tier != catalog.TierDRAM {
 		t.Fatalf("readmission hotter than the clean copy it takes answered %v, want dram", got.Tier)
 	}

@@ -55,6 +55,9 @@ type Store struct {
 	// freq is how often each page was asked for lately (tiers.Frequency):
 	// what a readmission is judged by (readmit.go).
 	freq *tiers.Frequency
+	// freqPage is the smallest page size a lookup has named so far: the
+	// sketch ages its counts by how many such pages the pool holds.
+	freqPage atomic.Uint64
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
 	ssdReads ssdRate
 	// members is nil when the peer runs standalone (remote.go).

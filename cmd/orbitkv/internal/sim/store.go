@@ -36,12 +36,15 @@ func newStore(cfg Config, c *Counters) (*store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open in-memory catalog: %w", err)
 	}
+	// The peer's sketch (fabric/store): sized by the pool, aged by the pages
+	// it holds once a lookup names their size.
+	freq := tiers.NewFrequency(int(cfg.DRAMBytes / tiers.FreqPageBytes))
+	freq.SetPages(int(cfg.DRAMBytes / cfg.PageBytes()))
 	return &store{
 		cat: cat, fp: cfg.Model.Layout(cfg.PageTokens).Fingerprint(), pageBytes: cfg.PageBytes(),
 		hbm: tiers.NewLRU(), hbmPages: int(cfg.HBMTokens / int64(cfg.PageTokens)),
 		dram: cfg.dramLRU(), ssd: tiers.NewLRU(), dramCap: cfg.DRAMBytes, ssdCap: cfg.SSDBytes,
-		moved: c, noReadmit: cfg.NoReadmit, readmitAll: cfg.ReadmitAll,
-		freq: tiers.NewFrequency(int(cfg.DRAMBytes / tiers.FreqPageBytes)), // the peer's (fabric/store)
+		moved: c, noReadmit: cfg.NoReadmit, readmitAll: cfg.ReadmitAll, freq: freq,
 	}, nil
 }
 
