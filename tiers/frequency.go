@@ -46,14 +46,14 @@ const (
 	freqSamplePerPage = 10
 	// freqWidthPerPage is a row's counters per page the sketch is sized
 	// for: the distinct pages recorded between two halvings (at most the
-	// records, freqSamplePerPage a page) then fill under 2/3 of a row, so
-	// that about one estimate in 20 at worst is raised by a collision in
-	// every row. (Both the width and the period count: in the sim of the
-	// seeds' trace, 4 GiB of DRAM and a slow SSD, halving every 5,120
-	// records, rows of 2 Ki, 8 Ki and 32 Ki counters served 13.5%, 15.6% and
-	// 17.7% of the tokens from DRAM; 32 Ki counters halved every 20,480
-	// records, 16.4%: SetPages.)
-	freqWidthPerPage = 16
+	// records, freqSamplePerPage a page) then fill at most a sixth of a
+	// row, so that about one estimate in a thousand at worst is raised by
+	// a collision in every row. Width counts: in the sim of the seeds'
+	// trace, 4 GiB of DRAM and a slow SSD, halving every 5,120 records,
+	// rows of 2 Ki, 8 Ki and 32 Ki counters served 13.5%, 15.6% and 17.7%
+	// of the tokens from DRAM; with vLLM's 16-token pages, 16 counters a
+	// page 14.9% and 64 16.2%. A 16 GiB pool's sketch is 2 MiB.
+	freqWidthPerPage = 64
 	// minFreqWidth is the fewest counters a row has.
 	minFreqWidth = 1024
 	// maxFreqWidth bounds a row (4 MiB each).
@@ -62,8 +62,8 @@ const (
 
 // NewFrequency returns an empty sketch sized for about pages pages in the
 // tier it judges: rows of the next power of two at or above
-// freqWidthPerPage×pages counters (within [1 Ki, 4 Mi]; at the cap, one
-// halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
+// freqWidthPerPage×pages counters (within [1 Ki, 4 Mi]; at the cap, a
+// pool of 128 GiB or more, one halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
 // records per page the rows are sized for until SetPages says how many the
 // tier really holds. Collisions depend on the records between halvings
 // against the rows, not on the tier's real page count.

@@ -53,7 +53,7 @@ import (
 // ask for, TinyLFU's admission rule); otherwise it stays on SSD, nothing
 // copied (colder). Pages equally asked for then keep their places instead of
 // taking turns: the sim of the seeds' trace in that configuration serves
-// 17.4% of the tokens from DRAM instead of 11.7%, refusing 6,874
+// 17.4% of the tokens from DRAM instead of 11.7%, refusing 6,883
 // readmissions, each a device copy not made (docs/benchmarks.md, "sim").
 
 // NoteAsked records that a lookup of sess asked for keys (tiers.Frequency).
