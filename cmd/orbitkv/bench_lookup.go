@@ -10,6 +10,7 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
+	"github.com/orbitkv/orbitkv/tiers"
 )
 
 // lookupTargetP99 is the catalog target of DESIGN.md §6: a 128-page chain
@@ -59,9 +60,15 @@ func benchLookup(w io.Writer, entries, chain, iters int) error {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 
-	lat, hits := benchLookupRun(c, fp, rng, nChains, chain, iters)
+	lat, hits := benchLookupRun(c, nil, fp, rand.New(rand.NewPCG(13, 17)), nChains, chain, iters)
+	// The peer's lookups also record their keys in the readmission sketch
+	// (fabric/store/readmit.go): the same queries again with it, sized as
+	// for a 16 GiB pool, beside the catalog alone.
+	asked, _ := benchLookupRun(c, tiers.NewFrequency(16<<30/tiers.FreqPageBytes), fp, rand.New(rand.NewPCG(13, 17)), nChains, chain, iters)
 	slices.Sort(lat)
-	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	slices.Sort(asked)
+	pctOf := func(l []time.Duration, p float64) time.Duration { return l[min(len(l)-1, int(p*float64(len(l))))] }
+	pct := func(p float64) time.Duration { return pctOf(lat, p) }
 	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
 	heap := float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc)) / (1 << 30)
 
@@ -69,6 +76,8 @@ func benchLookup(w io.Writer, entries, chain, iters int) error {
 		c.Len(), nChains, chain, build.Round(time.Millisecond), heap, heap*(1<<30)/float64(c.Len()))
 	fmt.Fprintf(w, "  %d lookups of %d-key chains, mean hit %.1f pages: p50 %.1f µs  p90 %.1f µs  p99 %.1f µs  max %.1f µs\n",
 		iters, chain, float64(hits)/float64(iters), us(pct(0.50)), us(pct(0.90)), us(pct(0.99)), us(lat[len(lat)-1]))
+	fmt.Fprintf(w, "  the same with the peer's ask sketch (16 GiB pool):            p50 %.1f µs  p90 %.1f µs  p99 %.1f µs  max %.1f µs\n",
+		us(pctOf(asked, 0.50)), us(pctOf(asked, 0.90)), us(pctOf(asked, 0.99)), us(asked[len(asked)-1]))
 	verdict := "PASS"
 	if pct(0.99) > lookupTargetP99 {
 		verdict = "FAIL"
@@ -79,8 +88,9 @@ func benchLookup(w io.Writer, entries, chain, iters int) error {
 }
 
 // benchLookupRun times iters lookups and returns their latencies and the
-// total pages hit. Query chains are made before the clock starts.
-func benchLookupRun(c *catalog.Catalog, fp pagekey.Fingerprint, rng *rand.Rand, nChains, chain, iters int) ([]time.Duration, int) {
+// total pages hit. Query chains are made before the clock starts. With asks,
+// each lookup first records its keys there, as the peer's do.
+func benchLookupRun(c *catalog.Catalog, asks *tiers.Frequency, fp pagekey.Fingerprint, rng *rand.Rand, nChains, chain, iters int) ([]time.Duration, int) {
 	lat := make([]time.Duration, iters)
 	hits := 0
 	for i := range iters {
@@ -98,6 +108,9 @@ func benchLookupRun(c *catalog.Catalog, fp pagekey.Fingerprint, rng *rand.Rand, 
 			q = benchChain(pagekey.Fingerprint{1}, id, chain)
 		}
 		t0 := time.Now()
+		if asks != nil {
+			asks.Record(q)
+		}
 		res := c.Lookup(q, t0.UnixNano())
 		lat[i] = time.Since(t0)
 		hits += res.Hit

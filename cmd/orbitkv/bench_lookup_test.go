@@ -1,0 +1,22 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestBenchLookupPrintsTheAskSketchBesideTheCatalog: bench lookup times the
+// catalog alone and, on the same queries, with the peer's ask sketch
+// (fabric/store/readmit.go) in front, one line each.
+func TestBenchLookupPrintsTheAskSketchBesideTheCatalog(t *testing.T) {
+	var b strings.Builder
+	if err := benchLookup(&b, 4096, 128, 200); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"catalog lookup: 4096 entries", "200 lookups of 128-key chains", "with the peer's ask sketch", "target p99"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
