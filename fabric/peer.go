@@ -212,6 +212,8 @@ func (p *Peer) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); p.pages.RunFlusher(ctx) }()
 	wg.Add(1)
+	go func() { defer wg.Done(); p.pages.RunAsks(ctx) }()
+	wg.Add(1)
 	go func() { defer wg.Done(); p.watchCatalog(ctx) }()
 	p.metricsBind = metricsAddr
 	close(p.ready)

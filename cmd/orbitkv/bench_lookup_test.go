@@ -14,7 +14,7 @@ func TestBenchLookupPrintsTheAskSketchBesideTheCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"catalog lookup: 4096 entries", "200 lookups of 128-key chains", "with the peer's ask sketch", "target p99"} {
+	for _, want := range []string{"catalog lookup: 4096 entries", "200 lookups of 128-key chains", "counted on the path", "counted off the path", "lookups' keys dropped", "target p99"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -13,6 +13,7 @@ type metrics struct {
 	unflushedDrops              prometheus.Counter
 	flusherBusy                 prometheus.Counter
 	readmitted                  *prometheus.CounterVec
+	askedDropped                prometheus.Counter
 	corruptPages                prometheus.Counter
 	ssdDropped, ssdErrors       *prometheus.CounterVec
 	engineFaults                prometheus.Counter
@@ -57,6 +58,8 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 				"a clean DRAM copy), replaced (other bytes: the peer's own demoted SSD copy dropped for them), kept (the SSD copy stays; ours freed), "+
 				"no_room (no DRAM slot free of a write: the page stays on SSD, nothing copied), "+
 				"colder (DRAM full and the page asked for no more often lately than the DRAM page it would push out: it stays on SSD, nothing copied).")), []string{"result"}),
+		askedDropped: counter("tiers", "asked_dropped_total",
+			"Lookups whose keys the readmission sketch did not count: its queue was full (readmit.go, RunAsks)."),
 		promotedPages: counter("tiers", "promoted_pages_total", "Pages read SSD -> DRAM on a hit."),
 		corruptPages:  counter("fabric", "corrupt_pages_total", "Pages that failed their checksum and were dropped."),
 		ssdDropped: prometheus.NewCounterVec(prometheus.CounterOpts(f("tiers", "ssd_dropped_pages_total",
@@ -81,7 +84,7 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 		Name: "layerwise_device_seconds", Buckets: buckets,
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
-	reg.MustRegister(m.savedPages, m.loadedTokens, m.loadedPages, m.evictedPages, m.demotedPages, m.unflushedDrops, m.flusherBusy, m.readmitted, m.promotedPages,
+	reg.MustRegister(m.savedPages, m.loadedTokens, m.loadedPages, m.evictedPages, m.demotedPages, m.unflushedDrops, m.flusherBusy, m.readmitted, m.askedDropped, m.promotedPages,
 		m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults, m.unsealedPages, m.quarantined, m.inflight, m.ssdInflight,
 		m.tierBytes, m.tierPages, m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec)
 	m.observe(reg)

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"slices"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -56,17 +58,43 @@ import (
 // 17.4% of the tokens from DRAM instead of 11.7%, refusing 6,883
 // readmissions, each a device copy not made (docs/benchmarks.md, "sim").
 
-// NoteAsked records that a lookup of sess asked for keys (tiers.Frequency).
-// A lookup naming a page size smaller than any before ages the counts by
-// how many such pages the pool holds (tiers.Frequency.SetPages): with
-// several models, by the one of most pages.
+// NoteAsked records that a lookup of sess asked for keys (tiers.Frequency):
+// handed to RunAsks when it runs (the lookup does not wait; a full queue
+// drops the lot, counted), else counted at once. A lookup naming a page
+// size smaller than any before ages the counts by how many such pages the
+// pool holds (tiers.Frequency.SetPages): with several models, by the one
+// of most pages.
 func (s *Store) NoteAsked(sess *Engine, keys []pagekey.Key) {
 	if pb := sess.PageBytes; pb > 0 {
 		if cur := s.freqPage.Load(); (cur == 0 || pb < cur) && s.freqPage.CompareAndSwap(cur, pb) {
 			s.freq.SetPages(int(s.pool.Stats().CapacityBytes / dram.SlotBytes(pb)))
 		}
 	}
-	s.freq.Record(keys)
+	if s.askers.Load() == 0 {
+		s.freq.Record(keys)
+		return
+	}
+	select {
+	case s.asks <- slices.Clone(keys):
+	default:
+		s.m.askedDropped.Inc()
+	}
+}
+
+// RunAsks counts the keys NoteAsked hands over until ctx ends: the sketch's
+// 512 counter updates of a 128-key lookup (5.5 µs, docs/benchmarks.md
+// "Catalog lookup") leave the lookup's path. The peer's Run owns it.
+func (s *Store) RunAsks(ctx context.Context) {
+	s.askers.Add(1)
+	defer s.askers.Add(-1)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case keys := <-s.asks:
+			s.freq.Record(keys)
+		}
+	}
 }
 
 // AskedLately is how often lookups asked for k lately (tiers.Frequency's

@@ -2,9 +2,11 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"hash/crc32"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -421,5 +423,44 @@ func TestAReadmissionIntoAFullPoolIsJudgedAgainstTheCopyItTakes(t *testing.T) {
 	ssdOnly(t, ps, clean)
 	if n := readmits(t, ps, "colder"); n != 0 {
 		t.Fatalf("colder readmissions = %v, want 0", n)
+	}
+}
+
+// TestAsksAreCountedOffTheLookupsPath: while RunAsks runs, NoteAsked hands
+// the keys over and returns; they are counted soon after. A full queue
+// drops a lookup's keys, counted, rather than making the lookup wait.
+func TestAsksAreCountedOffTheLookupsPath(t *testing.T) {
+	ps, e := testStore(t, 0), newTestEngine(t)
+	k := randKey(t)
+	ps.NoteAsked(e.Engine, []pagekey.Key{k}) // no RunAsks: counted at once
+	if got := ps.AskedLately(k); got != 1 {
+		t.Fatalf("counted %d, want 1 at once", got)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	done := make(chan struct{})
+	go func() { defer close(done); ps.RunAsks(ctx) }()
+	for ps.askers.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ps.NoteAsked(e.Engine, []pagekey.Key{k, k})
+	deadline := time.Now().Add(5 * time.Second)
+	for ps.AskedLately(k) < 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := ps.AskedLately(k); got != 3 {
+		t.Fatalf("counted %d, want 3", got)
+	}
+	cancel()
+	<-done
+
+	// Nothing draining the queue (a RunAsks counted but stuck): the queue
+	// fills, and the next lookup's keys are dropped.
+	ps.askers.Add(1)
+	defer ps.askers.Add(-1)
+	for range askQueue + 1 {
+		ps.NoteAsked(e.Engine, []pagekey.Key{k})
+	}
+	if d := counterValue(t, ps.m.askedDropped); d != 1 {
+		t.Fatalf("dropped %v lookups, want 1", d)
 	}
 }

@@ -58,6 +58,10 @@ type Store struct {
 	// freqPage is the smallest page size a lookup has named so far: the
 	// sketch ages its counts by how many such pages the pool holds.
 	freqPage atomic.Uint64
+	// asks carries lookups' keys to the sketch off their path while
+	// RunAsks runs (readmit.go); askers counts the RunAsks running.
+	asks   chan []pagekey.Key
+	askers atomic.Int32
 	// ssdReads is the SSD tier's measured read rate (ssdrate.go).
 	ssdReads ssdRate
 	// members is nil when the peer runs standalone (remote.go).
@@ -103,6 +107,9 @@ type Options struct {
 	Now func() time.Time
 }
 
+// askQueue is how many lookups' keys may wait for RunAsks (readmit.go).
+const askQueue = 256
+
 // New returns the store over an open catalog and tiers (st nil: no SSD tier).
 func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *Store {
 	s := &Store{cat: cat, pool: pool, ssd: st, opts: opts, members: opts.Members, log: opts.Log,
@@ -116,6 +123,7 @@ func New(cat *catalog.Catalog, pool *dram.Pool, st *ssd.Store, opts Options) *St
 	}
 	s.mu.dram, s.mu.ssd = tiers.NewSegmentedLRU(tiers.DRAMProtectedShare), tiers.NewLRU()
 	s.freq = tiers.NewFrequency(int(pool.Stats().CapacityBytes / tiers.FreqPageBytes))
+	s.asks = make(chan []pagekey.Key, askQueue)
 	s.mu.unsealed = make(map[pagekey.Key]struct{})
 	s.mu.retired = make(map[pagekey.Key][]dram.Slot)
 	s.sealWake = make(chan struct{}, 1)
