@@ -28,6 +28,7 @@ type Frequency struct {
 	mask      uint64             // counters a row, less one
 	sample    int                // records between two halvings
 	maxSample int                // the most sample may be: the rows' fill bound
+	pages     int                // the most pages SetPages was given
 	added     int                // records since the last halving
 }
 
@@ -54,15 +55,16 @@ const (
 	// of the tokens from DRAM; with vLLM's 16-token pages, 16 counters a
 	// page 14.9% and 64 16.2%. A 16 GiB pool's sketch is 2 MiB.
 	freqWidthPerPage = 64
-	// minFreqWidth is the fewest counters a row has.
-	minFreqWidth = 1024
+	// minFreqWidth is the fewest counters a row has: enough for 64 pages,
+	// so that a period is never under freqSamplePerPage×64 records.
+	minFreqWidth = freqWidthPerPage * 64
 	// maxFreqWidth bounds a row (4 MiB each).
 	maxFreqWidth = 1 << 22
 )
 
 // NewFrequency returns an empty sketch sized for about pages pages in the
 // tier it judges: rows of the next power of two at or above
-// freqWidthPerPage×pages counters (within [1 Ki, 4 Mi]; at the cap, a
+// freqWidthPerPage×pages counters (within [4 Ki, 4 Mi]; at the cap, a
 // pool of 128 GiB or more, one halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
 // records per page the rows are sized for until SetPages says how many the
 // tier really holds. Collisions depend on the records between halvings
@@ -81,14 +83,16 @@ func NewFrequency(pages int) *Frequency {
 // SetPages ages the counts by the pages the judged tier really holds:
 // halving every freqSamplePerPage×pages records, never more records than
 // the rows were sized for (their fill bound) nor fewer than
-// freqSamplePerPage×64. A tier of pages larger than it was sized for
+// freqSamplePerPage×64. The largest count it is given holds, whatever the
+// order of calls (several models: the one of most pages). A tier of pages larger than it was sized for
 // otherwise ages its counts over several of its turnovers, which in the sim
 // of the seeds' trace served 16.4% of the tokens from DRAM where halving by
 // the pages held served 17.7%.
 func (f *Frequency) SetPages(pages int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.sample = min(f.maxSample, freqSamplePerPage*max(pages, 64))
+	f.pages = max(f.pages, pages)
+	f.sample = min(f.maxSample, freqSamplePerPage*max(f.pages, 64))
 }
 
 // Record counts one ask of each key, then halves every counter if the

@@ -29,7 +29,7 @@ func TestFrequencyCountsAsks(t *testing.T) {
 }
 
 func TestFrequencySaturatesAndHalves(t *testing.T) {
-	f := NewFrequency(64) // 1,024 counters a row, halved every 640 records
+	f := NewFrequency(64) // 4,096 counters a row, halved every 640 records
 	if f.sample != 640 {
 		t.Fatalf("sample %d, want 640", f.sample)
 	}
@@ -133,14 +133,25 @@ func BenchmarkFrequencyRecord128(b *testing.B) {
 }
 
 // TestFrequencyAgesByThePagesHeld: SetPages sets the period to ten records
-// a page, within the rows' fill bound and at least ten times 64.
+// a page, within the rows' fill bound and at least ten times 64; the most
+// pages it was given hold, in whatever order the calls come.
 func TestFrequencyAgesByThePagesHeld(t *testing.T) {
-	f := NewFrequency(4096) // rows of 64 Ki counters: at most 40,960 records a period
-	for _, c := range []struct{ pages, want int }{{100, 1000}, {10, 640}, {1 << 20, 40960}} {
-		if f.SetPages(c.pages); f.sample != c.want {
-			t.Errorf("SetPages(%d): period %d, want %d", c.pages, f.sample, c.want)
+	for _, c := range []struct{ pages, want int }{{10, 640}, {100, 1000}, {50, 1000}, {1 << 20, 40960}} {
+		f := NewFrequency(4096) // rows of 256 Ki counters: at most 40,960 records a period
+		if f.SetPages(c.pages); f.sample != min(c.want, 10*max(c.pages, 64)) {
+			t.Errorf("SetPages(%d) alone: period %d", c.pages, f.sample)
 		}
 	}
+	f := NewFrequency(4096)
+	for _, c := range []struct{ pages, want int }{{10, 640}, {100, 1000}, {50, 1000}, {1 << 20, 40960}} {
+		if f.SetPages(c.pages); f.sample != c.want {
+			t.Errorf("SetPages(%d) after larger: period %d, want %d", c.pages, f.sample, c.want)
+		}
+	}
+	if small := NewFrequency(1); small.sample != 640 || small.maxSample != 640 {
+		t.Errorf("a sketch for one page: period %d, bound %d; want 640, 640", small.sample, small.maxSample)
+	}
+	f = NewFrequency(4096)
 	f.SetPages(100)
 	k := key(3)
 	for range 999 {

@@ -83,7 +83,9 @@ func (s *Store) NoteAsked(sess *Engine, keys []pagekey.Key) {
 
 // RunAsks counts the keys NoteAsked hands over until ctx ends: the sketch's
 // 512 counter updates of a 128-key lookup (5.5–13 µs here, docs/benchmarks.md
-// "Catalog lookup") leave the lookup's path. The peer's Run owns it.
+// "Catalog lookup") leave the lookup's path. The peer's Run owns it. Keys
+// still queued when ctx ends are not counted: the counts live in memory
+// only, and a restart begins them afresh.
 func (s *Store) RunAsks(ctx context.Context) {
 	s.askers.Add(1)
 	defer s.askers.Add(-1)

@@ -439,8 +439,10 @@ func TestAsksAreCountedOffTheLookupsPath(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
 	done := make(chan struct{})
 	go func() { defer close(done); ps.RunAsks(ctx) }()
-	for ps.askers.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	for start := time.Now(); ps.askers.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("RunAsks did not start")
+		}
 	}
 	ps.NoteAsked(e.Engine, []pagekey.Key{k, k})
 	deadline := time.Now().Add(5 * time.Second)
