@@ -64,10 +64,10 @@ const (
 
 // NewFrequency returns an empty sketch sized for about pages pages in the
 // tier it judges: rows of the next power of two at or above
-// freqWidthPerPage×pages counters (within [4 Ki, 4 Mi]; at the cap, a
-// pool of 128 GiB or more, one halving traverses 16 MiB, about 2 ms), halved every freqSamplePerPage
-// records per page the rows are sized for until SetPages says how many the
-// tier really holds. Collisions depend on the records between halvings
+// freqWidthPerPage×pages counters (within [4 Ki, 4 Mi]; at the cap, a pool
+// of 128 GiB or more, one halving traverses 16 MiB, about 2 ms), halved
+// every freqSamplePerPage records per page the rows are sized for until
+// SetPages says how many the tier really holds. Collisions depend on the records between halvings
 // against the rows, not on the tier's real page count.
 func NewFrequency(pages int) *Frequency {
 	w := max(minFreqWidth, min(maxFreqWidth, freqWidthPerPage*pages))

@@ -58,6 +58,13 @@ import (
 // 17.4% of the tokens from DRAM instead of 11.7%, refusing 6,883
 // readmissions, each a device copy not made (docs/benchmarks.md, "sim").
 
+// judgesReadmits reports whether readmissions are judged at all: with an
+// SSD tier, readmission on, and not every readmission taken. Otherwise
+// nothing reads the counts, and lookups do not keep them.
+func (s *Store) judgesReadmits() bool {
+	return s.ssd != nil && !s.opts.NoReadmit && !s.opts.ReadmitAll
+}
+
 // NoteAsked records that a lookup of sess asked for keys (tiers.Frequency):
 // handed to RunAsks when it runs (the lookup does not wait; a full queue
 // drops the lot, counted), else counted at once. A lookup naming a page
@@ -65,6 +72,9 @@ import (
 // pool holds (tiers.Frequency.SetPages): with several models, by the one
 // of most pages.
 func (s *Store) NoteAsked(sess *Engine, keys []pagekey.Key) {
+	if !s.judgesReadmits() {
+		return
+	}
 	if pb := sess.PageBytes; pb > 0 {
 		if cur := s.freqPage.Load(); (cur == 0 || pb < cur) && s.freqPage.CompareAndSwap(cur, pb) {
 			s.freq.SetPages(int(s.pool.Stats().CapacityBytes / dram.SlotBytes(pb)))
@@ -85,8 +95,12 @@ func (s *Store) NoteAsked(sess *Engine, keys []pagekey.Key) {
 // 512 counter updates of a 128-key lookup (5.5–13 µs here, docs/benchmarks.md
 // "Catalog lookup") leave the lookup's path. The peer's Run owns it. Keys
 // still queued when ctx ends are not counted: the counts live in memory
-// only, and a restart begins them afresh.
+// only, and a restart begins them afresh. It returns at once where no
+// readmission is judged.
 func (s *Store) RunAsks(ctx context.Context) {
+	if !s.judgesReadmits() {
+		return
+	}
 	s.askers.Add(1)
 	defer s.askers.Add(-1)
 	for {
@@ -104,16 +118,17 @@ func (s *Store) RunAsks(ctx context.Context) {
 func (s *Store) AskedLately(k pagekey.Key) uint8 { return s.freq.Estimate(k) }
 
 // admitsReadmit reports whether a readmission of k (size bytes) may take
-// DRAM: always while the pool has room beyond the flusher's reserve (the
-// flusher then evicts nothing for it, give or take a slab's tail:
-// flushLow); else only if k was asked for more often lately than the page
-// that leaves for it — the flusher's next victim while a slot is free, the
-// clean copy allocReadmit would drop when none is (with neither, the
-// allocation answers no_room) — or with Options.ReadmitAll. The pages of one save are each judged against that
-// same next page, though together they push out several: lenient, by at
-// most a save's pages (a batch of 16 is the flusher's own unit).
+// DRAM: always with Options.ReadmitAll, or while the pool has room beyond
+// the flusher's reserve (the flusher then evicts nothing for it, give or
+// take a slab's tail: flushLow); else only if k was asked for more often
+// lately than the page that leaves for it — the flusher's next victim while
+// a slot is free, the clean copy allocReadmit would drop when none is (with
+// neither, the allocation answers no_room). The pages of one save are each
+// judged against that same next page, though together they push out
+// several: lenient, by at most a save's pages (a batch of 16 is the
+// flusher's own unit).
 func (s *Store) admitsReadmit(k pagekey.Key, size uint64) bool {
-	if s.opts.ReadmitAll {
+	if !s.judgesReadmits() {
 		return true
 	}
 	slot, free := dram.SlotBytes(size), s.pool.FreeBytes()

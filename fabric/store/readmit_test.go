@@ -430,8 +430,14 @@ func TestAReadmissionIntoAFullPoolIsJudgedAgainstTheCopyItTakes(t *testing.T) {
 // the keys over and returns; they are counted soon after. A full queue
 // drops a lookup's keys, counted, rather than making the lookup wait.
 func TestAsksAreCountedOffTheLookupsPath(t *testing.T) {
-	ps, e := testStore(t, 0), newTestEngine(t)
-	k := randKey(t)
+	e, k := newTestEngine(t), randKey(t)
+	// Without an SSD tier there is no readmission to judge: nothing counted.
+	dramOnly := testStore(t, 0)
+	dramOnly.NoteAsked(e.Engine, []pagekey.Key{k})
+	if got := dramOnly.AskedLately(k); got != 0 {
+		t.Fatalf("a DRAM-only store counted %d asks", got)
+	}
+	ps := testStore(t, 64<<20)
 	ps.NoteAsked(e.Engine, []pagekey.Key{k}) // no RunAsks: counted at once
 	if got := ps.AskedLately(k); got != 1 {
 		t.Fatalf("counted %d, want 1 at once", got)

@@ -93,9 +93,9 @@ func (c *Client) body(prompt []int, maxTokens int) []byte {
 		if c.IgnoreEOS {
 			body["ignore_eos"] = true
 		}
-	}
-	if c.Model != "" && c.API != APISGLang {
-		body["model"] = c.Model
+		if c.Model != "" {
+			body["model"] = c.Model
+		}
 	}
 	buf, _ := json.Marshal(body)
 	return buf
