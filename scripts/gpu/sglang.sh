@@ -1,8 +1,8 @@
 #!/bin/bash
 # Real SGLang 0.5.17 driving OrbitKV through its HiCache storage backend on the H200 (issue 12;
 # docs/benchmarks.md "Real SGLang on the H200"). Every flag is checked against SGLang 0.5.17's own
-# argument parser on a CPU (sglang-check.py); first run on the H200 on 2026-12-02 (sustained dram and
-# native, deterministic dram); the ssd config, recovery and l2 have not met the GPU machine yet.
+# argument parser on a CPU (sglang-check.py); every mode below ran on the H200 on 2026-12-02 (docs:
+# "First runs on the H200", "Pairs, SSD, 8K recovery and the `l2` config").
 #
 # What travels: .gpucarry/sglang-site.partNN (scripts/gpu/sglang-bundle.sh; sglang-site.sha256 and
 # sglang-site.parts with every part), unpacked to /root/okv/sgl; the vLLM site /root/okv/site
