@@ -160,8 +160,8 @@ func benchFabricFetch(ctx context.Context, out io.Writer, addr string, iperf bas
 			if err != nil {
 				return fmt.Errorf("iperf3 baseline: %w", err)
 			}
-			base[st.variant] = append(base[st.variant], g)
-			fmt.Fprintf(out, "  round %d: iperf3 %s: %.1f Gbit/s\n", st.round, variants[st.variant], g)
+			base[st.variant] = append(base[st.variant], g.gbps)
+			fmt.Fprintf(out, "  round %d: iperf3 %s: %.1f Gbit/s\n", st.round, variants[st.variant], g.gbps)
 			continue
 		}
 		d := round

@@ -47,6 +47,9 @@ type transferBench struct {
 	// Baseline, if set, runs one iperf3 round; each TCP READ cell then
 	// interleaves its rounds with the baseline's (bench_transfer_baseline.go).
 	Baseline iperfRunner
+	// ServePID, if set, is the --serve process on this machine, whose CPU
+	// time each TCP cell reports beside the client's (bench_transfer_cpu.go).
+	ServePID int
 }
 
 func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
@@ -66,6 +69,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	b := transferBench{}
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
+	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
 	fs.Var(&batch, "batch-bytes", "bytes per request")
 	fs.Var(&pool, "pool-bytes", "bytes of pages held per size on each side")
@@ -296,7 +300,7 @@ func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) e
 	}
 	srv := tcp.NewServer(p, nil)
 	go func() { <-ctx.Done(); srv.Close() }()
-	fmt.Fprintf(out, "serving %d pages on %s\n", len(p.data), lis.Addr())
+	fmt.Fprintf(out, "serving %d pages on %s (pid %d)\n", len(p.data), lis.Addr(), os.Getpid())
 	if err := srv.Serve(lis); !errors.Is(err, tcp.ErrServerClosed) {
 		return err
 	}
@@ -314,6 +318,9 @@ type cell struct {
 	skip          string
 	variants      []iperfVariant // the iperf3 baseline's variants, if any
 	baseRates     [][]float64    // Gbit/s per variant and round
+	baseCPU       []iperfCPU     // cores iperf3 reported per variant
+	cpuClient     cpuUse         // TCP: this process's CPU in the measured rounds
+	cpuServer     cpuUse         // TCP: the --serve process's, if its pid is known
 }
 
 // verifyLabel is the cell's verify column.
@@ -350,6 +357,7 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) 
 		return err
 	}
 	printBaselines(out, cells)
+	printCPU(out, cells)
 	if contains(b.Transports, "tcp") && contains(b.Ops, "write") {
 		fmt.Fprintln(out, "note: tcp WRITE skipped: transfer/tcp only fetches (READ); the batched Transport interface adds WRITE")
 	}
@@ -412,24 +420,28 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 	if b.Baseline != nil {
 		c.variants = iperfVariants(c.size, c.conns)
 		c.baseRates = make([][]float64, len(c.variants))
+		c.baseCPU = make([]iperfCPU, len(c.variants))
 	}
 	dst, unmap := b.destinations(c)
 	defer unmap()
 	var rates []float64
 	for _, s := range planCell(b.Rounds, len(c.variants)) {
 		if s.variant >= 0 {
-			v, err := b.Baseline(ctx, c.variants[s.variant], b.round())
+			r, err := b.Baseline(ctx, c.variants[s.variant], b.round())
 			if err != nil {
 				return err
 			}
-			c.baseRates[s.variant] = append(c.baseRates[s.variant], v)
+			c.baseRates[s.variant] = append(c.baseRates[s.variant], r.gbps)
+			c.baseCPU[s.variant].add(r)
 			continue
 		}
+		m := startCPUMeter(b.ServePID)
 		rate, pages, err := b.tcpRound(ctx, cl, addr, c, sums, dst)
 		if err != nil {
 			return err
 		}
 		if s.round > 0 { // round 0 warms up (connections, destination memory)
+			m.stop(c)
 			rates = append(rates, rate)
 			c.pages += pages
 		}

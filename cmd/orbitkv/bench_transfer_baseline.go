@@ -106,57 +106,71 @@ func bestBaseline(rates [][]float64) (int, float64) {
 }
 
 // iperfRunner runs one round of a variant for d and returns the rate
-// received in Gbit/s.
-type iperfRunner func(ctx context.Context, v iperfVariant, d time.Duration) (float64, error)
+// received and the cores iperf3 reports busy on each side.
+type iperfRunner func(ctx context.Context, v iperfVariant, d time.Duration) (iperfResult, error)
+
+// iperfResult is one iperf3 round: the rate received in Gbit/s, and the
+// cores its client (the receiver, -R) and its server kept busy, from its
+// -J report's cpu_utilization_percent (host_total, remote_total: a
+// process's CPU time over the test's length), summed over processes.
+type iperfResult struct {
+	gbps, clientCores, serverCores float64
+}
 
 // iperf3Against runs variants against iperf3 servers on host, ports
 // port, port+1, … (one per process).
 func iperf3Against(host string, port int) iperfRunner {
-	return func(ctx context.Context, v iperfVariant, d time.Duration) (float64, error) {
+	return func(ctx context.Context, v iperfVariant, d time.Duration) (iperfResult, error) {
 		secs := max(1, int(d.Round(time.Second).Seconds()))
-		rates := make([]float64, v.procs)
+		res := make([]iperfResult, v.procs)
 		errs := make([]error, v.procs)
 		var wg sync.WaitGroup
 		for p := range v.procs {
-			wg.Go(func() { rates[p], errs[p] = iperf3Reverse(ctx, host, port+p, v, secs) })
+			wg.Go(func() { res[p], errs[p] = iperf3Reverse(ctx, host, port+p, v, secs) })
 		}
 		wg.Wait()
-		sum := 0.0
+		var sum iperfResult
 		for p := range v.procs {
 			if errs[p] != nil {
-				return 0, fmt.Errorf("iperf3 %s, process %d: %w", v, p, errs[p])
+				return iperfResult{}, fmt.Errorf("iperf3 %s, process %d: %w", v, p, errs[p])
 			}
-			sum += rates[p]
+			sum.gbps += res[p].gbps
+			sum.clientCores += res[p].clientCores
+			sum.serverCores += res[p].serverCores
 		}
 		return sum, nil
 	}
 }
 
 // iperf3Reverse runs one iperf3 client with -R (the server sends) and
-// returns the rate it received in Gbit/s.
-func iperf3Reverse(ctx context.Context, host string, port int, v iperfVariant, secs int) (float64, error) {
+// returns what it received and the CPU it reports.
+func iperf3Reverse(ctx context.Context, host string, port int, v iperfVariant, secs int) (iperfResult, error) {
 	args := []string{"-c", host, "-p", fmt.Sprint(port), "-R", "-J", "-P", fmt.Sprint(v.streams), "-t", fmt.Sprint(secs)}
 	if v.len != 0 {
 		args = append(args, "-l", fmt.Sprint(v.len))
 	}
-	return iperf3Gbps(exec.CommandContext(ctx, "iperf3", args...).Output())
+	return iperf3Parse(exec.CommandContext(ctx, "iperf3", args...).Output())
 }
 
-// iperf3Gbps is the received rate, in Gbit/s, of an iperf3 client's -J
-// output (its process's Output and error).
-func iperf3Gbps(b []byte, err error) (float64, error) {
+// iperf3Parse reads an iperf3 client's -J output (its process's Output
+// and error): the received rate and both sides' CPU.
+func iperf3Parse(b []byte, err error) (iperfResult, error) {
 	if err != nil {
-		return 0, fmt.Errorf("%v: %s", err, strings.TrimSpace(string(b)))
+		return iperfResult{}, fmt.Errorf("%v: %s", err, strings.TrimSpace(string(b)))
 	}
 	var r struct {
 		End struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
+			CPU struct {
+				Host   float64 `json:"host_total"`
+				Remote float64 `json:"remote_total"`
+			} `json:"cpu_utilization_percent"`
 		} `json:"end"`
 	}
 	if err := json.Unmarshal(b, &r); err != nil {
-		return 0, fmt.Errorf("iperf3 output: %w", err)
+		return iperfResult{}, fmt.Errorf("iperf3 output: %w", err)
 	}
-	return r.End.SumReceived.BitsPerSecond / 1e9, nil
+	return iperfResult{gbps: r.End.SumReceived.BitsPerSecond / 1e9, clientCores: r.End.CPU.Host / 100, serverCores: r.End.CPU.Remote / 100}, nil
 }

@@ -120,7 +120,7 @@ func TestTransferMatrixInterleavesBaseline(t *testing.T) {
 		requests int64
 	}
 	var calls []call
-	b.Baseline = func(_ context.Context, v iperfVariant, d time.Duration) (float64, error) {
+	b.Baseline = func(_ context.Context, v iperfVariant, d time.Duration) (iperfResult, error) {
 		if d != b.round() {
 			t.Errorf("baseline round of %v, want %v", d, b.round())
 		}
@@ -137,7 +137,7 @@ func TestTransferMatrixInterleavesBaseline(t *testing.T) {
 		if v.len != 0 && v.procs == 1 {
 			rate += 20
 		}
-		return rate, nil
+		return iperfResult{gbps: rate, clientCores: 0.5, serverCores: 0.25}, nil
 	}
 	var out bytes.Buffer
 	if err := b.client(context.Background(), &out, addr); err != nil {
@@ -177,6 +177,24 @@ func TestTransferMatrixInterleavesBaseline(t *testing.T) {
 	}
 	if got := strings.Count(out.String(), "<- baseline"); got != len(b.Sizes)*len(b.Conns) {
 		t.Errorf("%d baselines marked, want one per cell:\n%s", got, out.String())
+	}
+	// The CPU lines: the baseline's cores as iperf3 reported them, per GB at
+	// its median (32 Gbit/s = 4 GB/s); the server's unknown without its pid.
+	cpu := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(l, "cpu ") {
+			continue
+		}
+		cpu++
+		if !strings.Contains(l, "client 0.50 cores (0.125 s/GB), server 0.25 cores (0.062 s/GB)") {
+			t.Errorf("CPU line without the baseline's cores: %q", l)
+		}
+		if !strings.Contains(l, "fetch client ") || strings.Contains(l, "fetch client ?") || !strings.Contains(l, ", server ?;") {
+			t.Errorf("CPU line without the fetch's client cores, or with a server it cannot know: %q", l)
+		}
+	}
+	if cpu != len(b.Sizes)*len(b.Conns) {
+		t.Errorf("%d CPU lines, want one per cell:\n%s", cpu, out.String())
 	}
 }
 

@@ -53,13 +53,19 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 		return fmt.Errorf("serve side: %w", err)
 	}
 	defer srv.stop()
+	// ip netns exec and taskset exec the next program in their own process,
+	// so the serve side's pid is the child's; the serve side prints it too.
+	servePID := srv.cmd.Process.Pid
+	if pid, ok := servedPID(srv.ready); ok {
+		servePID = pid
+	}
 	fmt.Fprintf(out, "link: veth between network namespaces %s (%s) and %s (%s)\n", h.ns[0], h.addr[0], h.ns[1], h.addr[1])
 	if splitCPUs {
 		fmt.Fprintf(out, "cpus: %s runs on CPUs %s, %s on CPUs %s (--split-cpus)\n", h.ns[0], h.cpus[0], h.ns[1], h.cpus[1])
 	} else {
 		fmt.Fprintln(out, "cpus: both namespaces share every CPU (--split-cpus gives each its own half)")
 	}
-	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0], "--iperf3-port", fmt.Sprint(port)}, matrix...)...)
+	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0], "--iperf3-port", fmt.Sprint(port), "--serve-pid", fmt.Sprint(servePID)}, matrix...)...)
 	cl.Stdout, cl.Stderr = out, out
 	return cl.Run()
 }
@@ -148,11 +154,12 @@ func halveCPUs(cpus []int) ([2]string, error) {
 type child struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
+	ready  string // the line of its output that said it was ready
 }
 
 // startReady starts cmd and returns once a line of its output contains
-// ready, or fails if it exits or 10 s pass first. Its later output is
-// discarded.
+// ready (kept as the child's ready line), or fails if it exits or 10 s
+// pass first. Its later output is discarded.
 func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error) {
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -161,25 +168,26 @@ func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error
 	}
 	c := &child{cmd: cmd, exited: make(chan struct{})}
 	go func() { cmd.Wait(); pw.Close(); close(c.exited) }()
-	found := make(chan bool, 1)
+	found := make(chan string, 1) // the ready line; "" if it never came
 	go func() {
 		sc := bufio.NewScanner(pr)
 		ok := false
 		for sc.Scan() {
 			if !ok && strings.Contains(sc.Text(), ready) {
 				ok = true
-				found <- true
+				found <- sc.Text()
 			}
 		}
 		if !ok {
-			found <- false
+			found <- ""
 		}
 	}()
 	timer := time.NewTimer(10 * time.Second)
 	defer timer.Stop()
 	select {
-	case ok := <-found:
-		if ok {
+	case line := <-found:
+		if line != "" {
+			c.ready = line
 			return c, nil
 		}
 		return nil, fmt.Errorf("%s exited before it was ready", cmd.Args)
@@ -203,6 +211,19 @@ func (c *child) stop() {
 	}
 	c.cmd.Process.Kill()
 	<-c.exited
+}
+
+// servedPID reads the pid from the serve side's ready line ("serving … (pid N)").
+func servedPID(line string) (int, bool) {
+	i := strings.LastIndex(line, "(pid ")
+	if i < 0 || !strings.HasSuffix(line, ")") {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(line[i+len("(pid ") : len(line)-1])
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	return pid, true
 }
 
 // withoutFlag drops --name (a bool flag) from args.

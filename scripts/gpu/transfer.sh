@@ -8,7 +8,10 @@
 #     cp -L /lib/x86_64-linux-gnu/$l out/netbin/lib/; done
 # The machine's own iperf3 and ip are used where they exist. PROFILE=1 writes both sides' Go CPU
 # profiles to $OUT/transfer.{serve,client}.pprof (read them here with go tool pprof). VERIFY
-# (default inline,behind) is bench transfer's --verify: where the client checksums each page.
+# (default inline,behind) is bench transfer's --verify: where the client checksums each page. POOL
+# (default 64MiB) is --pool-bytes, the pages each side holds per size: 16MiB is one request's worth,
+# the same pages sent every time, warm in the caches; 1GiB sends pages that are cold. Every cell also
+# prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines).
 set -u
 O=${OUT:-/tmp/orbitkv-gpu-out}
 mkdir -p "$O"
@@ -22,6 +25,6 @@ say "cpus $(nproc): $(iperf3 --version | head -1); $(ip -V)"
 command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s ' ' | paste -sd';' | sed 's/^/cpu topology: /' | tee -a "$S"
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
-	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} \
+	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} --pool-bytes ${POOL:-64MiB} \
 	${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
 say "bench transfer rc=${PIPESTATUS[0]}"
