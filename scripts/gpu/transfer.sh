@@ -23,6 +23,8 @@ for t in iperf3 ip; do command -v "$t" >/dev/null || { cp out/netbin/"$t" "$B/";
 export PATH=$PATH:$B LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(pwd)/out/netbin/lib
 say "cpus $(nproc): $(iperf3 --version | head -1); $(ip -V)"
 command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s ' ' | paste -sd';' | sed 's/^/cpu topology: /' | tee -a "$S"
+# the CPU model and the vector instructions a faster CRC-32C would use (VPCLMULQDQ on 512-bit registers)
+{ grep -m1 'model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'sse4_2|pclmulqdq|avx2|avx512f|avx512vl|vpclmulqdq' | paste -sd' '; } | sed 's/^/cpu: /' | tee -a "$S"
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
 	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} --pool-bytes ${POOL:-64MiB} \

@@ -156,6 +156,15 @@ def test_legacy_get_set(peer):
         be.close()
 
 
+def test_registration_says_how_much_sglang_prefetches_at_once(peer, caplog):
+    with host_pool("page_first", 16, False) as pool, caplog.at_level("INFO", logger="orbitkv.sglang"):
+        be = _backend(peer.socket)
+        be.register_mem_pool_host(pool)
+        be.close()
+    msgs = [r.getMessage() for r in caplog.records if "prefetches from OrbitKV" in r.getMessage()]
+    assert msgs and "holds 64 tokens" in msgs[0] and "at most 32 tokens" in msgs[0], caplog.text
+
+
 def test_mla_rejected_clearly():
     with pytest.raises(NotImplementedError, match="MLA"):
         OrbitKVHiCacheStorage(HiCacheStorageConfig(is_mla_model=True, extra_config={"socket": "x"}), {})
