@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -333,8 +334,8 @@ func (c cell) verifyLabel() string {
 
 func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) error {
 	sums := b.pages(false).sums
-	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request\n",
-		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes))
+	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size a side, GOMAXPROCS %d\n",
+		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes), bytesize.Size(b.PoolBytes), runtime.GOMAXPROCS(0))
 	if b.Baseline != nil {
 		fmt.Fprintln(out, "iperf3 (-R, same link) per cell, its rounds interleaved with the cell's; baseline = the variant with the best median")
 	}

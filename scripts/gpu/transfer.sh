@@ -11,7 +11,10 @@
 # (default inline,behind) is bench transfer's --verify: where the client checksums each page. POOL
 # (default 64MiB) is --pool-bytes, the pages each side holds per size: 16MiB is one request's worth,
 # the same pages sent every time, warm in the caches; 1GiB sends pages that are cold. Every cell also
-# prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines).
+# prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines). BATCH (default
+# 16MiB) is --batch-bytes, one request's pages, which is also each connection's destination: 1MiB
+# keeps it in the client's cache. GOMAXPROCS, if set, reaches both sides (they inherit it; the
+# header line prints the client's).
 set -u
 O=${OUT:-/tmp/orbitkv-gpu-out}
 mkdir -p "$O"
@@ -27,6 +30,6 @@ command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s
 { grep -m1 'model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'sse4_2|pclmulqdq|avx2|avx512f|avx512vl|vpclmulqdq' | paste -sd' '; } | sed 's/^/cpu: /' | tee -a "$S"
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
-	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} --pool-bytes ${POOL:-64MiB} \
+	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} --pool-bytes ${POOL:-64MiB} --batch-bytes ${BATCH:-16MiB} \
 	${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
 say "bench transfer rc=${PIPESTATUS[0]}"
