@@ -73,7 +73,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
 	fs.Var(&batch, "batch-bytes", "bytes per request")
-	fs.Var(&pool, "pool-bytes", "bytes of pages held per size on each side")
+	fs.Var(&pool, "pool-bytes", "bytes of pages the serve side holds per size (4 to 4096 pages)")
 	b.RDMA.GIDIndex = -1
 	b.RDMA.RegisterFlags(fs) // --rdma-devices (the NIC allowlist), --rdma-gid-index, …
 	if err := fs.Parse(args); err != nil {
@@ -221,9 +221,10 @@ func splitList(s string) []string {
 	return out
 }
 
-// pagesPer is how many pages of size each side holds.
+// pagesPer is how many pages of size the serve side holds (the client
+// computes their checksums and holds one request's worth a connection).
 func (b *transferBench) pagesPer(size uint64) int {
-	return min(1024, max(4, int(b.PoolBytes/size)))
+	return min(4096, max(4, int(b.PoolBytes/size)))
 }
 
 // batchOf is how many pages one request moves.
@@ -301,7 +302,7 @@ func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) e
 	}
 	srv := tcp.NewServer(p, nil)
 	go func() { <-ctx.Done(); srv.Close() }()
-	fmt.Fprintf(out, "serving %d pages on %s (pid %d)\n", len(p.data), lis.Addr(), os.Getpid())
+	fmt.Fprintf(out, "serving %d pages on %s\n", len(p.data), lis.Addr())
 	if err := srv.Serve(lis); !errors.Is(err, tcp.ErrServerClosed) {
 		return err
 	}
@@ -334,7 +335,7 @@ func (c cell) verifyLabel() string {
 
 func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) error {
 	sums := b.pages(false).sums
-	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size a side, GOMAXPROCS %d\n",
+	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size served, GOMAXPROCS %d\n",
 		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes), bytesize.Size(b.PoolBytes), runtime.GOMAXPROCS(0))
 	if b.Baseline != nil {
 		fmt.Fprintln(out, "iperf3 (-R, same link) per cell, its rounds interleaved with the cell's; baseline = the variant with the best median")
@@ -442,7 +443,7 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 			return err
 		}
 		if s.round > 0 { // round 0 warms up (connections, destination memory)
-			m.stop(c)
+			m.stop(c, float64(pages)*float64(c.size))
 			rates = append(rates, rate)
 			c.pages += pages
 		}

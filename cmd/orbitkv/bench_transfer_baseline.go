@@ -115,6 +115,7 @@ type iperfRunner func(ctx context.Context, v iperfVariant, d time.Duration) (ipe
 // process's CPU time over the test's length), summed over processes.
 type iperfResult struct {
 	gbps, clientCores, serverCores float64
+	bytes, seconds                 float64 // received in all, over the test's length
 }
 
 // iperf3Against runs variants against iperf3 servers on host, ports
@@ -137,6 +138,8 @@ func iperf3Against(host string, port int) iperfRunner {
 			sum.gbps += res[p].gbps
 			sum.clientCores += res[p].clientCores
 			sum.serverCores += res[p].serverCores
+			sum.bytes += res[p].bytes
+			sum.seconds = max(sum.seconds, res[p].seconds) // the processes run side by side
 		}
 		return sum, nil
 	}
@@ -162,6 +165,8 @@ func iperf3Parse(b []byte, err error) (iperfResult, error) {
 		End struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
+				Bytes         float64 `json:"bytes"`
+				Seconds       float64 `json:"seconds"`
 			} `json:"sum_received"`
 			CPU struct {
 				Host   float64 `json:"host_total"`
@@ -172,5 +177,7 @@ func iperf3Parse(b []byte, err error) (iperfResult, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return iperfResult{}, fmt.Errorf("iperf3 output: %w", err)
 	}
-	return iperfResult{gbps: r.End.SumReceived.BitsPerSecond / 1e9, clientCores: r.End.CPU.Host / 100, serverCores: r.End.CPU.Remote / 100}, nil
+	sr := r.End.SumReceived
+	return iperfResult{gbps: sr.BitsPerSecond / 1e9, clientCores: r.End.CPU.Host / 100, serverCores: r.End.CPU.Remote / 100,
+		bytes: sr.Bytes, seconds: sr.Seconds}, nil
 }

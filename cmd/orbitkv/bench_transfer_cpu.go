@@ -16,16 +16,29 @@ import (
 // the cores each side keeps busy during the measured rounds and the
 // core-seconds each spends per GB moved. Throughput alone cannot tell a
 // side that runs out of core (busy ≈ one core a connection) from one that
-// waits (the 16-core runs of docs/benchmarks.md, "On 16 cores": one fetch
-// connection moved 58–70% of one iperf3 stream, and a second connection
-// added 15–25%). The client is the receiving side in both tools (iperf3
-// runs with -R); the server is this binary's --serve process (its pid known
-// through --serve-pid; --netns passes it) and iperf3's server.
+// waits (docs/benchmarks.md, "On 16 cores": one fetch connection moved
+// 58–70% of one iperf3 stream, and two connections 0.98–1.47× one where
+// iperf3 nearly doubled). The client is the receiving side in both tools
+// (iperf3 runs with -R) and the server the sending side: this binary's
+// --serve process (--serve-pid; --netns passes it) and iperf3's server.
+// Both tools' figures are a process's own CPU time. On veth the receiver's
+// TCP processing runs in softirq on the sender's CPU, charged to the
+// sending process when it runs at the end of its system call (or to no one
+// where the kernel accounts interrupt time apart), and work left to
+// ksoftirqd is charged to neither: the split between the sides is blurred
+// alike for both tools, so compare a side with the same side.
 
-// cpuUse sums CPU time and the wall time it was spent in.
-type cpuUse struct{ cpu, wall time.Duration }
+// cpuUse sums CPU time, the wall time it was spent in and the bytes moved
+// meanwhile; why, if set, is why the CPU time could not be read.
+type cpuUse struct {
+	cpu, wall time.Duration
+	bytes     float64
+	why       string
+}
 
-func (u *cpuUse) add(cpu, wall time.Duration) { u.cpu, u.wall = u.cpu+cpu, u.wall+wall }
+func (u *cpuUse) add(cpu, wall time.Duration, bytes float64) {
+	u.cpu, u.wall, u.bytes = u.cpu+cpu, u.wall+wall, u.bytes+bytes
+}
 
 // cores is how many cores were busy on average; 0 when nothing was timed.
 func (u cpuUse) cores() float64 {
@@ -33,6 +46,34 @@ func (u cpuUse) cores() float64 {
 		return 0
 	}
 	return u.cpu.Seconds() / u.wall.Seconds()
+}
+
+// perGB is the core-seconds spent per GB moved; 0 when unknown.
+func (u cpuUse) perGB() float64 {
+	if u.bytes <= 0 || u.wall <= 0 {
+		return 0
+	}
+	return u.cpu.Seconds() / (u.bytes / 1e9)
+}
+
+// cost formats cores busy and core-seconds per GB, "?" (with the reason,
+// if known) when unknown.
+func (u cpuUse) cost() string {
+	if u.wall <= 0 || u.bytes <= 0 {
+		if u.why != "" {
+			return "? (" + u.why + ")"
+		}
+		return "?"
+	}
+	return fmt.Sprintf("%.2f cores (%.3f s/GB)", u.cores(), u.perGB())
+}
+
+// versus is a's cost per GB as a multiple of b's ("" when either is unknown).
+func versus(a, b cpuUse) string {
+	if a.perGB() <= 0 || b.perGB() <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" = %.2f× iperf3's", a.perGB()/b.perGB())
 }
 
 // selfCPU is this process's CPU time so far (user and system; its children,
@@ -99,40 +140,39 @@ func startCPUMeter(servePID int) *cpuMeter {
 	return m
 }
 
-// stop adds the round to the cell's sums; a server whose CPU could not be
-// read leaves the cell's server sum untouched (and reported as unknown).
-func (m *cpuMeter) stop(c *cell) {
+// stop adds the round, which moved bytes, to the cell's sums; a server
+// whose CPU could not be read leaves the cell's server sum without the
+// round and says why.
+func (m *cpuMeter) stop(c *cell, bytes float64) {
 	wall := time.Since(m.start)
-	c.cpuClient.add(selfCPU()-m.client, wall)
-	if m.servePID <= 0 || m.servErr != nil {
+	c.cpuClient.add(selfCPU()-m.client, wall, bytes)
+	if m.servePID <= 0 {
 		return
 	}
-	if now, err := procCPU(m.servePID); err == nil {
-		c.cpuServer.add(now-m.serv, wall)
+	now, err := procCPU(m.servePID)
+	if m.servErr != nil {
+		err = m.servErr
 	}
+	if err != nil {
+		c.cpuServer.why = err.Error()
+		return
+	}
+	c.cpuServer.add(now-m.serv, wall, bytes)
 }
 
-// iperfCPU sums the cores iperf3 reports busy per round of one variant.
-type iperfCPU struct {
-	client, server float64 // cores, summed over rounds
-	rounds         int
-}
+// iperfCPU sums what iperf3 reports for the rounds of one variant, each
+// side's CPU seconds being its cpu_utilization_percent over the round's
+// length.
+type iperfCPU struct{ client, server cpuUse }
 
 func (u *iperfCPU) add(r iperfResult) {
-	u.client, u.server, u.rounds = u.client+r.clientCores, u.server+r.serverCores, u.rounds+1
-}
-
-// coreCost formats cores busy and the core-seconds per GB they spent at
-// gbps GB/s; "?" when unknown.
-func coreCost(cores, gbps float64) string {
-	if cores <= 0 || gbps <= 0 {
-		return "?"
-	}
-	return fmt.Sprintf("%.2f cores (%.3f s/GB)", cores, cores/gbps)
+	wall := time.Duration(r.seconds * float64(time.Second))
+	u.client.add(time.Duration(r.clientCores*float64(wall)), wall, r.bytes)
+	u.server.add(time.Duration(r.serverCores*float64(wall)), wall, r.bytes)
 }
 
 // printCPU writes, per TCP cell that has a measure, each side's cores and
-// cost per GB, the baseline variant's beside them.
+// cost per GB with its ratio to iperf3's, the baseline variant's beside.
 func printCPU(out io.Writer, cells []cell) {
 	header := false
 	for _, c := range cells {
@@ -143,11 +183,16 @@ func printCPU(out io.Writer, cells []cell) {
 			fmt.Fprintln(out, "cpu: cores busy in the measured rounds and core-seconds per GB moved; client = the receiving side (iperf3 -R), server = the sending side")
 			header = true
 		}
-		line := fmt.Sprintf("cpu %s × %d (%s cell): fetch client %s, server %s",
-			bytesize.Size(c.size), c.conns, c.verifyLabel(), coreCost(c.cpuClient.cores(), c.gbps), coreCost(c.cpuServer.cores(), c.gbps))
-		if best, base := bestBaseline(c.baseRates); best >= 0 && best < len(c.baseCPU) && c.baseCPU[best].rounds > 0 {
-			u, n := c.baseCPU[best], float64(c.baseCPU[best].rounds)
-			line += fmt.Sprintf("; iperf3 (%s) client %s, server %s", c.variants[best], coreCost(u.client/n, base/8), coreCost(u.server/n, base/8))
+		var base iperfCPU
+		variant := ""
+		if best, _ := bestBaseline(c.baseRates); best >= 0 && best < len(c.baseCPU) {
+			base, variant = c.baseCPU[best], c.variants[best].String()
+		}
+		line := fmt.Sprintf("cpu %s × %d (%s cell): fetch client %s%s, server %s%s",
+			bytesize.Size(c.size), c.conns, c.verifyLabel(), c.cpuClient.cost(), versus(c.cpuClient, base.client),
+			c.cpuServer.cost(), versus(c.cpuServer, base.server))
+		if variant != "" {
+			line += fmt.Sprintf("; iperf3 (%s) client %s, server %s", variant, base.client.cost(), base.server.cost())
 		}
 		fmt.Fprintln(out, line)
 	}

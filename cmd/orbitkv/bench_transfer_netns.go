@@ -53,12 +53,9 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 		return fmt.Errorf("serve side: %w", err)
 	}
 	defer srv.stop()
-	// ip netns exec and taskset exec the next program in their own process,
-	// so the serve side's pid is the child's; the serve side prints it too.
+	// taskset and ip netns exec (without -b) exec the next program in their
+	// own process, so the serve side's pid is the child's.
 	servePID := srv.cmd.Process.Pid
-	if pid, ok := servedPID(srv.ready); ok {
-		servePID = pid
-	}
 	fmt.Fprintf(out, "link: veth between network namespaces %s (%s) and %s (%s)\n", h.ns[0], h.addr[0], h.ns[1], h.addr[1])
 	if splitCPUs {
 		fmt.Fprintf(out, "cpus: %s runs on CPUs %s, %s on CPUs %s (--split-cpus)\n", h.ns[0], h.cpus[0], h.ns[1], h.cpus[1])
@@ -154,12 +151,11 @@ func halveCPUs(cpus []int) ([2]string, error) {
 type child struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
-	ready  string // the line of its output that said it was ready
 }
 
 // startReady starts cmd and returns once a line of its output contains
-// ready (kept as the child's ready line), or fails if it exits or 10 s
-// pass first. Its later output is discarded.
+// ready, or fails if it exits or 10 s pass first. Its later output is
+// discarded.
 func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error) {
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -187,7 +183,6 @@ func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error
 	select {
 	case line := <-found:
 		if line != "" {
-			c.ready = line
 			return c, nil
 		}
 		return nil, fmt.Errorf("%s exited before it was ready", cmd.Args)
@@ -211,19 +206,6 @@ func (c *child) stop() {
 	}
 	c.cmd.Process.Kill()
 	<-c.exited
-}
-
-// servedPID reads the pid from the serve side's ready line ("serving … (pid N)").
-func servedPID(line string) (int, bool) {
-	i := strings.LastIndex(line, "(pid ")
-	if i < 0 || !strings.HasSuffix(line, ")") {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(line[i+len("(pid ") : len(line)-1])
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
-	return pid, true
 }
 
 // withoutFlag drops --name (a bool flag) from args.
