@@ -108,6 +108,21 @@ def test_created_by_sglangs_dynamic_factory(peer):
         be.close()
 
 
+def test_registration_logs_the_prefetch_bound_of_sglangs_own_pool(peer, caplog):
+    """The bound the backend logs is half of what SGLang's host pool calls
+    its size, the figure SGLang's controller halves for its prefetches."""
+    hp = real_host_pool("layer_first")
+    be = OrbitKVHiCacheStorage(config(peer.socket), {})
+    try:
+        with caplog.at_level("INFO", logger="orbitkv.sglang"):
+            be.register_mem_pool_host(hp)
+    finally:
+        be.close()
+    assert hp.size > 0
+    want = f"holds {hp.size} tokens; SGLang keeps at most {hp.size // 2} tokens"
+    assert any(want in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_split_heads_and_mla_are_refused():
     with pytest.raises(NotImplementedError, match="tp_lcm_size"):
         OrbitKVHiCacheStorage(config("x", tp_size=2, tp_lcm_size=4, should_split_heads=True), {})
