@@ -162,11 +162,7 @@ HICACHE=(--enable-hierarchical-cache --hicache-mem-layout ${LAYOUT:-layer_first}
 extra_config() { # CONFIG: the JSON SGLang's "dynamic" backend factory hands our backend
 	# "allocator":"shm": SGLang allocates its host pool as a memfd, which the peer maps through
 	# /proc/PID/fd/N (zero copy); ALLOCATOR=default stages every page through a buffer instead.
-	# RECOMPUTE (tokens/s, e.g. 37000: Qwen3-8B's 8K prompt in 220 ms here) declares the engine's prefill
-	# rate, so the peer leaves SSD-only pages to recompute while its disk reads slower than that
-	local rate=""
-	[ -n "${RECOMPUTE:-}" ] && rate=",\"recompute_tokens_per_s\":$RECOMPUTE"
-	echo "{\"backend_name\":\"orbitkv\",\"module_path\":\"orbitkv.sglang\",\"class_name\":\"OrbitKVHiCacheStorage\",\"interface_v1\":1,\"allocator\":\"${ALLOCATOR:-shm}\",\"socket\":\"/tmp/okv-$1/orbitkv.sock\"$rate}"
+	echo "{\"backend_name\":\"orbitkv\",\"module_path\":\"orbitkv.sglang\",\"class_name\":\"OrbitKVHiCacheStorage\",\"interface_v1\":1,\"allocator\":\"${ALLOCATOR:-shm}\",\"socket\":\"/tmp/okv-$1/orbitkv.sock\"}"
 }
 
 config_flags() { # CONFIG: the flags of one config (printed one a line)

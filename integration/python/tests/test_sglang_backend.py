@@ -165,33 +165,6 @@ def test_registration_says_how_much_sglang_prefetches_at_once(peer, caplog):
     assert msgs and "holds 64 tokens" in msgs[0] and "at most 32 tokens" in msgs[0], caplog.text
 
 
-def test_declared_prefill_rate_reaches_the_peer(peer):
-    """extra config recompute_tokens_per_s opens the session with that rate, so the
-    peer's lookups may leave slow SSD pages to recompute (the cut: fabric
-    TestLookupLeavesSlowSSDToRecompute in Go); extra pools' lanes declare it too."""
-    if peer.kind != "fake":
-        pytest.skip("reads the OpenSession requests the fake peer received")
-    with host_pool("layer_first", 16, True) as pool:
-        be = _backend(peer.socket, recompute_tokens_per_s=40000)
-        be.register_mem_pool_host(pool)
-        assert be.batch_exists(_hashes(2, "rate")) == 0
-        rates = [s.req.recompute_tokens_per_s for s in peer.fake.sessions.values()]
-        be.close()
-    assert rates and all(r == 40000 for r in rates), rates
-    with host_pool("layer_first", 16, True) as pool:
-        be = _backend(peer.socket)
-        be.register_mem_pool_host(pool)
-        last = list(peer.fake.sessions.values())[-1].req.recompute_tokens_per_s
-        be.close()
-    assert last == 0  # undeclared: the peer restores whatever it holds
-
-
-@pytest.mark.parametrize("bad", [-1, "fast", 1.5, True, None])
-def test_a_prefill_rate_that_is_not_a_whole_number_stops_the_start(bad):
-    with pytest.raises(ValueError, match="recompute_tokens_per_s"):
-        _backend("/tmp/orbitkv-none.sock", recompute_tokens_per_s=bad)
-
-
 def test_mla_rejected_clearly():
     with pytest.raises(NotImplementedError, match="MLA"):
         OrbitKVHiCacheStorage(HiCacheStorageConfig(is_mla_model=True, extra_config={"socket": "x"}), {})

@@ -63,15 +63,6 @@ def _hash_bytes(k: str) -> bytes:
         return k.encode("utf-8")
 
 
-def _whole_number(extra: dict, name: str) -> int:
-    """An extra-config value that must be a whole number ≥ 0 (0 if absent);
-    anything else stops SGLang's start with the key named."""
-    v = extra.get(name, 0)
-    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit():
-        raise ValueError(f"orbitkv HiCache backend: extra config {name!r} must be a whole number ≥ 0, got {v!r}")
-    return int(v)
-
-
 def _log_prefetch_budget(tokens: int) -> None:
     """Say how much SGLang can restore from OrbitKV at once. SGLang 0.5.17
     skips a prefetch from L3 while the prefetches in flight hold half its
@@ -107,12 +98,6 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             raise ValueError("orbitkv HiCache backend: extra config 'socket' is required")
         self.timeout_s = float(self.extra.get("timeout_s", 5.0))
         self.deadline_ms = int(self.extra.get("op_deadline_ms", 30000))
-        # The engine's prefill rate, declared by the operator (a storage
-        # backend never sees SGLang's compute): with it the peer's lookups
-        # leave pages it holds only on SSD to recompute while its SSD reads
-        # are slower than recomputing them, as it does for vLLM's connector,
-        # which measures the rate itself. 0 restores whatever is found.
-        self.recompute_tokens_per_s = _whole_number(self.extra, "recompute_tokens_per_s")
         self.client: Optional[Client] = None
         self.session: Optional[Session] = None
         self.staging: Optional[Staging] = None
@@ -151,7 +136,7 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             self.layout, block_tokens=g.page_size, num_blocks=desc.num_blocks,
             buffers=desc.buffers, segments=desc.segments,
             engine_id=f"sglang-tp{self.layout.tp_rank}" + ("" if self.pool_name == "kv" else f"-{self.pool_name}"),
-            lazy=True, recompute_tokens_per_s=self.recompute_tokens_per_s,
+            lazy=True,
         )
 
     def _scope(self) -> bytes:
