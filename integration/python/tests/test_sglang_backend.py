@@ -161,8 +161,8 @@ def test_registration_says_how_much_sglang_prefetches_at_once(peer, caplog):
         be = _backend(peer.socket)
         be.register_mem_pool_host(pool)
         be.close()
-    msgs = [r.getMessage() for r in caplog.records if "prefetches from OrbitKV" in r.getMessage()]
-    assert msgs and "holds 64 tokens" in msgs[0] and "at most 32 tokens" in msgs[0], caplog.text
+    msgs = [r.getMessage() for r in caplog.records if "prefetch from OrbitKV" in r.getMessage()]
+    assert msgs and "holds 64 tokens" in msgs[0] and "in flight hold 32 tokens" in msgs[0], caplog.text
 
 
 def test_mla_rejected_clearly():

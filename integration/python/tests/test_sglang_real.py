@@ -108,21 +108,6 @@ def test_created_by_sglangs_dynamic_factory(peer):
         be.close()
 
 
-def test_registration_logs_the_prefetch_bound_of_sglangs_own_pool(peer, caplog):
-    """The bound the backend logs is half of what SGLang's host pool calls
-    its size, the figure SGLang's controller halves for its prefetches."""
-    hp = real_host_pool("layer_first")
-    be = OrbitKVHiCacheStorage(config(peer.socket), {})
-    try:
-        with caplog.at_level("INFO", logger="orbitkv.sglang"):
-            be.register_mem_pool_host(hp)
-    finally:
-        be.close()
-    assert hp.size > 0
-    want = f"holds {hp.size} tokens; SGLang keeps at most {hp.size // 2} tokens"
-    assert any(want in r.getMessage() for r in caplog.records), caplog.text
-
-
 def test_split_heads_and_mla_are_refused():
     with pytest.raises(NotImplementedError, match="tp_lcm_size"):
         OrbitKVHiCacheStorage(config("x", tp_size=2, tp_lcm_size=4, should_split_heads=True), {})
@@ -389,6 +374,17 @@ def test_hicache_controller_backs_up_and_prefetches(peer, controller_factory, v1
     wait_until(lambda: hit.completed_tokens == 8 * PS or not io.is_alive(), UP_WITHIN_S * 3, "prefetch I/O done")
     assert io.is_alive() and hit.completed_tokens == 8 * PS
     assert [page_bytes(hp, p) for p in range(16, 24)] == [page_bytes(hp, p) for p in range(8)]
+
+
+def test_registration_logs_sglangs_own_prefetch_bound(peer, controller_factory, caplog):
+    """The bound the backend logs when SGLang's controller registers its host
+    pool is the controller's own prefetch_capacity_limit."""
+    with caplog.at_level("INFO", logger="orbitkv.sglang"):
+        ctl, hp = controller_factory(peer.socket)
+    limit = ctl.prefetch_capacity_limit
+    assert 0 < limit < hp.size
+    want = f"holds {hp.size} tokens; SGLang starts no prefetch from OrbitKV while those in flight hold {limit} tokens"
+    assert any(want in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_hicache_controller_threads_survive_a_peer_that_is_down(controller_factory, tmpdir_short):

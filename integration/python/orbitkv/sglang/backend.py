@@ -64,17 +64,18 @@ def _hash_bytes(k: str) -> bytes:
 
 
 def _log_prefetch_budget(tokens: int) -> None:
-    """Say how much SGLang can restore from OrbitKV at once. SGLang 0.5.17
-    skips a prefetch from L3 while the prefetches in flight hold half its
-    host pool's tokens (``prefetch_capacity_limit`` in its cache controller),
-    each counting its prompt's whole uncached tail, and revokes one the pool
-    has no room for: a host pool small beside the prompts served at once
-    leaves pages OrbitKV holds recomputed (docs/benchmarks.md, "Pairs, SSD,
-    8K recovery and the `l2` config")."""
+    """Say how much SGLang restores from OrbitKV at once. SGLang 0.5.17 starts
+    no prefetch from L3 while the prefetches in flight hold half its KV host
+    pool's tokens (``prefetch_capacity_limit`` in its cache controller; one
+    started below it is taken whole), each counting its prompt's whole
+    uncached tail, and revokes one the pool has no room for: a host pool
+    small beside the prompts served at once leaves pages OrbitKV holds
+    recomputed (docs/benchmarks.md, "Pairs, SSD, 8K recovery and the `l2`
+    config")."""
     if tokens > 0:
-        log.info("orbitkv: SGLang's host pool holds %d tokens; SGLang keeps at most %d tokens of prefetches "
-                 "from OrbitKV in flight (half of it) and recomputes past that: size --hicache-size for the "
-                 "uncached prompt tokens served at once", tokens, tokens // 2)
+        log.info("orbitkv: SGLang's host pool holds %d tokens; SGLang starts no prefetch from OrbitKV while "
+                 "those in flight hold %d tokens (half of it), and recomputes those prompts: size --hicache-size "
+                 "for the uncached prompt tokens served at once", tokens, tokens // 2)
 
 
 class OrbitKVHiCacheStorage(HiCacheStorage):
@@ -128,7 +129,8 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             self.staging = Staging(g, int(self.extra.get("staging_pages", 256)))
             desc = buffers.describe_planes(self.staging.planes())
             log.info("orbitkv: host pool is not shared-file memory; staging %d pages (one extra copy)", self.staging.slots)
-        _log_prefetch_budget(int(getattr(mem_pool_host, "size", 0) or 0))
+        if self.pool_name == "kv":  # SGLang's limit is the KV pool's (not an extra pool's, e.g. the draft's)
+            _log_prefetch_budget(int(getattr(mem_pool_host, "size", 0) or 0))
         # Lazy: SGLang starts while the peer is down; until the session
         # opens (by itself) exists → 0, get → miss, set → False.
         self.client = Client(self.socket, timeout=self.timeout_s, lazy=True)
