@@ -164,25 +164,25 @@ func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error
 	}
 	c := &child{cmd: cmd, exited: make(chan struct{})}
 	go func() { cmd.Wait(); pw.Close(); close(c.exited) }()
-	found := make(chan string, 1) // the ready line; "" if it never came
+	found := make(chan bool, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		ok := false
 		for sc.Scan() {
 			if !ok && strings.Contains(sc.Text(), ready) {
 				ok = true
-				found <- sc.Text()
+				found <- true
 			}
 		}
 		if !ok {
-			found <- ""
+			found <- false
 		}
 	}()
 	timer := time.NewTimer(10 * time.Second)
 	defer timer.Stop()
 	select {
-	case line := <-found:
-		if line != "" {
+	case ok := <-found:
+		if ok {
 			return c, nil
 		}
 		return nil, fmt.Errorf("%s exited before it was ready", cmd.Args)

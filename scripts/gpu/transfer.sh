@@ -12,11 +12,10 @@
 # (default 64MiB) is --pool-bytes, the pages the serve side holds per size (4 to 4,096 pages): 16MiB
 # is one request's worth, the same pages sent every time, warm in its caches; 1GiB (4,096 pages of
 # 256 KiB, 512 of 2 MiB) sends pages that are cold. The client's destination is one request a
-# connection whatever POOL is (BATCH below). Every cell also
-# prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines). BATCH (default
-# 16MiB) is --batch-bytes, one request's pages, which is also each connection's destination: 1MiB
-# keeps it in the client's cache. GOMAXPROCS, if set, reaches both sides (they inherit it; the
-# header line prints the client's).
+# connection whatever POOL is (BATCH below). BATCH (default 16MiB) is --batch-bytes, one request's
+# pages, which is also each connection's destination: 1MiB keeps it in the client's cache.
+# GOMAXPROCS, if set, reaches both sides (they inherit it; the header line prints the client's).
+# Every cell also prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines).
 set -u
 O=${OUT:-/tmp/orbitkv-gpu-out}
 mkdir -p "$O"
