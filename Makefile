@@ -20,7 +20,7 @@ PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-sglang test-lmcache deps bench crash proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-sglang test-lmcache deps bench bench-sglang crash proto vet fmt clean
 
 all: build
 
@@ -107,6 +107,12 @@ bench: build
 	./scripts/install-lmcache.sh
 	$(BIN) bench tiers --dir $(DATA)/bench
 	$(BIN) bench lookup
+
+# SGLang's HiCache L3 path through OrbitKV on a CPU beside a copy of the same bytes
+# (docs/benchmarks.md, "SGLang's path on a CPU").
+bench-sglang: build
+	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_SGLANG_VENV=$(SGLANG_VENV) ./scripts/install-sglang.sh
+	PYTHONPATH=integration/python ORBITKV_BIN=$(CURDIR)/$(BIN) $(SGLANG_VENV)/bin/python scripts/bench-sglang-path.py
 
 proto:
 	cd proto && PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./...

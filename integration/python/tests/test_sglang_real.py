@@ -387,6 +387,26 @@ def test_registration_logs_sglangs_own_prefetch_bound(peer, controller_factory, 
     assert any(want in r.getMessage() for r in caplog.records), caplog.text
 
 
+def test_the_sglang_path_bench_runs_and_checks_its_bytes():
+    """scripts/bench-sglang-path.py (make bench-sglang) on a few pages: it starts
+    a real peer, registers SGLang's shm host pool zero copy, and compares every
+    page it gets back with the page it set (timings are not judged here)."""
+    import subprocess
+    import sys
+
+    from tests.fixtures import real_peer_bin
+
+    binary = real_peer_bin()
+    if binary is None:
+        pytest.skip("needs ORBITKV_BIN (the real peer)")
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))  # the repository
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "integration", "python"), ORBITKV_BIN=binary)
+    r = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench-sglang-path.py"), "--pages", "4", "--reps", "2"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every get's bytes equal the pages set" in r.stdout and "of the 1-thread copy" in r.stdout, r.stdout
+
+
 def test_hicache_controller_threads_survive_a_peer_that_is_down(controller_factory, tmpdir_short):
     ctl, _ = controller_factory(os.path.join(tmpdir_short, "nobody.sock"))
     tokens = list(range(5, 5 + 4 * PS))
