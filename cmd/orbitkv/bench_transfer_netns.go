@@ -177,6 +177,9 @@ func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error
 		if !ok {
 			found <- false
 		}
+		// A line too long for the scanner ends the scan early: keep reading,
+		// so the child never blocks on a pipe nobody drains.
+		io.Copy(io.Discard, pr)
 	}()
 	timer := time.NewTimer(10 * time.Second)
 	defer timer.Stop()
@@ -185,7 +188,8 @@ func startReady(ctx context.Context, cmd *exec.Cmd, ready string) (*child, error
 		if ok {
 			return c, nil
 		}
-		return nil, fmt.Errorf("%s exited before it was ready", cmd.Args)
+		c.stop() // the scan ended without the ready line; the child may still run
+		return nil, fmt.Errorf("%s exited, or wrote a line too long to read, before it was ready", cmd.Args)
 	case <-timer.C:
 	case <-ctx.Done():
 	}
