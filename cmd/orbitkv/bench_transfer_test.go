@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -269,5 +270,24 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
 			t.Errorf("%s profile: %d bytes, not gzip (pprof)", side, len(b))
 		}
+	}
+}
+
+// A child whose output holds a line too long for startReady's scanner ends
+// the scan without the ready line: startReady must say so and stop the
+// child, not leave it running behind a pipe nobody reads.
+func TestStartReadyStopsAChildWhoseLineIsTooLong(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `head -c 70000 /dev/zero | tr '\0' x; echo; echo serving; exec sleep 30`)
+	c, err := startReady(context.Background(), cmd, "serving")
+	if err == nil {
+		c.stop()
+		t.Fatal("ready, though the ready line came after a line too long to read")
+	}
+	if !strings.Contains(err.Error(), "before it was ready") {
+		t.Fatalf("error %q", err)
+	}
+	if cmd.ProcessState == nil {
+		cmd.Process.Kill()
+		t.Fatal("the child still runs after startReady gave up on it")
 	}
 }
