@@ -127,12 +127,14 @@ def fill(hp, pages: int, seed: int) -> None:
         r.view(-1).view(torch.int16).copy_(block.roll(i * 7919 + seed))
 
 
-def snapshot(hp, first: int, pages: int) -> torch.Tensor:
-    return torch.cat([r.reshape(-1).view(torch.int16) for r in runs(hp, first, pages)])
+def snapshot(hp, first: int, pages: int) -> list[torch.Tensor]:
+    """A copy of the pages' runs (what the comparisons below hold them to)."""
+    return [r.clone() for r in runs(hp, first, pages)]
 
 
-def equal(hp, first: int, pages: int, want: torch.Tensor) -> bool:
-    return torch.equal(snapshot(hp, first, pages), want)
+def equal(hp, first: int, pages: int, want: list[torch.Tensor]) -> bool:
+    """Whether the pages' runs hold want's bytes, compared in place, run by run."""
+    return all(torch.equal(r.view(torch.int16), w.view(torch.int16)) for r, w in zip(runs(hp, first, pages), want, strict=True))
 
 
 def clear(hp, first: int, pages: int) -> None:
@@ -169,7 +171,7 @@ def torch_copy(hp, src: int, dst: int, pages: int) -> None:
         d.copy_(s)
 
 
-def timed_copy(hp, pages: int, want: torch.Tensor, how, threads: int) -> float:
+def timed_copy(hp, pages: int, want: list[torch.Tensor], how, threads: int) -> float:
     clear(hp, pages, pages)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
