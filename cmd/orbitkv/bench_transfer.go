@@ -48,6 +48,9 @@ type transferBench struct {
 	// Baseline, if set, runs one iperf3 round; each TCP READ cell then
 	// interleaves its rounds with the baseline's (bench_transfer_baseline.go).
 	Baseline iperfRunner
+	// PrefetchBytes is the serve side's tcp.Server.PrefetchBytes; negative
+	// leaves the server's own default.
+	PrefetchBytes int
 	// ServePID, if set, is the --serve process on this machine, whose CPU
 	// time each TCP cell reports beside the client's (bench_transfer_cpu.go).
 	ServePID int
@@ -65,11 +68,12 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	ops := fs.String("ops", "read,write", "operations to measure")
 	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
 	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
-	verify := fs.String("verify", "inline", "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads); both: inline,behind")
+	verify := fs.String("verify", "default", "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads), default (the client's own choice: behind with 4 or more cores, else inline); both: inline,behind")
 	profile := fs.String("cpuprofile", "", "write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof (with --netns: both sides')")
 	b := transferBench{}
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
+	fs.IntVar(&b.PrefetchBytes, "serve-prefetch", -1, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
 	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
 	fs.Var(&batch, "batch-bytes", "bytes per request")
@@ -162,10 +166,19 @@ func (b *transferBench) parse(transports, ops, sizes, conns string) error {
 // round is the length of one measured round, the baseline's rounds too.
 // parseVerify sets the TCP verify modes of the matrix.
 func (b *transferBench) parseVerify(modes string) error {
-	b.Verify = splitList(modes)
-	for _, m := range b.Verify {
+	b.Verify = nil
+	for _, m := range splitList(modes) {
+		if m == "default" { // the mode a client here chooses itself
+			m = "inline"
+			if tcp.NewClient(nil).VerifyBehind {
+				m = "behind"
+			}
+		}
 		if m != "inline" && m != "behind" {
-			return fmt.Errorf("bench transfer: unknown verify mode %q (inline, behind)", m)
+			return fmt.Errorf("bench transfer: unknown verify mode %q (inline, behind, default)", m)
+		}
+		if !slices.Contains(b.Verify, m) {
+			b.Verify = append(b.Verify, m)
 		}
 	}
 	if len(b.Verify) == 0 {
@@ -230,6 +243,18 @@ func (b *transferBench) pagesPer(size uint64) int {
 // batchOf is how many pages one request moves.
 func (b *transferBench) batchOf(size uint64) int {
 	return min(b.pagesPer(size), max(1, int(b.BatchBytes/size)))
+}
+
+// experiments says how far ahead the serve side reads, for the header.
+func (b *transferBench) experiments() string {
+	n, whose := b.PrefetchBytes, ""
+	if n < 0 {
+		n, whose = tcp.NewServer(nil, nil).PrefetchBytes, " (its default with GOMAXPROCS as here)"
+	}
+	if n == 0 {
+		return ", serve side writing answers in one go" + whose
+	}
+	return fmt.Sprintf(", serve side reading %s ahead of its writes%s", bytesize.Size(n), whose)
 }
 
 // transferKey names page i of size; both sides derive it.
@@ -301,6 +326,9 @@ func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) e
 		return err
 	}
 	srv := tcp.NewServer(p, nil)
+	if b.PrefetchBytes >= 0 {
+		srv.PrefetchBytes = b.PrefetchBytes
+	}
 	go func() { <-ctx.Done(); srv.Close() }()
 	fmt.Fprintf(out, "serving %d pages on %s\n", len(p.data), lis.Addr())
 	if err := srv.Serve(lis); !errors.Is(err, tcp.ErrServerClosed) {
@@ -323,6 +351,8 @@ type cell struct {
 	baseCPU       []iperfCPU     // cores iperf3 reported per variant
 	cpuClient     cpuUse         // TCP: this process's CPU in the measured rounds
 	cpuServer     cpuUse         // TCP: the --serve process's, if its pid is known
+	cpusFetch     cpuSpan        // TCP: every CPU's times in the measured rounds (bench_transfer_cpus.go)
+	cpusBase      []cpuSpan      // the same in each iperf3 variant's rounds
 }
 
 // verifyLabel is the cell's verify column.
@@ -335,8 +365,9 @@ func (c cell) verifyLabel() string {
 
 func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) error {
 	sums := b.pages(false).sums
-	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size served, GOMAXPROCS %d\n",
-		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes), bytesize.Size(b.PoolBytes), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size served, GOMAXPROCS %d%s\n",
+		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes), bytesize.Size(b.PoolBytes), runtime.GOMAXPROCS(0), b.experiments())
+	printMemCopy(out, min(8, max(4, slices.Max(b.Conns))))
 	if b.Baseline != nil {
 		fmt.Fprintln(out, "iperf3 (-R, same link) per cell, its rounds interleaved with the cell's; baseline = the variant with the best median")
 	}
@@ -423,27 +454,31 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 		c.variants = iperfVariants(c.size, c.conns)
 		c.baseRates = make([][]float64, len(c.variants))
 		c.baseCPU = make([]iperfCPU, len(c.variants))
+		c.cpusBase = make([]cpuSpan, len(c.variants))
 	}
 	dst, unmap := b.destinations(c)
 	defer unmap()
 	var rates []float64
 	for _, s := range planCell(b.Rounds, len(c.variants)) {
 		if s.variant >= 0 {
+			at := spanStart()
 			r, err := b.Baseline(ctx, c.variants[s.variant], b.round())
 			if err != nil {
 				return err
 			}
+			c.cpusBase[s.variant].end(at)
 			c.baseRates[s.variant] = append(c.baseRates[s.variant], r.gbps)
 			c.baseCPU[s.variant].add(r)
 			continue
 		}
-		m := startCPUMeter(b.ServePID)
+		m, at := startCPUMeter(b.ServePID), spanStart()
 		rate, pages, err := b.tcpRound(ctx, cl, addr, c, sums, dst)
 		if err != nil {
 			return err
 		}
 		if s.round > 0 { // round 0 warms up (connections, destination memory)
 			m.stop(c, float64(pages)*float64(c.size))
+			c.cpusFetch.end(at)
 			rates = append(rates, rate)
 			c.pages += pages
 		}

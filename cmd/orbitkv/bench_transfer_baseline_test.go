@@ -205,6 +205,21 @@ func TestTransferMatrixInterleavesBaseline(t *testing.T) {
 	if cpu != len(b.Sizes)*len(b.Conns) {
 		t.Errorf("%d CPU lines, want one per cell:\n%s", cpu, out.String())
 	}
+	// Each cell's busiest CPUs, for the fetch's rounds and the baseline's
+	// (this machine's /proc/stat; the busy CPUs themselves vary run to run).
+	cpus := regexp.MustCompile(`^cpus .* busiest first: fetch .*; steal [0-9.]+%; iperf3 \(-P [12], -l [^)]*\) .*; steal [0-9.]+%$`)
+	n := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "cpus ") {
+			n++
+			if !cpus.MatchString(l) {
+				t.Errorf("per-CPU line without both tools' CPUs and steal: %q", l)
+			}
+		}
+	}
+	if n != len(b.Sizes)*len(b.Conns) {
+		t.Errorf("%d per-CPU lines, want one per cell:\n%s", n, out.String())
+	}
 }
 
 func TestTransferMatrixWholeSecondsBesideIperf3(t *testing.T) {

@@ -181,18 +181,28 @@ func printCPU(out io.Writer, cells []cell) {
 		}
 		if !header {
 			fmt.Fprintln(out, "cpu: cores busy in the measured rounds and core-seconds per GB moved; client = the receiving side (iperf3 -R), server = the sending side")
+			fmt.Fprintln(out, "cpus: the machine's CPUs at least 10% busy in those rounds (/proc/stat: user, system, irq, softirq), with the softirq share, and the time stolen by the hypervisor over all CPUs")
 			header = true
 		}
 		var base iperfCPU
+		var baseCPUs cpuSpan
 		variant := ""
 		if best, _ := bestBaseline(c.baseRates); best >= 0 && best < len(c.baseCPU) {
 			base, variant = c.baseCPU[best], c.variants[best].String()
+			if best < len(c.cpusBase) {
+				baseCPUs = c.cpusBase[best]
+			}
 		}
 		line := fmt.Sprintf("cpu %s × %d (%s cell): fetch client %s%s, server %s%s",
 			bytesize.Size(c.size), c.conns, c.verifyLabel(), c.cpuClient.cost(), versus(c.cpuClient, base.client),
 			c.cpuServer.cost(), versus(c.cpuServer, base.server))
 		if variant != "" {
 			line += fmt.Sprintf("; iperf3 (%s) client %s, server %s", variant, base.client.cost(), base.server.cost())
+		}
+		fmt.Fprintln(out, line)
+		line = fmt.Sprintf("cpus %s × %d (%s cell), busiest first: fetch %s", bytesize.Size(c.size), c.conns, c.verifyLabel(), c.cpusFetch.busiest(10, 8))
+		if variant != "" {
+			line += fmt.Sprintf("; iperf3 (%s) %s", variant, baseCPUs.busiest(10, 8))
 		}
 		fmt.Fprintln(out, line)
 	}

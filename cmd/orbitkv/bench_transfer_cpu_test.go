@@ -88,3 +88,48 @@ func TestCPUUseAndItsCost(t *testing.T) {
 		t.Fatal("a ratio to an unknown cost")
 	}
 }
+
+// /proc/stat's per-CPU lines: busy is user, nice, system, irq and softirq;
+// the total adds idle, iowait and steal; the all-CPU line is skipped.
+func TestParsePerCPU(t *testing.T) {
+	stat := "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 10 1 5 80 2 1 3 4 7 0\ncpu3 0 0 0 100 0 0 0 0 0 0\nintr 1 2 3\n"
+	p, err := parsePerCPU(stat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p) != 2 || p[0] != (cpuTicks{busy: 20, softirq: 3, steal: 4, total: 106}) || p[3] != (cpuTicks{total: 100}) {
+		t.Fatalf("got %+v", p)
+	}
+	for _, bad := range []string{"intr 1\n", "cpuX 1 2 3 4 5 6 7 8\n", "cpu1 1 2 3 4 5 6 7 x\n"} {
+		if _, err := parsePerCPU(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	if _, err := readPerCPU(); err != nil {
+		t.Errorf("this machine's /proc/stat: %v", err)
+	}
+}
+
+// The busiest CPUs come first, those under the floor are left out, and
+// steal is over all CPUs.
+func TestCPUSpanBusiest(t *testing.T) {
+	s := cpuSpan{sum: perCPU{
+		0: {busy: 30, softirq: 10, total: 100},
+		1: {busy: 95, softirq: 50, steal: 5, total: 100},
+		2: {busy: 5, total: 100},
+	}}
+	if got, want := s.busiest(10, 8), "1 95% (si 50%), 0 30% (si 10%); steal 1.7%"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got, want := s.busiest(10, 1), "1 95% (si 50%), +1 more; steal 1.7%"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := (cpuSpan{why: "no /proc"}).busiest(10, 8); got != "? (no /proc)" {
+		t.Errorf("unknown: %q", got)
+	}
+	var live cpuSpan
+	live.end(spanStart())
+	if live.sum == nil || live.why != "" {
+		t.Errorf("a span over this machine: %+v", live)
+	}
+}

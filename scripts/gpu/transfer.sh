@@ -8,12 +8,14 @@
 #     cp -L /lib/x86_64-linux-gnu/$l out/netbin/lib/; done
 # The machine's own iperf3 and ip are used where they exist. PROFILE=1 writes both sides' Go CPU
 # profiles to $OUT/transfer.{serve,client}.pprof (read them here with go tool pprof). VERIFY
-# (default inline,behind) is bench transfer's --verify: where the client checksums each page. POOL
+# (default: the client's own choice) is bench transfer's --verify: where the client checksums each page. POOL
 # (default 64MiB) is --pool-bytes, the pages the serve side holds per size (4 to 4,096 pages): 16MiB
 # is one request's worth, the same pages sent every time, warm in its caches; 1GiB (4,096 pages of
 # 256 KiB, 512 of 2 MiB) sends pages that are cold. The client's destination is one request a
 # connection whatever POOL is (BATCH below). BATCH (default 16MiB) is --batch-bytes, one request's
 # pages, which is also each connection's destination: 1MiB keeps it in the client's cache.
+# PREFETCH (--serve-prefetch, bytes; default: the server's own, 2 MiB with 4 or more cores) is how far
+# the serve side reads each answer's pages ahead of its writes; 0 turns it off.
 # GOMAXPROCS, if set, reaches both sides (they inherit it; the header line prints the client's).
 # Every cell also prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines).
 set -u
@@ -31,6 +33,6 @@ command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s
 { grep -m1 'model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'sse4_2|pclmulqdq|avx2|avx512f|avx512vl|vpclmulqdq' | paste -sd' '; } | sed 's/^/cpu: /' | tee -a "$S"
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
-	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-inline,behind} --pool-bytes ${POOL:-64MiB} --batch-bytes ${BATCH:-16MiB} \
-	${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
+	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-default} --pool-bytes ${POOL:-64MiB} --batch-bytes ${BATCH:-16MiB} \
+	${PREFETCH:+--serve-prefetch $PREFETCH} ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
 say "bench transfer rc=${PIPESTATUS[0]}"

@@ -38,9 +38,11 @@ type Client struct {
 
 	// VerifyBehind, set before the first Fetch, checksums each page on a
 	// goroutine of the Fetch's own, behind the reads, instead of on the
-	// reading goroutine right after each read (receive.go). An experiment
-	// for machines with cores to spare (docs/benchmarks.md, "On 16
-	// cores"); the default reads and sums on one core.
+	// reading goroutine right after each read (receive.go). NewClient sets
+	// it where the process has cores to spare (spareCores): on the GPU
+	// machine's 16 cores two connections moved 62–90% of iperf3 so against
+	// 45–69% inline, where on two cores the summer shares the reader's core
+	// and gains nothing (docs/benchmarks.md, "Reading ahead of the writer").
 	VerifyBehind bool
 
 	received atomic.Uint64
@@ -52,7 +54,7 @@ type Client struct {
 
 // NewClient returns a client; tlsCfg nil dials plain TCP.
 func NewClient(tlsCfg *tls.Config) *Client {
-	return &Client{tls: tlsCfg, idle: map[string][]*conn{}}
+	return &Client{tls: tlsCfg, idle: map[string][]*conn{}, VerifyBehind: spareCores()}
 }
 
 // ReceivedBytes is the page bytes received and verified so far.

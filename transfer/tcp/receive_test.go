@@ -144,3 +144,34 @@ func TestAnAnswerCutInsideAPageFailsIt(t *testing.T) {
 		lis.Close()
 	}
 }
+
+// A prefetched answer's pieces carry the answer's bytes in order, each
+// ending with at most pieceBytes of one page's bytes, which it names.
+func TestPiecesCutPagesAndKeepTheOrder(t *testing.T) {
+	big := bytes.Repeat([]byte{7}, 2*pieceBytes+5)
+	small := []byte{1, 2, 3}
+	bufs := net.Buffers{{0xa}, {0xb, 0xc}, big, {0xd}, {0xe}, small, {0xf}}
+	ps := pieces(bufs, map[int]bool{2: true, 5: true})
+	var want, got []byte
+	for _, b := range bufs {
+		want = append(want, b...)
+	}
+	var datas []int
+	for _, p := range ps {
+		for _, b := range p.bufs {
+			got = append(got, b...)
+		}
+		if p.data != nil {
+			if last := p.bufs[len(p.bufs)-1]; len(p.data) > pieceBytes || &last[0] != &p.data[0] {
+				t.Fatalf("a piece of %d page bytes that does not end with them", len(p.data))
+			}
+			datas = append(datas, len(p.data))
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the pieces' bytes differ from the answer's")
+	}
+	if fmt.Sprint(datas) != fmt.Sprint([]int{pieceBytes, pieceBytes, 5, 3}) || ps[len(ps)-1].data != nil {
+		t.Fatalf("page bytes per piece %v, last piece data %v", datas, ps[len(ps)-1].data)
+	}
+}

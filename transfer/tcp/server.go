@@ -47,6 +47,11 @@ type Server struct {
 	// OnError, if set, is told about connections that ended with an error
 	// other than the client going away.
 	OnError func(remote string, err error)
+	// PrefetchBytes, set before Serve, has a goroutine of each request's
+	// read its pages' bytes that far ahead of the writer (prefetch.go); 0
+	// writes each answer in one go. NewServer sets DefaultPrefetchBytes
+	// where the process has cores to spare, else 0.
+	PrefetchBytes int
 
 	requests, pages, missing, bytes atomic.Uint64
 
@@ -59,7 +64,11 @@ type Server struct {
 
 // NewServer returns a server of src; tlsCfg nil serves plain TCP.
 func NewServer(src Source, tlsCfg *tls.Config) *Server {
-	return &Server{src: src, tls: tlsCfg, conns: map[net.Conn]struct{}{}}
+	s := &Server{src: src, tls: tlsCfg, conns: map[net.Conn]struct{}{}}
+	if spareCores() {
+		s.PrefetchBytes = DefaultPrefetchBytes
+	}
+	return s
 }
 
 // ErrServerClosed is returned by Serve after Close.
@@ -211,8 +220,12 @@ func (s *Server) serveRequest(c net.Conn) error {
 	if len(pages) != len(wants) {
 		return fmt.Errorf("source answered %d pages for %d", len(pages), len(wants))
 	}
-	bufs := s.answer(wants, pages)
-	_, err = bufs.WriteTo(c)
+	bufs, data := s.answer(wants, pages)
+	if s.PrefetchBytes > 0 {
+		err = writePrefetched(c, bufs, data, s.PrefetchBytes)
+	} else {
+		_, err = bufs.WriteTo(c)
+	}
 	if err != nil {
 		return fmt.Errorf("write answer: %w", err)
 	}
@@ -220,10 +233,12 @@ func (s *Server) serveRequest(c net.Conn) error {
 }
 
 // answer lays out the response: a status byte and header per page, then its
-// bytes straight from the Source's memory (writev on plain TCP).
-func (s *Server) answer(wants []Want, pages []Page) net.Buffers {
+// bytes straight from the Source's memory (writev on plain TCP); data
+// holds the index in bufs of each page's bytes.
+func (s *Server) answer(wants []Want, pages []Page) (net.Buffers, []int) {
 	heads := make([]byte, len(pages)*(1+page.WireSize))
 	bufs := make(net.Buffers, 0, 2*len(pages))
+	var data []int
 	off := 0
 	for i, p := range pages {
 		w := wants[i]
@@ -237,9 +252,10 @@ func (s *Server) answer(wants []Want, pages []Page) net.Buffers {
 		heads[off] = statusOK
 		p.Header.EncodeWire(heads[off+1:])
 		bufs = append(bufs, heads[off:off+1+page.WireSize], p.Data)
+		data = append(data, len(bufs)-1)
 		off += 1 + page.WireSize
 		s.pages.Add(1)
 		s.bytes.Add(w.Size)
 	}
-	return bufs
+	return bufs, data
 }

@@ -84,13 +84,16 @@ func (m *memSource) Open(ctx context.Context, wants []Want) ([]Page, func()) {
 	return out, func() { m.releases.Add(1) }
 }
 
-func serve(t testing.TB, src Source, cfg *tls.Config) (*Server, string) {
+func serve(t testing.TB, src Source, cfg *tls.Config, opts ...func(*Server)) (*Server, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := NewServer(src, cfg)
+	for _, o := range opts {
+		o(s)
+	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(lis) }()
 	t.Cleanup(func() {
@@ -116,17 +119,32 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// The same answers whether the server writes an answer in one go, page by
+// piece by piece with a goroutine reading ahead (PrefetchBytes: one byte,
+// less than a piece, or the default).
 func TestFetchPagesInOrderWithMissing(t *testing.T) {
+	modes := map[string]func(*Server){
+		"in one go":  func(s *Server) { s.PrefetchBytes = 0 },
+		"prefetch 1": func(s *Server) { s.PrefetchBytes = 1 },
+		"prefetch 2": func(s *Server) { s.PrefetchBytes = DefaultPrefetchBytes },
+	}
+	for name, mode := range modes {
+		t.Run(name, func(t *testing.T) { testFetchPagesInOrderWithMissing(t, mode) })
+	}
+}
+
+func testFetchPagesInOrderWithMissing(t *testing.T, mode func(*Server)) {
 	src := newMemSource()
 	var wants []Want
 	for i := range 6 {
 		wants = append(wants, src.add(uint64(i), 1000+i*4099))
 	}
+	wants = append(wants, src.add(6, 2*pieceBytes+4099)) // written in three pieces when prefetching
 	missing := Want{Key: pagekey.Key{9}, Layout: layout, Size: 10}
 	otherLayout := wants[1]
 	otherLayout.Layout = pagekey.Fingerprint{7}
-	ask := append([]Want{wants[0], missing, otherLayout}, wants[2:]...)
-	srv, addr := serve(t, src, nil)
+	ask := append(append([]Want{wants[0], missing, otherLayout}, wants[2:]...), missing)
+	srv, addr := serve(t, src, nil, mode)
 	c := NewClient(nil)
 	defer c.Close()
 	for round := range 2 { // the second round reuses the connection
@@ -134,7 +152,7 @@ func TestFetchPagesInOrderWithMissing(t *testing.T) {
 		errs := errsOf(c.Fetch(ctxFor(t, 5*time.Second), addr, ask, dst))
 		for i, w := range ask {
 			switch {
-			case i == 1 || i == 2:
+			case i == 1 || i == 2 || i == len(ask)-1:
 				if !errors.Is(errs[i], ErrNotFound) {
 					t.Errorf("round %d page %d: %v, want not found", round, i, errs[i])
 				}
@@ -146,7 +164,7 @@ func TestFetchPagesInOrderWithMissing(t *testing.T) {
 		}
 	}
 	st := srv.Stats()
-	if st.Requests != 2 || st.Pages != 10 || st.Missing != 4 {
+	if st.Requests != 2 || st.Pages != 12 || st.Missing != 6 {
 		t.Errorf("server stats %+v", st)
 	}
 	// The server releases a request's pages after its last write, which
