@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -63,21 +64,24 @@ func TestReadPageShortStream(t *testing.T) {
 // first, a middle or its last piece (the header keeping the true
 // checksum) fails alone as corrupt; its neighbours in the answer arrive.
 // Both ways of checking: on the reading goroutine, and behind it
-// (Client.VerifyBehind).
+// (Client.VerifyBehind); and both ways of sending: in one go, and piece by
+// piece read ahead (Server.PrefetchBytes).
 func TestChangedPieceIsCaught(t *testing.T) {
 	size := 3*recvChunk + 100
 	for _, behind := range []bool{false, true} {
-		for name, at := range map[string]int{"first byte": 0, "middle piece": recvChunk + recvChunk/2, "last byte": size - 1} {
-			t.Run(fmt.Sprintf("%s, behind %v", name, behind), func(t *testing.T) { changedPieceIsCaught(t, size, at, behind) })
+		for _, prefetch := range []int{0, DefaultPrefetchBytes} {
+			for name, at := range map[string]int{"first byte": 0, "middle piece": recvChunk + recvChunk/2, "last byte": size - 1} {
+				t.Run(fmt.Sprintf("%s, behind %v, prefetch %d", name, behind, prefetch), func(t *testing.T) { changedPieceIsCaught(t, size, at, behind, prefetch) })
+			}
 		}
 	}
 }
 
-func changedPieceIsCaught(t *testing.T, size, at int, behind bool) {
+func changedPieceIsCaught(t *testing.T, size, at int, behind bool, prefetch int) {
 	src := newMemSource()
 	a, bad, c3 := src.add(1, size), src.add(2, size), src.add(3, 5000)
 	src.flip[bad.Key] = at
-	_, addr := serve(t, src, nil)
+	_, addr := serve(t, src, nil, func(s *Server) { s.PrefetchBytes = prefetch })
 	c := NewClient(nil)
 	c.VerifyBehind = behind
 	defer c.Close()
@@ -173,5 +177,23 @@ func TestPiecesCutPagesAndKeepTheOrder(t *testing.T) {
 	}
 	if fmt.Sprint(datas) != fmt.Sprint([]int{pieceBytes, pieceBytes, 5, 3}) || ps[len(ps)-1].data != nil {
 		t.Fatalf("page bytes per piece %v, last piece data %v", datas, ps[len(ps)-1].data)
+	}
+}
+
+// The defaults spend a core per connection only where there are cores to
+// spare: GOMAXPROCS 4 and more reads ahead and checksums behind, less does
+// neither.
+func TestDefaultsFollowTheCores(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct {
+		procs    int
+		prefetch int
+		behind   bool
+	}{{1, 0, false}, {3, 0, false}, {4, DefaultPrefetchBytes, true}, {16, DefaultPrefetchBytes, true}} {
+		runtime.GOMAXPROCS(tc.procs)
+		s, c := NewServer(nil, nil), NewClient(nil)
+		if s.PrefetchBytes != tc.prefetch || c.VerifyBehind != tc.behind {
+			t.Errorf("GOMAXPROCS %d: prefetch %d, behind %v; want %d, %v", tc.procs, s.PrefetchBytes, c.VerifyBehind, tc.prefetch, tc.behind)
+		}
 	}
 }
