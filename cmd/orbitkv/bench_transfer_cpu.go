@@ -181,7 +181,7 @@ func printCPU(out io.Writer, cells []cell) {
 		}
 		if !header {
 			fmt.Fprintln(out, "cpu: cores busy in the measured rounds and core-seconds per GB moved; client = the receiving side (iperf3 -R), server = the sending side")
-			fmt.Fprintln(out, "cpus: the machine's CPUs at least 10% busy in those rounds (/proc/stat: user, system, irq, softirq), with the softirq share, and the time stolen by the hypervisor over all CPUs")
+			fmt.Fprintln(out, "cpus: the machine's CPUs at least 10% busy in those rounds (/proc/stat: user, nice, system, irq, softirq), with the softirq share, and the time stolen by the hypervisor over all CPUs; iperf3's span also holds its processes' start and exit")
 			header = true
 		}
 		var base iperfCPU

@@ -2,7 +2,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -131,5 +134,37 @@ func TestCPUSpanBusiest(t *testing.T) {
 	live.end(spanStart())
 	if live.sum == nil || live.why != "" {
 		t.Errorf("a span over this machine: %+v", live)
+	}
+}
+
+// --verify default is the mode the client picks itself (behind from 4
+// cores on, else inline), named as such in the table; the header names the
+// serve side's read-ahead as its default picks it.
+func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct {
+		procs       int
+		modes, want string
+		header      string
+	}{
+		{2, "default", "[inline]", "serve side writing answers in one go (its default"},
+		{2, "default,inline,behind", "[inline behind]", "serve side writing answers in one go (its default"},
+		{8, "default", "[behind]", "serve side reading 2MiB ahead of its writes (its default"},
+	} {
+		runtime.GOMAXPROCS(tc.procs)
+		b := transferBench{PrefetchBytes: -1}
+		if err := b.parseVerify(tc.modes); err != nil || fmt.Sprint(b.Verify) != tc.want {
+			t.Errorf("GOMAXPROCS %d, --verify %s: %v, %v; want %s", tc.procs, tc.modes, b.Verify, err, tc.want)
+		}
+		if h := b.experiments(); !strings.Contains(h, tc.header) {
+			t.Errorf("GOMAXPROCS %d: header %q, want %q", tc.procs, h, tc.header)
+		}
+	}
+	b := transferBench{PrefetchBytes: 0}
+	if h := b.experiments(); h != ", serve side writing answers in one go" {
+		t.Errorf("--serve-prefetch 0: header %q", h)
+	}
+	if err := b.parseVerify("sideways"); err == nil {
+		t.Error("--verify sideways: no error")
 	}
 }

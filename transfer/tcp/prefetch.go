@@ -12,9 +12,9 @@ import (
 // large buffers moved about 6 GB/s on the GPU machine's cores). A goroutine
 // of the request's own reads the answer's bytes a little ahead of the
 // writer, so that the copy finds them nearer. On the GPU machine's 16
-// cores this lifted one connection from 71–76% of iperf3 to 82–95%, and
+// cores this lifted one connection from 69–76% of iperf3 to 82–95%, and
 // two from 45–63% to 62–90%; on two cores, where the reads take the
-// writer's own core, it lost (84% against 91%): docs/benchmarks.md,
+// writer's own core, it lost (84% against 91% in one run): docs/benchmarks.md,
 // "Reading ahead of the writer". So it is on by default only where the
 // process has cores to spare (spareCores).
 
@@ -45,40 +45,49 @@ func touch(b []byte) {
 	prefetchSink.Store(uint32(s))
 }
 
-// piece is one write of a prefetched answer: statuses and headers, then at
-// most pieceBytes of one page's bytes (data, nil for the trailing statuses
-// of missing pages).
+// piece is one write of a prefetched answer: statuses, headers and page
+// bytes, pieceBytes of page bytes in all (the last piece may hold fewer),
+// and the page bytes in it (data), which the prefetcher reads.
 type piece struct {
 	bufs net.Buffers
-	data []byte
+	data [][]byte
 }
 
 // pieces cuts an answer (answer's bufs; bufs[i] for i in isData is page
-// bytes) into writes that each end with at most pieceBytes of a page.
+// bytes) into writes of pieceBytes of page bytes each: small pages share a
+// piece, large ones are cut, so that a piece's count is a distance in
+// bytes.
 func pieces(bufs net.Buffers, isData map[int]bool) []piece {
 	var out []piece
-	var pending net.Buffers
+	var cur piece
+	n := 0
 	for i, b := range bufs {
 		if !isData[i] {
-			pending = append(pending, b)
+			cur.bufs = append(cur.bufs, b)
 			continue
 		}
-		for off := 0; off < len(b); off += pieceBytes {
-			d := b[off:min(off+pieceBytes, len(b))]
-			out = append(out, piece{bufs: append(pending, d), data: d})
-			pending = nil
+		for len(b) > 0 {
+			take := min(len(b), pieceBytes-n)
+			cur.bufs = append(cur.bufs, b[:take])
+			cur.data = append(cur.data, b[:take])
+			b, n = b[take:], n+take
+			if n == pieceBytes {
+				out = append(out, cur)
+				cur, n = piece{}, 0
+			}
 		}
 	}
-	if len(pending) > 0 {
-		out = append(out, piece{bufs: pending})
+	if len(cur.bufs) > 0 {
+		out = append(out, cur)
 	}
 	return out
 }
 
 // writePrefetched writes bufs to c piece by piece (pieces), a goroutine
 // reading each piece's page bytes while the writer is at most ahead bytes
-// behind it. It returns the first write error; the prefetcher has ended by
-// then.
+// (rounded down to whole pieces, at least one) behind it. It returns the
+// first write error; the prefetcher has ended by then, so it never reads a
+// page after the caller releases it.
 func writePrefetched(c net.Conn, bufs net.Buffers, data []int, ahead int) error {
 	isData := make(map[int]bool, len(data))
 	for _, i := range data {
@@ -86,12 +95,14 @@ func writePrefetched(c net.Conn, bufs net.Buffers, data []int, ahead int) error 
 	}
 	ps := pieces(bufs, isData)
 	depth := max(1, ahead/pieceBytes)
-	next := make(chan []byte, depth)
+	next := make(chan [][]byte, depth)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for d := range next {
-			touch(d)
+			for _, b := range d {
+				touch(b)
+			}
 		}
 	}()
 	defer func() { close(next); <-done }()

@@ -150,33 +150,76 @@ func TestAnAnswerCutInsideAPageFailsIt(t *testing.T) {
 }
 
 // A prefetched answer's pieces carry the answer's bytes in order, each
-// ending with at most pieceBytes of one page's bytes, which it names.
+// piece pieceBytes of page bytes but the last, small pages sharing a piece
+// and large ones cut; each piece names the page bytes it holds.
 func TestPiecesCutPagesAndKeepTheOrder(t *testing.T) {
 	big := bytes.Repeat([]byte{7}, 2*pieceBytes+5)
 	small := []byte{1, 2, 3}
 	bufs := net.Buffers{{0xa}, {0xb, 0xc}, big, {0xd}, {0xe}, small, {0xf}}
-	ps := pieces(bufs, map[int]bool{2: true, 5: true})
+	isData := map[int]bool{2: true, 5: true}
+	for k := range 100 { // 100 pages of 10 KiB: four pieces
+		bufs = append(bufs, []byte{0x10}, bytes.Repeat([]byte{byte(k)}, 10<<10))
+		isData[len(bufs)-1] = true
+	}
+	ps := pieces(bufs, isData)
 	var want, got []byte
 	for _, b := range bufs {
 		want = append(want, b...)
 	}
-	var datas []int
+	var perPiece []int
 	for _, p := range ps {
+		n, d := 0, 0
 		for _, b := range p.bufs {
 			got = append(got, b...)
-		}
-		if p.data != nil {
-			if last := p.bufs[len(p.bufs)-1]; len(p.data) > pieceBytes || &last[0] != &p.data[0] {
-				t.Fatalf("a piece of %d page bytes that does not end with them", len(p.data))
+			if d < len(p.data) && len(b) > 0 && &b[0] == &p.data[d][0] && len(b) == len(p.data[d]) {
+				n += len(b)
+				d++
 			}
-			datas = append(datas, len(p.data))
 		}
+		if d != len(p.data) {
+			t.Fatalf("a piece names page bytes it does not write")
+		}
+		perPiece = append(perPiece, n)
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("the pieces' bytes differ from the answer's")
 	}
-	if fmt.Sprint(datas) != fmt.Sprint([]int{pieceBytes, pieceBytes, 5, 3}) || ps[len(ps)-1].data != nil {
-		t.Fatalf("page bytes per piece %v, last piece data %v", datas, ps[len(ps)-1].data)
+	total := 2*pieceBytes + 5 + 3 + 100*10<<10
+	wantPer := []int{pieceBytes, pieceBytes, pieceBytes, pieceBytes, pieceBytes, total - 5*pieceBytes}
+	if fmt.Sprint(perPiece) != fmt.Sprint(wantPer) {
+		t.Fatalf("page bytes per piece %v, want %v", perPiece, wantPer)
+	}
+}
+
+// A client that goes away mid-answer ends the read-ahead write: the
+// request's pages are released and the server serves the next client.
+func TestPrefetchedAnswerEndsWhenTheClientLeaves(t *testing.T) {
+	src := newMemSource()
+	w := src.add(1, 32<<20) // far more than the socket buffers take
+	_, addr := serve(t, src, nil, func(s *Server) { s.PrefetchBytes = DefaultPrefetchBytes })
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Write(appendRequest(nil, 10*time.Second, []Want{w})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(raw, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for src.releases.Load() != 1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if o, r := src.opens.Load(), src.releases.Load(); o != 1 || r != 1 {
+		t.Fatalf("opens %d releases %d after the client left, want 1 and 1", o, r)
+	}
+	c := NewClient(nil)
+	defer c.Close()
+	dst := buffers([]Want{w})
+	if errs := errsOf(c.Fetch(ctxFor(t, 10*time.Second), addr, []Want{w}, dst)); errs[0] != nil {
+		t.Fatalf("the next client: %v", errs[0])
 	}
 }
 

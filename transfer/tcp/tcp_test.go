@@ -119,7 +119,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// The same answers whether the server writes an answer in one go, page by
+// The same answers whether the server writes an answer in one go or
 // piece by piece with a goroutine reading ahead (PrefetchBytes: one byte,
 // less than a piece, or the default).
 func TestFetchPagesInOrderWithMissing(t *testing.T) {
