@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,6 +150,13 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	c.dataSrv.OnError = func(remote string, err error) {
 		c.log.Warn().Err(err).Str("remote", remote).Msg("data plane connection ended")
 	}
+	// Both follow the cores (transfer/tcp: on from GOMAXPROCS 4); say which.
+	mode := "answers written in one go, fetched pages checksummed as read (under 4 cores)"
+	if c.dataSrv.PrefetchBytes > 0 {
+		mode = "answers read ahead of their writes, fetched pages checksummed behind the reads"
+	}
+	c.log.Info().Int("read_ahead_bytes", c.dataSrv.PrefetchBytes).Bool("verify_behind", c.data.VerifyBehind).
+		Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("tcp data plane: " + mode)
 	c.rd.open(ibv.Open) // logs the data plane: RDMA, or why TCP
 	if p, ok := src.(Placer); ok {
 		if err := c.rd.registerDRAM(p); err != nil { // members' reads of this peer then go over TCP
