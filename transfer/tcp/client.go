@@ -40,9 +40,10 @@ type Client struct {
 	// goroutine of the Fetch's own, behind the reads, instead of on the
 	// reading goroutine right after each read (receive.go). NewClient sets
 	// it where the process has cores to spare (spareCores): on the GPU
-	// machine's 16 cores two connections moved 62–90% of iperf3 checking behind against
-	// 45–69% inline, where on two cores the summer shares the reader's core
-	// and gains nothing (docs/benchmarks.md, "Reading ahead of the writer").
+	// machine's 16 cores two connections moved 62–90% of iperf3 checking
+	// behind, against 45–69% inline; on two cores the summer shares the
+	// reader's core and gains nothing (docs/benchmarks.md, "Reading ahead
+	// of the writer").
 	VerifyBehind bool
 
 	received atomic.Uint64
