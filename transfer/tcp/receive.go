@@ -16,9 +16,10 @@ import (
 // on two cores in every cell measured back to back, 6–10% with two
 // connections: its bytes came from the other core's cache and each piece
 // cost a handoff. docs/benchmarks.md, 2026-12-01 evening.) Where cores are
-// free that may not hold: Client.VerifyBehind sums on a goroutine of the
-// Fetch's own (summer, below), for `bench transfer --verify behind` to
-// measure beside the default.
+// free it does not hold: Client.VerifyBehind, which NewClient sets from 4
+// cores on, sums on a goroutine of the Fetch's own (summer, below), and on
+// the GPU machine's 16 cores two connections moved more that way
+// (docs/benchmarks.md, "Reading ahead of the writer").
 
 // readHead reads a page's status and, if it is sent, its header, which
 // must name w; ok false means the server does not hold it.
