@@ -51,14 +51,14 @@ func memCopyRate(threads int, d time.Duration) float64 {
 	return gbps(uint64(total), time.Since(start))
 }
 
-// printMemCopy writes this side's copy rates for 1, 2, … up to conns
-// threads (doubling, and conns itself), at most GOMAXPROCS.
-func printMemCopy(out io.Writer, conns int) {
+// printMemCopy writes this side's copy rates for 1, 2, 4, … threads up to
+// threads itself, at most GOMAXPROCS.
+func printMemCopy(out io.Writer, threads int) {
+	limit := max(1, min(threads, runtime.GOMAXPROCS(0)))
 	var parts []string
-	for t := 1; ; t *= 2 {
-		t = min(t, conns, runtime.GOMAXPROCS(0))
+	for t := 1; ; t = min(2*t, limit) {
 		parts = append(parts, fmt.Sprintf("%d thread(s) %.1f GB/s", t, memCopyRate(t, 300*time.Millisecond)))
-		if t >= min(conns, runtime.GOMAXPROCS(0)) {
+		if t == limit {
 			break
 		}
 	}

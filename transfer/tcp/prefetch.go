@@ -53,19 +53,20 @@ type piece struct {
 	data [][]byte
 }
 
-// pieces cuts an answer (answer's bufs; bufs[i] for i in isData is page
-// bytes) into writes of pieceBytes of page bytes each: small pages share a
-// piece, large ones are cut, so that a piece's count is a distance in
-// bytes.
-func pieces(bufs net.Buffers, isData map[int]bool) []piece {
+// pieces cuts an answer (answer's bufs; bufs[i] for i in data, which
+// ascends, is page bytes) into writes of pieceBytes of page bytes each:
+// small pages share a piece, large ones are cut, so that a piece's count is
+// a distance in bytes.
+func pieces(bufs net.Buffers, data []int) []piece {
 	var out []piece
 	var cur piece
 	n := 0
 	for i, b := range bufs {
-		if !isData[i] {
+		if len(data) == 0 || data[0] != i {
 			cur.bufs = append(cur.bufs, b)
 			continue
 		}
+		data = data[1:]
 		for len(b) > 0 {
 			take := min(len(b), pieceBytes-n)
 			cur.bufs = append(cur.bufs, b[:take])
@@ -89,11 +90,7 @@ func pieces(bufs net.Buffers, isData map[int]bool) []piece {
 // first write error; the prefetcher has ended by then, so it never reads a
 // page after the caller releases it.
 func writePrefetched(c net.Conn, bufs net.Buffers, data []int, ahead int) error {
-	isData := make(map[int]bool, len(data))
-	for _, i := range data {
-		isData[i] = true
-	}
-	ps := pieces(bufs, isData)
+	ps := pieces(bufs, data)
 	depth := max(1, ahead/pieceBytes)
 	next := make(chan [][]byte, depth)
 	done := make(chan struct{})

@@ -156,12 +156,12 @@ func TestPiecesCutPagesAndKeepTheOrder(t *testing.T) {
 	big := bytes.Repeat([]byte{7}, 2*pieceBytes+5)
 	small := []byte{1, 2, 3}
 	bufs := net.Buffers{{0xa}, {0xb, 0xc}, big, {0xd}, {0xe}, small, {0xf}}
-	isData := map[int]bool{2: true, 5: true}
+	data := []int{2, 5}
 	for k := range 100 { // 100 pages of 10 KiB: four pieces
 		bufs = append(bufs, []byte{0x10}, bytes.Repeat([]byte{byte(k)}, 10<<10))
-		isData[len(bufs)-1] = true
+		data = append(data, len(bufs)-1)
 	}
-	ps := pieces(bufs, isData)
+	ps := pieces(bufs, data)
 	var want, got []byte
 	for _, b := range bufs {
 		want = append(want, b...)
