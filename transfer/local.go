@@ -3,7 +3,8 @@ package transfer
 import (
 	"context"
 	"fmt"
-	"hash/crc32"
+
+	"github.com/orbitkv/orbitkv/internal/crc32c"
 )
 
 // chunk is the unit of Local's copies: small enough that a checksum over the
@@ -12,8 +13,6 @@ const chunk = 256 << 10
 
 // ntMin is the smallest copy that uses non-temporal stores (copyLarge).
 const ntMin = 64 << 10
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Local copies between host regions with memmove. It checks the context
 // between chunks, so a deadline stops a large batch promptly.
@@ -56,7 +55,7 @@ func (Local) copy(ctx context.Context, batch []Desc, sum bool) (crc uint32, err 
 			n := min(len(src), chunk)
 			copyLarge(dst[:n], src[:n])
 			if sum { // the source: just read, so in cache; streaming stores bypass it for dst
-				crc = crc32.Update(crc, castagnoli, src[:n])
+				crc = crc32c.Update(crc, src[:n])
 			}
 			src, dst = src[n:], dst[n:]
 		}

@@ -240,3 +240,7 @@ func FuzzValidate(f *testing.F) {
 		}
 	})
 }
+
+// castagnoli is hash/crc32's table, the reference the tests check the
+// peer's checksums (internal/crc32c) against.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/crc32c"
 	"github.com/orbitkv/orbitkv/internal/pki"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	ibv "github.com/orbitkv/orbitkv/rdma"
@@ -156,7 +157,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 		mode = "answers read ahead of their writes, fetched pages checksummed behind the reads"
 	}
 	c.log.Info().Int("read_ahead_bytes", c.dataSrv.PrefetchBytes).Bool("verify_behind", c.data.VerifyBehind).
-		Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("tcp data plane: " + mode)
+		Int("gomaxprocs", runtime.GOMAXPROCS(0)).Str("crc32c", crc32c.Kernel()).Msg("tcp data plane: " + mode)
 	c.rd.open(ibv.Open) // logs the data plane: RDMA, or why TCP
 	if p, ok := src.(Placer); ok {
 		if err := c.rd.registerDRAM(p); err != nil { // members' reads of this peer then go over TCP

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"sync"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/crc32c"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/transfer"
 )
@@ -293,7 +293,7 @@ func (s *Store) copySums(ctx context.Context, sess *Engine, groups [][]transfer.
 	err := sess.GPU.CopyGroups(ctx, groups, func(g int) { // on this goroutine
 		parallel(len(members[g]), func(j int) {
 			it := members[g][j]
-			it.entry.Checksum = crc32.Checksum(s.pool.Bytes(it.slot)[:sess.PageBytes], castagnoli)
+			it.entry.Checksum = crc32c.Checksum(s.pool.Bytes(it.slot)[:sess.PageBytes])
 		})
 		for _, it := range members[g] {
 			copied[it.i] = true

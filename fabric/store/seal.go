@@ -2,10 +2,10 @@ package store
 
 import (
 	"context"
-	"hash/crc32"
 	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/crc32c"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 )
@@ -28,8 +28,6 @@ const sealBatch = 64
 // gap between copies, so it does not take a core from the copies engines
 // wait on.
 const sealBacklog = 4096
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // markUnsealedLocked records pages whose checksum is pending.
 func (s *Store) markUnsealedLocked(keys []pagekey.Key) {
@@ -131,7 +129,7 @@ func (s *Store) sealSome(ctx context.Context) int {
 				break
 			}
 			n := min(sealPiece, len(p.buf)-p.done)
-			p.crc = crc32.Update(p.crc, castagnoli, p.buf[p.done:p.done+n])
+			p.crc = crc32c.Update(p.crc, p.buf[p.done:p.done+n])
 			p.done += n
 		}
 		if paused != nil {
@@ -234,7 +232,7 @@ func (s *Store) sealEntries(entries []catalog.Entry, each func(n int, fn func(i 
 	}
 	each(len(todo), func(j int) {
 		e := &entries[todo[j]]
-		e.Checksum = crc32.Checksum(s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size], castagnoli)
+		e.Checksum = crc32c.Checksum(s.pool.Bytes(dram.Slot(e.DRAMSlot))[:e.Size])
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -130,3 +130,7 @@ func TestSealerPausesInAPageForACopy(t *testing.T) {
 		t.Fatalf("checksum %08x, want %08x; %d pages unsealed", ent.Checksum, want, len(ps.mu.unsealed))
 	}
 }
+
+// castagnoli is hash/crc32's table, the reference the tests check the
+// peer's checksums (internal/crc32c) against.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
