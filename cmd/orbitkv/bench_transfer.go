@@ -39,7 +39,7 @@ type transferBench struct {
 	Ops        []string
 	Sizes      []uint64
 	Conns      []int
-	Verify     []string // TCP only: where the client checksums pages ("inline", "behind": tcp.Client.VerifyBehind)
+	Verify     []string // TCP only: where the client checksums pages (tcp.Verify's names: "inline", "behind", "auto")
 	Seconds    float64
 	Rounds     int
 	BatchBytes uint64 // bytes per request (pages = BatchBytes / size, at least 1)
@@ -68,7 +68,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	ops := fs.String("ops", "read,write", "operations to measure")
 	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
 	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
-	verify := fs.String("verify", "default", "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads), default (the client's own choice: behind with 4 or more cores, else inline); both: inline,behind")
+	verify := fs.String("verify", "default", "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads), auto (behind while another fetch is under way, else inline), default (the client's own choice: auto with 4 or more cores, else inline); several: inline,behind,auto")
 	profile := fs.String("cpuprofile", "", "write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof (with --netns: both sides')")
 	b := transferBench{}
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
@@ -169,13 +169,10 @@ func (b *transferBench) parseVerify(modes string) error {
 	b.Verify = nil
 	for _, m := range splitList(modes) {
 		if m == "default" { // the mode a client here chooses itself
-			m = "inline"
-			if tcp.NewClient(nil).VerifyBehind {
-				m = "behind"
-			}
+			m = tcp.NewClient(nil).Verify.String()
 		}
-		if m != "inline" && m != "behind" {
-			return fmt.Errorf("bench transfer: unknown verify mode %q (inline, behind, default)", m)
+		if _, err := tcp.ParseVerify(m); err != nil {
+			return fmt.Errorf("bench transfer: %w", err)
 		}
 		if !slices.Contains(b.Verify, m) {
 			b.Verify = append(b.Verify, m)
@@ -342,7 +339,7 @@ type cell struct {
 	transport, op string
 	size          uint64
 	conns         int
-	verify        string  // TCP: "inline" or "behind"; "" for RDMA
+	verify        string  // TCP: a tcp.Verify's name; "" for RDMA
 	gbps          float64 // GB/s, verified bytes (median of the rounds)
 	pages         int64   // pages moved and verified
 	skip          string
@@ -448,7 +445,7 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 		return nil
 	}
 	cl := tcp.NewClient(nil)
-	cl.VerifyBehind = c.verify == "behind"
+	cl.Verify, _ = tcp.ParseVerify(c.verify) // parseVerify checked the name
 	defer cl.Close()
 	if b.Baseline != nil {
 		c.variants = iperfVariants(c.size, c.conns)

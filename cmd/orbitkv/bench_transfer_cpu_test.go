@@ -137,7 +137,7 @@ func TestCPUSpanBusiest(t *testing.T) {
 	}
 }
 
-// --verify default is the mode the client picks itself (behind from 4
+// --verify default is the mode the client picks itself (auto from 4
 // cores on, else inline), named as such in the table; the header names the
 // serve side's read-ahead as its default picks it.
 func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
@@ -149,7 +149,8 @@ func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
 	}{
 		{2, "default", "[inline]", "serve side writing answers in one go (its default"},
 		{2, "default,inline,behind", "[inline behind]", "serve side writing answers in one go (its default"},
-		{8, "default", "[behind]", "serve side reading 2MiB ahead of its writes (its default"},
+		{8, "default", "[auto]", "serve side reading 2MiB ahead of its writes (its default"},
+		{8, "default,behind,auto", "[auto behind]", "serve side reading 2MiB ahead of its writes (its default"},
 	} {
 		runtime.GOMAXPROCS(tc.procs)
 		b := transferBench{PrefetchBytes: -1}

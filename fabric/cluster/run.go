@@ -154,9 +154,9 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	// Both follow the cores (transfer/tcp: on from GOMAXPROCS 4); say which.
 	mode := "answers written in one go, fetched pages checksummed as read (under 4 cores)"
 	if c.dataSrv.PrefetchBytes > 0 {
-		mode = "answers read ahead of their writes, fetched pages checksummed behind the reads"
+		mode = "answers read ahead of their writes, fetched pages checksummed behind the reads while other fetches run, else as read"
 	}
-	c.log.Info().Int("read_ahead_bytes", c.dataSrv.PrefetchBytes).Bool("verify_behind", c.data.VerifyBehind).
+	c.log.Info().Int("read_ahead_bytes", c.dataSrv.PrefetchBytes).Str("verify", c.data.Verify.String()).
 		Int("gomaxprocs", runtime.GOMAXPROCS(0)).Str("crc32c", crc32c.Kernel()).Msg("tcp data plane: " + mode)
 	c.rd.open(ibv.Open) // logs the data plane: RDMA, or why TCP
 	if p, ok := src.(Placer); ok {

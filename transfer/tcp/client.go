@@ -36,26 +36,72 @@ const headBuf = 4 << 10
 type Client struct {
 	tls *tls.Config
 
-	// VerifyBehind, set before the first Fetch, checksums each page on a
-	// goroutine of the Fetch's own, behind the reads, instead of on the
-	// reading goroutine right after each read (receive.go). NewClient sets
-	// it where the process has cores to spare (spareCores): on the GPU
-	// machine's 16 cores two connections moved 62–90% of iperf3 checking
-	// behind, against 45–69% inline; on two cores the summer shares the
-	// reader's core and gains nothing (docs/benchmarks.md, "Reading ahead
-	// of the writer").
-	VerifyBehind bool
+	// Verify, set before the first Fetch, is where each page is
+	// checksummed (receive.go). NewClient sets VerifyAuto where the process
+	// has cores to spare (spareCores), else VerifyInline.
+	Verify Verify
 
-	received atomic.Uint64
+	received      atomic.Uint64
+	inFlight      atomic.Int32  // Fetches under way (VerifyAuto)
+	checkedBehind atomic.Uint64 // Fetches that checked behind their reads
 
 	mu     sync.Mutex
 	idle   map[string][]*conn
 	closed bool
 }
 
+// Verify is where a Client checksums the pages it receives (receive.go).
+type Verify int
+
+const (
+	// VerifyInline sums each read's bytes on the reading goroutine, right
+	// after the read, while they are in its core's cache.
+	VerifyInline Verify = iota
+	// VerifyBehind sums them on a goroutine of the Fetch's own, behind the
+	// reads (summer).
+	VerifyBehind
+	// VerifyAuto sums behind the reads a Fetch that starts while another
+	// Fetch of the client is under way, and inline one that starts alone.
+	// On the GPU machine's 16 cores, in every call that measured both,
+	// one connection moved more checking inline (75–92% of iperf3 against
+	// 57–82% behind) and two checking behind (66–87% against 48–69%):
+	// docs/benchmarks.md, "A faster CRC-32C". On two cores the summer
+	// shares the reader's core and gains nothing.
+	VerifyAuto
+)
+
+var verifyNames = [...]string{VerifyInline: "inline", VerifyBehind: "behind", VerifyAuto: "auto"}
+
+func (v Verify) String() string {
+	if v < 0 || int(v) >= len(verifyNames) {
+		return fmt.Sprintf("Verify(%d)", int(v))
+	}
+	return verifyNames[v]
+}
+
+// ParseVerify returns the Verify named name (inline, behind, auto).
+func ParseVerify(name string) (Verify, error) {
+	for v, n := range verifyNames {
+		if n == name {
+			return Verify(v), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown verify mode %q (inline, behind, auto)", name)
+}
+
+// behind says whether a Fetch that starts with inFlight Fetches under way
+// (itself included) checks behind its reads.
+func (v Verify) behind(inFlight int32) bool {
+	return v == VerifyBehind || v == VerifyAuto && inFlight > 1
+}
+
 // NewClient returns a client; tlsCfg nil dials plain TCP.
 func NewClient(tlsCfg *tls.Config) *Client {
-	return &Client{tls: tlsCfg, idle: map[string][]*conn{}, VerifyBehind: spareCores()}
+	c := &Client{tls: tlsCfg, idle: map[string][]*conn{}}
+	if spareCores() {
+		c.Verify = VerifyAuto
+	}
+	return c
 }
 
 // ReceivedBytes is the page bytes received and verified so far.
@@ -104,13 +150,18 @@ func (c *Client) Fetch(ctx context.Context, addr string, wants []Want, dst [][]b
 		ctx, cancel = context.WithTimeout(ctx, DefaultDeadline)
 		defer cancel()
 	}
+	behind := c.Verify.behind(c.inFlight.Add(1))
+	defer c.inFlight.Add(-1)
+	if behind {
+		c.checkedBehind.Add(1)
+	}
 	for attempt := 0; ; attempt++ {
 		cn, reused, err := c.get(ctx, addr)
 		if err != nil {
 			fill(errs, 0, err)
 			return res
 		}
-		got, err := c.exchange(ctx, cn, wants, dst, res, errs)
+		got, err := c.exchange(ctx, cn, wants, dst, res, errs, behind)
 		if err == nil {
 			c.put(addr, cn)
 			return res
@@ -156,9 +207,9 @@ func fill(errs []error, from int, err error) {
 
 // exchange sends one request and reads its answer. It returns how many pages
 // were received and the connection's error, if any; per-page errors go to
-// errs, headers to res. Each page's bytes are checksummed as they are read
-// (receive.go).
-func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error) (int, error) {
+// errs, headers to res. Each page's bytes are checksummed as they are read,
+// or behind the reads (receive.go).
+func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]byte, res []Result, errs []error, behind bool) (int, error) {
 	deadline, _ := ctx.Deadline()
 	cn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { cn.SetDeadline(time.Unix(1, 0)) })
@@ -167,7 +218,7 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 		return 0, fmt.Errorf("send request: %w", err)
 	}
 	var sums *summer
-	if c.VerifyBehind {
+	if behind {
 		sums = startSummer(&c.received)
 		defer sums.wait() // before the caller reads errs: the summer sets them
 	}

@@ -16,10 +16,11 @@ import (
 // on two cores in every cell measured back to back, 6–10% with two
 // connections: its bytes came from the other core's cache and each piece
 // cost a handoff. docs/benchmarks.md, 2026-12-01 evening.) Where cores are
-// free it does not hold: Client.VerifyBehind, which NewClient sets from 4
-// cores on, sums on a goroutine of the Fetch's own (summer, below), and on
-// the GPU machine's 16 cores two connections moved more that way
-// (docs/benchmarks.md, "Reading ahead of the writer").
+// free it does not always hold: Client.Verify (VerifyBehind, and
+// VerifyAuto, NewClient's choice from 4 cores, when another Fetch is under
+// way) sums on a goroutine of the Fetch's own (summer, below), and on the
+// GPU machine's 16 cores two connections moved more that way
+// (docs/benchmarks.md, "Reading ahead of the writer", "A faster CRC-32C").
 
 // readHead reads a page's status and, if it is sent, its header, which
 // must name w; ok false means the server does not hold it.
@@ -89,7 +90,7 @@ func readVerified(r io.Reader, dst []byte, h page.Header) (verr, err error) {
 const summerDepth = 16
 
 // summer checksums a Fetch's pages on a goroutine of its own, in the order
-// their bytes were read (Client.VerifyBehind): the reading goroutine hands
+// their bytes were read (VerifyBehind): the reading goroutine hands
 // it each read's bytes (add) and each page's end (end), and reads on.
 type summer struct {
 	jobs chan sumJob

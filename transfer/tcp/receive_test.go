@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -63,27 +64,27 @@ func TestReadPageShortStream(t *testing.T) {
 // TestChangedPieceIsCaught: a page served with one byte changed in its
 // first, a middle or its last piece (the header keeping the true
 // checksum) fails alone as corrupt; its neighbours in the answer arrive.
-// Both ways of checking: on the reading goroutine, and behind it
-// (Client.VerifyBehind); and both ways of sending: in one go, and piece by
+// Every way of checking: on the reading goroutine, behind it, and auto
+// (alone, so inline); and both ways of sending: in one go, and piece by
 // piece read ahead (Server.PrefetchBytes).
 func TestChangedPieceIsCaught(t *testing.T) {
 	size := 3*recvChunk + 100
-	for _, behind := range []bool{false, true} {
+	for _, v := range []Verify{VerifyInline, VerifyBehind, VerifyAuto} {
 		for _, prefetch := range []int{0, DefaultPrefetchBytes} {
 			for name, at := range map[string]int{"first byte": 0, "middle piece": recvChunk + recvChunk/2, "last byte": size - 1} {
-				t.Run(fmt.Sprintf("%s, behind %v, prefetch %d", name, behind, prefetch), func(t *testing.T) { changedPieceIsCaught(t, size, at, behind, prefetch) })
+				t.Run(fmt.Sprintf("%s, %s, prefetch %d", name, v, prefetch), func(t *testing.T) { changedPieceIsCaught(t, size, at, v, prefetch) })
 			}
 		}
 	}
 }
 
-func changedPieceIsCaught(t *testing.T, size, at int, behind bool, prefetch int) {
+func changedPieceIsCaught(t *testing.T, size, at int, v Verify, prefetch int) {
 	src := newMemSource()
 	a, bad, c3 := src.add(1, size), src.add(2, size), src.add(3, 5000)
 	src.flip[bad.Key] = at
 	_, addr := serve(t, src, nil, func(s *Server) { s.PrefetchBytes = prefetch })
 	c := NewClient(nil)
-	c.VerifyBehind = behind
+	c.Verify = v
 	defer c.Close()
 	ask := []Want{a, bad, c3}
 	dst := buffers(ask)
@@ -134,7 +135,9 @@ func TestAnAnswerCutInsideAPageFailsIt(t *testing.T) {
 			c.Write(append(head, data[:recvChunk+5]...))
 		}()
 		c := NewClient(nil)
-		c.VerifyBehind = behind
+		if behind {
+			c.Verify = VerifyBehind
+		}
 		w := Want{Key: h.Key, Layout: layout, Size: h.Length}
 		errs := errsOf(c.Fetch(ctxFor(t, 5*time.Second), lis.Addr().String(), []Want{w}, buffers([]Want{w})))
 		var ce *page.CorruptError
@@ -224,19 +227,93 @@ func TestPrefetchedAnswerEndsWhenTheClientLeaves(t *testing.T) {
 }
 
 // The defaults spend a core per connection only where there are cores to
-// spare: GOMAXPROCS 4 and more reads ahead and checksums behind, less does
-// neither.
+// spare: GOMAXPROCS 4 and more reads ahead and checksums behind the reads
+// of fetches that run beside others (VerifyAuto), less does neither.
 func TestDefaultsFollowTheCores(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, tc := range []struct {
 		procs    int
 		prefetch int
-		behind   bool
-	}{{1, 0, false}, {3, 0, false}, {4, DefaultPrefetchBytes, true}, {16, DefaultPrefetchBytes, true}} {
+		verify   Verify
+	}{{1, 0, VerifyInline}, {3, 0, VerifyInline}, {4, DefaultPrefetchBytes, VerifyAuto}, {16, DefaultPrefetchBytes, VerifyAuto}} {
 		runtime.GOMAXPROCS(tc.procs)
 		s, c := NewServer(nil, nil), NewClient(nil)
-		if s.PrefetchBytes != tc.prefetch || c.VerifyBehind != tc.behind {
-			t.Errorf("GOMAXPROCS %d: prefetch %d, behind %v; want %d, %v", tc.procs, s.PrefetchBytes, c.VerifyBehind, tc.prefetch, tc.behind)
+		if s.PrefetchBytes != tc.prefetch || c.Verify != tc.verify {
+			t.Errorf("GOMAXPROCS %d: prefetch %d, verify %s; want %d, %s", tc.procs, s.PrefetchBytes, c.Verify, tc.prefetch, tc.verify)
 		}
+	}
+}
+
+// VerifyAuto checks behind the reads only a fetch that starts beside
+// another; the fixed modes ignore how many run.
+func TestVerifyAutoGoesBehindBesideAnotherFetch(t *testing.T) {
+	for _, tc := range []struct {
+		v        Verify
+		inFlight int32
+		behind   bool
+	}{
+		{VerifyInline, 1, false}, {VerifyInline, 3, false},
+		{VerifyBehind, 1, true}, {VerifyBehind, 2, true},
+		{VerifyAuto, 1, false}, {VerifyAuto, 2, true}, {VerifyAuto, 8, true},
+	} {
+		if got := tc.v.behind(tc.inFlight); got != tc.behind {
+			t.Errorf("%s with %d fetches under way: behind %v, want %v", tc.v, tc.inFlight, got, tc.behind)
+		}
+	}
+	for _, name := range []string{"inline", "behind", "auto"} {
+		if v, err := ParseVerify(name); err != nil || v.String() != name {
+			t.Errorf("ParseVerify(%q) = %v, %v", name, v, err)
+		}
+	}
+	if _, err := ParseVerify("sideways"); err == nil {
+		t.Error("ParseVerify(sideways): no error")
+	}
+}
+
+// Fetches that overlap under VerifyAuto (so checked behind their reads)
+// each get their own pages' bytes, and a changed page among them fails
+// alone.
+func TestOverlappingAutoFetchesGetTheirOwnBytes(t *testing.T) {
+	src := newMemSource()
+	var wants []Want
+	for i := range 8 {
+		wants = append(wants, src.add(uint64(i+1), 3*recvChunk+i*1000))
+	}
+	bad := wants[5]
+	src.flip[bad.Key] = recvChunk + 7
+	_, addr := serve(t, src, nil)
+	c := NewClient(nil)
+	c.Verify = VerifyAuto
+	defer c.Close()
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			<-release
+			for round := range 5 {
+				ask := []Want{wants[g], wants[g+4]}
+				dst := buffers(ask)
+				errs := errsOf(c.Fetch(ctxFor(t, 10*time.Second), addr, ask, dst))
+				for i, w := range ask {
+					var ce *page.CorruptError
+					switch {
+					case w.Key == bad.Key:
+						if !errors.As(errs[i], &ce) {
+							t.Errorf("fetcher %d round %d: changed page: %v, want corrupt", g, round, errs[i])
+						}
+					case errs[i] != nil || !bytes.Equal(dst[i], src.pages[w.Key].Data):
+						t.Errorf("fetcher %d round %d page %d: %v or bytes differ", g, round, i, errs[i])
+					}
+				}
+			}
+		})
+	}
+	close(release)
+	wg.Wait()
+	if n := c.inFlight.Load(); n != 0 {
+		t.Errorf("%d fetches counted under way after all returned", n)
+	}
+	if c.checkedBehind.Load() == 0 {
+		t.Error("no fetch checked behind its reads: the overlap was not tested")
 	}
 }

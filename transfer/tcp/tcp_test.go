@@ -373,7 +373,7 @@ func FuzzClientAnswer(f *testing.F) {
 		res := make([]Result, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		got, err := c.exchange(ctx, cn, []Want{w}, dst, res, errs)
+		got, err := c.exchange(ctx, cn, []Want{w}, dst, res, errs, c.Verify.behind(1))
 		client.Close()
 		if err == nil && got == 1 && errs[0] == nil && !bytes.Equal(dst[0], data) {
 			t.Fatalf("reported a fetched page whose bytes differ: %x", dst[0])

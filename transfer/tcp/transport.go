@@ -12,7 +12,7 @@ import (
 // page's size) into host memory is one Fetch request to the endpoint,
 // each page read from the socket straight into its local region (no
 // staging copy), and summed read by read, as it lands or on a goroutine
-// behind the reads (receive.go, Client.VerifyBehind): a page
+// behind the reads (receive.go, Client.Verify): a page
 // whose bytes do not match its header fails with a *page.CorruptError, and
 // the others complete Verified, so the store does not read them again.
 
