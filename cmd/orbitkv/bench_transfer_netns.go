@@ -21,7 +21,7 @@ import (
 // binary again, with the same matrix flags), and removes everything at the
 // end, also on error or interrupt. With splitCPUs each namespace's
 // processes run on their own half of the CPUs, as two hosts would.
-func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperfServers, port int, splitCPUs bool) error {
+func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperfServers, port int, splitCPUs, rps bool) error {
 	if os.Geteuid() != 0 {
 		return errors.New("bench transfer --netns: network namespaces need root")
 	}
@@ -39,7 +39,12 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 			return err
 		}
 	}
-	matrix := withoutFlag(withoutFlag(args, "netns"), "split-cpus")
+	if rps {
+		if err := h.steerReceives(); err != nil {
+			return err
+		}
+	}
+	matrix := withoutFlag(withoutFlag(withoutFlag(args, "netns"), "split-cpus"), "rps")
 	addr := h.addr[0] + ":7949"
 	for i := range iperfServers {
 		iperfSrv, err := startReady(ctx, h.exec(0, "iperf3", "-s", "-B", h.addr[0], "-p", fmt.Sprint(port+i), "--forceflush"), "Server listening")
@@ -62,6 +67,9 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 	} else {
 		fmt.Fprintln(out, "cpus: both namespaces share every CPU (--split-cpus gives each its own half)")
 	}
+	if rps {
+		fmt.Fprintf(out, "rps: each veth's received packets processed on its own namespace's CPUs (rps_cpus %s, %s)\n", h.rps[0], h.rps[1])
+	}
 	cl := h.exec(1, self, append([]string{"bench", "transfer", "--client", addr, "--iperf3", h.addr[0], "--iperf3-port", fmt.Sprint(port), "--serve-pid", fmt.Sprint(servePID)}, matrix...)...)
 	cl.Stdout, cl.Stderr = out, out
 	return cl.Run()
@@ -70,7 +78,7 @@ func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperf
 // netnsPair is two network namespaces joined by a veth pair; cpus, if
 // set, are the CPU lists (taskset -c) each namespace's processes run on.
 type netnsPair struct {
-	ns, addr, link, cpus [2]string
+	ns, addr, link, cpus, rps [2]string
 }
 
 func newNetnsPair(prefix, subnet string) (*netnsPair, error) {
@@ -112,18 +120,76 @@ func (h *netnsPair) exec(i int, name string, args ...string) *exec.Cmd {
 	return exec.Command(argv[0], argv[1:]...)
 }
 
-// splitAllowedCPUs returns the CPUs this process may run on as two lists,
-// the first half and the rest, for taskset -c.
-func splitAllowedCPUs() ([2]string, error) {
+// steerReceives sets each veth's receive packet steering (rps_cpus) to its
+// namespace's CPUs (all allowed ones without --split-cpus), so that the
+// packets a namespace receives are processed there, as on two hosts; by
+// default a veth's packets are processed on the sending CPU.
+func (h *netnsPair) steerReceives() error {
+	for i := range 2 {
+		cpus := h.cpus[i]
+		if cpus == "" {
+			all, err := allowedCPUs()
+			if err != nil {
+				return err
+			}
+			cpus = strings.Trim(strings.ReplaceAll(fmt.Sprint(all), " ", ","), "[]")
+		}
+		mask, err := cpuMask(cpus)
+		if err != nil {
+			return err
+		}
+		path := fmt.Sprintf("/sys/class/net/%s/queues/rx-0/rps_cpus", h.link[i])
+		cmd := exec.Command("ip", "netns", "exec", h.ns[i], "sh", "-c", fmt.Sprintf("echo %s > %s", mask, path))
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("bench transfer --rps: %s in %s: %v: %s", path, h.ns[i], err, strings.TrimSpace(string(b)))
+		}
+		h.rps[i] = mask
+	}
+	return nil
+}
+
+// cpuMask turns a CPU list (0,1,5) into the hex mask sysfs takes, 32-bit
+// words separated by commas, most significant first (23 for 0,1,5).
+func cpuMask(list string) (string, error) {
+	var words []uint32
+	for _, f := range strings.Split(list, ",") {
+		c, err := strconv.Atoi(f)
+		if err != nil || c < 0 || c >= 1024 {
+			return "", fmt.Errorf("cpu list %q: bad CPU %q", list, f)
+		}
+		for len(words) <= c/32 {
+			words = append(words, 0)
+		}
+		words[c/32] |= 1 << (c % 32)
+	}
+	out := make([]string, len(words))
+	for i, w := range words {
+		out[len(words)-1-i] = fmt.Sprintf("%08x", w)
+	}
+	return strings.Join(out, ","), nil
+}
+
+// allowedCPUs returns the CPUs this process may run on.
+func allowedCPUs() ([]int, error) {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		return [2]string{}, fmt.Errorf("bench transfer --split-cpus: %w", err)
+		return nil, fmt.Errorf("sched_getaffinity: %w", err)
 	}
 	var cpus []int
 	for c := range 1024 {
 		if set.IsSet(c) {
 			cpus = append(cpus, c)
 		}
+	}
+	return cpus, nil
+}
+
+// splitAllowedCPUs returns the CPUs this process may run on as two lists,
+// the first half and the rest, for taskset -c.
+func splitAllowedCPUs() ([2]string, error) {
+	cpus, err := allowedCPUs()
+	if err != nil {
+		return [2]string{}, fmt.Errorf("bench transfer --split-cpus: %w", err)
 	}
 	return halveCPUs(cpus)
 }

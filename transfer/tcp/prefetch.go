@@ -4,6 +4,8 @@ import (
 	"net"
 	"runtime"
 	"sync/atomic"
+
+	"github.com/orbitkv/orbitkv/internal/memtouch"
 )
 
 // Prefetching an answer's pages (Server.PrefetchBytes): the writer's copy
@@ -33,17 +35,8 @@ const spareCoresAt = 4
 
 func spareCores() bool { return runtime.GOMAXPROCS(0) >= spareCoresAt }
 
-// prefetchSink keeps the prefetcher's loads from being optimized away.
+// prefetchSink keeps the prefetcher's loads from being dropped.
 var prefetchSink atomic.Uint32
-
-// touch loads one byte of every cache line of b.
-func touch(b []byte) {
-	var s byte
-	for i := 0; i < len(b); i += 64 {
-		s += b[i]
-	}
-	prefetchSink.Store(uint32(s))
-}
 
 // piece is one write of a prefetched answer: statuses, headers and page
 // bytes, pieceBytes of page bytes in all (the last piece may hold fewer),
@@ -96,11 +89,13 @@ func writePrefetched(c net.Conn, bufs net.Buffers, data []int, ahead int) error 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		var s byte
 		for d := range next {
 			for _, b := range d {
-				touch(b)
+				s += memtouch.Lines(b)
 			}
 		}
+		prefetchSink.Store(uint32(s))
 	}()
 	defer func() { close(next); <-done }()
 	handed := 0
