@@ -51,9 +51,6 @@ type transferBench struct {
 	// PrefetchBytes is the serve side's tcp.Server.PrefetchBytes; negative
 	// leaves the server's own default.
 	PrefetchBytes int
-	// WarmBytes is the client's tcp.Client.WarmBytes; negative leaves the
-	// client's own default.
-	WarmBytes int
 	// ServePID, if set, is the --serve process on this machine, whose CPU
 	// time each TCP cell reports beside the client's (bench_transfer_cpu.go).
 	ServePID int
@@ -78,7 +75,6 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
 	fs.IntVar(&b.PrefetchBytes, "serve-prefetch", -1, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
-	fs.IntVar(&b.WarmBytes, "client-warm", -1, "bytes the client loads each fetch's destination ahead of its reads, on a goroutine of the fetch's own (0: off; -1: the client's default)")
 	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
 	fs.Var(&batch, "batch-bytes", "bytes per request")
@@ -247,25 +243,16 @@ func (b *transferBench) batchOf(size uint64) int {
 	return min(b.pagesPer(size), max(1, int(b.BatchBytes/size)))
 }
 
-// experiments says how far ahead the serve side reads and the client
-// warms its destination, for the header.
+// experiments says how far ahead the serve side reads, for the header.
 func (b *transferBench) experiments() string {
 	n, whose := b.PrefetchBytes, ""
 	if n < 0 {
 		n, whose = tcp.NewServer(nil, nil).PrefetchBytes, " (its default with GOMAXPROCS as here)"
 	}
-	serve := ", serve side writing answers in one go" + whose
-	if n > 0 {
-		serve = fmt.Sprintf(", serve side reading %s ahead of its writes%s", bytesize.Size(n), whose)
+	if n == 0 {
+		return ", serve side writing answers in one go" + whose
 	}
-	w, whose := b.WarmBytes, ""
-	if w < 0 {
-		w, whose = tcp.NewClient(nil).WarmBytes, " (its default)"
-	}
-	if w == 0 {
-		return serve
-	}
-	return serve + fmt.Sprintf(", client loading %s of its destination ahead of its reads%s", bytesize.Size(w), whose)
+	return fmt.Sprintf(", serve side reading %s ahead of its writes%s", bytesize.Size(n), whose)
 }
 
 // transferKey names page i of size; both sides derive it.
@@ -460,9 +447,6 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 	}
 	cl := tcp.NewClient(nil)
 	cl.Verify, _ = tcp.ParseVerify(c.verify) // parseVerify checked the name
-	if b.WarmBytes >= 0 {
-		cl.WarmBytes = b.WarmBytes
-	}
 	defer cl.Close()
 	if b.Baseline != nil {
 		c.variants = iperfVariants(c.size, c.conns)

@@ -153,7 +153,7 @@ func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
 		{8, "default,behind,auto", "[auto behind]", "serve side reading 2MiB ahead of its writes (its default"},
 	} {
 		runtime.GOMAXPROCS(tc.procs)
-		b := transferBench{PrefetchBytes: -1, WarmBytes: -1}
+		b := transferBench{PrefetchBytes: -1}
 		if err := b.parseVerify(tc.modes); err != nil || fmt.Sprint(b.Verify) != tc.want {
 			t.Errorf("GOMAXPROCS %d, --verify %s: %v, %v; want %s", tc.procs, tc.modes, b.Verify, err, tc.want)
 		}
@@ -164,10 +164,6 @@ func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
 	b := transferBench{PrefetchBytes: 0}
 	if h := b.experiments(); h != ", serve side writing answers in one go" {
 		t.Errorf("--serve-prefetch 0: header %q", h)
-	}
-	b.WarmBytes = 2 << 20
-	if h := b.experiments(); !strings.HasSuffix(h, ", client loading 2MiB of its destination ahead of its reads") {
-		t.Errorf("--client-warm 2097152: header %q", h)
 	}
 	if err := b.parseVerify("sideways"); err == nil {
 		t.Error("--verify sideways: no error")

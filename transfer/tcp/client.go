@@ -41,11 +41,6 @@ type Client struct {
 	// has cores to spare (spareCores), else VerifyInline.
 	Verify Verify
 
-	// WarmBytes, set before the first Fetch, is how far ahead of its reads
-	// a Fetch loads its destination's cache lines on a goroutine of its own
-	// (warm.go); 0, NewClient's choice, never.
-	WarmBytes int
-
 	received      atomic.Uint64
 	inFlight      atomic.Int32  // Fetches under way (VerifyAuto)
 	checkedBehind atomic.Uint64 // Fetches that checked behind their reads
@@ -222,11 +217,6 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 	if _, err := cn.Write(appendRequest(nil, time.Until(deadline), wants)); err != nil {
 		return 0, fmt.Errorf("send request: %w", err)
 	}
-	var warm *warmer
-	if c.WarmBytes > 0 {
-		warm = startWarmer(dst, c.WarmBytes)
-		defer warm.stop() // before the caller hands dst on
-	}
 	var sums *summer
 	if behind {
 		sums = startSummer(&c.received)
@@ -239,18 +229,17 @@ func (c *Client) exchange(ctx context.Context, cn *conn, wants []Want, dst [][]b
 		}
 		if !ok {
 			errs[i] = ErrNotFound
-			warm.advance(len(dst[i]))
 			continue
 		}
 		if sums != nil {
-			if err := readPage(cn.r, dst[i], func(b []byte) { sums.add(b); warm.advance(len(b)) }); err != nil {
+			if err := readPage(cn.r, dst[i], sums.add); err != nil {
 				return i, fmt.Errorf("read page %s: %w", w.Key, err)
 			}
 			res[i].Header = h
 			sums.end(h, &errs[i])
 			continue
 		}
-		verr, err := readVerified(cn.r, dst[i], h, warm)
+		verr, err := readVerified(cn.r, dst[i], h)
 		if err != nil {
 			return i, fmt.Errorf("read page %s: %w", w.Key, err)
 		}

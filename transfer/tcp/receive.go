@@ -76,10 +76,10 @@ func readPage(r io.Reader, dst []byte, got func([]byte)) error {
 }
 
 // readVerified reads a page's bytes into dst, summing them as they land,
-// and checks the sum against h; w (nil: none) is told of each read.
-func readVerified(r io.Reader, dst []byte, h page.Header, w *warmer) (verr, err error) {
+// and checks the sum against h.
+func readVerified(r io.Reader, dst []byte, h page.Header) (verr, err error) {
 	var crc uint32
-	if err := readPage(r, dst, func(b []byte) { crc = page.UpdateChecksum(crc, b); w.advance(len(b)) }); err != nil {
+	if err := readPage(r, dst, func(b []byte) { crc = page.UpdateChecksum(crc, b) }); err != nil {
 		return nil, err
 	}
 	return h.VerifySum(crc), nil

@@ -317,38 +317,3 @@ func TestOverlappingAutoFetchesGetTheirOwnBytes(t *testing.T) {
 		t.Error("no fetch checked behind its reads: the overlap was not tested")
 	}
 }
-
-// The warmer hands over the destination in pieces, never more than its
-// distance ahead of the reader (at least one piece), every piece once and
-// in order, pages not sent counted as read; stop ends its goroutine.
-func TestWarmerStaysItsDistanceAhead(t *testing.T) {
-	dst := [][]byte{make([]byte, 3*pieceBytes+10), make([]byte, 100), make([]byte, pieceBytes)}
-	w := startWarmer(dst, 2*pieceBytes)
-	defer w.stop()
-	if len(w.pieces) != 6 {
-		t.Fatalf("%d pieces, want 6 (4 of the first page, 1, 1)", len(w.pieces))
-	}
-	if w.handed != 2 || w.bytes != 2*pieceBytes {
-		t.Errorf("at the start: %d pieces, %d bytes handed; want 2, %d", w.handed, w.bytes, 2*pieceBytes)
-	}
-	w.advance(1)
-	if w.handed != 3 {
-		t.Errorf("one byte read: %d pieces handed, want 3 (the third starts within the distance)", w.handed)
-	}
-	w.advance(3*pieceBytes + 9) // the first page read
-	if w.handed != 6 || w.bytes != 4*pieceBytes+110 {
-		t.Errorf("first page read: %d pieces, %d bytes handed; want all 6, %d", w.handed, w.bytes, 4*pieceBytes+110)
-	}
-	w.advance(100 + pieceBytes)
-	if w.handed != 6 {
-		t.Errorf("%d pieces handed after the end", w.handed)
-	}
-	var nilW *warmer
-	nilW.advance(5) // a Fetch without warming
-	nilW.stop()
-	one := startWarmer(dst[1:2], 1)
-	if one.ahead != pieceBytes || one.handed != 1 {
-		t.Errorf("distance 1: ahead %d, %d handed; want one piece", one.ahead, one.handed)
-	}
-	one.stop()
-}

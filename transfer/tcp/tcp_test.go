@@ -129,21 +129,11 @@ func TestFetchPagesInOrderWithMissing(t *testing.T) {
 		"prefetch 2": func(s *Server) { s.PrefetchBytes = DefaultPrefetchBytes },
 	}
 	for name, mode := range modes {
-		t.Run(name, func(t *testing.T) { testFetchPagesInOrderWithMissing(t, mode, func(*Client) {}) })
-	}
-	// The client warming its destination ahead of its reads (warm.go), the
-	// least distance and the serve side's, checking inline and behind.
-	clients := map[string]func(*Client){
-		"warm 1, inline": func(c *Client) { c.WarmBytes, c.Verify = 1, VerifyInline },
-		"warm 2, behind": func(c *Client) { c.WarmBytes, c.Verify = DefaultPrefetchBytes, VerifyBehind },
-		"warm 2, inline": func(c *Client) { c.WarmBytes, c.Verify = DefaultPrefetchBytes, VerifyInline },
-	}
-	for name, mode := range clients {
-		t.Run(name, func(t *testing.T) { testFetchPagesInOrderWithMissing(t, modes["prefetch 2"], mode) })
+		t.Run(name, func(t *testing.T) { testFetchPagesInOrderWithMissing(t, mode) })
 	}
 }
 
-func testFetchPagesInOrderWithMissing(t *testing.T, mode func(*Server), clientMode func(*Client)) {
+func testFetchPagesInOrderWithMissing(t *testing.T, mode func(*Server)) {
 	src := newMemSource()
 	var wants []Want
 	for i := range 6 {
@@ -156,7 +146,6 @@ func testFetchPagesInOrderWithMissing(t *testing.T, mode func(*Server), clientMo
 	ask := append(append([]Want{wants[0], missing, otherLayout}, wants[2:]...), missing)
 	srv, addr := serve(t, src, nil, mode)
 	c := NewClient(nil)
-	clientMode(c)
 	defer c.Close()
 	for round := range 2 { // the second round reuses the connection
 		dst := buffers(ask)
