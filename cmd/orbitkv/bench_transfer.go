@@ -60,7 +60,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
 	netns := fs.Bool("netns", false, "make two network namespaces joined by a veth pair, run both sides and iperf3 in them, remove them at the end (root)")
 	splitCPUs := fs.Bool("split-cpus", false, "with --netns: run each namespace's processes (OrbitKV's and iperf3's) on its own half of the CPUs, as two hosts would; default: both share every CPU")
-	rps := fs.Bool("rps", false, "with --netns: process each veth's received packets on its own namespace's CPUs (rps_cpus), as two hosts would; default: on the sending CPU, as veth does")
+	rps := fs.Bool("rps", false, "with --netns --split-cpus: process each veth's received packets on its own namespace's CPUs (rps_cpus), as two hosts would; default: on the sending CPU, as veth does")
 	serve := fs.String("serve", "", "serve the matrix's pages over TCP on this address until interrupted")
 	client := fs.String("client", "", "run the matrix against a --serve side at this address")
 	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (with --client; --netns starts its own)")
@@ -91,6 +91,9 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	if err := b.parseVerify(*verify); err != nil {
 		return err
 	}
+	if err := checkNetnsFlags(*netns, *splitCPUs, *rps); err != nil {
+		return err
+	}
 	if *netns || *iperf != "" {
 		if err := b.checkWholeSeconds(); err != nil {
 			return err
@@ -108,6 +111,19 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 		return profiled(*profile, "client", func() error { return b.client(ctx, out, *client) })
 	}
 	return errors.New("bench transfer: give --netns, or --serve ADDR and --client ADDR")
+}
+
+// checkNetnsFlags refuses --split-cpus and --rps where they would do
+// nothing: without --netns, and --rps without --split-cpus (both veths
+// would steer to every CPU, not each to its own namespace's).
+func checkNetnsFlags(netns, splitCPUs, rps bool) error {
+	switch {
+	case (splitCPUs || rps) && !netns:
+		return errors.New("bench transfer: --split-cpus and --rps apply only with --netns")
+	case rps && !splitCPUs:
+		return errors.New("bench transfer: --rps needs --split-cpus (each namespace's packets steered to its own CPUs)")
+	}
+	return nil
 }
 
 // profiled runs side, with a CPU profile written to prefix.name.pprof

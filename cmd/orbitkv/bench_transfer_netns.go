@@ -121,42 +121,47 @@ func (h *netnsPair) exec(i int, name string, args ...string) *exec.Cmd {
 }
 
 // steerReceives sets each veth's receive packet steering (rps_cpus) to its
-// namespace's CPUs (all allowed ones without --split-cpus), so that the
-// packets a namespace receives are processed there, as on two hosts; by
-// default a veth's packets are processed on the sending CPU.
+// namespace's CPUs (h.cpus, set by --split-cpus, which --rps needs), so
+// that the packets a namespace receives are processed there, as on two
+// hosts; by default a veth's packets are processed on the sending CPU.
+// h.rps is what each file reads back (the kernel may drop CPUs it keeps
+// for itself).
 func (h *netnsPair) steerReceives() error {
 	for i := range 2 {
-		cpus := h.cpus[i]
-		if cpus == "" {
-			all, err := allowedCPUs()
-			if err != nil {
-				return err
-			}
-			cpus = strings.Trim(strings.ReplaceAll(fmt.Sprint(all), " ", ","), "[]")
-		}
-		mask, err := cpuMask(cpus)
+		cpus, err := parseCPUList(h.cpus[i])
 		if err != nil {
-			return err
+			return fmt.Errorf("bench transfer --rps: namespace %s: %w", h.ns[i], err)
 		}
+		mask := cpuMask(cpus)
 		path := fmt.Sprintf("/sys/class/net/%s/queues/rx-0/rps_cpus", h.link[i])
-		cmd := exec.Command("ip", "netns", "exec", h.ns[i], "sh", "-c", fmt.Sprintf("echo %s > %s", mask, path))
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("bench transfer --rps: %s in %s: %v: %s", path, h.ns[i], err, strings.TrimSpace(string(b)))
+		cmd := exec.Command("ip", "netns", "exec", h.ns[i], "sh", "-c", fmt.Sprintf("echo %s > %s && cat %s", mask, path, path))
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("bench transfer --rps: %s in %s: %w: %s", path, h.ns[i], err, strings.TrimSpace(string(b)))
 		}
-		h.rps[i] = mask
+		h.rps[i] = strings.TrimSpace(string(b))
 	}
 	return nil
 }
 
-// cpuMask turns a CPU list (0,1,5) into the hex mask sysfs takes, 32-bit
-// words separated by commas, most significant first (23 for 0,1,5).
-func cpuMask(list string) (string, error) {
-	var words []uint32
+// parseCPUList reads a taskset -c list of single CPUs (0,1,5).
+func parseCPUList(list string) ([]int, error) {
+	var cpus []int
 	for _, f := range strings.Split(list, ",") {
 		c, err := strconv.Atoi(f)
 		if err != nil || c < 0 || c >= 1024 {
-			return "", fmt.Errorf("cpu list %q: bad CPU %q", list, f)
+			return nil, fmt.Errorf("cpu list %q: bad CPU %q", list, f)
 		}
+		cpus = append(cpus, c)
+	}
+	return cpus, nil
+}
+
+// cpuMask is the hex mask sysfs takes for cpus: 32-bit words separated by
+// commas, most significant first (00000023 for 0,1,5).
+func cpuMask(cpus []int) string {
+	var words []uint32
+	for _, c := range cpus {
 		for len(words) <= c/32 {
 			words = append(words, 0)
 		}
@@ -166,7 +171,7 @@ func cpuMask(list string) (string, error) {
 	for i, w := range words {
 		out[len(words)-1-i] = fmt.Sprintf("%08x", w)
 	}
-	return strings.Join(out, ","), nil
+	return strings.Join(out, ",")
 }
 
 // allowedCPUs returns the CPUs this process may run on.

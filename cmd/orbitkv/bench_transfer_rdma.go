@@ -22,16 +22,26 @@ import (
 
 // rdmaSkipReason is why the rdma rows cannot run here ("" if they can).
 func (b *transferBench) rdmaSkipReason() string {
+	err := b.rdmaOpenError()
+	if err == nil {
+		return ""
+	}
+	why := err.Error()
+	if devs := rdma.SysfsDevices(); len(devs) > 0 {
+		why += fmt.Sprintf(" (sysfs lists %s)", strings.Join(devs, ", "))
+	}
+	return why
+}
+
+// rdmaOpenError is rdma.Open's error with the bench's config, nil if an
+// engine opens (it is closed again).
+func (b *transferBench) rdmaOpenError() error {
 	e, err := rdma.Open(b.RDMA)
 	if err != nil {
-		why := err.Error()
-		if devs := rdma.SysfsDevices(); len(devs) > 0 {
-			why += fmt.Sprintf(" (sysfs lists %s)", strings.Join(devs, ", "))
-		}
-		return why
+		return err
 	}
 	e.Close()
-	return ""
+	return nil
 }
 
 // rdmaSide is one engine and an mmapped region of n pages of size.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/orbitkv/orbitkv/internal/page"
+	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/rdma/rdmatest"
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
@@ -110,7 +112,11 @@ func TestTransferMatrixRuns(t *testing.T) {
 	if rows != 2*2*2*2 {
 		t.Fatalf("%d matrix rows, want 16:\n%s", rows, out.String())
 	}
-	if why := b.rdmaSkipReason(); why != "" && (!strings.Contains(why, "no RDMA device") || !strings.Contains(out.String(), "rdma skipped: "+why)) {
+	err := b.rdmaOpenError()
+	if err != nil && !errors.Is(err, rdma.ErrNoDevice) {
+		t.Fatalf("rdma: %v, want an error wrapping rdma.ErrNoDevice", err)
+	}
+	if err != nil && !strings.Contains(out.String(), "rdma skipped: "+b.rdmaSkipReason()) {
 		t.Fatalf("rdma rows not skipped with the reason:\n%s", out.String())
 	}
 }
@@ -153,6 +159,9 @@ func TestTransferMatrixFlags(t *testing.T) {
 		if err := b.parse(bad[0], bad[1], bad[2], bad[3]); err == nil {
 			t.Errorf("parse(%q) accepted", bad)
 		}
+	}
+	if got := withoutFlag([]string{"--rps", "--sizes", "1MiB", "-rps=true"}, "rps"); strings.Join(got, " ") != "--sizes 1MiB" {
+		t.Errorf("withoutFlag rps: %q", got)
 	}
 	if got := withoutFlag([]string{"--split-cpus", "--netns", "--sizes", "1MiB", "-netns=true"}, "netns"); strings.Join(got, " ") != "--split-cpus --sizes 1MiB" {
 		t.Errorf("withoutFlag = %q", got)
@@ -293,17 +302,54 @@ func TestStartReadyStopsAChildWhoseLineIsTooLong(t *testing.T) {
 	}
 }
 
-// TestCPUMaskIsSysfsHex: CPU lists become the hex words rps_cpus takes.
+// TestCPUMaskIsSysfsHex: CPU lists become the hex words rps_cpus takes,
+// the most significant word first; bad lists are refused.
 func TestCPUMaskIsSysfsHex(t *testing.T) {
-	for list, want := range map[string]string{"0": "00000001", "0,1,5": "00000023", "8,9,10,11,12,13,14,15": "0000ff00", "1,33": "00000002,00000002"} {
-		if got, err := cpuMask(list); err != nil || got != want {
-			t.Errorf("cpuMask(%q) = %q, %v; want %q", list, got, err, want)
+	for _, tc := range []struct{ list, want string }{
+		{"0", "00000001"},
+		{"0,1,5", "00000023"},
+		{"8,9,10,11,12,13,14,15", "0000ff00"},
+		{"0,33", "00000002,00000001"},
+		{"32", "00000001,00000000"},
+		{"1,64", "00000001,00000000,00000002"},
+	} {
+		cpus, err := parseCPUList(tc.list)
+		if err != nil {
+			t.Errorf("parseCPUList(%q): %v", tc.list, err)
+			continue
+		}
+		if got := cpuMask(cpus); got != tc.want {
+			t.Errorf("cpuMask(%q) = %q, want %q", tc.list, got, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "x", "-1", "0,,1", "2048"} {
-		if _, err := cpuMask(bad); err == nil {
-			t.Errorf("cpuMask(%q) accepted", bad)
+	for _, bad := range []string{"", "x", "-1", "0,,1", "2048", "0-3"} {
+		if _, err := parseCPUList(bad); err == nil {
+			t.Errorf("parseCPUList(%q) accepted", bad)
 		}
+	}
+}
+
+// TestNetnsFlagsNeedNetns: --split-cpus and --rps without --netns, and
+// --rps without --split-cpus, are refused rather than ignored.
+func TestNetnsFlagsNeedNetns(t *testing.T) {
+	for _, tc := range []struct {
+		netns, split, rps, ok bool
+	}{
+		{false, false, false, true},
+		{true, false, false, true},
+		{true, true, false, true},
+		{true, true, true, true},
+		{false, true, false, false},
+		{false, false, true, false},
+		{true, false, true, false},
+	} {
+		if err := checkNetnsFlags(tc.netns, tc.split, tc.rps); (err == nil) != tc.ok {
+			t.Errorf("--netns=%v --split-cpus=%v --rps=%v: %v", tc.netns, tc.split, tc.rps, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := runBenchTransfer(context.Background(), []string{"--client", "127.0.0.1:1", "--rps"}, &out); err == nil || !strings.Contains(err.Error(), "--netns") {
+		t.Errorf("--client with --rps: %v", err)
 	}
 }
 
@@ -317,22 +363,45 @@ func TestSteerReceivesSetsEachVeth(t *testing.T) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("no ip (iproute2): scripts/install-deps.sh installs it")
 	}
+	cpus, err := splitAllowedCPUs()
+	if err != nil {
+		t.Skip(err)
+	}
 	h, err := newNetnsPair(fmt.Sprintf("okv-rps-%d", os.Getpid()), "10.78.9")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.remove()
-	h.cpus = [2]string{"0", "1"}
+	h.cpus = cpus
 	if err := h.steerReceives(); err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []string{"1", "2"} {
+	for i := range 2 {
+		list, _ := parseCPUList(cpus[i])
+		want := cpuMask(list)
 		b, err := exec.Command("ip", "netns", "exec", h.ns[i], "cat", fmt.Sprintf("/sys/class/net/%s/queues/rx-0/rps_cpus", h.link[i])).Output()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.TrimLeft(strings.TrimSpace(string(b)), "0,"); got != want {
-			t.Errorf("namespace %d: rps_cpus %q, want %s", i, b, want)
+		// sysfs prints as many hex digits as the machine has CPUs for.
+		if got := strings.TrimSpace(string(b)); maskValue(t, got).Cmp(maskValue(t, want)) != 0 {
+			t.Errorf("namespace %d (CPUs %s): rps_cpus %q, want %s", i, cpus[i], got, want)
+		}
+		if h.rps[i] != strings.TrimSpace(string(b)) {
+			t.Errorf("namespace %d: steerReceives reported %q, the file reads %q", i, h.rps[i], b)
 		}
 	}
+	h.cpus = [2]string{}
+	if err := h.steerReceives(); err == nil {
+		t.Error("steerReceives without CPU lists (no --split-cpus) accepted")
+	}
+}
+
+// maskValue reads a sysfs CPU mask (hex words separated by commas).
+func maskValue(t *testing.T, s string) *big.Int {
+	v, ok := new(big.Int).SetString(strings.ReplaceAll(s, ",", ""), 16)
+	if !ok {
+		t.Fatalf("not a CPU mask: %q", s)
+	}
+	return v
 }

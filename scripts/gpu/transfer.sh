@@ -36,5 +36,5 @@ command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
 	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-default} --pool-bytes ${POOL:-64MiB} --batch-bytes ${BATCH:-16MiB} \
-	${PREFETCH:+--serve-prefetch $PREFETCH} ${RPS:+--rps} ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
+	${PREFETCH:+--serve-prefetch $PREFETCH} $([ "${RPS:-0}" = 1 ] && echo --rps) ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
 say "bench transfer rc=${PIPESTATUS[0]}"
