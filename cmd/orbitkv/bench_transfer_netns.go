@@ -20,7 +20,9 @@ import (
 // cell, on ports port, port+1, …) in A and the --client side in B (this
 // binary again, with the same matrix flags), and removes everything at the
 // end, also on error or interrupt. With splitCPUs each namespace's
-// processes run on their own half of the CPUs, as two hosts would.
+// processes run on their own half of the CPUs, as two hosts would; with rps
+// (which needs splitCPUs) each veth's received packets are processed on
+// its own namespace's CPUs too (steerReceives).
 func benchTransferNetns(ctx context.Context, out io.Writer, args []string, iperfServers, port int, splitCPUs, rps bool) error {
 	if os.Geteuid() != 0 {
 		return errors.New("bench transfer --netns: network namespaces need root")
