@@ -51,6 +51,8 @@ type transferBench struct {
 	// PrefetchBytes is the serve side's tcp.Server.PrefetchBytes; negative
 	// leaves the server's own default.
 	PrefetchBytes int
+	// Splice is the serve side's tcp.Server.Splice.
+	Splice bool
 	// ServePID, if set, is the --serve process on this machine, whose CPU
 	// time each TCP cell reports beside the client's (bench_transfer_cpu.go).
 	ServePID int
@@ -75,6 +77,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
 	fs.IntVar(&b.PrefetchBytes, "serve-prefetch", -1, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
+	fs.BoolVar(&b.Splice, "serve-splice", false, "the serve side writes page bytes by reference (vmsplice and splice), each answer's pages held until the client's next request (tcp.Server.Splice)")
 	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
 	fs.Var(&batch, "batch-bytes", "bytes per request")
@@ -265,7 +268,10 @@ func (b *transferBench) experiments() string {
 	if n < 0 {
 		n, whose = tcp.NewServer(nil, nil).PrefetchBytes, " (its default with GOMAXPROCS as here)"
 	}
-	if n == 0 {
+	switch {
+	case b.Splice:
+		return ", serve side splicing page bytes into the socket"
+	case n == 0:
 		return ", serve side writing answers in one go" + whose
 	}
 	return fmt.Sprintf(", serve side reading %s ahead of its writes%s", bytesize.Size(n), whose)
@@ -340,6 +346,7 @@ func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) e
 		return err
 	}
 	srv := tcp.NewServer(p, nil)
+	srv.Splice = b.Splice
 	if b.PrefetchBytes >= 0 {
 		srv.PrefetchBytes = b.PrefetchBytes
 	}

@@ -165,6 +165,10 @@ func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
 	if h := b.experiments(); h != ", serve side writing answers in one go" {
 		t.Errorf("--serve-prefetch 0: header %q", h)
 	}
+	b.Splice = true
+	if h := b.experiments(); h != ", serve side splicing page bytes into the socket" {
+		t.Errorf("--serve-splice: header %q", h)
+	}
 	if err := b.parseVerify("sideways"); err == nil {
 		t.Error("--verify sideways: no error")
 	}

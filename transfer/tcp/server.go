@@ -52,6 +52,11 @@ type Server struct {
 	// writes each answer in one go. NewServer sets DefaultPrefetchBytes
 	// where the process has cores to spare, else 0.
 	PrefetchBytes int
+	// Splice, set before Serve, writes the page bytes of answers on plain
+	// TCP by reference, not by copy, each answer's pages leased until the
+	// client's next request or the connection's end (splice.go); answers
+	// over TLS are written as before. Off by default.
+	Splice bool
 
 	requests, pages, missing, bytes atomic.Uint64
 
@@ -175,8 +180,14 @@ func (s *Server) serveConn(raw net.Conn) {
 		}
 		c = tc
 	}
+	var held func() // the last answer's release, if its pages went by reference
+	defer func() {
+		if held != nil {
+			held()
+		}
+	}()
 	for {
-		if err := s.serveRequest(c); err != nil {
+		if err := s.serveRequest(c, &held); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.report(raw, err)
 			}
@@ -191,11 +202,19 @@ func (s *Server) report(c net.Conn, err error) {
 	}
 }
 
-// serveRequest reads one request and writes its answer.
-func (s *Server) serveRequest(c net.Conn) error {
+// serveRequest reads one request and writes its answer. *held, the
+// previous answer's release when its pages were spliced, is called once
+// the request's head has arrived (or the read failed): the client has read
+// that answer by then. A spliced answer's release is left in *held.
+func (s *Server) serveRequest(c net.Conn, held *func()) error {
 	c.SetReadDeadline(time.Now().Add(IdleTimeout))
 	var head [reqHeadSize]byte
-	if _, err := io.ReadFull(c, head[:]); err != nil {
+	_, err := io.ReadFull(c, head[:])
+	if *held != nil {
+		(*held)()
+		*held = nil
+	}
+	if err != nil {
 		return err
 	}
 	deadline, n, err := parseHead(head[:])
@@ -216,14 +235,25 @@ func (s *Server) serveRequest(c net.Conn) error {
 	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	pages, release := s.src.Open(ctx, wants)
-	defer release()
+	kept := false
+	defer func() {
+		if !kept {
+			release()
+		}
+	}()
 	if len(pages) != len(wants) {
 		return fmt.Errorf("source answered %d pages for %d", len(pages), len(wants))
 	}
 	bufs, data := s.answer(wants, pages)
-	if s.PrefetchBytes > 0 {
+	tc, plain := c.(*net.TCPConn)
+	switch {
+	case s.Splice && plain:
+		if err = writeSpliced(tc, bufs, data); err == nil {
+			kept, *held = true, release
+		}
+	case s.PrefetchBytes > 0:
 		err = writePrefetched(c, bufs, data, s.PrefetchBytes)
-	} else {
+	default:
 		_, err = bufs.WriteTo(c)
 	}
 	if err != nil {
