@@ -69,14 +69,7 @@ func TestSpliceOverTLSWritesAsBefore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pair, err := pki.Issue(ca, "peer", []string{"127.0.0.1"}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	member, err := pki.New(pair, ca.CertPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	member := peerTLS(t, ca)
 	src := newMemSource()
 	w := src.add(1, 300<<10)
 	_, addr := serve(t, src, member.Server, func(s *Server) { s.Splice = true })

@@ -278,18 +278,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	other, _ := pki.NewCA("intruder", time.Hour)
-	cfg := func(ca pki.Pair) pki.Configs {
-		p, err := pki.Issue(ca, "peer", []string{"127.0.0.1"}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := pki.New(p, ca.CertPEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	member, intruder := cfg(ca), cfg(other)
+	member, intruder := peerTLS(t, ca), peerTLS(t, other)
 	src := newMemSource()
 	w := src.add(1, 4096)
 	_, addr := serve(t, src, member.Server)
@@ -391,4 +380,19 @@ func errsOf(res []Result) []error {
 		errs[i] = r.Err
 	}
 	return errs
+}
+
+// peerTLS issues a peer certificate for 127.0.0.1 under ca and returns its
+// mutual-TLS configs.
+func peerTLS(t *testing.T, ca pki.Pair) pki.Configs {
+	t.Helper()
+	p, err := pki.Issue(ca, "peer", []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pki.New(p, ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
