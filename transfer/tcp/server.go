@@ -23,7 +23,8 @@ type Page struct {
 
 // Source is what a Server serves. Open returns one Page per want, in order,
 // and a release function the server calls once the bytes have been written
-// or the write failed; until then the Data must stay valid and unchanged
+// or the write failed (with Server.Splice, once the client has read them or
+// the connection is dropped); until then the Data must stay valid and unchanged
 // (the peer pins the pages). Open must return by ctx's deadline.
 type Source interface {
 	Open(ctx context.Context, wants []Want) ([]Page, func())
@@ -157,7 +158,11 @@ func (s *Server) Close() error {
 		l.Close()
 	}
 	for c := range s.conns {
-		c.Close()
+		if s.Splice {
+			abort(c) // spliced pages may still be queued: drop them, not send them
+		} else {
+			c.Close()
+		}
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
@@ -211,6 +216,9 @@ func (s *Server) serveRequest(c net.Conn, held *func()) error {
 	var head [reqHeadSize]byte
 	_, err := io.ReadFull(c, head[:])
 	if *held != nil {
+		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			abort(c) // not a sign that the client read the answer
+		}
 		(*held)()
 		*held = nil
 	}
@@ -250,6 +258,8 @@ func (s *Server) serveRequest(c net.Conn, held *func()) error {
 	case s.Splice && plain:
 		if err = writeSpliced(tc, bufs, data); err == nil {
 			kept, *held = true, release
+		} else {
+			abort(c) // before the release: what was spliced is still queued
 		}
 	case s.PrefetchBytes > 0:
 		err = writePrefetched(c, bufs, data, s.PrefetchBytes)

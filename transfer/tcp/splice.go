@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"errors"
 	"fmt"
 	"net"
 
@@ -21,6 +22,15 @@ import (
 // and nothing with 2 MiB (docs/benchmarks.md, "… a splice send"). Off by
 // default: a page stays leased while a connection is idle (up to
 // IdleTimeout), where the tiers cannot evict it.
+
+// abort closes c dropping what its socket still has to send (an RST, not
+// a FIN), so that no page spliced into it is sent after its release.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
 
 // splicePipeBytes is the pipe's size asked for (the most an unprivileged
 // process may set by default); a smaller pipe only means more calls.
@@ -67,8 +77,13 @@ func splicePage(c *net.TCPConn, p [2]int, b []byte) error {
 		iov := []unix.Iovec{{Base: &b[0]}}
 		iov[0].SetLen(min(len(b), splicePipeBytes))
 		n, err := unix.Vmsplice(p[1], iov, 0)
-		if err != nil {
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
 			return fmt.Errorf("splice: vmsplice: %w", err)
+		case n == 0:
+			return errors.New("splice: vmsplice took no bytes")
 		}
 		left := n
 		var serr error
@@ -81,6 +96,9 @@ func splicePage(c *net.TCPConn, p [2]int, b []byte) error {
 				case err == unix.EINTR:
 				case err != nil:
 					serr = fmt.Errorf("splice: %w", err)
+					return true
+				case k == 0:
+					serr = errors.New("splice: the socket took no bytes")
 					return true
 				default:
 					left -= int(k)
