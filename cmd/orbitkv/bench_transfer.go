@@ -56,6 +56,11 @@ type transferBench struct {
 	// ServePID, if set, is the --serve process on this machine, whose CPU
 	// time each TCP cell reports beside the client's (bench_transfer_cpu.go).
 	ServePID int
+	// Streams adds plain TCP streams to each TCP READ cell, served at
+	// StreamAddr (bench_transfer_stream.go; the client's default: the
+	// fetch's host, the next port).
+	Streams    bool
+	StreamAddr string
 }
 
 func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
@@ -77,6 +82,7 @@ func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
 	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
 	fs.IntVar(&b.PrefetchBytes, "serve-prefetch", -1, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
+	fs.BoolVar(&b.Streams, "streams", false, "beside each TCP READ cell's rounds, plain TCP streams on the next port (one page written again and again, read into the cell's destination and into one buffer; no header, no check): what the link moves into that memory")
 	fs.BoolVar(&b.Splice, "serve-splice", false, "the serve side writes page bytes by reference (vmsplice and splice), each answer's pages held until the client's next request (tcp.Server.Splice)")
 	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
@@ -351,6 +357,14 @@ func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) e
 		srv.PrefetchBytes = b.PrefetchBytes
 	}
 	go func() { <-ctx.Done(); srv.Close() }()
+	if b.Streams {
+		stop, err := b.listenStreams(ctx, out, p, lis.Addr().String())
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		defer stop()
+	}
 	fmt.Fprintf(out, "serving %d pages on %s\n", len(p.data), lis.Addr())
 	if err := srv.Serve(lis); !errors.Is(err, tcp.ErrServerClosed) {
 		return err
@@ -367,13 +381,14 @@ type cell struct {
 	gbps          float64 // GB/s, verified bytes (median of the rounds)
 	pages         int64   // pages moved and verified
 	skip          string
-	variants      []iperfVariant // the iperf3 baseline's variants, if any
-	baseRates     [][]float64    // Gbit/s per variant and round
-	baseCPU       []iperfCPU     // cores iperf3 reported per variant
-	cpuClient     cpuUse         // TCP: this process's CPU in the measured rounds
-	cpuServer     cpuUse         // TCP: the --serve process's, if its pid is known
-	cpusFetch     cpuSpan        // TCP: every CPU's times in the measured rounds (bench_transfer_cpus.go)
-	cpusBase      []cpuSpan      // the same in each iperf3 variant's rounds
+	variants      []iperfVariant          // the iperf3 baseline's variants, if any
+	baseRates     [][]float64             // Gbit/s per variant and round
+	baseCPU       []iperfCPU              // cores iperf3 reported per variant
+	cpuClient     cpuUse                  // TCP: this process's CPU in the measured rounds
+	cpuServer     cpuUse                  // TCP: the --serve process's, if its pid is known
+	cpusFetch     cpuSpan                 // TCP: every CPU's times in the measured rounds (bench_transfer_cpus.go)
+	cpusBase      []cpuSpan               // the same in each iperf3 variant's rounds
+	streams       [streamKinds]streamRuns // --streams: the plain streams' rounds
 }
 
 // verifyLabel is the cell's verify column.
@@ -386,6 +401,13 @@ func (c cell) verifyLabel() string {
 
 func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) error {
 	sums := b.pages(false).sums
+	if b.Streams && b.StreamAddr == "" {
+		a, err := streamAddrOf(addr)
+		if err != nil {
+			return err
+		}
+		b.StreamAddr = a
+	}
 	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size served, GOMAXPROCS %d%s\n",
 		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes), bytesize.Size(b.PoolBytes), runtime.GOMAXPROCS(0), b.experiments())
 	printMemCopy(out, min(8, max(4, slices.Max(b.Conns))))
@@ -411,6 +433,7 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) 
 		return err
 	}
 	printBaselines(out, cells)
+	printStreams(out, cells)
 	printCPU(out, cells)
 	if contains(b.Transports, "tcp") && contains(b.Ops, "write") {
 		fmt.Fprintln(out, "note: tcp WRITE skipped: transfer/tcp only fetches (READ); the batched Transport interface adds WRITE")
@@ -502,6 +525,11 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 			c.cpusFetch.end(at)
 			rates = append(rates, rate)
 			c.pages += pages
+		}
+		if b.Streams { // after the fetch's round, warm-up included
+			if err := b.measureStreams(ctx, c, dst, s.round > 0); err != nil {
+				return err
+			}
 		}
 	}
 	c.gbps = median(rates)

@@ -143,9 +143,12 @@ func startCPUMeter(servePID int) *cpuMeter {
 // stop adds the round, which moved bytes, to the cell's sums; a server
 // whose CPU could not be read leaves the cell's server sum without the
 // round and says why.
-func (m *cpuMeter) stop(c *cell, bytes float64) {
+func (m *cpuMeter) stop(c *cell, bytes float64) { m.stopInto(&c.cpuClient, &c.cpuServer, bytes) }
+
+// stopInto adds the round to the sums client and server.
+func (m *cpuMeter) stopInto(client, server *cpuUse, bytes float64) {
 	wall := time.Since(m.start)
-	c.cpuClient.add(selfCPU()-m.client, wall, bytes)
+	client.add(selfCPU()-m.client, wall, bytes)
 	if m.servePID <= 0 {
 		return
 	}
@@ -154,10 +157,10 @@ func (m *cpuMeter) stop(c *cell, bytes float64) {
 		err = m.servErr
 	}
 	if err != nil {
-		c.cpuServer.why = err.Error()
+		server.why = err.Error()
 		return
 	}
-	c.cpuServer.add(now-m.serv, wall, bytes)
+	server.add(now-m.serv, wall, bytes)
 }
 
 // iperfCPU sums what iperf3 reports for the rounds of one variant, each

@@ -27,5 +27,5 @@ for run in $SWEEP; do
 		done
 		OUT=$O/$name bash scripts/gpu/transfer.sh >/dev/null 2>&1
 	) || { echo "sweep run $name: failed (rc $?)" | tee -a "$O/summary.txt"; continue; }
-	grep -E '^(bench transfer|memory|tcp |cpu|== .*rc=)' "$O/$name/summary.txt" | tee -a "$O/summary.txt"
+	grep -E '^(bench transfer|memory|tcp |stream |cpu|== .*rc=)' "$O/$name/summary.txt" | tee -a "$O/summary.txt"
 done

@@ -18,7 +18,8 @@
 # the serve side reads each answer's pages ahead of its writes; 0 turns it off.
 # RPS=1 (--rps) processes each veth's received packets on its own namespace's CPUs, as two hosts
 # would, for the fetch and iperf3 alike. SPLICE=1 (--serve-splice) has the serve side write page bytes by
-# reference (tcp.Server.Splice).
+# reference (tcp.Server.Splice). STREAMS=1 (--streams) adds plain TCP streams to every cell, read into
+# the fetch's destination and into one buffer: what the link moves into that memory with no protocol.
 # GOMAXPROCS, if set, reaches both sides (they inherit it; the header line prints the client's).
 # Every cell also prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines).
 set -u
@@ -37,5 +38,5 @@ command -v lscpu >/dev/null && lscpu -e=CPU,CORE,SOCKET,NODE 2>/dev/null | tr -s
 ip netns add okv-probe && ip netns del okv-probe || { say "cannot make a network namespace here"; exit 1; }
 out/orbitkv bench transfer --netns --split-cpus --sizes ${SIZES:-256KiB,2MiB} --conns ${CONNS:-1,2,4} \
 	--seconds 1 --rounds ${ROUNDS:-3} --transports tcp --ops read --verify ${VERIFY:-default} --pool-bytes ${POOL:-64MiB} --batch-bytes ${BATCH:-16MiB} \
-	${PREFETCH:+--serve-prefetch $PREFETCH} $([ "${RPS:-0}" = 1 ] && echo --rps) $([ "${SPLICE:-0}" = 1 ] && echo --serve-splice) ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
+	${PREFETCH:+--serve-prefetch $PREFETCH} $([ "${RPS:-0}" = 1 ] && echo --rps) $([ "${SPLICE:-0}" = 1 ] && echo --serve-splice) $([ "${STREAMS:-0}" = 1 ] && echo --streams) ${PROFILE:+--cpuprofile "$O/transfer"} 2>&1 | tee -a "$S"
 say "bench transfer rc=${PIPESTATUS[0]}"

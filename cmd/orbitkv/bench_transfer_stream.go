@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitkv/orbitkv/internal/bytesize"
+)
+
+// Plain TCP streams beside the fetch (--streams): what any data plane
+// could move on this link into this client's memory, to tell the cost of
+// the destination from the fetch's own (its headers, its checks, its
+// scheduling). Per TCP READ cell and measured round, after the fetch's
+// round, the serve side writes one page of the cell's size again and again
+// (its bytes stay in the sender's caches, as iperf3's buffer does; writes
+// of up to iperfMaxLen, as iperf3's -l) on the cell's number of
+// connections, and the client reads the stream
+//   - into the cell's destinations, page after page (streamPool: the memory
+//     the fetch writes, out of the caches as the peer's pool is), and
+//   - into one buffer of up to iperfMaxLen a connection (streamHot: what
+//     iperf3 receives into).
+// Nothing is framed or checked: these are ceilings, not transfers.
+
+// streamKind is where a stream's client reads the bytes into.
+type streamKind byte
+
+const (
+	streamPool streamKind = iota // the cell's destinations, page after page
+	streamHot                    // one buffer a connection, again and again
+	streamKinds
+)
+
+func (k streamKind) String() string {
+	if k == streamHot {
+		return "into one buffer"
+	}
+	return "into the destination"
+}
+
+// streamRuns is one stream kind's rounds in a cell.
+type streamRuns struct {
+	rates          []float64 // Gbit/s per round
+	client, server cpuUse
+}
+
+// streamChunk is the serve side's write size for pages of size.
+func streamChunk(size uint64) uint64 { return min(size, iperfMaxLen) }
+
+// streamAddrOf is the stream listener's address beside the fetch's at
+// addr: the same host, the next port.
+func streamAddrOf(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("bench transfer --streams: %w", err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p >= 65535 {
+		return "", fmt.Errorf("bench transfer --streams: port %q: want 1…65534 (the streams use the next one)", port)
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+1)), nil
+}
+
+// streamRequestTimeout bounds how long a stream connection may take to
+// name its page size, and each write's wait for the reader.
+const streamRequestTimeout = 10 * time.Second
+
+// listenStreams serves p's streams beside the fetch's listener at addr
+// until the returned stop is called or ctx ends.
+func (b *transferBench) listenStreams(ctx context.Context, out io.Writer, p *transferPages, addr string) (func(), error) {
+	saddr, err := streamAddrOf(addr)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", saddr)
+	if err != nil {
+		return nil, fmt.Errorf("bench transfer --streams: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.serveStreams(ctx, lis) }()
+	fmt.Fprintf(out, "streams on %s\n", lis.Addr())
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			fmt.Fprintf(out, "streams: %v\n", err)
+		}
+	}, nil
+}
+
+// serveStreams answers stream connections on lis until ctx ends or lis
+// fails: each names a page size in 8 bytes and is then written page 0 of
+// that size until it goes away.
+func (p *transferPages) serveStreams(ctx context.Context, lis net.Listener) error {
+	go func() { <-ctx.Done(); lis.Close() }()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		conn, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		wg.Go(func() {
+			defer conn.Close()
+			stop := context.AfterFunc(ctx, func() { conn.Close() })
+			defer stop()
+			p.stream(conn)
+		})
+	}
+}
+
+// stream writes one connection's stream; a size it does not serve ends
+// the connection at once.
+func (p *transferPages) stream(conn net.Conn) {
+	var req [8]byte
+	conn.SetReadDeadline(time.Now().Add(streamRequestTimeout))
+	if _, err := io.ReadFull(conn, req[:]); err != nil {
+		return
+	}
+	size := binary.LittleEndian.Uint64(req[:])
+	src, ok := p.data[transferKey(size, 0)]
+	if !ok || uint64(len(src)) != size {
+		return
+	}
+	src = src[:streamChunk(size)]
+	for {
+		conn.SetWriteDeadline(time.Now().Add(streamRequestTimeout))
+		if _, err := conn.Write(src); err != nil {
+			return // the client is done (or gone)
+		}
+	}
+}
+
+// streamRound reads c.conns streams of c.size's page for one round, kind
+// deciding where, and returns the rate in GB/s and the bytes read.
+func (b *transferBench) streamRound(ctx context.Context, addr string, c *cell, kind streamKind, dst [][][]byte) (float64, uint64, error) {
+	d := b.round()
+	var read atomic.Uint64
+	errs := make([]error, c.conns)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for s := range c.conns {
+		wg.Go(func() {
+			n, err := readStream(ctx, addr, c.size, kind, dst[s], start.Add(d))
+			read.Add(n)
+			errs[s] = err
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return 0, 0, fmt.Errorf("stream %s: %w", kind, err)
+	}
+	return gbps(read.Load(), elapsed), read.Load(), nil
+}
+
+// readStream dials one stream of size's page and reads it into dst (each
+// page in turn, or dst[0]'s first streamChunk bytes again and again) until
+// end; it returns the bytes read.
+func readStream(ctx context.Context, addr string, size uint64, kind streamKind, dst [][]byte, end time.Time) (uint64, error) {
+	var dialer net.Dialer
+	dctx, cancel := context.WithDeadline(ctx, end.Add(streamRequestTimeout))
+	defer cancel()
+	conn, err := dialer.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(dctx, func() { conn.Close() })
+	defer stop()
+	conn.SetDeadline(end.Add(streamRequestTimeout))
+	var req [8]byte
+	binary.LittleEndian.PutUint64(req[:], size)
+	if _, err := conn.Write(req[:]); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for i := 0; time.Now().Before(end); i++ {
+		buf := dst[0][:streamChunk(size)]
+		if kind == streamPool {
+			buf = dst[i%len(dst)]
+		}
+		m, err := io.ReadFull(conn, buf)
+		n += uint64(m)
+		if err != nil {
+			return n, fmt.Errorf("after %s: %w (the serve side ends a stream whose page size it does not hold)", bytesize.Size(n), err)
+		}
+	}
+	return n, nil
+}
+
+// measureStreams runs one round of each stream kind for cell c and, if
+// keep (not a warm-up round), adds each round's rate and CPU to c.streams.
+func (b *transferBench) measureStreams(ctx context.Context, c *cell, dst [][][]byte, keep bool) error {
+	for k := range streamKinds {
+		m := startCPUMeter(b.ServePID)
+		rate, n, err := b.streamRound(ctx, b.StreamAddr, c, k, dst)
+		if err != nil {
+			return err
+		}
+		if !keep {
+			continue
+		}
+		r := &c.streams[k]
+		m.stopInto(&r.client, &r.server, float64(n))
+		r.rates = append(r.rates, rate*8)
+	}
+	return nil
+}
+
+// printStreams writes, per cell with streams, each kind's rounds and
+// median beside the fetch and the iperf3 baseline, and the client's CPU.
+func printStreams(out io.Writer, cells []cell) {
+	header := false
+	for _, c := range cells {
+		for k := range streamKinds {
+			r := c.streams[k]
+			if len(r.rates) == 0 {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(out, "stream: a plain TCP stream per round beside the fetch's, the serve side writing one page again and again; no header, no check: what the link moves into that memory")
+				header = true
+			}
+			m := median(r.rates)
+			line := fmt.Sprintf("stream %s × %d (%s cell), %s: rounds %s Gbit/s, median %.1f; fetch %.0f%% of it",
+				bytesize.Size(c.size), c.conns, c.verifyLabel(), k, fmtRates(r.rates), m, 100*c.gbps*8/m)
+			if _, base := bestBaseline(c.baseRates); base > 0 {
+				line += fmt.Sprintf("; it %.0f%% of iperf3", 100*m/base)
+			}
+			fmt.Fprintf(out, "%s; client %s, server %s\n", line, r.client.cost(), r.server.cost())
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// serveStreamsFor serves p's streams on loopback until the test ends and
+// returns the address.
+func serveStreamsFor(t *testing.T, p *transferPages) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.serveStreams(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve streams: %v", err)
+		}
+	})
+	return lis.Addr().String()
+}
+
+// TestStreamsBesideTheFetch: with --streams every TCP READ cell prints
+// both kinds of stream, each with one rate a measured round (the warm-up
+// round's left out), its median, the fetch's share of it and the client's
+// CPU; the streams moved bytes.
+func TestStreamsBesideTheFetch(t *testing.T) {
+	b := smallTransferBench(t)
+	b.Transports, b.Ops, b.Rounds, b.Streams = []string{"tcp"}, []string{"read"}, 2, true
+	p := b.pages(true)
+	addr := serveTransfer(t, p)
+	b.StreamAddr = serveStreamsFor(t, p)
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.client(ctx, &out, addr); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	line := regexp.MustCompile(`^stream \S+ × [12] \(inline cell\), into (the destination|one buffer): rounds ([0-9.]+) ([0-9.]+) Gbit/s, median ([0-9.]+); fetch [0-9]+% of it; client [0-9.]+ cores`)
+	n := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(l, "stream ") {
+			continue
+		}
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			t.Errorf("stream line not as expected: %q", l)
+			continue
+		}
+		n++
+		for _, r := range m[2:] {
+			if v, _ := strconv.ParseFloat(r, 64); v <= 0 {
+				t.Errorf("a stream round moved nothing: %q", l)
+			}
+		}
+	}
+	if want := len(b.Sizes) * len(b.Conns) * int(streamKinds); n != want {
+		t.Fatalf("%d stream lines, want %d (each cell, each kind):\n%s", n, want, out.String())
+	}
+}
+
+// TestStreamOfAnUnservedSizeFails: a stream of a page size the serve side
+// does not hold is ended at once and the client says so, within the round.
+func TestStreamOfAnUnservedSizeFails(t *testing.T) {
+	b := smallTransferBench(t)
+	addr := serveStreamsFor(t, b.pages(true))
+	dst := [][]byte{make([]byte, 8<<10)}
+	start := time.Now()
+	n, err := readStream(context.Background(), addr, 8<<10, streamPool, dst, start.Add(5*time.Second))
+	if err == nil || !strings.Contains(err.Error(), "does not hold") {
+		t.Fatalf("stream of 8 KiB pages: %d bytes, error %v; want a failure naming the size", n, err)
+	}
+	if time.Since(start) > 4*time.Second {
+		t.Errorf("the failure took %v: the serve side did not end the stream at once", time.Since(start))
+	}
+}
+
+// TestStreamReadsIntoEachPage: a stream into the destination fills every
+// page in turn with the served page's bytes; into one buffer, only the
+// first page's first chunk.
+func TestStreamReadsIntoEachPage(t *testing.T) {
+	b := smallTransferBench(t)
+	p := b.pages(true)
+	addr := serveStreamsFor(t, p)
+	size := uint64(16 << 10)
+	want := p.data[transferKey(size, 0)]
+	for _, kind := range []streamKind{streamPool, streamHot} {
+		dst := [][]byte{make([]byte, size), make([]byte, size), make([]byte, size)}
+		if _, err := readStream(context.Background(), addr, size, kind, dst, time.Now().Add(300*time.Millisecond)); err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		for i, d := range dst {
+			filled := bytes.Equal(d, want)
+			if wantFilled := kind == streamPool || i == 0; filled != wantFilled {
+				t.Errorf("%s: page %d filled with the served page: %v, want %v", kind, i, filled, wantFilled)
+			}
+		}
+	}
+}
+
+func TestStreamAddrIsTheNextPort(t *testing.T) {
+	if a, err := streamAddrOf("10.79.3.1:7949"); err != nil || a != "10.79.3.1:7950" {
+		t.Errorf("streamAddrOf(10.79.3.1:7949) = %q, %v; want 10.79.3.1:7950", a, err)
+	}
+	for _, bad := range []string{"10.79.3.1", "h:65535", "h:x", "h:0"} {
+		if a, err := streamAddrOf(bad); err == nil {
+			t.Errorf("streamAddrOf(%q) = %q, want an error", bad, a)
+		}
+	}
+}
