@@ -29,11 +29,16 @@ def _extra(socket, pt=PT, bs=BS):
 class Engine:
     """The two connector halves plus the engine-side glue of one step."""
 
-    def __init__(self, socket, kv, pt=PT, bs=BS):
-        self.sched = OrbitKVConnector(_extra(socket, pt, bs), KVConnectorRole.SCHEDULER, None)
-        self.work = OrbitKVConnector(_extra(socket, pt, bs), KVConnectorRole.WORKER, None)
+    def __init__(self, socket, kv, pt=PT, bs=BS, extra=None):
+        extra = extra or _extra(socket, pt, bs)
+        self.sched = OrbitKVConnector(extra, KVConnectorRole.SCHEDULER, None)
+        self.work = OrbitKVConnector(extra, KVConnectorRole.WORKER, None)
         self.work.register_kv_caches(kv)
         self.kv = kv
+        # Every step's results until an idle_until takes them: a load can end
+        # within the step that starts it (its thread may finish before
+        # get_transfer_results runs), and that step's caller rarely looks.
+        self._seen: tuple[set, set, set, set] = (set(), set(), set(), set())
 
     forward_context = None  # what vLLM passes start_load_kv (its cudagraph_runtime_mode)
 
@@ -49,26 +54,26 @@ class Engine:
         errs = self.work.get_block_ids_with_load_errors()
         self.work.clear_connector_metadata()
         self.sched.update_connector_output(KVConnectorOutput(res.finished_sending, res.finished_recving))
+        for seen, got in zip(self._seen, (res.finished_sending, res.finished_recving, res.failed_recving, errs)):
+            seen |= got or set()
         return meta, res, errs
 
     def idle_until(self, pred, finished=(), timeout=30.0):
         # 30 s: above the connector's own worst case for a load (a refused lease, then the
         # retry without it: twice the 5 s deadline plus its 2 s grace), so a slow machine
         # shows the operation's result (and the assertions on it), not a timeout.
+        # The results of the steps before this call count too (self._seen).
         deadline = time.monotonic() + timeout
-        sending, recving, failed, errs = set(), set(), set(), set()
         first = True
         while time.monotonic() < deadline:
-            _, res, e = self.step(SchedulerOutput(), finished if first else ())
+            self.step(SchedulerOutput(), finished if first else ())
             first = False
-            sending |= res.finished_sending or set()
-            recving |= res.finished_recving or set()
-            failed |= res.failed_recving or set()
-            errs |= e
+            sending, recving, failed, errs = self._seen
             if pred(sending, recving):
+                self._seen = (set(), set(), set(), set())
                 return sending, recving, failed, errs
             time.sleep(0.01)
-        raise AssertionError("timed out waiting for connector results")
+        raise AssertionError(f"timed out waiting for connector results (seen so far: {self._seen})")
 
     def close(self):
         self.sched.shutdown()

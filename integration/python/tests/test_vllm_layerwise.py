@@ -24,11 +24,7 @@ class LayerwiseEngine(Engine):
     forward_context = types.SimpleNamespace(attn_metadata={"layer": "metadata"}, cudagraph_runtime_mode=None)
 
     def __init__(self, socket, kv):
-        extra = dict(_extra(socket), layerwise=True)
-        self.sched = OrbitKVConnector(extra, KVConnectorRole.SCHEDULER, None)
-        self.work = OrbitKVConnector(extra, KVConnectorRole.WORKER, None)
-        self.work.register_kv_caches(kv)
-        self.kv = kv
+        super().__init__(socket, kv, extra=dict(_extra(socket), layerwise=True))
 
 
 @pytest.fixture
