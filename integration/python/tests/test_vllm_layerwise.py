@@ -12,7 +12,6 @@ import torch
 
 from orbitkv.vllm import OrbitKVConnector
 from orbitkv.vllm import worker as worker_mod
-from orbitkv.vllm._compat import KVConnectorRole
 from tests.fakepeer import FakePeer
 from tests.shm import flash_layers, pool_bytes, shm_pool
 from tests.test_vllm_connector import BS, D, H, L, NB, PT, Engine, _compute_and_save, _extra
