@@ -249,6 +249,8 @@ func (p *Pending) Add(segs []Segment) error {
 		return fmt.Errorf("cuda: add to a batch that was waited for")
 	case p.m == MethodKernel:
 		return fmt.Errorf("%w: adding to a kernel batch", ErrNotSupported)
+	case p.h == nil:
+		return fmt.Errorf("%w: adding to a peer batch", ErrNotSupported)
 	case len(segs) == 0:
 		return nil
 	}

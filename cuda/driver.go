@@ -106,6 +106,10 @@ type Device struct {
 	dev     C.CUdevice
 	ctx     C.CUcontext
 	closed  atomic.Bool
+	// peers are the devices this context may read and write directly
+	// (EnablePeerAccess): the copy kernel runs device-to-device copies from
+	// them (peercopy.go).
+	peers sync.Map // *Device -> struct{}
 
 	kernel struct {
 		sync.Mutex

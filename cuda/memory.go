@@ -189,7 +189,10 @@ func (d *Device) CanAccessPeer(peer *Device) (bool, error) {
 func (d *Device) EnablePeerAccess(peer *Device) error {
 	r := C.okv_enable_peer_access(d.ctx, peer.ctx)
 	if r == 704 { // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-		return nil
+		r = 0
+	}
+	if r == 0 {
+		d.peers.Store(peer, struct{}{})
 	}
 	return cudaErr("cuCtxEnablePeerAccess", r)
 }

@@ -171,3 +171,22 @@ func fold(segs []cSeg, p int, maxPitch uint64) int {
 	}
 	return h
 }
+
+// lowerPeer checks peer segments and appends them to dst in the shim's
+// form, merging runs adjacent on both sides.
+func lowerPeer(dst []cSeg, segs []PeerSegment) ([]cSeg, error) {
+	for i, s := range segs {
+		switch {
+		case s.Len == 0 || s.Src == 0 || s.Dst == 0:
+			return dst, fmt.Errorf("%w: peer segment %d: len %d src %#x dst %#x", ErrBadSegment, i, s.Len, uint64(s.Src), uint64(s.Dst))
+		case uint64(s.Src)+s.Len < uint64(s.Src) || uint64(s.Dst)+s.Len < uint64(s.Dst):
+			return dst, fmt.Errorf("%w: peer segment %d: range wraps", ErrBadSegment, i)
+		}
+		if n := len(dst); n > 0 && dst[n-1].Src+dst[n-1].Len == uint64(s.Src) && dst[n-1].Dst+dst[n-1].Len == uint64(s.Dst) {
+			dst[n-1].Len += s.Len
+			continue
+		}
+		dst = append(dst, cSeg{Src: uint64(s.Src), Dst: uint64(s.Dst), Len: s.Len})
+	}
+	return dst, nil
+}

@@ -115,7 +115,8 @@ func (*Copier) StartGroups(Direction, *HostRegion, [][]Segment, []*Event) (*Pend
 func (*Copier) StartGroupsGated(Direction, *HostRegion, [][]Segment, *Gates, uint32) (*Pending, error) {
 	return nil, ErrNotSupported
 }
-func (*Copier) Close() error { return nil }
+func (*Copier) StartPeer(*Device, []PeerSegment) (*Pending, error) { return nil, ErrNotSupported }
+func (*Copier) Close() error                                       { return nil }
 
 // Gates hold a layer-wise load's marks until its copies land; unavailable
 // in this build.

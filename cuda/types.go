@@ -36,6 +36,13 @@ type Segment struct {
 	Len     uint64    // bytes
 }
 
+// PeerSegment is one contiguous device-to-device copy: Src in the memory of
+// the batch's source device, Dst in the copier's device.
+type PeerSegment struct {
+	Src, Dst DevicePtr
+	Len      uint64
+}
+
 // Method is how a Copier moves a batch.
 type Method int
 

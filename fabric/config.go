@@ -61,6 +61,11 @@ type Config struct {
 	// memory operations: the Load answers once the layer events are armed,
 	// and the copies (on the copy engines) are enqueued after it.
 	CUDALayerGates bool
+	// HBMStageBytes is the HBM the peer takes on each GPU a CUDA session
+	// uses, for the HBM stage (fabric/store/hbmstage.go): that GPU's saves
+	// are also kept there, and loads on any GPU of the host copy them GPU
+	// to GPU instead of from DRAM. 0 (the default) turns it off.
+	HBMStageBytes bytesize.Size
 
 	// The cluster (fabric/cluster); ClusterAddr "" runs the peer standalone.
 	cluster.Config
@@ -104,6 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Limits.RegisterFlags(fs)
 	fs.StringVar(&c.CUDA, "cuda", c.CUDA, "CUDA sessions: auto (when a GPU is present), off, require")
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")
+	fs.Var(&c.HBMStageBytes, "hbm-stage-bytes", "HBM the peer takes on each GPU in use to keep saved pages for GPU-to-GPU loads on this host (same-host P/D); 0 disables")
 	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, pitched, batch, streams, per-segment")
 	c.Config.RegisterFlags(fs)
 	fs.BoolVar(&c.CUDALayerGates, "cuda-layer-gates", c.CUDALayerGates, "gate layer-wise loads (answer once layer events are armed, enqueue the copies after; copy engines) where the driver has stream memory ops")

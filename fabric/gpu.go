@@ -28,21 +28,28 @@ type gpuState struct {
 	count int
 	dramR *transfer.Region
 	imp   *hbm.Importer
-	mu    struct {
+	// stageBytes is --hbm-stage-bytes; addStage makes a new stage a source
+	// for every CUDA load (store.AddHBMStage).
+	stageBytes uint64
+	addStage   func(*store.HBMStage)
+	log        zerolog.Logger
+	mu         struct {
 		sync.Mutex
 		devs map[int]*gpuDevice
 	}
 }
 
 type gpuDevice struct {
-	d    *cuda.Device
-	xfer *transfer.CUDA
+	d     *cuda.Device
+	xfer  *transfer.CUDA
+	stage *store.HBMStage // nil: --hbm-stage-bytes 0, or its allocation failed
+	mem   *cuda.DeviceMem // the stage's HBM
 }
 
 // openGPU pins the DRAM pool when CUDA is usable. It returns (nil, nil)
 // when there is no driver or no GPU and cfg.CUDA is "auto"; an error only
 // when cfg.CUDA is "require" or registration itself fails.
-func openGPU(cfg Config, dramR *transfer.Region, log zerolog.Logger) (*gpuState, error) {
+func openGPU(cfg Config, dramR *transfer.Region, addStage func(*store.HBMStage), log zerolog.Logger) (*gpuState, error) {
 	if cfg.CUDA == "off" {
 		log.Info().Msg("cuda: disabled (--cuda=off); CUDA sessions will be refused")
 		return nil, nil
@@ -71,7 +78,8 @@ func openGPU(cfg Config, dramR *transfer.Region, log zerolog.Logger) (*gpuState,
 		d.Close()
 		return absent(fmt.Errorf("register the dram pool (%d bytes): %w", len(dramR.Host), err))
 	}
-	g := &gpuState{cfg: transfer.CUDAConfig{Copiers: cfg.CUDACopiers, NoLayerGates: !cfg.CUDALayerGates}, host: h, dev0: d, count: n, dramR: dramR, imp: hbm.NewImporter()}
+	g := &gpuState{cfg: transfer.CUDAConfig{Copiers: cfg.CUDACopiers, NoLayerGates: !cfg.CUDALayerGates}, host: h, dev0: d, count: n, dramR: dramR, imp: hbm.NewImporter(),
+		stageBytes: uint64(cfg.HBMStageBytes), addStage: addStage, log: log}
 	if cfg.CUDAMethod != "" {
 		if g.cfg.Copier.Method, err = cuda.ParseMethod(cfg.CUDAMethod); err != nil {
 			return nil, errors.Join(err, g.close())
@@ -108,8 +116,56 @@ func (g *gpuState) device(ordinal int) (*gpuDevice, error) {
 		return nil, fmt.Errorf("%w: cuda transport on device %d: %w", hbm.ErrBuffer, ordinal, err)
 	}
 	gd := &gpuDevice{d: d, xfer: x}
+	g.enablePeers(gd)
+	g.openStage(ordinal, gd)
 	g.mu.devs[ordinal] = gd
 	return gd, nil
+}
+
+// enablePeers turns on peer access both ways between a newly opened device
+// and every device opened before, where the hardware allows it (NVLink or
+// PCIe P2P): the HBM stage's GPU-to-GPU loads then read the other GPU's
+// memory directly. Where it does not, those copies go through the driver's
+// host staging, still correct. g.mu is held.
+func (g *gpuState) enablePeers(gd *gpuDevice) {
+	for _, o := range g.mu.devs {
+		for _, p := range [][2]*cuda.Device{{gd.d, o.d}, {o.d, gd.d}} {
+			can, err := p[0].CanAccessPeer(p[1])
+			if err == nil && can {
+				err = p[0].EnablePeerAccess(p[1])
+			}
+			g.log.Info().Int("device", p[0].Ordinal()).Int("peer", p[1].Ordinal()).Bool("peer_access", can && err == nil).
+				AnErr("error", err).Msg("cuda: peer access between devices")
+		}
+	}
+}
+
+// openStage allocates device ordinal's HBM stage when --hbm-stage-bytes asks
+// for one. A failed allocation (the engine took the HBM) leaves the device
+// without a stage, logged: loads then come from DRAM.
+func (g *gpuState) openStage(ordinal int, gd *gpuDevice) {
+	if g.stageBytes == 0 {
+		return
+	}
+	mem, err := gd.d.Alloc(g.stageBytes)
+	if err != nil {
+		g.log.Warn().Err(err).Int("device", ordinal).Uint64("bytes", g.stageBytes).Msg("hbm stage: allocation failed; this GPU's pages load from dram")
+		return
+	}
+	r := &transfer.Region{Name: fmt.Sprintf("cuda%d/hbm-stage", ordinal), Kind: transfer.Device, Device: uint64(mem.Ptr), Ordinal: ordinal, Size: mem.Size}
+	gd.mem, gd.stage = mem, store.NewHBMStage(ordinal, r, gd.xfer)
+	g.addStage(gd.stage)
+	g.log.Info().Int("device", ordinal).Uint64("bytes", mem.Size).Msg("hbm stage: saved pages kept in this GPU's memory for GPU-to-GPU loads")
+}
+
+// Stage returns device ordinal's HBM stage, nil without one (engineapi.GPU).
+func (g *gpuState) Stage(ordinal int) *store.HBMStage {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gd, ok := g.mu.devs[ordinal]; ok {
+		return gd.stage
+	}
+	return nil
 }
 
 // close tears down transports, unpins the pool and closes the devices. Every
@@ -123,6 +179,9 @@ func (g *gpuState) close() error {
 	var errs []error
 	for ord, gd := range g.mu.devs {
 		errs = append(errs, gd.xfer.Close())
+		if gd.mem != nil {
+			errs = append(errs, gd.mem.Free())
+		}
 		if ord != 0 {
 			errs = append(errs, gd.d.Close())
 		}

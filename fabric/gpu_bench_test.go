@@ -32,6 +32,12 @@ func (d *nullDevice) Copy(ctx context.Context, batch []transfer.Desc) error {
 	return d.CopyGroups(ctx, [][]transfer.Desc{batch}, nil)
 }
 
+func (d *nullDevice) CopyFrom(ctx context.Context, _ transfer.PeerSource, batch []transfer.Desc) error {
+	return d.Copy(ctx, batch)
+}
+
+func (d *nullDevice) PeerDevice() *cuda.Device { return nil }
+
 func (d *nullDevice) CopyGroups(_ context.Context, groups [][]transfer.Desc, done func(g int)) error {
 	for g, batch := range groups {
 		for _, x := range batch {

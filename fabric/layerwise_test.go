@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
@@ -40,15 +41,18 @@ type fakeGPU struct {
 	// stuck makes every copy end with transfer.ErrStuck, moving nothing:
 	// a device copy that never finished.
 	stuck bool
+	// failPeer fails every device-to-device copy (CopyFrom).
+	failPeer bool
 
 	mu struct {
 		sync.Mutex
-		log     []string
-		calls   int
-		running int
-		overlap bool
-		gen     uint32
-		words   []uint32 // gate words, one per layer
+		peerCopies int
+		log        []string
+		calls      int
+		running    int
+		overlap    bool
+		gen        uint32
+		words      []uint32 // gate words, one per layer
 	}
 }
 
@@ -113,6 +117,23 @@ func (d *fakeGPU) StartGated(ctx context.Context, groups [][]transfer.Desc, gate
 func (d *fakeGPU) Copy(ctx context.Context, batch []transfer.Desc) error {
 	return transfer.Local{}.Copy(ctx, batch)
 }
+
+// CopyFrom is a device-to-device copy (the HBM stage's); failPeer fails
+// it, moving nothing, and stuck makes it end with transfer.ErrStuck.
+func (d *fakeGPU) CopyFrom(ctx context.Context, _ transfer.PeerSource, batch []transfer.Desc) error {
+	d.mu.Lock()
+	d.mu.peerCopies++
+	d.mu.Unlock()
+	switch {
+	case d.stuck:
+		return fmt.Errorf("fake peer copy: %w", transfer.ErrStuck)
+	case d.failPeer:
+		return errors.New("fake peer copy failure")
+	}
+	return d.Copy(ctx, batch)
+}
+
+func (d *fakeGPU) PeerDevice() *cuda.Device { return nil }
 
 func (d *fakeGPU) CopyGroups(ctx context.Context, groups [][]transfer.Desc, done func(g int)) error {
 	for g, b := range groups {

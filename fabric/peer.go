@@ -96,7 +96,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		log.Warn().Uint64("query_budget_bytes", budget).Msg("query budget capped at half the dram pool")
 	}
 	p.pages = store.New(p.cat, p.pool, p.ssd, p.storeOptions(budget))
-	gpu, err := openGPU(p.cfg, p.pages.DRAMRegion(), log)
+	gpu, err := openGPU(p.cfg, p.pages.DRAMRegion(), p.pages.AddHBMStage, log)
 	if err != nil {
 		p.abandonStart()
 		return nil, err

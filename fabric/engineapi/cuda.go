@@ -16,6 +16,9 @@ type GPU interface {
 	Copier(ordinal int) (store.DeviceCopier, error)
 	// Import maps an engine's CUDA IPC allocation on device ordinal.
 	Import(ordinal int, handle []byte, offset, size uint64) (*hbm.GPUBuffer, error)
+	// Stage returns device ordinal's HBM stage, nil when the peer keeps
+	// none (fabric/store/hbmstage.go).
+	Stage(ordinal int) *store.HBMStage
 }
 
 // importCUDA maps a session's CUDA buffers; all of them must live on one
@@ -45,6 +48,7 @@ func (p *API) importCUDA(s *session, specs []cudaSpec) error {
 			Device: uint64(buf.Ptr), Ordinal: dev, Size: buf.Size})
 	}
 	s.GPU = copier
+	s.Stage = p.gpu.Stage(dev)
 	p.openMarks(s)
 	return nil
 }

@@ -22,6 +22,7 @@ type Engine struct {
 	Bufs      []*transfer.Region
 	GPU       DeviceCopier    // CUDA sessions: the device's transport (gpu.go); nil otherwise
 	Marks     *transfer.Marks // CUDA sessions: one interprocess event per layer (layerwise.go)
+	Stage     *HBMStage       // CUDA sessions: their GPU's HBM stage (hbmstage.go); nil without one
 
 	turnOnce sync.Once
 	turn     chan struct{} // one layer-wise load enqueuing at a time (layerwise.go)

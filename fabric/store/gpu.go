@@ -17,6 +17,10 @@ import (
 // device's transport: *transfer.CUDA, or a fake where the CPU side is
 // measured without a GPU.
 type DeviceCopier interface {
+	// CopyFrom copies device-to-device descriptors from src's GPU into this
+	// one (hbmstage.go); PeerDevice names this transport's GPU to another.
+	CopyFrom(ctx context.Context, src transfer.PeerSource, batch []transfer.Desc) error
+	transfer.PeerSource
 	Copy(ctx context.Context, batch []transfer.Desc) error
 	// Begin starts a copy fed page by page (whole-request loads and DRAM
 	// saves): planning overlaps the copy (transfer's stream.go).
@@ -103,6 +107,7 @@ func (s *Store) saveGPU(ctx context.Context, sess *Engine, reqs []PageReq, toSSD
 		items = s.writeThrough(ctx, items, res)
 	}
 	s.commitSaves(items, res)
+	s.stageSaved(ctx, sess, reqs, items, res) // hbmstage.go
 	clk.lap(phaseFinish)
 }
 
@@ -315,6 +320,7 @@ func (s *Store) scatterGPU(ctx context.Context, sess *Engine, items []*loadItem,
 			moving = append(moving, it)
 		}
 	}
+	moving = s.loadStaged(ctx, sess, moving, res) // GPU to GPU (hbmstage.go)
 	if len(moving) == 0 {
 		clk.lap(phasePlan)
 		return nil

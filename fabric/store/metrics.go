@@ -17,6 +17,7 @@ type metrics struct {
 	corruptPages                prometheus.Counter
 	ssdDropped, ssdErrors       *prometheus.CounterVec
 	engineFaults                prometheus.Counter
+	staged                      *prometheus.CounterVec
 	unsealedPages               prometheus.Gauge
 	quarantined                 prometheus.Gauge
 	inflight                    prometheus.Gauge
@@ -68,6 +69,8 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 			"SSD page operations that failed with an I/O error (errno, short transfer, failed sync), by op: read or write.")), []string{"op"}),
 		engineFaults: counter("fabric", "engine_buffer_faults_total",
 			"Engine KV buffer faults: operations refused because the buffer's file shrank under its mapping, and page copies that faulted in it."),
+		staged: prometheus.NewCounterVec(prometheus.CounterOpts(f("fabric", "hbm_staged_pages_total",
+			"CUDA saves' pages copied into the HBM stage of their GPU (--hbm-stage-bytes), by result: staged, skipped (no unpinned slot, or another page size than the stage's), failed (the device copy failed; the page loads from DRAM).")), []string{"result"}),
 		unsealedPages:  gauge("tiers", "unsealed_pages", "DRAM pages whose checksum is still being computed."),
 		quarantined:    gauge("transfer", "quarantined_bytes", "DRAM kept out of use for the process's life: a GPU copy naming it never finished."),
 		inflight:       gauge("transfer", "inflight_copies", "Page copies in progress."),
@@ -85,7 +88,7 @@ func newMetrics(reg *prometheus.Registry, ssdInflight func() float64) *metrics {
 		Help: "Layer-wise loads: from the device batch's enqueue until the peer saw it complete."})
 	m.ssdInflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("tiers", "ssd_inflight", "SSD operations in the kernel (queue depth).")), ssdInflight)
 	reg.MustRegister(m.savedPages, m.loadedTokens, m.loadedPages, m.evictedPages, m.demotedPages, m.unflushedDrops, m.flusherBusy, m.readmitted, m.askedDropped, m.promotedPages,
-		m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults, m.unsealedPages, m.quarantined, m.inflight, m.ssdInflight,
+		m.corruptPages, m.ssdDropped, m.ssdErrors, m.engineFaults, m.staged, m.unsealedPages, m.quarantined, m.inflight, m.ssdInflight,
 		m.tierBytes, m.tierPages, m.tierCapacity, m.catalogEntries, m.enqueueSec, m.deviceSec)
 	m.observe(reg)
 	return m
@@ -100,11 +103,14 @@ func (m *metrics) observe(reg prometheus.Registerer) {
 		Help:    "Data-plane fetches of a batch of pages from one member, for loads.",
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2, 19)}) // 100 µs .. 26 s
 	reg.MustRegister(m.fetchSeconds)
-	for _, tier := range []string{"dram", "ssd", "remote"} {
+	for _, tier := range []string{"dram", "ssd", "remote", "hbm"} {
 		m.loadedPages.WithLabelValues(tier)
 	}
 	for _, tier := range []string{"dram", "ssd"} {
 		m.evictedPages.WithLabelValues(tier)
+	}
+	for _, r := range []string{"staged", "skipped", "failed"} {
+		m.staged.WithLabelValues(r)
 	}
 	for _, reason := range []string{"io_error", "corrupt"} {
 		m.ssdDropped.WithLabelValues(reason)

@@ -66,6 +66,9 @@ type Store struct {
 	ssdReads ssdRate
 	// members is nil when the peer runs standalone (remote.go).
 	members Members
+	// stages are the GPUs' HBM stages (hbmstage.go), sources for CUDA loads.
+	stagesMu sync.Mutex
+	stages   []*HBMStage
 	// faults are the SSD tier's recent faults, for Status (faults.go).
 	faults tierFaults
 	log    zerolog.Logger
