@@ -5,6 +5,7 @@ package cuda
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -134,6 +135,101 @@ func copyLoop(b *testing.B, d0, d1 *Device, n uint64, enqueue func(s1, s0 *Strea
 		}
 		if err := s1.Synchronize(); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestStartPeerSegments copies scattered device-to-device segments with
+// Copier.StartPeer and compares every byte of the destination (copied
+// ranges and the gaps between them): on one GPU (HBM to HBM, the HBM
+// stage's same-device loads), for the kernel and the copy-engine methods,
+// and from GPU 0 to GPU 1 where there are two (peer access on: the kernel
+// reads over NVLink).
+func TestStartPeerSegments(t *testing.T) {
+	d0 := requireDevice(t)
+	pairs := [][2]*Device{{d0, d0}}
+	if n, _ := DeviceCount(); n >= 2 {
+		d1, err := Open(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d1.Close()
+		if ok, err := d1.CanAccessPeer(d0); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			if err := d1.EnablePeerAccess(d0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pairs = append(pairs, [2]*Device{d0, d1})
+	} else {
+		t.Logf("one GPU: the GPU 0 -> GPU 1 case needs two")
+	}
+	const n = 8 << 20
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, p := range pairs {
+		src, dst := p[0], p[1]
+		for _, m := range []Method{MethodAuto, MethodBatch} {
+			t.Run(fmt.Sprintf("gpu%d-to-gpu%d/%v", src.Ordinal(), dst.Ordinal(), m), func(t *testing.T) {
+				c, err := dst.NewCopier(CopierConfig{Method: m})
+				if err != nil {
+					t.Skipf("method %v: %v", m, err)
+				}
+				defer c.Close()
+				sm, dm := allocDevice(t, src, n), allocDevice(t, dst, n)
+				want := make([]byte, n)
+				fillRandom(r, want)
+				if err := src.CopyToDevice(sm.Ptr, want); err != nil {
+					t.Fatal(err)
+				}
+				if err := dst.Memset(dm.Ptr, 0xA5, n); err != nil {
+					t.Fatal(err)
+				}
+				exp := bytes.Repeat([]byte{0xA5}, n)
+				var segs []PeerSegment
+				for off := uint64(0); off+64<<10 <= n; off += 96 << 10 { // 64 KiB runs, 32 KiB gaps, reversed order below
+					so := n - 64<<10 - off
+					segs = append(segs, PeerSegment{Src: sm.Ptr + DevicePtr(so), Dst: dm.Ptr + DevicePtr(off), Len: 64 << 10})
+					copy(exp[off:off+64<<10], want[so:so+64<<10])
+				}
+				odd := []PeerSegment{{Src: sm.Ptr + 16, Dst: dm.Ptr + 64<<10 + 3, Len: 1000}} // unaligned: never the kernel
+				copy(exp[64<<10+3:64<<10+1003], want[16:1016])
+				var methods []Method
+				for _, batch := range [][]PeerSegment{segs, odd} {
+					pend, err := c.StartPeer(src, batch)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := pend.Add([]Segment{{HostOff: 0, Dev: dm.Ptr, Len: 16}}); err == nil {
+						t.Error("Add to a peer batch succeeded, want ErrNotSupported")
+					}
+					if err := pend.Wait(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+					methods = append(methods, pend.Method())
+				}
+				if c.Method() == MethodKernel && methods[0] != MethodKernel {
+					t.Errorf("aligned segments went by %v on a kernel copier", methods[0])
+				}
+				if methods[1] == MethodKernel {
+					t.Error("an unaligned segment went by the kernel")
+				}
+				got := make([]byte, n)
+				if err := dst.CopyFromDevice(got, dm.Ptr); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, exp) {
+					i := 0
+					for i < n && got[i] == exp[i] {
+						i++
+					}
+					t.Fatalf("destination differs from byte %d (methods %v)", i, methods)
+				}
+				t.Logf("%d aligned segments went by %v, an unaligned one by %v", len(segs), methods[0], methods[1])
+				if _, err := c.StartPeer(src, []PeerSegment{{Src: sm.Ptr, Dst: 0, Len: 16}}); !errors.Is(err, ErrBadSegment) {
+					t.Errorf("a segment to address 0: %v, want ErrBadSegment", err)
+				}
+			})
 		}
 	}
 }

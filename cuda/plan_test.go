@@ -240,3 +240,37 @@ func TestRectsFoldsPages(t *testing.T) {
 		}
 	}
 }
+
+// TestLowerPeerSegments: peer segments become shim copies with runs
+// adjacent on both sides merged, in order; empty, null or wrapping ones
+// are refused.
+func TestLowerPeerSegments(t *testing.T) {
+	got, err := lowerPeer(nil, []PeerSegment{
+		{Src: 0x1000, Dst: 0x9000, Len: 0x100},
+		{Src: 0x1100, Dst: 0x9100, Len: 0x100}, // adjacent both sides: merged
+		{Src: 0x1200, Dst: 0xa000, Len: 0x100}, // adjacent at the source only
+		{Src: 0x0800, Dst: 0xa100, Len: 0x10},  // adjacent at the destination only
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []cSeg{{0x1000, 0x9000, 0x200}, {0x1200, 0xa000, 0x100}, {0x0800, 0xa100, 0x10}}
+	if len(got) != len(want) {
+		t.Fatalf("lowered %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("lowered %v, want %v", got, want)
+		}
+	}
+	for name, s := range map[string]PeerSegment{
+		"empty":       {Src: 0x1000, Dst: 0x2000},
+		"null source": {Dst: 0x2000, Len: 16},
+		"null dest":   {Src: 0x1000, Len: 16},
+		"wraps":       {Src: ^DevicePtr(0) - 4, Dst: 0x2000, Len: 16},
+	} {
+		if _, err := lowerPeer(nil, []PeerSegment{s}); !errors.Is(err, ErrBadSegment) {
+			t.Errorf("%s: %v, want ErrBadSegment", name, err)
+		}
+	}
+}

@@ -37,7 +37,7 @@ const gpuEngineEnv = "ORBITKV_TEST_GPU_ENGINE"
 
 // requireGPU skips without a usable GPU, failing instead under
 // ORBITKV_REQUIRE=cuda (set on the GPU machine).
-func requireGPU(t *testing.T) {
+func requireGPU(t testing.TB) {
 	t.Helper()
 	why := ""
 	if err := cuda.Init(); err != nil {
@@ -83,10 +83,11 @@ func TestGPUEngineHelper(t *testing.T) {
 // "POKE off byte" and "QUIT".
 func gpuEngineMain(spec string, in io.Reader, out io.Writer) error {
 	var size, seed uint64
-	if _, err := fmt.Sscan(spec, &size, &seed); err != nil {
+	var dev int
+	if _, err := fmt.Sscan(spec, &size, &seed, &dev); err != nil {
 		return err
 	}
-	d, err := cuda.Open(0)
+	d, err := cuda.Open(dev)
 	if err != nil {
 		return err
 	}
@@ -170,17 +171,23 @@ func stridedSum(b []byte, off, stride, ln, count uint64) []byte {
 // gpuEngine is the parent's handle on the child, with a mirror of what the
 // device allocation must hold.
 type gpuEngine struct {
-	t      *testing.T
+	t      testing.TB
 	in     io.WriteCloser
 	out    *bufio.Reader
 	handle []byte
 	mirror []byte
 }
 
-func startGPUEngine(t *testing.T, size, seed uint64) *gpuEngine {
+func startGPUEngine(t testing.TB, size, seed uint64) *gpuEngine {
+	t.Helper()
+	return startGPUEngineOn(t, size, seed, 0)
+}
+
+// startGPUEngineOn is startGPUEngine with the allocation on CUDA device dev.
+func startGPUEngineOn(t testing.TB, size, seed uint64, dev int) *gpuEngine {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUEngineHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %d", gpuEngineEnv, size, seed))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %d %d", gpuEngineEnv, size, seed, dev))
 	cmd.Stderr = os.Stderr
 	e := &gpuEngine{t: t, mirror: make([]byte, size)}
 	var err error

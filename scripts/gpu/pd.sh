@@ -86,8 +86,11 @@ SOCK=$DATA/peer/orbitkv.sock
 
 start_peer() {
 	rm -rf "$DATA/peer"
+	echo "=== $(date +%T) peer ${PEER_FLAGS:-}" >>"$O/peer.log"
+	# PEER_FLAGS: more peer flags (word-split), e.g. "--hbm-stage-bytes 4GiB" (two-gpu.sh)
+	# shellcheck disable=SC2086
 	setsid "$BIN" serve --data-dir "$DATA/peer" --cuda "$CUDA" --dram-bytes "$DRAM" --ssd-bytes 0 \
-		--metrics-addr 127.0.0.1:0 >>"$O/peer.log" 2>&1 &
+		--metrics-addr 127.0.0.1:0 ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
 	PIDS+=($!)
 	local t0=$SECONDS
 	for _ in $(seq 900); do
@@ -132,7 +135,7 @@ start_ref() { # NAME ROLE DEVICE EXTRA-JSON
 
 peer_counters() { # LABEL
 	[ -n "$PEER_METRICS" ] || return 0
-	curl -s --max-time 5 "http://$PEER_METRICS/metrics" | grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|corrupt_pages)_total|^orbitkv_transfer_gpu_phase_seconds_total" |
+	curl -s --max-time 5 "http://$PEER_METRICS/metrics" | grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|hbm_staged_pages|lookup_hit_pages|lookup_miss_pages|corrupt_pages)_total|^orbitkv_transfer_gpu_phase_seconds_total" |
 		sed "s/^/[$1 peer] /" | tee -a "$S"
 }
 
@@ -158,7 +161,7 @@ ref() { # VARIANTS: NAME[@DEVICE] each (NAME async | layerwise; DEVICE the consu
 	for v in ${VARIANTS:-async}; do
 		name=${v%%@*} dev=${C_DEVICE:-$DEVICE}
 		[ "$name" != "$v" ] && dev=${v#*@}
-		label=ref_$(echo "$v" | tr -c 'A-Za-z0-9\n' '-') # a file name of letters, digits and '-'
+		label=ref_${PD_TAG:+$PD_TAG-}$(echo "$v" | tr -c 'A-Za-z0-9\n' '-') # a file name of letters, digits and '-' (PD_TAG: the run's)
 		local extra='"engine_id": "decode", "pd_wait_ms": 5000'
 		[ "$name" = layerwise ] && extra="$extra, \"layerwise\": true"
 		start_ref "decode-$label" kv_consumer "$dev" "{$extra}" || return 1
