@@ -105,25 +105,47 @@ func TestHBMStageStaleGenerationLoadsFromDRAM(t *testing.T) {
 	tp, prod, cons, fp, _, st := stagedPair(t, 16)
 	keys := randKeys(2)
 	okOp(t)(prod.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
-	for _, tier := range []pb.Tier{pb.Tier_TIER_DRAM, pb.Tier_TIER_SSD} {
-		if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: tier, Keys: keys}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	evictAll(t, tp, keys)
 	if lk, err := prod.Lookup(ctx(t), keys, false); err != nil || lk.HitPages != 0 {
 		t.Fatalf("lookup after evicting: %v %v, want no hit", lk, err)
 	}
-	for b := range 8 { // new bytes in the producer's blocks 0..7
-		off := layerFlash.BlockOffset(0, 0, b)
-		prod.shm.Mem[off] ^= 0xff
-	}
-	fp.failPeer = true // the new save commits to DRAM; its staging copy fails
+	flipBlocks(prod, 8) // new bytes in the producer's blocks 0..7
+	fp.failPeer = true  // the new save commits to DRAM; its staging copy fails
 	okOp(t)(prod.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
 	if s := st.Stats(); s.Live != 2 {
 		t.Fatalf("stage: %+v, want the 2 old pages still live", s)
 	}
 	loadInto(t, prod, cons, keys, 20)
 	wantCounts(t, tp, map[string]string{hbmLoaded: "0", dramLoaded: "2"})
+
+	// Once more with the staging copy working: the new copies replace the
+	// old ones in the stage (2 live, not 4) and the load takes them.
+	fp.failPeer = false
+	evictAll(t, tp, keys)
+	flipBlocks(prod, 8)
+	okOp(t)(prod.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	if s := st.Stats(); s.Live != 2 {
+		t.Fatalf("stage after the re-save: %+v, want 2 live (the old copies freed)", s)
+	}
+	loadInto(t, prod, cons, keys, 40)
+	wantCounts(t, tp, map[string]string{hbmLoaded: "2", dramLoaded: "2"})
+}
+
+// evictAll drops keys from every tier.
+func evictAll(t *testing.T, tp *testPeer, keys [][]byte) {
+	t.Helper()
+	for _, tier := range []pb.Tier{pb.Tier_TIER_DRAM, pb.Tier_TIER_SSD} {
+		if _, err := tp.admin.Evict(ctx(t), &pb.EvictRequest{Tier: tier, Keys: keys}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// flipBlocks gives the first n blocks of e other bytes (one per block).
+func flipBlocks(e *engine, n int) {
+	for b := range n {
+		e.shm.Mem[layerFlash.BlockOffset(0, 0, b)] ^= 0xff
+	}
 }
 
 // TestHBMStageCopyFailureLoadsFromDRAM: a load whose device-to-device copy

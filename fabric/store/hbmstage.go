@@ -194,6 +194,9 @@ func (st *HBMStage) filled(pages []stagedPage, err error) {
 		case err != nil:
 			*sl = stageSlot{}
 		default:
+			if j, ok := st.mu.byKey[p.key]; ok && j != p.slot {
+				st.mu.slots[j].live = false // an older copy of the key: free for reuse
+			}
 			sl.live, sl.pins = true, 0
 			st.mu.byKey[p.key] = p.slot
 		}
