@@ -115,7 +115,7 @@ func BenchmarkGPUHandoff(b *testing.B) {
 	pageBytes := uint64(g.layers * 2 * g.perPage * g.blockBytes)
 	total := pages * pageBytes
 	cfg := smallConfig(b.TempDir())
-	cfg.DRAMBytes, cfg.DRAMSlabBytes = 8<<30, 16<<20
+	cfg.DRAMBytes, cfg.DRAMSlabBytes = 12<<30, 16<<20 // 8 rounds of saves (4 each way with -benchtime 3x) fit: no eviction
 	cfg.SSDBytes = 0
 	cfg.CUDA = "require"
 	cfg.HBMStageBytes = bytesize.Size(2 * total)
