@@ -258,7 +258,7 @@ func (l stagedLoad) unpin(stuck bool) {
 // whose copy failed. Items of a copy that got stuck fail (their blocks may
 // still be written) and are not returned.
 func (s *Store) loadStaged(ctx context.Context, sess *Engine, items []*loadItem, res []Result) []*loadItem {
-	if sess.Stage == nil && len(s.hbmStages()) == 0 {
+	if len(s.hbmStages()) == 0 {
 		return items
 	}
 	done := make(map[*loadItem]bool)
