@@ -107,7 +107,7 @@ func (s *Store) saveGPU(ctx context.Context, sess *Engine, reqs []PageReq, toSSD
 		items = s.writeThrough(ctx, items, res)
 	}
 	s.commitSaves(items, res)
-	s.stageSaved(ctx, sess, reqs, items, res) // hbmstage.go
+	s.stageSaved(ctx, sess, reqs, items, res) // hbmstage.go: in the finish phase
 	clk.lap(phaseFinish)
 }
 
@@ -320,7 +320,10 @@ func (s *Store) scatterGPU(ctx context.Context, sess *Engine, items []*loadItem,
 			moving = append(moving, it)
 		}
 	}
-	moving = s.loadStaged(ctx, sess, moving, res) // GPU to GPU (hbmstage.go)
+	if rest := s.loadStaged(ctx, sess, moving, res); len(rest) != len(moving) { // GPU to GPU (hbmstage.go)
+		clk.lap(phaseCopy) // the staged pages' plan and device copy
+		moving = rest
+	}
 	if len(moving) == 0 {
 		clk.lap(phasePlan)
 		return nil

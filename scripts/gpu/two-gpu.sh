@@ -12,15 +12,16 @@
 #                                  GPU 0, a load on the consumer's GPU from the HBM stage, every
 #                                  plane compared by digest), and BenchmarkGPUHandoff (an 8K-token
 #                                  Qwen3-8B prompt, 1,152 MiB: save and load through DRAM and
-#                                  through the stage, beside contiguous h2d and d2d copies)  ~3 min
+#                                  through the stage, beside contiguous h2d and d2d copies)  ~1.5 min
 #   scripts/gpu/two-gpu.sh pd      the P/D probe (scripts/gpu/pd.sh ref: reference engines, an 8K
 #                                  prompt, prefill / handoff / recompute) twice in one call: the
 #                                  peer without a stage (pages GPU 0 -> DRAM -> consumer's GPU) and
 #                                  with --hbm-stage-bytes 4GiB (GPU to GPU); PD_TAG dram / stage
-#                                  name their pd_*.json                                    ~4 min
+#                                  name their pd_*.json                                    ~1 min
 #   CPU=1 scripts/gpu/two-gpu.sh pd  the pd part's dry run here (pd.sh CPU=1, consumer "async@cpu",
 #                                  no stage: a CPU peer has none)
-#   scripts/gpu/two-gpu.sh         both, one device call (over 8 minutes: use two calls)
+#   scripts/gpu/two-gpu.sh         both, one device call: on one H200 (2026-12-03) tests took 89 s
+#                                  and pd 64 s of command time, ~4 min of device time with the start
 #
 # Carried (built here, cgo): out/orbitkv.xz, out/cuda.test.xz, out/fabric.test.xz
 #   CGO_ENABLED=1 go build -ldflags="-s -w -checklinkname=0" -o out/orbitkv ./cmd/orbitkv
