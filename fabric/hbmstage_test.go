@@ -251,3 +251,22 @@ func TestHBMStageSkipsOtherPageSizes(t *testing.T) {
 		t.Fatalf("stage slots of %d bytes, want the producer's %d (the other layout's pages are %d)", s.PageBytes, ps.PageBytes, sess.PageBytes)
 	}
 }
+
+// TestHBMStageLeavesAlreadyStoredPagesOut: a save of pages DRAM holds
+// already (from an earlier save whose stage copy failed) copies nothing into
+// DRAM, so its stage copy is not published either: the blocks' bytes now
+// need not be the bytes DRAM holds. The consumer loads from DRAM, and the
+// slots are free again.
+func TestHBMStageLeavesAlreadyStoredPagesOut(t *testing.T) {
+	tp, prod, cons, fp, _, st := stagedPair(t, 8)
+	keys := randKeys(3)
+	fp.failPeer = true
+	okOp(t)(prod.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	fp.failPeer = false
+	okOp(t)(prod.Save(ctx(t), refs(keys, 0, 4), pb.Durability_DURABILITY_DRAM))
+	if s := st.Stats(); s.Live != 0 || s.Pinned != 0 {
+		t.Fatalf("stage: %+v, want nothing live or pinned", s)
+	}
+	loadInto(t, prod, cons, keys, 20)
+	wantCounts(t, tp, map[string]string{stagedOK: "0", hbmLoaded: "0", dramLoaded: "3"})
+}

@@ -102,12 +102,13 @@ func descsPerPage(sess *Engine) int { return len(sess.Geom.Segments) * sess.Geom
 // write-through and catalog commit as every save.
 func (s *Store) saveGPU(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) {
 	clk := s.phases.start(gpuSave)
+	stage := s.startStage(ctx, sess, reqs) // beside the DRAM copy (hbmstage.go)
 	items := s.gatherGPU(ctx, sess, reqs, toSSD, res, clk)
 	if toSSD && len(items) > 0 {
 		items = s.writeThrough(ctx, items, res)
 	}
 	s.commitSaves(items, res)
-	s.stageSaved(ctx, sess, reqs, items, res) // hbmstage.go: in the finish phase
+	s.finishStage(stage, items, res) // waits for the stage copy: in the finish phase
 	clk.lap(phaseFinish)
 }
 

@@ -13,8 +13,9 @@ import (
 
 // HBMStage is a device's staging area: page slots in the peer's own HBM on
 // that GPU (cuMemAlloc in the peer's context, --hbm-stage-bytes). A CUDA
-// session's save into DRAM also copies its pages, device to device, into
-// the stage of the session's GPU; a later load of those pages by a CUDA
+// session's save also copies its pages, device to device, into the stage of
+// the session's GPU, beside its copy into DRAM (the save answers once both
+// are done; only pages the save committed fresh are published); a later load of those pages by a CUDA
 // session — on the same GPU, or another GPU of the host (NVLink) — copies
 // them from the stage instead of from DRAM: the same-host P/D handoff, GPU
 // to GPU. The stage is a cache beside the DRAM copy, never the only copy:
@@ -70,65 +71,119 @@ func (s *Store) hbmStages() []*HBMStage {
 }
 
 // stagedPage is one page a stage copy moves: the request index, the stage
-// slot, the catalog generation.
+// slot, the catalog generation it is published with (0: not published,
+// the slot is freed) and the one the catalog held when the save began.
 type stagedPage struct {
-	i, slot int
-	key     pagekey.Key
-	gen     uint64
+	i, slot    int
+	key        pagekey.Key
+	gen, prior uint64
 }
 
-// stageSaved copies the pages a CUDA save just committed into DRAM into the
-// stage of the session's GPU, device to device, before the save answers
-// (the engine's blocks hold the same bytes until then). Best effort: the
-// save's result stands whatever happens here.
-func (s *Store) stageSaved(ctx context.Context, sess *Engine, reqs []PageReq, items []*saveItem, res []Result) {
+// stageCopy is a save's copy into the HBM stage of its GPU, running beside
+// the save's copy into DRAM (device to device beside device to host: HBM
+// and PCIe, neither waits for the other).
+type stageCopy struct {
+	st    *HBMStage
+	pages []stagedPage
+	done  chan error
+}
+
+// startStage reserves stage slots for a CUDA save's pages and starts their
+// device-to-device copy from the engine's blocks, which hold the same bytes
+// until the save answers. Best effort: nil when there is no stage, no free
+// slot or nothing to plan; the save's result never depends on it.
+func (s *Store) startStage(ctx context.Context, sess *Engine, reqs []PageReq) *stageCopy {
 	st := sess.Stage
-	if st == nil || len(items) == 0 {
-		return
+	if st == nil || len(reqs) == 0 {
+		return nil
 	}
-	var pages []stagedPage
-	for _, it := range items {
-		if res[it.i].Code == CodeOK {
-			pages = append(pages, stagedPage{i: it.i, key: it.key, gen: it.entry.Generation})
-		}
-	}
-	pages = s.currentGens(pages)
+	pages := s.priorGens(reqs)
 	pages, skipped := st.reserve(pages, sess.PageBytes)
 	s.m.staged.WithLabelValues("skipped").Add(float64(skipped))
 	if len(pages) == 0 {
-		return
+		return nil
 	}
-	var descs []transfer.Desc
-	var err error
-	for _, p := range pages {
-		if descs, err = sess.Geom.Gather(descs, sess.Bufs, reqs[p.i].Blocks, st.region, st.offset(p.slot)); err != nil {
-			break
-		}
-	}
-	if err == nil {
-		err = st.gpu.CopyFrom(ctx, sess.GPU, descs)
-	}
-	st.filled(pages, err)
-	if err != nil {
-		s.m.staged.WithLabelValues("failed").Add(float64(len(pages)))
-		s.log.Debug().Err(err).Int("device", st.Ordinal).Int("pages", len(pages)).Msg("hbm stage: copy failed; the pages load from dram")
-		return
-	}
-	s.m.staged.WithLabelValues("staged").Add(float64(len(pages)))
+	sc := &stageCopy{st: st, pages: pages, done: make(chan error, 1)}
+	go func() { sc.done <- s.copyToStage(ctx, sess, reqs, sc) }() // planned there too: the DRAM copy starts at once
+	return sc
 }
 
-// currentGens keeps the pages whose catalog entry still has the generation
-// the save committed (a concurrent save or discard may have replaced it).
-func (s *Store) currentGens(pages []stagedPage) []stagedPage {
+// copyToStage plans a stage copy's pages from the engine's blocks into
+// their slots and copies them as one device copy. A page that does not
+// plan is left out (its generation 0: freed when the save finishes).
+func (s *Store) copyToStage(ctx context.Context, sess *Engine, reqs []PageReq, sc *stageCopy) error {
+	descs := make([]transfer.Desc, 0, len(sc.pages)*descsPerPage(sess))
+	for k := range sc.pages {
+		p := &sc.pages[k]
+		d, err := sess.Geom.Gather(descs[len(descs):], sess.Bufs, reqs[p.i].Blocks, sc.st.region, sc.st.offsetOf(p.slot))
+		if err != nil {
+			p.gen = 0
+			continue
+		}
+		descs = append(descs, d...)
+	}
+	return sc.st.gpu.CopyFrom(ctx, sess.GPU, descs)
+}
+
+// priorGens names every page of a save with the generation the catalog
+// holds for it now (0: none).
+func (s *Store) priorGens(reqs []PageReq) []stagedPage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := pages[:0]
-	for _, p := range pages {
-		if e, ok := s.cat.Get(p.key); ok && e.Generation == p.gen && e.DRAMSlot >= 0 {
-			out = append(out, p)
+	pages := make([]stagedPage, len(reqs))
+	for i, r := range reqs {
+		pages[i] = stagedPage{i: i, key: r.Key, gen: 1} // gen: planned; set from the commit
+		if e, ok := s.cat.Get(r.Key); ok {
+			pages[i].prior = e.Generation
 		}
 	}
-	return out
+	return pages
+}
+
+// finishStage waits for a save's stage copy (bounded: the copy's own
+// deadline) and publishes the pages the save committed fresh into DRAM,
+// with the generation the catalog still holds for them; the other slots
+// (pages stored already, failed, replaced meanwhile) are freed.
+func (s *Store) finishStage(sc *stageCopy, items []*saveItem, res []Result) {
+	if sc == nil {
+		return
+	}
+	err := <-sc.done
+	gens := make(map[int]uint64, len(items))
+	for _, it := range items {
+		if res[it.i].Code == CodeOK {
+			gens[it.i] = it.entry.Generation
+		}
+	}
+	n := s.committedGens(sc.pages, gens)
+	sc.st.filled(sc.pages, err)
+	switch {
+	case err != nil:
+		s.m.staged.WithLabelValues("failed").Add(float64(n))
+		s.log.Debug().Err(err).Int("device", sc.st.Ordinal).Int("pages", len(sc.pages)).Msg("hbm stage: copy failed; the pages load from dram")
+	default:
+		s.m.staged.WithLabelValues("staged").Add(float64(n))
+	}
+}
+
+// committedGens sets each planned page's generation to the one its save
+// committed, where the catalog still holds it in DRAM, else 0, and counts
+// the pages kept.
+func (s *Store) committedGens(pages []stagedPage, gens map[int]uint64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k := range pages {
+		p := &pages[k]
+		g, ok := gens[p.i]
+		if e, in := s.cat.Get(p.key); p.gen == 0 || !ok || !in || e.Generation != g || e.DRAMSlot < 0 {
+			p.gen = 0
+			continue
+		}
+		p.gen = g
+		n++
+	}
+	return n
 }
 
 func (st *HBMStage) offset(slot int) uint64 { return uint64(slot) * st.mu.pageBytes }
@@ -149,8 +204,8 @@ func (st *HBMStage) reserve(pages []stagedPage, pageBytes uint64) ([]stagedPage,
 	out := pages[:0]
 	skipped := 0
 	for _, p := range pages {
-		if j, ok := st.mu.byKey[p.key]; ok && st.mu.slots[j].gen == p.gen {
-			continue // staged already
+		if j, ok := st.mu.byKey[p.key]; ok && p.prior != 0 && st.mu.slots[j].gen == p.prior {
+			continue // staged already, with the bytes the catalog holds
 		}
 		j, ok := st.freeSlotLocked()
 		if !ok {
@@ -160,7 +215,7 @@ func (st *HBMStage) reserve(pages []stagedPage, pageBytes uint64) ([]stagedPage,
 		if old := &st.mu.slots[j]; old.live && st.mu.byKey[old.key] == j {
 			delete(st.mu.byKey, old.key)
 		}
-		st.mu.slots[j] = stageSlot{key: p.key, gen: p.gen, pins: 1} // pinned while it fills
+		st.mu.slots[j] = stageSlot{key: p.key, pins: 1} // pinned while it fills; its generation comes with filled
 		p.slot = j
 		out = append(out, p)
 	}
@@ -180,9 +235,9 @@ func (st *HBMStage) freeSlotLocked() (int, bool) {
 	return 0, false
 }
 
-// filled publishes the pages a stage copy moved (err nil) or frees their
-// slots; after a stuck copy the slots stay pinned for good (the device may
-// still write them).
+// filled publishes the pages a stage copy moved (err nil) that have a
+// generation and frees the other slots; after a stuck copy the slots stay
+// pinned for good (the device may still write them).
 func (st *HBMStage) filled(pages []stagedPage, err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -191,13 +246,13 @@ func (st *HBMStage) filled(pages []stagedPage, err error) {
 		sl := &st.mu.slots[p.slot]
 		switch {
 		case stuck:
-		case err != nil:
+		case err != nil || p.gen == 0:
 			*sl = stageSlot{}
 		default:
 			if j, ok := st.mu.byKey[p.key]; ok && j != p.slot {
 				st.mu.slots[j].live = false // an older copy of the key: free for reuse
 			}
-			sl.live, sl.pins = true, 0
+			sl.gen, sl.live, sl.pins = p.gen, true, 0
 			st.mu.byKey[p.key] = p.slot
 		}
 	}
