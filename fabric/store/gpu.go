@@ -436,3 +436,19 @@ func (s *Store) streamPages(ctx context.Context, sess *Engine, n int, plan func(
 // Qwen3-8B: 150 MB, 2.7 ms on PCIe gen5), small enough that the first
 // parts start the copy early.
 const streamPartPages = 16
+
+// The HBM stages, sources of CUDA loads (save.go fills them, load.go reads them).
+
+// AddHBMStage makes a device's stage a source for loads from every CUDA
+// session (sessions on its device fill it: Engine.Stage).
+func (s *Store) AddHBMStage(st *HBMStage) {
+	s.stagesMu.Lock()
+	defer s.stagesMu.Unlock()
+	s.stages = append(s.stages, st)
+}
+
+func (s *Store) hbmStages() []*HBMStage {
+	s.stagesMu.Lock()
+	defer s.stagesMu.Unlock()
+	return s.stages
+}

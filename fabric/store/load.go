@@ -309,3 +309,112 @@ func (s *Store) corruptForTest(sess *Engine, items []*loadItem, res []Result) {
 
 // TestCorruptedPages is how many pages the test-only hook corrupted.
 func (s *Store) TestCorruptedPages() int64 { return s.corrupt.done.Load() }
+
+// CUDA loads from the HBM stages (hbmstage.go).
+
+// stagedLoad is a load's pages found in one stage, pinned there.
+type stagedLoad struct {
+	st    *HBMStage
+	items []*loadItem
+	slots []int
+}
+
+// pinStaged finds, in every stage, the DRAM pages of a load whose staged
+// copy has the generation the load pinned, and pins those slots.
+func (s *Store) pinStaged(sess *Engine, items []*loadItem) []stagedLoad {
+	var out []stagedLoad
+	taken := make(map[*loadItem]bool)
+	for _, st := range s.hbmStages() {
+		l := stagedLoad{st: st}
+		for _, it := range items {
+			if taken[it] || it.tier != catalog.TierDRAM {
+				continue
+			}
+			if j, ok := st.pin(it.req.Key, it.entry.Generation, sess.PageBytes); ok {
+				taken[it] = true
+				l.items, l.slots = append(l.items, it), append(l.slots, j)
+			}
+		}
+		if len(l.items) > 0 {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// unpin releases a staged load's slots; after a stuck copy they stay
+// pinned for good (the device may still read them).
+func (l stagedLoad) unpin(stuck bool) {
+	if !stuck {
+		l.st.unpin(l.slots)
+	}
+}
+
+// loadStaged copies the load's pages that a stage holds straight from HBM
+// into the session's blocks, one device copy per stage, and returns the
+// items still to load from DRAM: those no stage holds, and those of a stage
+// whose copy failed. Items of a copy that got stuck fail (their blocks may
+// still be written) and are not returned.
+func (s *Store) loadStaged(ctx context.Context, sess *Engine, items []*loadItem, res []Result) []*loadItem {
+	if len(s.hbmStages()) == 0 {
+		return items
+	}
+	done := make(map[*loadItem]bool)
+	for _, l := range s.pinStaged(sess, items) {
+		err := s.copyStaged(ctx, sess, l)
+		stuck := errors.Is(err, transfer.ErrStuck)
+		l.unpin(stuck)
+		switch {
+		case err == nil:
+			for _, it := range l.items {
+				res[it.i] = okResult(it.tier)
+				done[it] = true
+			}
+			s.m.loadedPages.WithLabelValues("hbm").Add(float64(len(l.items)))
+		case stuck:
+			for _, it := range l.items {
+				res[it.i] = FailResult(fmt.Errorf("load from the hbm stage of device %d: %w", l.st.Ordinal, err))
+				done[it] = true
+			}
+		default:
+			s.log.Debug().Err(err).Int("device", l.st.Ordinal).Int("pages", len(l.items)).Msg("hbm stage: load failed; loading from dram")
+		}
+	}
+	if len(done) == 0 {
+		return items
+	}
+	s.m.loadedTokens.Add(float64(loadedTokens(sess, okItems(items, done, res))))
+	rest := items[:0:0]
+	for _, it := range items {
+		if !done[it] {
+			rest = append(rest, it)
+		}
+	}
+	return rest
+}
+
+// okItems are the items done that loaded.
+func okItems(items []*loadItem, done map[*loadItem]bool, res []Result) []*loadItem {
+	var out []*loadItem
+	for _, it := range items {
+		if done[it] && res[it.i].Code == CodeOK {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// copyStaged plans a staged load's pages out of its stage's slots into the
+// session's blocks and copies them as one device copy.
+func (s *Store) copyStaged(ctx context.Context, sess *Engine, l stagedLoad) error {
+	var descs []transfer.Desc
+	var err error
+	for k, it := range l.items {
+		if descs, err = sess.Geom.Scatter(descs, sess.Bufs, it.req.Blocks, l.st.region, l.st.offsetOf(l.slots[k])); err != nil {
+			return fmt.Errorf("plan a load from the hbm stage: %w", err)
+		}
+	}
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	return sess.GPU.CopyFrom(ctx, l.st.src, descs)
+}

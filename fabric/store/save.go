@@ -8,6 +8,7 @@ import (
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers/dram"
 	"github.com/orbitkv/orbitkv/tiers/ssd"
+	"github.com/orbitkv/orbitkv/transfer"
 )
 
 // PageReq is one page of a Save or Load: its key and engine blocks.
@@ -397,4 +398,113 @@ func (s *Store) freeDRAM(slot dram.Slot) {
 	s.mu.Lock()
 	s.pool.Free(slot)
 	s.mu.Unlock()
+}
+
+// A CUDA save's copy into the HBM stage (hbmstage.go).
+
+// stageCopy is a save's copy into the HBM stage of its GPU, running beside
+// the save's copy into DRAM (device to device beside device to host: HBM
+// and PCIe, neither waits for the other).
+type stageCopy struct {
+	st    *HBMStage
+	pages []stagedPage
+	done  chan error
+}
+
+// startStage reserves stage slots for a CUDA save's pages and starts their
+// device-to-device copy from the engine's blocks, which hold the same bytes
+// until the save answers. Best effort: nil when there is no stage, no free
+// slot or nothing to plan; the save's result never depends on it.
+func (s *Store) startStage(ctx context.Context, sess *Engine, reqs []PageReq) *stageCopy {
+	st := sess.Stage
+	if st == nil || len(reqs) == 0 {
+		return nil
+	}
+	pages := s.priorGens(reqs)
+	pages, skipped := st.reserve(pages, sess.PageBytes)
+	s.m.staged.WithLabelValues("skipped").Add(float64(skipped))
+	if len(pages) == 0 {
+		return nil
+	}
+	sc := &stageCopy{st: st, pages: pages, done: make(chan error, 1)}
+	go func() { sc.done <- s.copyToStage(ctx, sess, reqs, sc) }() // planned there too: the DRAM copy starts at once
+	return sc
+}
+
+// copyToStage plans a stage copy's pages from the engine's blocks into
+// their slots and copies them as one device copy. A page that does not
+// plan is left out (its generation 0: freed when the save finishes).
+func (s *Store) copyToStage(ctx context.Context, sess *Engine, reqs []PageReq, sc *stageCopy) error {
+	descs := make([]transfer.Desc, 0, len(sc.pages)*descsPerPage(sess))
+	for k := range sc.pages {
+		p := &sc.pages[k]
+		d, err := sess.Geom.Gather(descs[len(descs):], sess.Bufs, reqs[p.i].Blocks, sc.st.region, sc.st.offsetOf(p.slot))
+		if err != nil {
+			p.gen = 0
+			continue
+		}
+		descs = append(descs, d...)
+	}
+	return sess.GPU.CopyFrom(ctx, sess.GPU, descs) // into the stage of the session's own GPU
+}
+
+// priorGens names every page of a save with the generation the catalog
+// holds for it now (0: none).
+func (s *Store) priorGens(reqs []PageReq) []stagedPage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pages := make([]stagedPage, len(reqs))
+	for i, r := range reqs {
+		pages[i] = stagedPage{i: i, key: r.Key, gen: 1} // gen: planned; set from the commit
+		if e, ok := s.cat.Get(r.Key); ok {
+			pages[i].prior = e.Generation
+		}
+	}
+	return pages
+}
+
+// finishStage waits for a save's stage copy (bounded: the copy's own
+// deadline) and publishes the pages the save committed fresh into DRAM,
+// with the generation the catalog still holds for them; the other slots
+// (pages stored already, failed, replaced meanwhile) are freed.
+func (s *Store) finishStage(sc *stageCopy, items []*saveItem, res []Result) {
+	if sc == nil {
+		return
+	}
+	err := <-sc.done
+	gens := make(map[int]uint64, len(items))
+	for _, it := range items {
+		if res[it.i].Code == CodeOK {
+			gens[it.i] = it.entry.Generation
+		}
+	}
+	n := s.committedGens(sc.pages, gens)
+	sc.st.filled(sc.pages, err)
+	switch {
+	case err != nil:
+		s.m.staged.WithLabelValues("failed").Add(float64(n))
+		s.log.Debug().Err(err).Int("device", sc.st.Ordinal).Int("pages", len(sc.pages)).Msg("hbm stage: copy failed; the pages load from dram")
+	default:
+		s.m.staged.WithLabelValues("staged").Add(float64(n))
+	}
+}
+
+// committedGens sets each planned page's generation to the one its save
+// committed, where the catalog still holds it in DRAM, else 0, and counts
+// the pages kept.
+func (s *Store) committedGens(pages []stagedPage, gens map[int]uint64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k := range pages {
+		p := &pages[k]
+		g, ok := gens[p.i]
+		if e, in := s.cat.Get(p.key); p.gen == 0 || !ok || !in || e.Generation != g || e.DRAMSlot < 0 {
+			p.gen = 0
+			continue
+		}
+		p.gen = g
+		n++
+	}
+	return n
 }
