@@ -190,6 +190,18 @@ func (c *Copier) run(ctx context.Context, dir Direction, h *HostRegion, segs []S
 	return p.Wait(ctx)
 }
 
+// idleLocked reports why the copier cannot take a batch now: closed, or
+// a batch still in flight (Wait for it first).
+func (c *Copier) idleLocked() error {
+	switch {
+	case c.mu.closed:
+		return ErrClosed
+	case c.mu.inflight:
+		return fmt.Errorf("cuda: copier busy: Wait for the previous batch first")
+	}
+	return nil
+}
+
 // Pending is a batch in flight.
 type Pending struct {
 	c   *Copier
@@ -208,11 +220,8 @@ func (p *Pending) Method() Method { return p.m }
 func (c *Copier) Start(dir Direction, h *HostRegion, segs []Segment) (*Pending, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.mu.closed:
-		return nil, ErrClosed
-	case c.mu.inflight:
-		return nil, fmt.Errorf("cuda: copier busy: Wait for the previous batch first")
+	if err := c.idleLocked(); err != nil {
+		return nil, err
 	}
 	if err := checkSegments(segs, h.Len()); err != nil {
 		return nil, err

@@ -52,11 +52,8 @@ func (c *Copier) StartGroupsGated(dir Direction, h *HostRegion, groups [][]Segme
 func (c *Copier) startGroups(dir Direction, h *HostRegion, groups [][]Segment, engines bool, after func(g int, s *Stream) error) (*Pending, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.mu.closed:
-		return nil, ErrClosed
-	case c.mu.inflight:
-		return nil, fmt.Errorf("cuda: copier busy: Wait for the previous batch first")
+	if err := c.idleLocked(); err != nil {
+		return nil, err
 	}
 	c.mu.merged = c.mu.merged[:0]
 	ends := make([]int, len(groups))

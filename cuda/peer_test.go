@@ -20,18 +20,7 @@ func TestPeerCopy(t *testing.T) {
 	if n, _ := DeviceCount(); n < 2 {
 		t.Skipf("skipping: needs 2 GPUs, have %d", n)
 	}
-	d1, err := Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d1.Close()
-	if ok, err := d1.CanAccessPeer(d0); err != nil {
-		t.Fatal(err)
-	} else if ok {
-		if err := d1.EnablePeerAccess(d0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	d1, _ := openSecond(t, d0)
 	const n = 32 << 20
 	src := allocDevice(t, d0, n)
 	dst := allocDevice(t, d1, n)
@@ -68,6 +57,27 @@ func TestPeerCopy(t *testing.T) {
 	}
 }
 
+// openSecond opens GPU 1, closed at the end of the test, with access to
+// d0's memory turned on where the devices allow it (reported).
+func openSecond(t testing.TB, d0 *Device) (*Device, bool) {
+	t.Helper()
+	d1, err := Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d1.Close() })
+	ok, err := d1.CanAccessPeer(d0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		if err := d1.EnablePeerAccess(d0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d1, ok
+}
+
 // BenchmarkPeerCopy moves an 8K-token prompt's KV (Qwen3-8B: 8,192 × 144 KiB
 // = 1,152 MiB) and a 32 MiB chunk from GPU 0 to GPU 1 two ways: direct
 // (cuMemcpyPeerAsync, over NVLink where peer access is on) and staged through
@@ -79,20 +89,7 @@ func BenchmarkPeerCopy(b *testing.B) {
 	if n, _ := DeviceCount(); n < 2 {
 		b.Skipf("skipping: needs 2 GPUs, have %d", n)
 	}
-	d1, err := Open(1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d1.Close()
-	peer, err := d1.CanAccessPeer(d0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if peer {
-		if err := d1.EnablePeerAccess(d0); err != nil {
-			b.Fatal(err)
-		}
-	}
+	d1, peer := openSecond(b, d0)
 	b.Logf("GPU 1 can access GPU 0 directly: %v", peer)
 	for _, n := range []uint64{32 << 20, 1152 << 20} {
 		src, dst := allocDevice(b, d0, n), allocDevice(b, d1, n)
@@ -149,18 +146,7 @@ func TestStartPeerSegments(t *testing.T) {
 	d0 := requireDevice(t)
 	pairs := [][2]*Device{{d0, d0}}
 	if n, _ := DeviceCount(); n >= 2 {
-		d1, err := Open(1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d1.Close()
-		if ok, err := d1.CanAccessPeer(d0); err != nil {
-			t.Fatal(err)
-		} else if ok {
-			if err := d1.EnablePeerAccess(d0); err != nil {
-				t.Fatal(err)
-			}
-		}
+		d1, _ := openSecond(t, d0)
 		pairs = append(pairs, [2]*Device{d0, d1})
 	} else {
 		t.Logf("one GPU: the GPU 0 -> GPU 1 case needs two")

@@ -42,11 +42,8 @@ func (c *Copier) StartPeer(src *Device, segs []PeerSegment) (*Pending, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.mu.closed:
-		return nil, ErrClosed
-	case c.mu.inflight:
-		return nil, fmt.Errorf("cuda: copier busy: Wait for the previous batch first")
+	if err := c.idleLocked(); err != nil {
+		return nil, err
 	}
 	var err error
 	if c.mu.segs, err = lowerPeer(c.mu.segs[:0], segs); err != nil {
