@@ -222,7 +222,7 @@ vllm() {
 	# vLLM's bf16 (and CPU) kernels are not batch invariant: first tokens are reported, not required
 	local keep=("${STRICT[@]}") rc
 	STRICT=(--strict)
-	probe vllm "http://127.0.0.1:$pp" "http://127.0.0.1:$cp" qwen3-8b
+	probe "vllm${PD_TAG:+-$PD_TAG}" "http://127.0.0.1:$pp" "http://127.0.0.1:$cp" qwen3-8b
 	rc=$?
 	STRICT=("${keep[@]}")
 	grep -o "KV Transfer metrics: .*" "$O/engines.log" | tail -4 | sed "s/^/[vllm gate] /" | tee -a "$S"
