@@ -2,10 +2,12 @@ package fabric
 
 import (
 	"bytes"
+	"crypto/rand"
 	"strings"
 	"testing"
 
 	"github.com/orbitkv/orbitkv/fabric/store"
+	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	"github.com/orbitkv/orbitkv/transfer"
 )
@@ -269,4 +271,78 @@ func TestHBMStageLeavesAlreadyStoredPagesOut(t *testing.T) {
 	}
 	loadInto(t, prod, cons, keys, 20)
 	wantCounts(t, tp, map[string]string{stagedOK: "0", hbmLoaded: "0", dramLoaded: "3"})
+}
+
+// TestHBMStageConcurrentSavesAndLoads: a producer saves rounds of pages with
+// new bytes each round into a stage of two rounds' slots while a consumer
+// loads the rounds as they come, so loads pin slots the ring wants to reuse
+// and some pages come from HBM, others (overwritten in the stage) from
+// DRAM. Every page loaded must hold the bytes it was saved with.
+func TestHBMStageConcurrentSavesAndLoads(t *testing.T) {
+	tp, prod, cons, _, _, st := stagedPair(t, 8)
+	const rounds, perRound = 40, 4
+	type round struct {
+		keys [][]byte
+		want [][]byte
+	}
+	ch := make(chan round) // unbuffered: saves run while the consumer loads
+	errs := make(chan error, 1)
+	quit := make(chan struct{}) // a failed check ends the producer too
+	defer close(quit)
+	go func() {
+		defer close(ch)
+		for range rounds {
+			r := round{keys: randKeys(perRound)}
+			rand.Read(prod.shm.Mem[:layerFlash.Size()/2]) // new bytes in the producer's first 32 blocks
+			for _, ref := range refs(r.keys, 0, 4) {
+				r.want = append(r.want, prod.page(ref.Blocks))
+			}
+			st, err := prod.Save(ctx(t), refs(r.keys, 0, 4), pb.Durability_DURABILITY_DRAM)
+			if err == nil {
+				err = engineclient.AllOK(st)
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+			select {
+			case ch <- r:
+			case <-quit:
+				return
+			}
+		}
+	}()
+	load := func(r round) {
+		dst := refs(r.keys, 40, 4)
+		okOp(t)(cons.Load(ctx(t), dst))
+		for i := range r.keys {
+			if !bytes.Equal(cons.page(dst[i].Blocks), r.want[i]) {
+				t.Fatalf("page %d of a round: not the bytes it was saved with", i)
+			}
+		}
+	}
+	var behind []round // the consumer lags 0 to 3 rounds: the ring holds 2
+	n := 0
+	for r := range ch {
+		behind = append(behind, r)
+		for n++; len(behind) > n%4; behind = behind[1:] {
+			load(behind[0])
+		}
+	}
+	for _, r := range behind {
+		load(r)
+	}
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	hbm, dram := tp.counter(hbmLoaded), tp.counter(dramLoaded)
+	t.Logf("pages loaded from hbm %s, from dram %s; stage %+v", hbm, dram, st.Stats())
+	if hbm == "0" || dram == "0" {
+		t.Errorf("pages from hbm %s, from dram %s: want both (the lag makes the ring overwrite some)", hbm, dram)
+	}
+	if s := st.Stats(); s.Pinned != 0 {
+		t.Errorf("stage after the loads: %+v, want nothing pinned", s)
+	}
 }
