@@ -138,14 +138,14 @@ func BenchmarkGPUHandoff(b *testing.B) {
 	ps, psess := open(prod, 0)
 	cs, _ := open(cons, consDev)
 	stage := psess.Stage
-	src, dst := blockRun(0, pages, g.perPage), blockRun(pages*g.perPage, pages, g.perPage)
+	const dstBlock = pages * 4 // the consumer's blocks: after the producer's 0..511
 	save := func(b *testing.B, staged bool) [][]byte {
 		psess.Stage = nil
 		if staged {
 			psess.Stage = stage
 		}
 		keys := randKeys(pages)
-		okOp(b)(ps.Save(ctx(b), pageRefs(keys, src), pb.Durability_DURABILITY_DRAM))
+		okOp(b)(ps.Save(ctx(b), refs(keys, 0, g.perPage), pb.Durability_DURABILITY_DRAM))
 		return keys
 	}
 	var dramKeys, hbmKeys [][]byte
@@ -169,7 +169,7 @@ func BenchmarkGPUHandoff(b *testing.B) {
 			before := tp.counter(`orbitkv_fabric_loaded_pages_total{tier="` + c.tier + `"}`)
 			b.SetBytes(int64(total))
 			for range b.N {
-				st, err := cs.Load(ctx(b), pageRefs(c.keys, dst))
+				st, err := cs.Load(ctx(b), refs(c.keys, dstBlock, g.perPage))
 				if err == nil {
 					err = engineclient.AllOK(st)
 				}
@@ -183,17 +183,6 @@ func BenchmarkGPUHandoff(b *testing.B) {
 		})
 	}
 	contiguous(b, tp, consDev, total)
-}
-
-// blockRun is n pages of per consecutive blocks from first.
-func blockRun(first, n, per int) [][]uint32 {
-	out := make([][]uint32, n)
-	for i := range out {
-		for j := range per {
-			out[i] = append(out[i], uint32(first+i*per+j))
-		}
-	}
-	return out
 }
 
 // contiguous times the two contiguous copies a handoff's loads are bounded

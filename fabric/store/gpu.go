@@ -102,8 +102,10 @@ func descsPerPage(sess *Engine) int { return len(sess.Geom.Segments) * sess.Geom
 // write-through and catalog commit as every save.
 func (s *Store) saveGPU(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) {
 	clk := s.phases.start(gpuSave)
-	stage := s.startStage(ctx, sess, reqs) // beside the DRAM copy (hbmstage.go)
-	items := s.gatherGPU(ctx, sess, reqs, toSSD, res, clk)
+	items := s.allocSaves(ctx, sess, reqs, toSSD, res)
+	clk.lap(phasePin)
+	stage := s.startStage(ctx, sess, reqs, items) // beside the DRAM copy (save.go)
+	items = s.gatherGPU(ctx, sess, reqs, items, toSSD, res, clk)
 	if toSSD && len(items) > 0 {
 		items = s.writeThrough(ctx, items, res)
 	}
@@ -117,9 +119,7 @@ func (s *Store) saveGPU(ctx context.Context, sess *Engine, reqs []PageReq, toSSD
 // and leaves the checksum to the sealer (seal.go). A save that must reach
 // SSD copies in groups and checksums each group's pages on the host from
 // their pinned slots while the next group copies.
-func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result, clk *clock) []*saveItem {
-	items := s.allocSaves(ctx, sess, reqs, toSSD, res)
-	clk.lap(phasePin)
+func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, items []*saveItem, toSSD bool, res []Result, clk *clock) []*saveItem {
 	if len(items) == 0 {
 		return nil
 	}

@@ -10,12 +10,12 @@ import (
 
 // HBMStage is a device's staging area: page slots in the peer's own HBM on
 // that GPU (cuMemAlloc in the peer's context, --hbm-stage-bytes). A CUDA
-// session's save also copies its pages, device to device, into the stage of
-// the session's GPU, beside its copy into DRAM (the save answers once both
-// are done; only pages the save committed fresh are published); a later load of those pages by a CUDA
-// session — on the same GPU, or another GPU of the host (NVLink) — copies
-// them from the stage instead of from DRAM: the same-host P/D handoff, GPU
-// to GPU. The stage is a cache beside the DRAM copy, never the only copy:
+// session's save also copies the pages it stores, device to device, into
+// the stage of the session's GPU, beside its copy into DRAM (save.go: the
+// save answers once both are done; only pages it committed fresh are
+// published); a later load of those pages by a CUDA session — on the same
+// GPU, or another GPU of the host (NVLink) — copies them from the stage
+// instead of from DRAM (load.go): the same-host P/D handoff, GPU to GPU. The stage is a cache beside the DRAM copy, never the only copy:
 // a stage record names the catalog generation it was copied with, a load
 // takes it only while the catalog still names that generation, and every
 // failure falls back to DRAM. Slots are reused oldest first (a ring), never
@@ -55,12 +55,12 @@ func NewHBMStage(ordinal int, region *transfer.Region, src transfer.PeerSource) 
 }
 
 // stagedPage is one page a stage copy moves: the request index, the stage
-// slot, the catalog generation it is published with (0: not published,
-// the slot is freed) and the one the catalog held when the save began.
+// slot and the catalog generation it is published with (0: not published,
+// the slot is freed).
 type stagedPage struct {
-	i, slot    int
-	key        pagekey.Key
-	gen, prior uint64
+	i, slot int
+	key     pagekey.Key
+	gen     uint64
 }
 
 func (st *HBMStage) offset(slot int) uint64 { return uint64(slot) * st.mu.pageBytes }
@@ -81,9 +81,6 @@ func (st *HBMStage) reserve(pages []stagedPage, pageBytes uint64) ([]stagedPage,
 	out := pages[:0]
 	skipped := 0
 	for _, p := range pages {
-		if j, ok := st.mu.byKey[p.key]; ok && p.prior != 0 && st.mu.slots[j].gen == p.prior {
-			continue // staged already, with the bytes the catalog holds
-		}
 		j, ok := st.freeSlotLocked()
 		if !ok {
 			skipped++

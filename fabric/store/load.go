@@ -360,6 +360,7 @@ func (s *Store) loadStaged(ctx context.Context, sess *Engine, items []*loadItem,
 		return items
 	}
 	done := make(map[*loadItem]bool)
+	var loaded []*loadItem
 	for _, l := range s.pinStaged(sess, items) {
 		err := s.copyStaged(ctx, sess, l)
 		stuck := errors.Is(err, transfer.ErrStuck)
@@ -370,6 +371,7 @@ func (s *Store) loadStaged(ctx context.Context, sess *Engine, items []*loadItem,
 				res[it.i] = okResult(it.tier)
 				done[it] = true
 			}
+			loaded = append(loaded, l.items...)
 			s.m.loadedPages.WithLabelValues("hbm").Add(float64(len(l.items)))
 		case stuck:
 			for _, it := range l.items {
@@ -383,7 +385,7 @@ func (s *Store) loadStaged(ctx context.Context, sess *Engine, items []*loadItem,
 	if len(done) == 0 {
 		return items
 	}
-	s.m.loadedTokens.Add(float64(loadedTokens(sess, okItems(items, done, res))))
+	s.m.loadedTokens.Add(float64(loadedTokens(sess, loaded)))
 	rest := items[:0:0]
 	for _, it := range items {
 		if !done[it] {
@@ -391,17 +393,6 @@ func (s *Store) loadStaged(ctx context.Context, sess *Engine, items []*loadItem,
 		}
 	}
 	return rest
-}
-
-// okItems are the items done that loaded.
-func okItems(items []*loadItem, done map[*loadItem]bool, res []Result) []*loadItem {
-	var out []*loadItem
-	for _, it := range items {
-		if done[it] && res[it.i].Code == CodeOK {
-			out = append(out, it)
-		}
-	}
-	return out
 }
 
 // copyStaged plans a staged load's pages out of its stage's slots into the

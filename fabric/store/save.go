@@ -411,16 +411,20 @@ type stageCopy struct {
 	done  chan error
 }
 
-// startStage reserves stage slots for a CUDA save's pages and starts their
+// startStage reserves stage slots for the pages a CUDA save is about to
+// copy into DRAM (items: not those stored already) and starts their
 // device-to-device copy from the engine's blocks, which hold the same bytes
-// until the save answers. Best effort: nil when there is no stage, no free
-// slot or nothing to plan; the save's result never depends on it.
-func (s *Store) startStage(ctx context.Context, sess *Engine, reqs []PageReq) *stageCopy {
+// until the save answers. Best effort: nil when there is no stage or no
+// free slot; the save's result never depends on it.
+func (s *Store) startStage(ctx context.Context, sess *Engine, reqs []PageReq, items []*saveItem) *stageCopy {
 	st := sess.Stage
-	if st == nil || len(reqs) == 0 {
+	if st == nil || len(items) == 0 {
 		return nil
 	}
-	pages := s.priorGens(reqs)
+	pages := make([]stagedPage, len(items)) // a copy: the DRAM copy reuses items' array
+	for k, it := range items {
+		pages[k] = stagedPage{i: it.i, key: it.key, gen: 1} // gen: planned; set from the commit
+	}
 	pages, skipped := st.reserve(pages, sess.PageBytes)
 	s.m.staged.WithLabelValues("skipped").Add(float64(skipped))
 	if len(pages) == 0 {
@@ -448,25 +452,11 @@ func (s *Store) copyToStage(ctx context.Context, sess *Engine, reqs []PageReq, s
 	return sess.GPU.CopyFrom(ctx, sess.GPU, descs) // into the stage of the session's own GPU
 }
 
-// priorGens names every page of a save with the generation the catalog
-// holds for it now (0: none).
-func (s *Store) priorGens(reqs []PageReq) []stagedPage {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	pages := make([]stagedPage, len(reqs))
-	for i, r := range reqs {
-		pages[i] = stagedPage{i: i, key: r.Key, gen: 1} // gen: planned; set from the commit
-		if e, ok := s.cat.Get(r.Key); ok {
-			pages[i].prior = e.Generation
-		}
-	}
-	return pages
-}
-
 // finishStage waits for a save's stage copy (bounded: the copy's own
 // deadline) and publishes the pages the save committed fresh into DRAM,
 // with the generation the catalog still holds for them; the other slots
-// (pages stored already, failed, replaced meanwhile) are freed.
+// (failed, readmissions settled on the SSD copy, replaced meanwhile) are
+// freed.
 func (s *Store) finishStage(sc *stageCopy, items []*saveItem, res []Result) {
 	if sc == nil {
 		return
