@@ -35,6 +35,7 @@ func runBenchReport(_ context.Context, args []string, out io.Writer) error {
 	opt := report.Options{Command: append([]string{"orbitkv", "bench", "report"}, args...)}
 	fs.StringVar(&opt.Output, "output", "", "directory for report.md and the PNG plots (default: DIR/report next to the first run)")
 	fs.StringVar(&opt.Baseline, "baseline", "", "baseline config label (default: native if present, else the first)")
+	fs.StringVar(&opt.Ceiling, "ceiling", "", "config label of the ceiling run (default: ceiling); with it, each config's fraction recovered")
 	fs.Float64Var(&opt.Level, "level", 0.95, "confidence level of the ratio intervals")
 	fs.IntVar(&opt.Reps, "bootstrap", 10000, "bootstrap resamples")
 	// Flags may follow the run directories.
@@ -67,6 +68,9 @@ func runBenchReport(_ context.Context, args []string, out io.Writer) error {
 	for _, c := range rep.Comparisons {
 		fmt.Fprintf(out, "  %-16s %s/%s = %.3f  (%.0f%% CI %s, %d pairs)\n", c.Metric.Name, c.Candidate, c.Baseline,
 			c.Ratio.Est, opt.Level*100, c.Ratio.CIText(3), c.Ratio.N)
+	}
+	for _, r := range rep.Recovered {
+		fmt.Fprintf(out, "  recovered        %s: %.3f of the ceiling (per pair %v)\n", r.Config, r.Fraction, r.PerPair)
 	}
 	return nil
 }

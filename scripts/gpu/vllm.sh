@@ -14,7 +14,11 @@
 #   sustained   the seeds' sustained workload (12 prefixes of 1K/4K/8K, 75% reuse, concurrency 8,
 #               60 s + drain, 16 output tokens, HBM 16,384 tokens, 64-token pages) once per config
 #               in SEQ (default "native dram ssd"), fresh vLLM and peer per run; PAIR/ORDER label
-#               the runs for bench report (AB/BA pairs: SEQ="native dram ssd" then "ssd dram native")
+#               the runs for bench report (AB/BA pairs: SEQ="native dram ssd" then "ssd dram native").
+#               Configs: native (HBM capped), ceiling (HBM holds the working set: 8,192 blocks),
+#               offload (vLLM's own CPU offloading, --kv-offloading-backend native, 16 GiB),
+#               lmcache (LMCache's in-process connector, 16 GB CPU; .gpucarry/lmcache-site.tar.xz
+#               carried: scripts/gpu/lmcache-bundle.sh), dram and ssd (OrbitKV)
 #   probe       8K-token TTFT probes against vLLM + a DRAM peer: cold (recompute), resident
 #               (vLLM's own prefix cache), evicted then restored by OrbitKV
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
@@ -42,7 +46,7 @@ ROOT=$(pwd)
 S=$O/summary.txt
 say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 MODEL=$ROOT/integration/models/qwen3-8b
-VLLM_PID="" PEER_PID=""
+VLLM_PID="" PEER_PID="" CFG_FLAGS=""
 
 stop_all() {
 	[ -n "$VLLM_PID" ] && kill -- -"$VLLM_PID" 2>/dev/null
@@ -62,6 +66,13 @@ trap stop_all EXIT
 carry() { # PART: move one carried part out of the repository folder (laid anew at every call)
 	mv .gpucarry/vllm-site.part"$1" "$K/" && cp .gpucarry/vllm-site.sha256 "$K/" || { say "part $1 not carried"; return 1; }
 	say "carried part $1: $(ls -l "$K" | grep -c part) part(s) under $K"
+}
+
+lmcache_unpack() { # LMCache 0.5.6 and the packages it needs beyond vLLM's (scripts/gpu/lmcache-bundle.sh)
+	[ -d "$K/lmcache-site/lmcache" ] && return 0
+	[ -f .gpucarry/lmcache-site.tar.xz ] || { say "lmcache: .gpucarry/lmcache-site.tar.xz not carried"; return 1; }
+	mkdir -p "$K/lmcache-site" && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" .gpucarry/lmcache-site.tar.xz "$K/lmcache-site" || return 1
+	PYTHONPATH=$K/lmcache-site:$SITE python3 -c "import lmcache, lmcache.integration.vllm.vllm_v1_adapter as a; print('lmcache', lmcache.__file__)" 2>&1 | tail -3 | tee -a "$S"
 }
 
 unpack() {
@@ -95,17 +106,29 @@ VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-mod
 	--num-gpu-blocks-override 1024 --max-num-batched-tokens 8192 --max-num-seqs 64 --enable-prefix-caching
 	--attention-backend FLASH_ATTN --served-model-name qwen3-8b --port 8000 --disable-hybrid-kv-cache-manager)
 
-start_vllm() { # CONFIG [ENV=VALUE...]: native | dram | ssd
+orbitkv_cfg() { [ "$1" = dram ] || [ "$1" = ssd ]; }
+
+start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | dram | ssd
 	local cfg=$1
 	shift
-	local kv=() extra=${CONN_EXTRA:-}
+	local kv=() extra=${CONN_EXTRA:-} env=() site=$SITE
 	extra=${extra#\{}
 	extra=${extra%\}}
-	if [ "$cfg" != native ]; then
+	case $cfg in
+	ceiling) kv=(--num-gpu-blocks-override 8192) ;; # the later flag wins: 131,072 tokens, the whole working set
+	offload) kv=(--kv-offloading-backend native --kv-offloading-size 16) ;;
+	lmcache)
+		lmcache_unpack || return 1
+		site=$K/lmcache-site:$SITE
+		env=(LMCACHE_LOCAL_CPU=True LMCACHE_MAX_LOCAL_CPU_SIZE=16 LMCACHE_CHUNK_SIZE=256 LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1)
+		kv=(--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}') ;;
+	esac
+	if orbitkv_cfg "$cfg"; then
 		kv=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$cfg/orbitkv.sock\"${extra:+,$extra}}}")
 	fi
+	CFG_FLAGS="${env[*]} ${kv[*]}"
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
-	setsid env "$@" PYTHONPATH="$SITE:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
+	setsid env "${env[@]}" "$@" PYTHONPATH="$site:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
 		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
 		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
 	VLLM_PID=$!
@@ -129,21 +152,21 @@ bench() { # CFG NAME BENCH-ARGS...
 	local cfg=$1 name=$2
 	shift 2
 	local pm=()
-	[ "$cfg" != native ] && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
+	orbitkv_cfg "$cfg" && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
 	rm -rf "$RUNS/$name"
 	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --model qwen3-8b --vocab 151936 \
 		--engine-metrics http://127.0.0.1:8000/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=vllm-0.26.0 \
-		--label "engine_flags=${VLLM_FLAGS[*]}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
+		--label "engine_flags=${VLLM_FLAGS[*]}" --label "config_flags=${CFG_FLAGS:-}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
 		${QUERY_BUDGET:+--label "query_budget=$QUERY_BUDGET"} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
-	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
+	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens|prompt_tokens_cached_by_source)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
 		sed "s/^/[$name vllm] /" | tee -a "$S"
-	[ "$cfg" != native ] && curl -s --max-time 5 127.0.0.1:9464/metrics |
+	orbitkv_cfg "$cfg" && curl -s --max-time 5 127.0.0.1:9464/metrics |
 		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_phase_seconds_total" |
 		sed "s/^/[$name peer] /" | tee -a "$S"
 	# the connector's restore-gate counters, from vLLM's periodic "KV Transfer metrics" lines
-	[ "$cfg" != native ] && grep -o "KV Transfer metrics: .*" "$O/vllm.log" | tail -3 | sed "s/^/[$name gate] /" | tee -a "$S"
+	orbitkv_cfg "$cfg" && grep -o "KV Transfer metrics: .*" "$O/vllm.log" | tail -3 | sed "s/^/[$name gate] /" | tee -a "$S"
 	return 0
 }
 
@@ -153,7 +176,7 @@ one() { # CFG NAME [ENV...] -- BENCH-ARGS...
 	local env=()
 	while [ $# -gt 0 ] && [ "$1" != -- ]; do env+=("$1"); shift; done
 	shift
-	if [ "$cfg" != native ]; then start_peer "$cfg" || return 1; fi
+	if orbitkv_cfg "$cfg"; then start_peer "$cfg" || return 1; fi
 	start_vllm "$cfg" "${env[@]}" || { stop_all; return 1; }
 	bench "$cfg" "$name" "$@"
 	stop_all
@@ -194,6 +217,7 @@ report() {
 	out/orbitkv bench report "$RUNS"/*-[0-9] >"$O/report.txt" 2>&1
 	say "bench report rc=$?"
 	tail -40 "$O/report.txt" | tee -a "$S"
+	cp "$RUNS/report/report.md" "$O/report.md" 2>/dev/null
 	(cd "$K" && tar czf "$O/runs.tgz" runs)
 }
 
@@ -212,7 +236,8 @@ esac
 for m in "$@"; do
 	case $m in
 	sustained | probe | overhead | invariant | corrupt | report) $m ;;
-	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt report)" >&2; exit 2 ;;
+	lmcache-check) lmcache_unpack ;; # unpack the carried LMCache site and try its vLLM adapter's import
+	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt report lmcache-check)" >&2; exit 2 ;;
 	esac
 done
 (cd "$K" && tar czf "$O/runs.tgz" runs)

@@ -16,6 +16,7 @@ import (
 type Options struct {
 	Output   string  // directory for report.md and the PNGs
 	Baseline string  // config label the others are divided by ("" = "native" if present, else the first)
+	Ceiling  string  // config label of the ceiling run ("" = "ceiling"): the fraction recovered is (X − baseline)/(ceiling − baseline)
 	Level    float64 // confidence level of the intervals
 	Reps     int     // bootstrap resamples
 	Command  []string
@@ -54,6 +55,7 @@ type Report struct {
 	Runs        []*Run
 	Configs     []string // baseline first
 	Comparisons []Comparison
+	Recovered   []Recovery // one per config other than the baseline and the ceiling, when a ceiling ran
 	Pairs       map[string]map[string]*Run // pair → config → run
 	Notes       []string
 	Plots       []string
@@ -78,6 +80,7 @@ func Build(dirs []string, opt Options) (*Report, error) {
 	rep := &Report{Runs: runs, Pairs: map[string]map[string]*Run{}}
 	rep.group(opt.Baseline)
 	rep.compare(opt)
+	rep.recover(opt.Ceiling)
 	rep.noteBudgetCuts()
 	if err := os.MkdirAll(opt.Output, 0o755); err != nil {
 		return nil, fmt.Errorf("create report dir: %w", err)

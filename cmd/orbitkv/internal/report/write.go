@@ -109,6 +109,7 @@ func (rep *Report) markdown(opt Options) string {
 				f(c.CandMean, 2), f(c.Ratio.Est, 3), c.Ratio.CIText(3), c.Ratio.N)
 		}
 	}
+	rep.recovery(p)
 	rep.probes(p)
 	p("\n## Plots\n\n")
 	for _, name := range rep.Plots {
@@ -151,8 +152,8 @@ func (rep *Report) nondeterminismWarning(p func(string, ...any)) {
 }
 
 func (rep *Report) runsTable(p func(string, ...any)) {
-	p("## Runs\n\n| run | config | pair | order | completed | failed | window s | req/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | latency p50 ms | cached | restored | peer hit | budget-cut pages | mismatches | drained |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("## Runs\n\n| run | config | pair | order | completed | failed | window s | req/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | latency p50 ms | cached | restored | peer hit | budget-cut pages | mismatches | drained |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range rep.Configs {
 		for _, r := range rep.runsOf(c) {
 			s := r.Summary
@@ -160,9 +161,9 @@ func (rep *Report) runsTable(p func(string, ...any)) {
 			if s.Drained != nil {
 				drained = fmt.Sprint(*s.Drained)
 			}
-			p("| %s | %s | %s | %s | %d | %d | %.1f | %.2f | %.1f | %.1f | %.2f | %.1f | %s | %s | %s | %s | %d/%d | %s |\n",
+			p("| %s | %s | %s | %s | %d | %d | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f | %.1f | %s | %s | %s | %s | %d/%d | %s |\n",
 				filepath.Base(r.Dir), c, r.Label("pair"), r.Label("order"), s.Completed, s.Failed, s.WindowS,
-				s.ThroughputRPS, s.TTFTMS.P50, s.TTFTMS.P90, s.ITLMS.P50, s.LatencyMS.P50, f(s.CachedFrac, 3),
+				s.ThroughputRPS, s.TTFTMS.P50, s.TTFTMS.P90, s.ITLMS.P50, s.ITLMS.P90, s.LatencyMS.P50, f(s.CachedFrac, 3),
 				f(restoredFrac(r), 3), f(peerHitFrac(r), 3), f(peerDelta(r, budgetCutMetric), 0), s.Mismatches, s.Reused, drained)
 		}
 	}
