@@ -55,7 +55,7 @@ type Report struct {
 	Runs        []*Run
 	Configs     []string // baseline first
 	Comparisons []Comparison
-	Recovered   []Recovery // one per config other than the baseline and the ceiling, when a ceiling ran
+	Recovered   []Recovery                 // one per config other than the baseline and the ceiling, when a ceiling ran
 	Pairs       map[string]map[string]*Run // pair → config → run
 	Notes       []string
 	Plots       []string
