@@ -17,9 +17,17 @@ the engine starts while the peer is down or restarting. The client does not
 wait for the socket, and a session that cannot be opened yet is returned
 unopened (``ready`` False, ``lost`` set); its keepalive thread, and any call
 on it, retry the open at most once per RETRY_INTERVAL_S, each attempt
-bounded by the call deadline. Adapters check ``Session.ready`` and skip the
+bounded by the open's deadline. Adapters check ``Session.ready`` and skip the
 cache (0 hits, saves not made) until it is True. Reachability changes are
 logged once per transition by the Client, not per call.
+
+A peer that is down refuses the connection at once (no socket, or no one
+listening): an open fails fast and, lazily, is retried in the background. A
+peer that accepted the connection but is slow to answer (busy, paused) is
+waited for: a connection attempt and a session open wait up to
+``connect_timeout`` (Client; default DEFAULT_CONNECT_TIMEOUT_S, 5 s; an
+open's deadline is the larger of it and ``timeout``) before the peer counts
+as unreachable.
 """
 
 from __future__ import annotations
@@ -45,13 +53,22 @@ DEFAULT_TIMEOUT_S = 5.0
 # keepalive probes) at most once per this many seconds.
 RETRY_INTERVAL_S = 1.0
 _MAX_WAIT_SLICE_MS = 1000
-# A Unix socket either accepts at once or not at all: retry a lost peer every
-# 100 ms to 1 s instead of gRPC's default backoff (up to 120 s).
-_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+# How long a connection attempt, and a session's open, may wait for a peer
+# that accepted the connection but has not answered yet (busy, paused).
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+
+def _channel_options(connect_timeout: float) -> list[tuple[str, int]]:
+    """A peer that is down refuses the connection at once: retry it every
+    100 ms to 1 s instead of gRPC's default backoff (up to 120 s). gRPC also
+    takes min_reconnect_backoff_ms as the least time a connection attempt
+    may take (its connect timeout, default 20 s): it is connect_timeout, so
+    a peer slow to finish the handshake is waited for, not given up on."""
+    return [
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", max(100, int(connect_timeout * 1000))),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
 
 
 class PageCode(enum.IntEnum):
@@ -146,15 +163,24 @@ class SessionInfo:
 class Client:
     """A connection to one peer. ``timeout`` (seconds) bounds every call."""
 
-    def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = 5.0,
-                 lazy: bool = False) -> None:
+    def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S, lazy: bool = False) -> None:
         """``lazy``: do not wait for the socket (the peer may be down or not
         started yet); the channel connects on first use and keeps retrying.
         Otherwise raise PeerUnavailable if it is not ready within
-        ``connect_timeout``."""
+        ``connect_timeout``.
+
+        ``connect_timeout`` (seconds) is also how long each connection
+        attempt, and each session open (lazy or not; the open's deadline is
+        the larger of it and ``timeout``), waits for a peer that accepted the
+        connection but is slow to answer (busy, paused): such a peer is
+        waited for, not reported unreachable. A peer that is down refuses at
+        once, whatever the deadline: a lazy open then returns unopened and
+        retries in the background."""
         self.socket_path = socket_path
         self.timeout = timeout
-        self._channel = grpc.insecure_channel("unix:" + socket_path, options=_CHANNEL_OPTIONS)
+        self.connect_timeout = connect_timeout
+        self._channel = grpc.insecure_channel("unix:" + socket_path, options=_channel_options(connect_timeout))
         self._reachable: Optional[bool] = None  # None: unknown yet
         self._state_lock = threading.Lock()
         if not lazy:
@@ -263,7 +289,7 @@ class Client:
         )
 
     def _open(self, layout: Layout, req: engine_pb2.OpenSessionRequest) -> "SessionInfo":
-        resp = self.call("open session", "OpenSession", req)
+        resp = self.call("open session", "OpenSession", req, timeout=max(self.timeout, self.connect_timeout))
         info = SessionInfo(resp.session_id, bytes(resp.layout_fingerprint), resp.page_bytes, resp.keepalive_ms,
                            tuple(bytes(h) for h in resp.layer_events))
         if info.fingerprint and info.fingerprint != layout.fingerprint():

@@ -8,6 +8,9 @@ and, when ORBITKV_BIN is set, the real peer, started only after the engine."""
 
 import json
 import os
+import signal
+import subprocess
+import threading
 import time
 
 import pytest
@@ -24,6 +27,7 @@ from tests.test_vllm_connector import BS, D, H, L, NB, PT, Engine, _compute_and_
 from tests.vllm_fakes import NewRequestData, Request, SchedulerOutput
 
 UP_WITHIN_S = 10.0  # retry once a second + gRPC reconnect backoff (<= 1 s)
+BUSY_S = 0.4  # issue 33's busy spell: four times the 100 ms connect timeout the client once had
 
 
 class LatePeer:
@@ -82,6 +86,47 @@ def test_lazy_client_opens_its_session_once_the_peer_appears(late_peer):
         late_peer.start()
         wait_until(lambda: s.ready, UP_WITHIN_S, "session opened after the peer started")
         assert s.id and s.generation == 1 and c.reachable
+        assert s.lookup([b"\x01" * 16]).hit_pages == 0
+    finally:
+        c.close()
+
+
+def _pending(sock: str) -> int:
+    """Connections the kernel accepted on the peer's listening socket that
+    the peer has not taken yet (the listener's Recv-Q, from ss)."""
+    out = subprocess.run(["ss", "-xlnH", "src", sock], capture_output=True, text=True, timeout=10, check=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if sock in f:
+            return int(f[f.index("LISTEN") + 1])
+    raise AssertionError(f"no listening socket {sock} in ss's output: {out!r}")
+
+
+def test_a_busy_peer_is_waited_for_while_a_session_opens(real_peer):
+    """Issue 33: a peer that has accepted the engine's connection but does not
+    answer yet (busy; here paused with SIGSTOP) is waited for up to
+    connect_timeout, not reported unreachable: the session opens once the
+    peer answers. (gRPC takes min_reconnect_backoff_ms as its connect timeout;
+    at 100 ms the open gave up and the engine ran without the cache.)"""
+    c = Client(real_peer.socket, timeout=2, connect_timeout=30, lazy=True)
+    opened: dict = {}
+    opener = threading.Thread(target=lambda: opened.update(s=c.open_lookup_session(_layout(), block_tokens=BS,
+                                                                                     lazy=True)), daemon=True)
+    real_peer.proc.send_signal(signal.SIGSTOP)
+    try:
+        assert _pending(real_peer.socket) == 0
+        opener.start()
+        wait_until(lambda: _pending(real_peer.socket) == 1, 10, "the paused peer's socket accepted the connection")
+        opener.join(BUSY_S)  # the peer stays busy a while longer
+        waited = opener.is_alive()
+    finally:
+        real_peer.proc.send_signal(signal.SIGCONT)
+    opener.join(30)
+    try:
+        assert not opener.is_alive(), "the open did not return within its deadline"
+        s = opened["s"]
+        assert s.ready and s.id and s.lost is None and c.reachable, s.lost
+        assert waited, "the open gave up while the peer was busy"
         assert s.lookup([b"\x01" * 16]).hit_pages == 0
     finally:
         c.close()

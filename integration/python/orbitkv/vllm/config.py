@@ -6,6 +6,11 @@ Extra-config keys (all optional except ``socket``):
   page_tokens       tokens per OrbitKV page (default 64; a multiple of the block size)
   block_tokens      engine block size (default: vLLM cache_config.block_size)
   timeout_s         deadline of every control call (default 5)
+  connect_timeout_s how long a connection attempt and a session open wait for a peer that
+                    accepted the connection but is slow to answer (busy, paused) before it
+                    counts as unreachable (default 5; an open waits the larger of this and
+                    timeout_s). A peer that is down refuses at once: the engine starts
+                    without the cache and the session opens in the background once it is up.
   lease_ms          lookup lease time (0 = the peer's default)
   load_deadline_ms, save_deadline_ms   per-operation deadlines (default 30000)
   async_load        load between steps (True, default) or inside the step
@@ -74,6 +79,7 @@ class ConnectorConfig:
     layout: Layout  # tp_rank 0; workers substitute their rank
     block_tokens: int
     timeout_s: float = 5.0
+    connect_timeout_s: float = 5.0
     lease_ms: int = 0
     load_deadline_ms: int = 30000
     save_deadline_ms: int = 30000
@@ -111,6 +117,8 @@ class ConnectorConfig:
             raise ValueError(f"orbitkv connector: recompute_tokens_per_s must be >= 0, got {self.recompute_tokens_per_s}")
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"orbitkv connector: kv_role must be one of {', '.join(KV_ROLES)}, got {self.kv_role!r}")
+        if self.connect_timeout_s <= 0:
+            raise ValueError(f"orbitkv connector: connect_timeout_s must be > 0, got {self.connect_timeout_s}")
         if self.pd_wait_ms < 0:
             raise ValueError(f"orbitkv connector: pd_wait_ms must be >= 0, got {self.pd_wait_ms}")
         if self.durability not in ("dram", "ssd"):
@@ -188,6 +196,7 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         layout=layout,
         block_tokens=int(extra.get("block_tokens", derived.get("block_tokens", 16))),
         timeout_s=float(extra.get("timeout_s", 5.0)),
+        connect_timeout_s=float(extra.get("connect_timeout_s", 5.0)),
         lease_ms=int(extra.get("lease_ms", 0)),
         load_deadline_ms=int(extra.get("load_deadline_ms", 30000)),
         save_deadline_ms=int(extra.get("save_deadline_ms", 30000)),

@@ -111,7 +111,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
             if lookup_backend is None:
                 # Lazy: the engine starts even while the peer is down; lookups
                 # report misses until the session opens (orbitkv.client).
-                self._client = Client(self.cfg.socket, timeout=self.cfg.timeout_s, lazy=True)
+                self._client = Client(self.cfg.socket, timeout=self.cfg.timeout_s,
+                                      connect_timeout=self.cfg.connect_timeout_s, lazy=True)
                 self._control = ControlSession(self._client, self.cfg.layout, self.cfg.block_tokens,
                                                f"{self.cfg.engine_id}-scheduler", lazy=True,
                                                recompute_tokens_per_s=self.cfg.recompute_tokens_per_s)

@@ -170,7 +170,8 @@ class WorkerHalf:
         self._check(desc)
         # Lazy: with the peer down the session opens later (by itself);
         # until then loads fail (recompute) and saves are skipped.
-        self.client = Client(self.cfg.socket, timeout=self.cfg.timeout_s, lazy=True)
+        self.client = Client(self.cfg.socket, timeout=self.cfg.timeout_s, connect_timeout=self.cfg.connect_timeout_s,
+                             lazy=True)
         self.session = self.client.open_session(
             self.layout,
             block_tokens=self.cfg.block_tokens,
