@@ -386,3 +386,105 @@ def test_a_load_that_fails_is_recomputed_and_the_request_completes(real_peer):
         assert h.finished["R"].reason != "error" and h.failed_blocks > 0
     finally:
         h.close()
+
+
+# --- a page that keeps failing to load (issue 33) ----------------------------------------
+
+BAD_STEPS = 300  # far more steps than a 5-page prompt needs, far fewer than a reload loop takes
+
+
+class FailingPages:
+    """The client seam: the worker's loads report every page in ``bad`` (keys of TP rank
+    0) as failed (DEADLINE: a remote fetch that timed out) however often it is asked for,
+    while the peer keeps listing it; ``attempts`` counts the loads that asked for one."""
+
+    def __init__(self, h: Harness, bad: set[bytes]) -> None:
+        self.bad, self.attempts = bad, 0
+        self.session = h.worker.worker.session
+        self._load = self.session.load
+        self.session.load = self.load
+
+    def load(self, pages, **kw):
+        from orbitkv.client import OpResult, PageCode, PageResult
+
+        pages = list(pages)
+        op = self._load(pages, **kw)
+        res = op.wait(30.0)
+        hit = [p.key in self.bad for p in pages]
+        self.attempts += any(hit)
+        fail = PageResult(PageCode.DEADLINE, message="test: remote fetch timed out")
+        op._result = OpResult(res.op_id, res.done, tuple(fail if b else r for b, r in zip(hit, res.pages)))
+        return op
+
+
+def _page_keys(h: Harness, prompt: list[int]) -> list[bytes]:
+    from orbitkv import keys
+
+    cfg = h.connector.scheduler.cfg
+    return keys.chain(cfg.layout.fingerprint(), cfg.layout.page_tokens, prompt)
+
+
+def _run_with_a_bad_page(socket: str, prompt: list[int], bad_page: int, policy: str,
+                         rids: tuple[str, ...] = ("R",)) -> tuple[Harness, FailingPages, list[int]]:
+    """A fresh engine, page ``bad_page`` of the prompt failing every load; the requests
+    ``rids`` (the same prompt) one after another, each run for at most BAD_STEPS steps.
+    Returns the harness, the seam and each request's engine steps."""
+    h = Harness(socket, num_blocks=128, block_size=16, failure_policy=policy)
+    seam = FailingPages(h, {_page_keys(h, prompt)[bad_page]})
+    steps = []
+    for rid in rids:
+        h.add(rid, prompt)
+        steps.append(_run_settled(h))
+    return h, seam, steps
+
+
+def _run_settled(h: Harness) -> int:
+    """Steps until every request finished, at most BAD_STEPS; after each step, waits
+    (bounded) for the loads it started, so that steps count engine work, not polls of
+    a load in flight. Returns the steps taken."""
+    for i in range(BAD_STEPS):
+        if not h.scheduler.has_requests() and h._idle():
+            return i
+        h.step()
+        for st in list(h.worker.worker._loads.values()):
+            st.future.result(timeout=30)
+    return BAD_STEPS
+
+
+@pytest.mark.parametrize("bad_page", [0, 2])
+def test_a_page_that_keeps_failing_to_load_is_tried_once_and_the_request_completes(real_peer, bad_page):
+    """Issue 33: a page the peer keeps listing but whose load keeps failing. The request
+    loads it once; the pages before it stay loaded (vLLM is not asked to compute them),
+    the failed page and those after it are computed, and the output is exact. (The hit
+    was offered again after every failed load: with the first page failing, vLLM 0.26
+    asked again from token 0 and the request reloaded forever.)"""
+    prompt = _prompt(70 + bad_page, 5 * 64 + 20)
+    first = _warm(real_peer.socket, {"w": prompt}, num_blocks=128)
+    h, seam, (steps,) = _run_with_a_bad_page(real_peer.socket, prompt, bad_page, "recompute")
+    try:
+        assert "R" in h.finished, (steps, seam.attempts, h.loaded_pages)
+        assert steps < BAD_STEPS and seam.attempts == 1, (steps, seam.attempts)
+        assert h.finished["R"].tokens == first.finished["w"].tokens
+        assert h.loaded_pages == 5  # one load of the whole hit
+        # computed: the failed page, those after it, the tail and one decode step
+        assert h.scheduled_tokens == len(prompt) - bad_page * 64 + 1, h.scheduled_tokens
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("bad_page", [0, 2])
+def test_under_the_fail_policy_the_next_request_is_not_offered_the_failed_page(real_peer, bad_page):
+    """Under kv_load_failure_policy "fail" vLLM fails the request whose page failed to
+    load (its blocks are not cached). The next request with the same prompt is offered
+    only the pages before the failed one: it loads those, computes the rest and completes,
+    instead of failing on the same page again."""
+    prompt = _prompt(80 + bad_page, 5 * 64 + 20)
+    first = _warm(real_peer.socket, {"w": prompt}, num_blocks=128)
+    h, seam, steps = _run_with_a_bad_page(real_peer.socket, prompt, bad_page, "fail", ("R", "S"))
+    try:
+        assert set(h.finished) == {"R", "S"} and max(steps) < BAD_STEPS, (steps, seam.attempts)
+        assert h.finished["R"].reason == "error" and seam.attempts == 1, seam.attempts
+        assert h.finished["S"].reason != "error" and h.finished["S"].tokens == first.finished["w"].tokens
+        assert h.loaded_pages == 5 + bad_page  # S: the pages before the failed one
+    finally:
+        h.close()

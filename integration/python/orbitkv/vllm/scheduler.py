@@ -4,7 +4,10 @@ It computes page keys from prompt token ids, asks the peer how many leading
 pages it holds (taking a lease), decides external hits (ending on a page
 boundary; starting where vLLM's own prefix hit ends, inside a page if need
 be, whose locally computed blocks the load skips), drives the restore admission gate (orbitkv.gate), and plans the
-loads and saves each step's metadata carries to the workers.
+loads and saves each step's metadata carries to the workers. A page whose
+load failed is not offered again to its request, nor for a while to others
+(orbitkv.vllm.failed_pages): the blocks the workers report failed
+(KVConnectorOutput.invalid_block_ids) name it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from orbitkv.client import LookupResult
 from orbitkv.gate import Admission, RestoreGate
 from orbitkv.vllm._compat import block_ids_of
 from orbitkv.vllm.config import ConnectorConfig
+from orbitkv.vllm.failed_pages import FailedPages
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, SaveSpec
 from orbitkv.vllm.prefill_rate import PrefillRate
 
@@ -75,6 +79,7 @@ class _Req:
     deferred_epoch: Optional[int] = None  # the gate's epoch when this request was last deferred
     deferred_until: Optional[float] = None  # a deferral for other requests' leases also ends then
     budget_wait_since: Optional[float] = None  # first deferral for the budget since the last uncut lookup
+    failed_at: Optional[int] = None  # first page whose load failed for this request: never offered again
 
 
 class SchedulerHalf:
@@ -95,6 +100,8 @@ class SchedulerHalf:
         self._reqs: dict[str, _Req] = {}
         self._loads: list[LoadSpec] = []
         self._after_step: list[_Lookup] = []  # leases of sync loads, released after the step ran
+        self.failed = FailedPages()  # pages whose load failed: offered again only within bounds
+        self._pending: dict[str, LoadSpec] = {}  # loads whose outcome the workers have not reported yet
         self.prefill = PrefillRate()  # the engine's prefill tokens/s, from the steps it plans
         self._step_prefill = 0  # prompt tokens the step being planned computes
 
@@ -153,8 +160,15 @@ class SchedulerHalf:
                     expires = res.lease_expires_unix_ms if not expires else min(expires, res.lease_expires_unix_ms)
             hit = min(hit, res.hit_pages)
             cut = max(cut, int(getattr(res, "budget_cut_pages", 0) or 0))
+        self.failed.listed(self._keys(st, 0)[:max_pages], hit)
         st.lookup = _Lookup(hit, leases, self.clock(), expires, cut, held)
         return st.lookup
+
+    def _offer(self, st: _Req, lk: Optional[_Lookup]) -> int:
+        """The lookup's hit less the pages that failed to load (FailedPages)."""
+        if lk is None:
+            return 0
+        return self.failed.offer(self._keys(st, 0)[:lk.hit_pages], lk.hit_pages, self.clock(), st.failed_at)
 
     def _still_deferred(self, st: _Req) -> bool:
         if st.deferred_epoch is None or st.deferred_epoch != self.gate.epoch:
@@ -222,7 +236,8 @@ class SchedulerHalf:
                 log.debug("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
             except errors.OrbitKVError as e:
                 log.warning("orbitkv lookup for %s failed, recomputing: %s", st.req_id, e)
-        restores = lk is not None and num_computed_tokens % self.cfg.block_tokens == 0 and lk.hit_pages > num_computed_tokens // pt
+        hit = self._offer(st, lk)
+        restores = lk is not None and num_computed_tokens % self.cfg.block_tokens == 0 and hit > num_computed_tokens // pt
         blocks = -(-n // self.cfg.block_tokens) if restores else 0
         # A hit the query budget cut short while other restores or waiting
         # requests' leases pin it: wait for them (bounded, BUDGET_WAIT_S) rather
@@ -241,18 +256,18 @@ class SchedulerHalf:
             if leased:
                 st.deferred_until = self.clock() + BUDGET_RETRY_S
             return None, False
-        st.saved_pages = lk.hit_pages if lk else 0
+        st.saved_pages = hit  # pages not offered (failed to load) are saved again once computed
         # The local prefix hit may end inside a page (blocks are smaller than
         # pages): the external hit then starts there, the first page loaded
         # with its locally computed leading blocks skipped (never written).
         if lk is None or num_computed_tokens % self.cfg.block_tokens:
             return 0, False
         first = num_computed_tokens // pt
-        if lk.hit_pages <= first:
+        if hit <= first:
             return 0, False
         st.first_page = first
         st.skip_blocks = (num_computed_tokens - first * pt) // self.cfg.block_tokens
-        return lk.hit_pages * pt - num_computed_tokens, self.cfg.async_load
+        return hit * pt - num_computed_tokens, self.cfg.async_load
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._req(request)
@@ -273,7 +288,9 @@ class SchedulerHalf:
             raise RuntimeError(f"orbitkv: request {st.req_id} has {len(st.block_ids)} blocks, too few for pages {pages}")
         ks = {r: self._keys(st, r)[first : first + npages] for r in self._fps}
         leases = dict(st.lookup.leases) if st.lookup else {}
-        self._loads.append(LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip))
+        spec = LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip)
+        self._loads.append(spec)
+        self._pending[st.req_id] = spec
         st.loading = self.cfg.async_load
         st.sync_load = not self.cfg.async_load
         self.gate.allocated(st.req_id, num_external_tokens, self.clock(), blocks=-(-len(st.tokens) // self.cfg.block_tokens))
@@ -361,10 +378,27 @@ class SchedulerHalf:
         if st is not None:
             st.block_ids = []
 
+    def _load_outcomes(self, connector_output: Any) -> None:
+        """Records the pages of pending loads whose blocks the workers report
+        failed, and forgets the loads whose outcome is known now: sync loads
+        ran in the step just reported, async ones that finished receiving."""
+        invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        for rid, spec in self._pending.items():
+            page = _first_failed_page(spec, invalid)
+            if page is None:
+                continue
+            self.failed.failed(spec.keys[0][page - spec.first_page], self.clock())
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.failed_at = page if st.failed_at is None else min(st.failed_at, page)
+        done = {str(r) for r in getattr(connector_output, "finished_recving", None) or ()}
+        self._pending = {r: sp for r, sp in self._pending.items() if not sp.sync and r not in done}
+
     def update_connector_output(self, connector_output: Any) -> None:
         for lk in self._after_step:
             self._release(lk)
         self._after_step = []
+        self._load_outcomes(connector_output)
         for rid in getattr(connector_output, "finished_recving", None) or ():
             rid = str(rid)
             self.gate.load_finished(rid)
@@ -396,3 +430,14 @@ class SchedulerHalf:
             self._release(lk)
         self._reqs.clear()
         self._after_step = []
+        self._pending.clear()
+
+
+def _first_failed_page(spec: LoadSpec, invalid: set[int]) -> Optional[int]:
+    """The first page (of the request) of ``spec`` with a block in ``invalid``."""
+    if not invalid:
+        return None
+    for i in range(len(spec)):
+        if invalid.intersection(spec.loaded_blocks(i)):
+            return spec.first_page + i
+    return None

@@ -3,7 +3,8 @@
 Registers the paged KV tensors with the peer (one session per worker),
 starts the loads and saves the scheduler planned, and reports completions:
 finished_recving for async loads, finished_sending for finished requests
-whose saves are done, and the block ids of pages that failed to load.
+whose saves are done, and the block ids of pages that failed to load (from
+a load's first failed page to its end: _failed_blocks).
 
 Operations are waited on by a small pool of threads (owned here, joined on
 shutdown); vLLM's step only reads their results. A load or save that does
@@ -101,6 +102,17 @@ def _log_failed_pages(req_id: str, res: OpResult) -> None:
     why = f"{first.code.name}: {first.message}" if first is not None else "not done by its deadline"
     log.warning("orbitkv load for %s: %d of %d pages failed, recomputing them (first: %s)", req_id, len(bad),
                 len(res.pages), why)
+
+
+def _failed_blocks(spec: LoadSpec, res: OpResult) -> set[int]:
+    """The blocks a load reports failed: those of its first page that did not
+    load (a result without pages: every page failed) and of every page after
+    it, never the skipped (locally computed) ones. vLLM keeps the pages before
+    them and computes from there; reporting the later pages too says the same
+    to a scheduler that does not truncate at the first failed block."""
+    n = len(spec.blocks)
+    first = next((i for i in range(n) if i >= len(res.pages) or not res.pages[i].ok), n)
+    return {b for i in range(first, n) for b in spec.loaded_blocks(i)}
 
 
 def _result_of(f: cf.Future) -> OpResult:
@@ -356,10 +368,8 @@ class WorkerHalf:
                 if not st.future.done():
                     continue
                 del self._loads[r]
-                res: OpResult = st.future.result()
-                bad = res.failed_indices() if res.pages else range(len(st.spec.blocks))
-                for i in bad:  # never the skipped (locally computed) blocks
-                    self._load_errors.update(st.spec.loaded_blocks(i))
+                bad = _failed_blocks(st.spec, st.future.result())
+                self._load_errors.update(bad)
                 if bad:
                     failed.add(r)
                 if not st.spec.sync:
