@@ -88,9 +88,11 @@ func (p *Peer) logRecovery(rep store.RecoverReport) {
 	m := newRecoveryMetrics(p.m.reg, p.cat)
 	m.rebuilt.Add(float64(rep.Rebuilt))
 	m.dropped.Add(float64(rep.Dropped))
+	m.contradicting.Add(float64(len(rep.Contradicting)))
+	p.logContradicting(rep.Contradicting)
 	st := p.cat.Stats()
 	ev := p.log.Info()
-	if st.Damage.Reason != "" || rep.Rebuilt > 0 || rep.Dropped > 0 {
+	if st.Damage.Reason != "" || rep.Rebuilt > 0 || rep.Dropped > 0 || len(rep.Contradicting) > 0 {
 		ev = p.log.Warn()
 	}
 	if st.Damage.Reason != "" {
@@ -100,10 +102,29 @@ func (p *Peer) logRecovery(rep store.RecoverReport) {
 		ev = ev.Uint64("scanned_bytes", rep.Scan.BytesRead).Int("torn_slots", rep.Scan.Torn)
 	}
 	ev.Int("pages", rep.Kept+rep.Rebuilt).Int("rebuilt", rep.Rebuilt).Int("dropped", rep.Dropped).
-		Int("corrupt_records", st.CorruptRecords).Msg("recovered ssd pages")
+		Int("contradicting_slots", len(rep.Contradicting)).Int("corrupt_records", st.CorruptRecords).Msg("recovered ssd pages")
 	p.startRepair = startRepairText(st.Damage.Reason, rep.Rebuilt, rep.Dropped)
 	if err := p.cat.Health(); err != nil {
 		p.log.Error().Err(err).Msg("catalog cannot persist at start: saves to SSD fail, DRAM serves; retrying")
+	}
+}
+
+// contradictingLogged is how many contradicting slots a start logs one by
+// one; the "recovered ssd pages" line counts them all.
+const contradictingLogged = 10
+
+// logContradicting logs the slots the start dropped because they
+// contradict the catalog entry naming them (store.ContradictingSlot).
+func (p *Peer) logContradicting(bad []store.ContradictingSlot) {
+	for _, c := range bad[:min(len(bad), contradictingLogged)] {
+		e, h := c.Entry, c.Found.Header
+		p.log.Error().Str("key", e.Key.String()).Uint32("file", e.SSD.File).Uint64("offset", e.SSD.Offset).
+			Uint64("generation", e.Generation).Uint32("checksum", e.Checksum).
+			Str("slot_key", h.Key.String()).Uint64("slot_generation", h.Generation).Uint32("slot_checksum", h.Checksum).
+			Msg("ssd slot contradicts the catalog entry naming it: page dropped, not adopted")
+	}
+	if len(bad) > contradictingLogged {
+		p.log.Error().Int("not_logged", len(bad)-contradictingLogged).Msg("more ssd slots contradict the catalog: pages dropped")
 	}
 }
 
@@ -129,7 +150,7 @@ func startRepairText(damage string, rebuilt, dropped int) string {
 
 // recoveryMetrics count what recoveries rebuilt and dropped.
 type recoveryMetrics struct {
-	rebuilt, dropped prometheus.Counter
+	rebuilt, dropped, contradicting prometheus.Counter
 }
 
 func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recoveryMetrics {
@@ -138,6 +159,8 @@ func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recover
 			Help: "SSD pages the catalog did not name (damaged, missing or truncated catalog) rebuilt from the page files' slot headers at start."}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "dropped_pages_total",
 			Help: "Catalog entries dropped at start because the page files do not hold their page whole."}),
+		contradicting: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "contradicting_slots_total",
+			Help: "SSD slots found whole at start whose header contradicts the catalog entry naming the slot (another key, layout, length or checksum at no newer generation): dropped, never adopted."}),
 	}
 	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "healthy",
 		Help: "1 when the catalog persists commits; 0 while its filesystem is full or its store failed (saves to SSD fail)."},
@@ -147,6 +170,6 @@ func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recover
 			}
 			return 1
 		})
-	reg.MustRegister(m.rebuilt, m.dropped, healthy)
+	reg.MustRegister(m.rebuilt, m.dropped, m.contradicting, healthy)
 	return m
 }

@@ -16,15 +16,29 @@ import (
 // aside, deleted or silently truncated by Pebble (a flipped bit in the
 // MANIFEST or the last WAL) is rebuilt from the headers; an entry whose
 // slot no longer holds its page is dropped; nothing is served that the
-// page files do not hold whole.
+// page files do not hold whole. Where the catalog names a key it is the
+// record of what was acknowledged: headers rebuild only what it lost (keys
+// it does not name, newer generations whose commit it lost), and a slot
+// that contradicts the entry naming it is dropped, never adopted
+// (contradicting).
 
 // RecoverReport is what recovery did, for the start log and the metrics.
 type RecoverReport struct {
 	Kept    int // catalog entries whose page the files hold
 	Rebuilt int // pages taken from the page files that the catalog did not name right
 	Dropped int // catalog entries whose page the files do not hold
-	Scan    ssd.ScanStats
-	Scanned bool
+	// Contradicting are the slots whose header contradicts the catalog
+	// entry naming the slot (Found.Loc, the entry's key): dropped.
+	Contradicting []ContradictingSlot
+	Scan          ssd.ScanStats
+	Scanned       bool
+}
+
+// ContradictingSlot is a slot whose header contradicts the catalog entry
+// naming it: Entry is the catalog's record, Found what the slot holds.
+type ContradictingSlot struct {
+	Entry catalog.Entry
+	Found ssd.Found
 }
 
 // recoverChoice is one key's candidates, best first; vouched says the
@@ -40,9 +54,12 @@ type recoverChoice struct {
 // entries and the pages the scan found (all of them when scanned is false:
 // then the catalog is trusted as it is). Per key the candidates are the
 // catalog's entry if a found slot confirms it (same slot, generation,
-// layout, length and checksum), then the found copies newest generation
-// first. Confirmed keys come first, in the order the caller reserves them,
-// so a stale copy never takes the region of a live page.
+// layout, length and checksum), then the found copies the catalog lost:
+// for a key it names, only newer generations than its entry's; for one it
+// does not, every copy. Newest generation first. Confirmed keys come
+// first, in the order the caller reserves them, so a stale copy never
+// takes the region of a live page. found must hold no contradicting slot
+// (contradicting).
 func reconcile(entries []catalog.Entry, found []ssd.Found, scanned bool) []recoverChoice {
 	byKey := map[pagekey.Key][]catalog.Entry{}
 	for _, f := range found {
@@ -83,23 +100,65 @@ func reconcile(entries []catalog.Entry, found []ssd.Found, scanned bool) []recov
 }
 
 // confirm orders a catalog entry's candidates: the entry itself first when
-// one found copy is exactly its slot and header, then the other copies.
-// Rebuilt copies keep the entry's access time and hits.
+// one found copy is exactly its slot and header, then the copies of a newer
+// generation (saves whose commit the catalog lost; it was made durable
+// before it named them). Older copies are freed slots' bytes the entry
+// replaced: the catalog vouches for none of them. Rebuilt copies keep the
+// entry's access time and hits.
 func confirm(e catalog.Entry, found []catalog.Entry) ([]catalog.Entry, bool) {
 	var out []catalog.Entry
 	vouched := false
 	for _, f := range found {
-		if f.SSD == e.SSD && f.Generation == e.Generation && f.Layout == e.Layout && f.Size == e.Size && f.Checksum == e.Checksum {
+		switch {
+		case matches(e, f):
 			vouched = true
-			continue
+		case f.Generation > e.Generation:
+			f.LastAccess, f.Hits = e.LastAccess, e.Hits
+			out = append(out, f)
 		}
-		f.LastAccess, f.Hits = e.LastAccess, e.Hits
-		out = append(out, f)
 	}
 	if vouched {
 		out = append([]catalog.Entry{e}, out...)
 	}
 	return out, vouched
+}
+
+// matches reports whether the found copy f is exactly the catalog's entry e.
+func matches(e, f catalog.Entry) bool {
+	return f.Key == e.Key && f.SSD == e.SSD && f.Generation == e.Generation && f.Layout == e.Layout &&
+		f.Size == e.Size && f.Checksum == e.Checksum
+}
+
+// contradicting splits found into the copies recovery may take and the
+// slots that contradict the catalog entry naming them: a page at the
+// entry's generation or an older one that is not the entry's (another key,
+// layout, length or checksum). A slot is written whole, under a new
+// generation, and made durable before the catalog names it, so no crash
+// leaves such a header: it is damage or a forgery, and the catalog, the
+// record of what was acknowledged, wins. A newer generation there is the
+// slot's reuse by a save whose commit the catalog lost.
+func contradicting(entries []catalog.Entry, found []ssd.Found) ([]ssd.Found, []ContradictingSlot) {
+	type slotAt struct {
+		file   uint32
+		offset uint64
+	}
+	named := map[slotAt]catalog.Entry{}
+	for _, e := range entries {
+		if e.OnSSD {
+			named[slotAt{e.SSD.File, e.SSD.Offset}] = e
+		}
+	}
+	var usable []ssd.Found
+	var bad []ContradictingSlot
+	for _, f := range found {
+		e, ok := named[slotAt{f.Loc.File, f.Loc.Offset}]
+		if !ok || f.Header.Generation > e.Generation || matches(e, entryOfFound(f)) {
+			usable = append(usable, f)
+			continue
+		}
+		bad = append(bad, ContradictingSlot{Entry: e, Found: f})
+	}
+	return usable, bad
 }
 
 func entryOfFound(f ssd.Found) catalog.Entry {
@@ -148,20 +207,22 @@ func (sc *SSDScan) forget(keys []pagekey.Key) {
 }
 
 // Recover rebuilds the catalog, SSD allocation and LRU order at start.
-// When sc scanned the tier's files they are reconciled with the catalog;
-// else the catalog is trusted. Every kept page's slot is Reserved; a
-// candidate whose slot cannot be (out of range, overlapping a kept page)
-// gives way to the key's next candidate. Pages beyond the tier are not
-// recovery's: fitSSDTier ruled on them first.
+// When sc scanned the tier's files they are reconciled with the catalog
+// (slots that contradict it are left free and reported); else the catalog
+// is trusted. Every kept page's slot is Reserved; a candidate whose slot
+// cannot be (out of range, overlapping a kept page) gives way to the key's
+// next candidate. Pages beyond the tier are not recovery's: fitSSDTier
+// ruled on them first.
 func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
 	rep := RecoverReport{Scan: sc.stats, Scanned: sc.scanned}
 	var entries []catalog.Entry
 	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
-	found := sc.found
+	found, bad := contradicting(entries, sc.found)
+	rep.Contradicting = bad
 	for _, e := range entries {
 		s.mu.gen = max(s.mu.gen, e.Generation)
 	}
-	for _, f := range append(slices.Clip(found), sc.beyond...) {
+	for _, f := range append(slices.Clip(sc.found), sc.beyond...) {
 		s.mu.gen = max(s.mu.gen, f.Header.Generation) // never reuse a generation a slot carries, left beyond the tier too
 	}
 	var adopt, kept []catalog.Entry

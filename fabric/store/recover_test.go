@@ -28,10 +28,14 @@ func TestReconcile(t *testing.T) {
 		scanned bool
 		want    []want
 	}{
-		{"confirmed entry first, its stale copy after", []catalog.Entry{entry(found(1, 5, 0))},
-			[]ssd.Found{found(1, 2, 8192), found(1, 5, 0)}, true, []want{{1, []uint64{5, 2}, true, true}}},
-		{"entry whose slot lost its page: the other copy", []catalog.Entry{entry(found(1, 5, 0))},
-			[]ssd.Found{found(1, 2, 8192)}, true, []want{{1, []uint64{2}, true, false}}},
+		{"confirmed entry, not its stale copy", []catalog.Entry{entry(found(1, 5, 0))},
+			[]ssd.Found{found(1, 2, 8192), found(1, 5, 0)}, true, []want{{1, []uint64{5}, true, true}}},
+		{"confirmed entry first, a newer copy after", []catalog.Entry{entry(found(1, 5, 0))},
+			[]ssd.Found{found(1, 7, 8192), found(1, 5, 0)}, true, []want{{1, []uint64{5, 7}, true, true}}},
+		{"entry whose slot lost its page: no older copy", []catalog.Entry{entry(found(1, 5, 0))},
+			[]ssd.Found{found(1, 2, 8192)}, true, []want{{1, nil, true, false}}},
+		{"entry whose slot lost its page: a newer copy the catalog lost", []catalog.Entry{entry(found(1, 5, 0))},
+			[]ssd.Found{found(1, 2, 8192), found(1, 7, 16384)}, true, []want{{1, []uint64{7}, true, false}}},
 		{"entry with nothing on disk is dropped", []catalog.Entry{entry(found(1, 5, 0))},
 			nil, true, []want{{1, nil, true, false}}},
 		{"pages the catalog lost, newest first", nil,
@@ -63,5 +67,34 @@ func TestReconcile(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestContradicting: a slot the catalog names holding, at the entry's
+// generation or an older one, anything but the entry's page (another
+// checksum, as a consistent rewrite leaves; another key) contradicts the
+// catalog and is set aside; the entry's own page, a newer generation there
+// and slots the catalog does not name are usable.
+func TestContradicting(t *testing.T) {
+	at := func(k byte, gen, sum, off uint64) ssd.Found {
+		return ssd.Found{Loc: ssd.Loc{Offset: off, Bytes: 8192},
+			Header: page.Header{Key: pagekey.Key{k}, Length: 4096, Checksum: uint32(sum), Generation: gen}}
+	}
+	entries := []catalog.Entry{entryOfFound(at(1, 5, 5, 0)), entryOfFound(at(2, 6, 6, 8192)),
+		entryOfFound(at(3, 7, 7, 16384)), entryOfFound(at(4, 8, 8, 24576))}
+	found := []ssd.Found{
+		at(1, 5, 99, 0),    // the entry's slot and generation, another checksum: contradicts
+		at(9, 4, 4, 8192),  // another key, older, in key 2's slot: contradicts
+		at(5, 9, 9, 16384), // a newer generation in key 3's slot: the catalog lost its commit
+		at(4, 8, 8, 24576), // key 4's own page
+		at(6, 1, 1, 32768), // a slot the catalog does not name
+	}
+	usable, bad := contradicting(entries, found)
+	if len(bad) != 2 || bad[0].Found != found[0] || bad[0].Entry.Key != (pagekey.Key{1}) ||
+		bad[1].Found != found[1] || bad[1].Entry.Key != (pagekey.Key{2}) {
+		t.Fatalf("contradicting slots %+v, want the first two found with their entries", bad)
+	}
+	if len(usable) != 3 || usable[0] != found[2] || usable[1] != found[3] || usable[2] != found[4] {
+		t.Fatalf("usable %+v, want the last three found", usable)
 	}
 }
