@@ -60,6 +60,7 @@ type Cluster struct {
 	name        string
 	incarnation uint64
 	log         zerolog.Logger
+	logLimit    logLimit // gossip's warnings and errors (loglimit.go)
 	cat         *catalog.Catalog
 	remote      *catalog.Remote
 	m           *clusterMetrics
@@ -228,15 +229,15 @@ func (c *Cluster) broadcast(msgs [][]byte) {
 func (c *Cluster) receive(msg []byte) {
 	h, body, err := decodeHead(msg)
 	if err != nil {
+		c.logLimit.event(c.log, zerolog.WarnLevel).Err(err).Msg("gossip message dropped")
 		c.m.badMessages.Inc()
-		c.log.Warn().Err(err).Msg("gossip message dropped")
 		return
 	}
 	var anns []announcement
 	if h.kind == msgAnnounce {
 		if anns, err = decodeAnnouncements(body); err != nil {
+			c.logLimit.event(c.log, zerolog.WarnLevel).Err(err).Str("from", h.name).Msg("gossip message dropped")
 			c.m.badMessages.Inc()
-			c.log.Warn().Err(err).Str("from", h.name).Msg("gossip message dropped")
 			return
 		}
 	}

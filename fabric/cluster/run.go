@@ -53,7 +53,7 @@ func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *cluste
 		announced:   prometheus.NewCounter(prometheus.CounterOpts(opts("announced_total", "Catalog changes this peer announced."))),
 		received:    prometheus.NewCounter(prometheus.CounterOpts(opts("announcements_received_total", "Catalog changes received from members."))),
 		sendErrors:  prometheus.NewCounter(prometheus.CounterOpts(opts("send_errors_total", "Announcement messages that could not be sent."))),
-		badMessages: prometheus.NewCounter(prometheus.CounterOpts(opts("bad_messages_total", "Gossip messages dropped as malformed."))),
+		badMessages: prometheus.NewCounter(prometheus.CounterOpts(opts("bad_messages_total", "Gossip packets and streams dropped as malformed, foreign or not decryptable, by memberlist or by the peer (their log lines are rate-limited)."))),
 		syncs: prometheus.NewCounterVec(prometheus.CounterOpts(opts("snapshot_syncs_total", "Catalog snapshots pulled from members, by result.")),
 			[]string{"result"}),
 		fetchPages: prometheus.NewCounterVec(prometheus.CounterOpts(opts("fetched_pages_total", "Pages fetched from members for loads, by result.")),
@@ -199,6 +199,7 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 				c.log.Warn().Err(err).Msg("leave")
 			}
 			ml.Shutdown()
+			c.logLimit.flush(c.log)
 			c.peerSrv.Stop()
 			c.leases.closeAll()
 			c.dataSrv.Close()
@@ -242,7 +243,7 @@ func (c *Cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist
 	}
 	mc.PushPullInterval = 5 * time.Second
 	mc.DeadNodeReclaimTime = 10 * time.Second // a peer restarted elsewhere may take its name back
-	mc.Logger = log.New(memberlistLog{c.log}, "", 0)
+	mc.Logger = log.New(memberlistLog{c}, "", 0)
 	d := &mlDelegate{c: c}
 	mc.Delegate, mc.Events = d, d
 	// The advertised addresses of the peer service and data plane take the
@@ -387,23 +388,6 @@ func (d *mlDelegate) MergeRemoteState(buf []byte, join bool) { d.c.receiveState(
 func (d *mlDelegate) NotifyJoin(n *memberlist.Node)   { d.c.memberUp(n) }
 func (d *mlDelegate) NotifyUpdate(n *memberlist.Node) { d.c.memberUp(n) }
 func (d *mlDelegate) NotifyLeave(n *memberlist.Node)  { d.c.memberDown(n) }
-
-// memberlistLog sends memberlist's log lines to zerolog: warnings and
-// errors as such, the rest at debug.
-type memberlistLog struct{ log zerolog.Logger }
-
-func (w memberlistLog) Write(p []byte) (int, error) {
-	line := strings.TrimSpace(string(p))
-	switch {
-	case strings.Contains(line, "[ERR]"):
-		w.log.Error().Str("memberlist", line).Send()
-	case strings.Contains(line, "[WARN]"):
-		w.log.Warn().Str("memberlist", line).Send()
-	default:
-		w.log.Debug().Str("memberlist", line).Send()
-	}
-	return len(p), nil
-}
 
 // peerServer is the PeerService.
 type peerServer struct {
