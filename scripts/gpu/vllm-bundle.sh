@@ -24,5 +24,5 @@ rm -f "$v/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$v/_moe_C_stable_libtorch.abi3.s
 rm -rf "$v/third_party/deep_gemm" "$v/third_party/fmha_sm100"
 rm -f .gpucarry/vllm-site.*
 tar -C "$SITE" -cf - . | xz -T2 -6 >.gpucarry/vllm-site.tar.xz
-(cd .gpucarry && sha256sum vllm-site.tar.xz >vllm-site.sha256 && split -b 60M -d vllm-site.tar.xz vllm-site.part && rm vllm-site.tar.xz)
+(cd .gpucarry && sha256sum vllm-site.tar.xz >vllm-site.sha256 && split -b 52M -d vllm-site.tar.xz vllm-site.part && rm vllm-site.tar.xz)
 ls -l .gpucarry
