@@ -79,12 +79,20 @@ func (l Layout) Fingerprint() Fingerprint {
 
 // Next returns the key of the page that follows prev and holds tokens.
 func Next(fp Fingerprint, prev Key, tokens []uint32) Key {
-	buf := make([]byte, 2*Size+4*len(tokens))
+	return NextExtra(fp, prev, tokens, nil)
+}
+
+// NextExtra returns the key of the page that follows prev, holds tokens and
+// carries the encoded extras extra (PageExtras.Encode; nil or empty for a
+// page without extras, whose key is then Next's).
+func NextExtra(fp Fingerprint, prev Key, tokens []uint32, extra []byte) Key {
+	buf := make([]byte, 2*Size+4*len(tokens), 2*Size+4*len(tokens)+len(extra))
 	copy(buf, fp[:])
 	copy(buf[Size:], prev[:])
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(buf[2*Size+4*i:], t)
 	}
+	buf = append(buf, extra...)
 	sum := sha256.Sum256(buf)
 	var k Key
 	copy(k[:], sum[:Size])
@@ -104,6 +112,31 @@ func Chain(fp Fingerprint, pageTokens int, tokens []uint32) []Key {
 		keys[i] = prev
 	}
 	return keys
+}
+
+// ChainExtras returns the keys of every whole page of tokens under the
+// request's extras (nil: Chain's keys). It fails where the extras cannot be
+// keyed (RequestExtras.Page).
+func ChainExtras(fp Fingerprint, pageTokens int, tokens []uint32, x *RequestExtras) ([]Key, error) {
+	if pageTokens <= 0 {
+		return nil, nil
+	}
+	n := len(tokens) / pageTokens
+	keys := make([]Key, n)
+	var prev Key
+	for i := 0; i < n; i++ {
+		var extra []byte
+		if x != nil {
+			pe, err := x.Page(i, pageTokens)
+			if err != nil {
+				return nil, err
+			}
+			extra = pe.Encode()
+		}
+		prev = NextExtra(fp, prev, tokens[i*pageTokens:(i+1)*pageTokens], extra)
+		keys[i] = prev
+	}
+	return keys, nil
 }
 
 // dtypeBytes is the element size of the dtypes a layout may name.

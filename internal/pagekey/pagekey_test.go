@@ -12,11 +12,12 @@ var update = flag.Bool("update", false, "rewrite testdata/vectors.json")
 
 // vector is one shared Go/Python test case.
 type vector struct {
-	Name        string   `json:"name"`
-	Layout      Layout   `json:"layout"`
-	Fingerprint string   `json:"fingerprint"`
-	Tokens      []uint32 `json:"tokens"`
-	Keys        []string `json:"keys"`
+	Name        string         `json:"name"`
+	Layout      Layout         `json:"layout"`
+	Fingerprint string         `json:"fingerprint"`
+	Tokens      []uint32       `json:"tokens"`
+	Extras      *RequestExtras `json:"extras,omitempty"`
+	Keys        []string       `json:"keys"`
 }
 
 func vectorCases() []vector {
@@ -39,6 +40,27 @@ func vectorCases() []vector {
 		{Name: "qwen3-8b-tp-rank-1", Layout: rank1, Tokens: seq(128, 151)},
 		{Name: "large-token-ids", Layout: tiny, Tokens: []uint32{0, 1, 4294967295, 151643, 2, 3, 4, 5}},
 		{Name: "shorter-than-a-page", Layout: tiny, Tokens: []uint32{1, 2, 3}},
+		// Extras (extras.go): every old vector above keeps its keys.
+		{Name: "tiny-lora", Layout: tiny, Tokens: seq(14, 3),
+			Extras: &RequestExtras{LoRA: &LoRA{Name: "sql-adapter", Path: "/adapters/sql-lora"}}},
+		{Name: "tiny-lora-name-path-boundary", Layout: tiny, Tokens: seq(14, 3),
+			Extras: &RequestExtras{LoRA: &LoRA{Name: "sql-adapter/", Path: "adapters/sql-lora"}}},
+		{Name: "tiny-cache-salt", Layout: tiny, Tokens: seq(14, 3), Extras: &RequestExtras{Salt: "tenant-α"}},
+		{Name: "tiny-mm-spanning-two-pages", Layout: tiny, Tokens: seq(14, 3),
+			Extras: &RequestExtras{MM: []MMInput{{ID: "f3a9c0de-image-a", Offset: 2, Length: 5}}}},
+		{Name: "tiny-mm-other-image", Layout: tiny, Tokens: seq(14, 3),
+			Extras: &RequestExtras{MM: []MMInput{{ID: "0b7e11aa-image-b", Offset: 2, Length: 5}}}},
+		{Name: "tiny-mm-only-in-the-tail", Layout: tiny, Tokens: seq(14, 3),
+			Extras: &RequestExtras{MM: []MMInput{{ID: "tail-image", Offset: 12, Length: 2}}}},
+		{Name: "tiny-everything", Layout: tiny, Tokens: seq(14, 3),
+			Extras: &RequestExtras{LoRA: &LoRA{Name: "a", Path: "/a"}, Salt: "s",
+				MM: []MMInput{{ID: "second", Offset: 9, Length: 2}, {ID: "first", Offset: 1, Length: 3}, {ID: "empty", Offset: 5, Length: 0}},
+				Embeds: []string{
+					"6c2f1b0a4e5d7c8b9a0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69",
+					"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+					"ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"}}},
+		{Name: "qwen3-8b-lora-and-salt", Layout: qwen, Tokens: seq(128, 151),
+			Extras: &RequestExtras{LoRA: &LoRA{Name: "tenant-7-adapter", Path: "org/qwen3-8b-lora"}, Salt: "tenant-7"}},
 	}
 }
 
@@ -49,7 +71,11 @@ func TestVectors(t *testing.T) {
 		fp := c.Layout.Fingerprint()
 		c.Fingerprint = hex.EncodeToString(fp[:])
 		c.Keys = []string{}
-		for _, k := range Chain(fp, int(c.Layout.PageTokens), c.Tokens) {
+		ks, err := ChainExtras(fp, int(c.Layout.PageTokens), c.Tokens, c.Extras)
+		if err != nil {
+			t.Fatalf("%s: %v", c.Name, err)
+		}
+		for _, k := range ks {
 			c.Keys = append(c.Keys, k.String())
 		}
 	}

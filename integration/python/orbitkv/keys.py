@@ -6,7 +6,23 @@ internal/pagekey/testdata/vectors.json prove it.
 fingerprint = SHA-256("orbitkv.layout.v1" ‖ str(model) ‖ str(revision) ‖
     str(dtype) ‖ u32(num_layers) ‖ u32(kv_heads) ‖ u32(head_dim) ‖
     u32(tp_rank) ‖ u32(tp_size) ‖ u32(page_tokens) ‖ str(byte_layout))[:16]
-key[i] = SHA-256(fp ‖ key[i-1] ‖ page i tokens as u32 LE)[:16], key[-1] = 0¹⁶
+key[i] = SHA-256(fp ‖ key[i-1] ‖ page i tokens as u32 LE ‖ extra(i))[:16],
+key[-1] = 0¹⁶
+
+extra(i) is empty for a page without extras (the keys of a request without
+any are those of the first OrbitKV releases), else
+
+    "orbitkv.extra.v1" ‖ u32(count) ‖ item…
+    item = u8(kind) ‖ u32(len(body)) ‖ body, kinds in this order:
+      1 LoRA      str(name) ‖ str(path)                  every page
+      2 MM input  str(id) ‖ i64(offset − page start) ‖ u64(length)
+                  each input whose placeholder range overlaps the page, by offset
+      3 salt      str(cache_salt)                        page 0, non-empty salt
+      4 embeds    SHA-256 of the page's prompt-embedding bytes (32 bytes)
+
+what vLLM's own prefix cache keys a block on (generate_block_hash_extra_keys),
+at page granularity; later pages depend on it through the chain. Extras
+that cannot be keyed raise ExtrasError: the request must be a miss.
 """
 
 from __future__ import annotations
@@ -14,11 +30,93 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 KEY_SIZE = 16
 ZERO_KEY = bytes(KEY_SIZE)
 _LAYOUT_DOMAIN = b"orbitkv.layout.v1"
+_EXTRA_DOMAIN = b"orbitkv.extra.v1"
+EXTRA_LORA, EXTRA_MM, EXTRA_SALT, EXTRA_EMBEDS = 1, 2, 3, 4
+_MAX_POS = 1 << 62
+
+
+class ExtrasError(ValueError):
+    """A request's extras cannot be keyed: it must be a miss, its pages unsaved."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRA:
+    """The adapter a request runs under (vLLM keys its name; the path too here)."""
+
+    name: str
+    path: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MMInput:
+    """A multimodal input: its content hash (vLLM's mm feature identifier) and
+    its placeholder tokens' prompt range [offset, offset + length)."""
+
+    id: str
+    offset: int
+    length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Extras:
+    """What, beside its tokens, makes a request's KV differ from another's with
+    the same tokens. ``salt`` "" is none; ``embeds`` holds per whole page the
+    SHA-256 of its prompt-embedding bytes (empty: no prompt embeds)."""
+
+    lora: Optional[LoRA] = None
+    mm: tuple = ()
+    salt: str = ""
+    embeds: tuple = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.lora is None and not self.mm and not self.salt and not self.embeds
+
+    @classmethod
+    def from_dict(cls, d: Optional[Mapping[str, Any]]) -> Optional["Extras"]:
+        """From the shared vectors' JSON (internal/pagekey RequestExtras)."""
+        if d is None:
+            return None
+        lora = d.get("lora")
+        return cls(
+            lora=LoRA(lora["name"], lora["path"]) if lora is not None else None,
+            mm=tuple(MMInput(m["id"], m["offset"], m["length"]) for m in d.get("mm") or ()),
+            salt=d.get("salt", ""),
+            embeds=tuple(bytes.fromhex(e) for e in d.get("embeds") or ()),
+        )
+
+    def page(self, i: int, page_tokens: int) -> bytes:
+        """The encoded extras of page ``i`` (b"" when it has none)."""
+        start = i * page_tokens
+        end = start + page_tokens
+        items: list[bytes] = []
+
+        def item(kind: int, body: bytes) -> None:
+            items.append(struct.pack("<BI", kind, len(body)) + body)
+
+        if self.lora is not None:
+            item(EXTRA_LORA, _str(self.lora.name) + _str(self.lora.path))
+        for m in sorted(self.mm, key=lambda m: m.offset):
+            if not m.id or not isinstance(m.id, str):
+                raise ExtrasError("a multimodal input without an id")
+            if not (0 <= m.offset <= _MAX_POS and 0 <= m.length <= _MAX_POS):
+                raise ExtrasError(f"multimodal range {m.offset}+{m.length} out of range")
+            if m.offset < end and m.offset + m.length > start:
+                item(EXTRA_MM, _str(m.id) + struct.pack("<qQ", m.offset - start, m.length))
+        if i == 0 and self.salt:
+            item(EXTRA_SALT, _str(self.salt))
+        if self.embeds:
+            if i >= len(self.embeds) or len(self.embeds[i]) != 32:
+                raise ExtrasError(f"no 32-byte embeddings hash for page {i}")
+            item(EXTRA_EMBEDS, bytes(self.embeds[i]))
+        if not items:
+            return b""
+        return _EXTRA_DOMAIN + struct.pack("<I", len(items)) + b"".join(items)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,38 +177,42 @@ def fingerprint(layout: Layout) -> bytes:
     return h.digest()[:KEY_SIZE]
 
 
-def next_key(fp: bytes, prev: bytes, tokens: Sequence[int]) -> bytes:
-    """Returns the key of the page after ``prev`` holding ``tokens``."""
+def next_key(fp: bytes, prev: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
+    """Returns the key of the page after ``prev`` holding ``tokens`` with the
+    encoded extras ``extra`` (Extras.page; b"" for none)."""
     if len(fp) != KEY_SIZE or len(prev) != KEY_SIZE:
         raise ValueError("fingerprint and previous key must be 16 bytes")
     h = hashlib.sha256(fp)
     h.update(prev)
     h.update(struct.pack("<%dI" % len(tokens), *tokens))
+    if extra:
+        h.update(extra)
     return h.digest()[:KEY_SIZE]
 
 
-def chain(fp: bytes, page_tokens: int, tokens: Sequence[int], max_pages: int | None = None) -> list[bytes]:
+def chain(fp: bytes, page_tokens: int, tokens: Sequence[int], max_pages: int | None = None,
+          extras: Optional[Extras] = None) -> list[bytes]:
     """Returns the keys of every whole page of ``tokens`` (a partial tail page
-    has no key), at most ``max_pages`` of them."""
+    has no key), at most ``max_pages`` of them, under the request's
+    ``extras`` (None: none; ExtrasError where they cannot be keyed)."""
     if page_tokens <= 0:
         return []
     n = len(tokens) // page_tokens
     if max_pages is not None:
         n = min(n, max_pages)
-    keys: list[bytes] = []
-    prev = ZERO_KEY
-    for i in range(n):
-        prev = next_key(fp, prev, tokens[i * page_tokens : (i + 1) * page_tokens])
-        keys.append(prev)
-    return keys
+    return extend_chain(fp, page_tokens, tokens[: n * page_tokens], [], extras)
 
 
-def extend_chain(fp: bytes, page_tokens: int, tokens: Sequence[int], keys: list[bytes]) -> list[bytes]:
-    """Appends to ``keys`` (a chain prefix of ``tokens``) the keys of the
-    remaining whole pages, without rehashing the known ones."""
+def extend_chain(fp: bytes, page_tokens: int, tokens: Sequence[int], keys: list[bytes],
+                 extras: Optional[Extras] = None) -> list[bytes]:
+    """Appends to ``keys`` (a chain prefix of ``tokens`` under ``extras``) the
+    keys of the remaining whole pages, without rehashing the known ones."""
+    if extras is not None and extras.empty:
+        extras = None
     prev = keys[-1] if keys else ZERO_KEY
     for i in range(len(keys), len(tokens) // page_tokens):
-        prev = next_key(fp, prev, tokens[i * page_tokens : (i + 1) * page_tokens])
+        extra = extras.page(i, page_tokens) if extras is not None else b""
+        prev = next_key(fp, prev, tokens[i * page_tokens : (i + 1) * page_tokens], extra)
         keys.append(prev)
     return keys
 

@@ -20,8 +20,56 @@ def test_vectors_match_go(vec):
     layout = keys.Layout.from_dict(vec["layout"])
     fp = layout.fingerprint()
     assert fp.hex() == vec["fingerprint"]
-    got = keys.chain(fp, layout.page_tokens, vec["tokens"])
+    got = keys.chain(fp, layout.page_tokens, vec["tokens"], extras=keys.Extras.from_dict(vec.get("extras")))
     assert [k.hex() for k in got] == vec["keys"]
+
+
+def test_the_vectors_hold_extras_and_the_old_ones_kept_their_keys():
+    by = {v["name"]: v for v in _load()}
+    assert {"tiny-lora", "tiny-cache-salt", "tiny-mm-spanning-two-pages", "tiny-everything"} <= set(by)
+    plain = by["tiny-three-pages-and-tail"]
+    assert "extras" not in plain and plain["keys"][0] == "d280dfb557335d44356bfc9f5434e31c"
+    assert by["tiny-mm-only-in-the-tail"]["keys"] == plain["keys"]  # an input in no whole page changes nothing
+    for name in ("tiny-lora", "tiny-cache-salt"):
+        assert all(a != b for a, b in zip(by[name]["keys"], plain["keys"])), name
+    mm, other = by["tiny-mm-spanning-two-pages"]["keys"], by["tiny-mm-other-image"]["keys"]
+    assert all(a != b for a, b in zip(mm, other))  # equal tokens, another image: no page shared
+
+
+def test_extras_chain_prefix_and_salt_only_on_page_zero():
+    fp = keys.Layout("m", "", "", 0, 0, 0, 0, 1, 4, "").fingerprint()
+    toks = list(range(1, 13))
+    x = keys.Extras(salt="s")
+    ks = keys.chain(fp, 4, toks, extras=x)
+    assert keys.next_key(fp, ks[0], toks[4:8]) == ks[1]  # page 1 carries no salt itself
+    part = keys.chain(fp, 4, toks[:6], extras=x)
+    assert keys.extend_chain(fp, 4, toks, part, extras=x) == ks
+    assert keys.chain(fp, 4, toks, extras=keys.Extras()) == keys.chain(fp, 4, toks)
+    img = keys.Extras(mm=(keys.MMInput("img", 5, 2),))
+    base, got = keys.chain(fp, 4, toks), keys.chain(fp, 4, toks, extras=img)
+    assert got[0] == base[0] and got[1] != base[1] and got[2] != base[2]  # page 1 and, by the chain, page 2
+
+
+def test_extras_encoding_is_unambiguous():
+    pairs = [
+        (keys.Extras(lora=keys.LoRA("ab", "c")), keys.Extras(lora=keys.LoRA("a", "bc"))),
+        (keys.Extras(lora=keys.LoRA("x", "")), keys.Extras(salt="x")),
+        (keys.Extras(mm=(keys.MMInput("i", 1, 2),)), keys.Extras(mm=(keys.MMInput("i", 2, 1),))),
+    ]
+    for a, b in pairs:
+        assert a.page(0, 4) != b.page(0, 4), (a, b)
+    assert keys.Extras().page(0, 4) == b""
+
+
+@pytest.mark.parametrize("x", [
+    keys.Extras(mm=(keys.MMInput("", 0, 4),)),
+    keys.Extras(mm=(keys.MMInput(None, 0, 4),)),
+    keys.Extras(mm=(keys.MMInput("i", -1, 4),)),
+    keys.Extras(embeds=(bytes(32),)),  # one page's hash for three pages
+])
+def test_unkeyable_extras_raise(x):
+    with pytest.raises(keys.ExtrasError):
+        keys.chain(bytes(16), 4, list(range(12)), extras=x)
 
 
 def test_extend_chain_equals_chain():
