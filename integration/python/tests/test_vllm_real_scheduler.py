@@ -208,6 +208,110 @@ def test_without_the_connector_nothing_is_restored_and_outputs_match(real_peer):
         h.close()
 
 
+# --- cache identity: what vLLM keys its own prefix cache on beside the tokens -------------
+
+
+def _lora(name: str, int_id: int = 1):
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=name, lora_int_id=int_id, lora_path=f"/adapters/{name}")
+
+
+def _image(identifier: str, offset: int = 10, length: int = 100):
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    return [MultiModalFeatureSpec(data=None, modality="image", identifier=identifier,
+                                  mm_position=PlaceholderRange(offset=offset, length=length))]
+
+
+# (first request's extras, another request's with the same tokens, the first's again[, pages
+# the two share: before the image]); the prompt's image placeholders sit at 10..109 (pages 0, 1)
+_IDENTITY = {
+    "lora-vs-base": ({"lora_request": _lora("sql")}, {}, {"lora_request": _lora("sql")}),
+    "base-vs-lora": ({}, {"lora_request": _lora("sql")}, {}),
+    "two-adapters": ({"lora_request": _lora("sql", 1)}, {"lora_request": _lora("chat", 2)},
+                     {"lora_request": _lora("sql", 1)}),
+    "two-images": ({"mm_features": _image("image-a")}, {"mm_features": _image("image-b")},
+                   {"mm_features": _image("image-a")}),
+    "image-moved": ({"mm_features": _image("image-a")}, {"mm_features": _image("image-a", offset=12, length=98)},
+                    {"mm_features": _image("image-a")}),
+    # vLLM's own cache shares the blocks before an image: so does OrbitKV, page 0 only
+    "images-from-page-1": ({"mm_features": _image("image-a", offset=70, length=40)},
+                           {"mm_features": _image("image-b", offset=70, length=40)},
+                           {"mm_features": _image("image-a", offset=70, length=40)}, 1),
+    "two-salts": ({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}, {"cache_salt": "tenant-a"}),
+    "salt-vs-none": ({"cache_salt": "tenant-a"}, {}, {"cache_salt": "tenant-a"}),
+}
+
+
+@pytest.mark.parametrize("case", list(_IDENTITY))
+def test_requests_vllm_keys_apart_share_no_page_and_equal_ones_do(real_peer, case):
+    """Equal prompt tokens, other extras (LoRA adapter, image, cache salt): vLLM's
+    own prefix cache keeps the two apart, so must OrbitKV — the second request
+    gets no external hit tokens and loads nothing — while a request with the
+    first one's extras restores all 4 of its pages. (Before page keys covered
+    extras, the second request got all 4 pages of the first's KV.)"""
+    first, other, same, *rest = _IDENTITY[case]
+    shared = rest[0] if rest else 0
+    prompt = _prompt(40, 300)  # 4 whole pages
+    prompt[10:110] = [5] * 100  # image placeholder ids
+    _warm_extras = Harness(real_peer.socket, num_blocks=256)
+    try:
+        _warm_extras.add("a", prompt, **first)
+        _warm_extras.run()
+        assert set(_warm_extras.finished) == {"a"}
+    finally:
+        _warm_extras.close()  # joins the saves
+    h = Harness(real_peer.socket, num_blocks=256)
+    try:
+        got: dict[str, object] = {}
+        conn = h.scheduler.connector
+        real = conn.get_num_new_matched_tokens
+
+        def spy(request, num_computed_tokens):
+            res = real(request, num_computed_tokens)
+            if res[0] is not None:
+                got[request.request_id] = res[0]
+            return res
+
+        conn.get_num_new_matched_tokens = spy
+        h.add("b", prompt, **other)
+        h.run()
+        assert got["b"] == shared * 64 and h.loaded_pages == shared, (case, got, h.loaded_pages)
+        h.add("c", prompt, **same)
+        h.run()
+        assert set(h.finished) == {"b", "c"}
+        # the shared pages are in vLLM's own cache now (b computed them): c restores the rest
+        assert got["c"] == (4 - shared) * 64 and h.loaded_pages == 4, (case, got, h.loaded_pages)
+    finally:
+        h.close()
+
+
+def test_a_request_whose_extras_cannot_be_keyed_is_a_miss_and_saves_nothing(real_peer):
+    """Prompt embeddings (vLLM keys their bytes; the connector does not):
+    the request gets no external hit though the peer holds its tokens' pages,
+    and none of its own pages are saved."""
+    import torch
+
+    held, fresh = _prompt(41, 300), _prompt(42, 300)
+    _warm(real_peer.socket, {"a": held}, num_blocks=256)
+    h = Harness(real_peer.socket, num_blocks=256)
+    try:
+        h.add("e1", held, prompt_embeds=torch.zeros(300, 8))
+        h.add("e2", fresh, prompt_embeds=torch.zeros(300, 8))
+        h.run()
+        assert set(h.finished) == {"e1", "e2"} and h.loaded_pages == 0
+    finally:
+        h.close()
+    h = Harness(real_peer.socket, num_blocks=256)
+    try:
+        h.add("plain", fresh)  # e2's tokens without embeddings: nothing of e2 was saved
+        h.run()
+        assert h.loaded_pages == 0
+    finally:
+        h.close()
+
+
 # --- the seeds' restore-admission stall ------------------------------------------------
 
 

@@ -103,14 +103,31 @@ class Harness:
     # --- requests ----------------------------------------------------------------
 
     def add(self, req_id: str, prompt: list[int], max_tokens: int = 2, priority: int = 0,
-            kv_transfer_params: Optional[dict] = None) -> Request:
+            kv_transfer_params: Optional[dict] = None, **extras: Any) -> Request:
+        """``extras``: what else vLLM's Request takes and keys its prefix cache
+        on (lora_request, mm_features, cache_salt); with mm_features the
+        scheduler gets an encoder budget (use_mm) — the synthetic runner
+        computes no encoder output, only the placeholders' KV."""
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        if extras.get("mm_features"):
+            self.use_mm()
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
-                      priority=priority, block_hasher=self._hasher)
+                      priority=priority, block_hasher=self._hasher, **extras)
         if kv_transfer_params is not None:  # what vLLM's API server passes in from the request body
             req.kv_transfer_params = kv_transfer_params
         self.scheduler.add_request(req)
         return req
+
+    def use_mm(self, budget: int = 1 << 20) -> None:
+        """An encoder cache and budget for multimodal requests (the text-only
+        test model gets none from vLLM, which would never schedule their
+        placeholder tokens)."""
+        from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+        sch = self.scheduler
+        if sch.max_num_encoder_input_tokens < budget:
+            sch.encoder_cache_manager = EncoderCacheManager(cache_size=budget)
+            sch.max_num_encoder_input_tokens = budget
 
     def abort(self, req_id: str) -> None:
         self.scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)

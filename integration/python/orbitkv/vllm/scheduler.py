@@ -8,6 +8,12 @@ loads and saves each step's metadata carries to the workers. A page whose
 load failed is not offered again to its request, nor for a while to others
 (orbitkv.vllm.failed_pages): the blocks the workers report failed
 (KVConnectorOutput.invalid_block_ids) name it.
+
+Keys cover what vLLM's own prefix cache keys a block on beside its tokens
+(request_extras: the LoRA adapter, multimodal inputs, the cache salt), so a
+request never gets KV computed for another adapter, image or tenant. A
+request whose extras cannot be keyed (prompt embeddings, a multimodal input
+without an identifier) is a miss and saves nothing.
 """
 
 from __future__ import annotations
@@ -80,6 +86,52 @@ class _Req:
     deferred_until: Optional[float] = None  # a deferral for other requests' leases also ends then
     budget_wait_since: Optional[float] = None  # first deferral for the budget since the last uncut lookup
     failed_at: Optional[int] = None  # first page whose load failed for this request: never offered again
+    extras: Optional[keys.Extras] = None  # what the keys cover beside the tokens (request_extras)
+    unkeyed: str = ""  # why the request cannot be keyed ("" = it can): a miss, nothing saved
+
+
+def request_extras(request: Any, salt_known: bool = True) -> tuple[Optional[keys.Extras], str]:
+    """What vLLM keys its prefix cache on beside the tokens, as page-key
+    extras (orbitkv.keys.Extras), mirroring vLLM 0.26's
+    generate_block_hash_extra_keys: the LoRA adapter's name (and path); each
+    multimodal input's identifier with its placeholder range (a page carries
+    the inputs it overlaps); the cache salt (page 0). Returns (None, why)
+    where they cannot be keyed: prompt embeddings, a multimodal input without
+    an identifier or range, multimodal inputs in a form this vLLM no longer
+    uses, or a salt ``request`` does not tell (``salt_known`` False: vLLM's
+    NewRequestData carries none)."""
+    if getattr(request, "prompt_embeds", None) is not None:
+        return None, "prompt embeddings"
+    if getattr(request, "prompt_token_ids", None) is None:
+        return None, "no prompt token ids"
+    lora = None
+    lr = getattr(request, "lora_request", None)
+    if lr is not None:
+        name, path = getattr(lr, "lora_name", None), getattr(lr, "lora_path", None) or ""
+        if not isinstance(name, str) or not isinstance(path, str):
+            return None, "a LoRA adapter without a name"
+        lora = keys.LoRA(name, path)
+    mm = []
+    feats = getattr(request, "mm_features", None)
+    for f in feats or ():
+        ident, pos = getattr(f, "identifier", None), getattr(f, "mm_position", None)
+        offset, length = getattr(pos, "offset", None), getattr(pos, "length", None)
+        if not isinstance(ident, str) or not ident or not isinstance(offset, int) or not isinstance(length, int):
+            return None, "a multimodal input without an identifier or range"
+        mm.append(keys.MMInput(ident, offset, length))
+    if not feats and any(getattr(request, a, None) for a in ("mm_hashes", "mm_positions", "mm_inputs", "mm_kwargs")):
+        return None, "multimodal inputs without mm_features"
+    if not hasattr(request, "cache_salt") and not salt_known:
+        return None, "an unknown cache salt"
+    salt = getattr(request, "cache_salt", None)
+    if salt is not None and not isinstance(salt, str):
+        return None, "a cache salt that is not a string"
+    x = keys.Extras(lora=lora, mm=tuple(mm), salt=salt or "")
+    try:  # page() checks every input: what the keys cannot hold fails here, not mid-chain
+        x.page(0, 1)
+    except keys.ExtrasError as e:
+        return None, str(e)
+    return (None if x.empty else x), ""
 
 
 class SchedulerHalf:
@@ -104,6 +156,7 @@ class SchedulerHalf:
         self._pending: dict[str, LoadSpec] = {}  # loads whose outcome the workers have not reported yet
         self.prefill = PrefillRate()  # the engine's prefill tokens/s, from the steps it plans
         self._step_prefill = 0  # prompt tokens the step being planned computes
+        self._unkeyed_seen: set[str] = set()  # reasons a request could not be keyed, logged once each
 
     # --- keys and lookups ----------------------------------------------------
 
@@ -111,13 +164,23 @@ class SchedulerHalf:
         rid = str(request.request_id)
         st = self._reqs.get(rid)
         if st is None:
-            st = _Req(rid, [int(t) for t in request.prompt_token_ids])
-            self._reqs[rid] = st
+            st = self._new_req(rid, request, salt_known=True)
+        return st
+
+    def _new_req(self, rid: str, request: Any, salt_known: bool) -> _Req:
+        extras, why = request_extras(request, salt_known)
+        tokens = getattr(request, "prompt_token_ids", None)
+        st = _Req(rid, [int(t) for t in tokens] if tokens is not None else [], extras=extras, unkeyed=why)
+        if why and why not in self._unkeyed_seen:
+            self._unkeyed_seen.add(why)
+            log.warning("orbitkv: a request with %s cannot be keyed: it is a miss and none of its pages are "
+                        "saved (said once per reason)", why)
+        self._reqs[rid] = st
         return st
 
     def _keys(self, st: _Req, rank: int) -> list[bytes]:
         ks = st.keys.setdefault(rank, [])
-        return keys.extend_chain(self._fps[rank], self.cfg.layout.page_tokens, st.tokens, ks)
+        return keys.extend_chain(self._fps[rank], self.cfg.layout.page_tokens, st.tokens, ks, st.extras)
 
     def _available(self) -> bool:
         return bool(getattr(self.backend, "available", True))
@@ -200,6 +263,8 @@ class SchedulerHalf:
         if max_pages <= 0 or not self._available():
             return 0
         st = self._req(request)
+        if st.unkeyed:
+            return 0
         hit = max_pages
         for rank in self._fps:
             hit = min(hit, self.backend.lookup(self._keys(st, rank)[:max_pages]).hit_pages)
@@ -229,7 +294,7 @@ class SchedulerHalf:
         # Keep at least one prompt token to compute: never cover the whole prompt.
         max_pages = (n - 1) // pt
         lk = None
-        if max_pages > 0 and self._available():  # peer down: a miss, no call (and no log)
+        if max_pages > 0 and self._available() and not st.unkeyed:  # peer down or unkeyable: a miss, no call
             try:
                 lk = self._lookup(st, max_pages, num_computed_tokens // pt)
             except (errors.PeerUnavailable, errors.SessionLost) as e:
@@ -313,9 +378,10 @@ class SchedulerHalf:
         return meta
 
     def _adopt(self, nr: Any) -> _Req:
-        st = _Req(str(nr.req_id), [int(t) for t in nr.prompt_token_ids])
-        self._reqs[st.req_id] = st
-        return st
+        """A request first seen scheduled (never looked up): vLLM's
+        NewRequestData tells no cache salt, so unless it does, its pages are
+        not saved (request_extras)."""
+        return self._new_req(str(nr.req_id), nr, salt_known=False)
 
     def _cached(self, so: Any, sched: dict, meta: OrbitKVMetadata) -> None:
         cr = getattr(so, "scheduled_cached_reqs", None)
@@ -366,6 +432,8 @@ class SchedulerHalf:
             return  # peer down: no save (nor save hold); a later step saves these pages if it is back
         if not self.cfg.saves:
             return  # a kv_consumer never saves (nor holds a save): orbitkv.vllm.pd
+        if st.unkeyed:
+            return  # its pages have no key that tells them apart from another adapter's, image's or tenant's
         pages = range(st.saved_pages, upto)
         ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
         blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
