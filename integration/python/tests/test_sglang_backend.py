@@ -168,3 +168,27 @@ def test_registration_says_how_much_sglang_prefetches_at_once(peer, caplog):
 def test_mla_rejected_clearly():
     with pytest.raises(NotImplementedError, match="MLA"):
         OrbitKVHiCacheStorage(HiCacheStorageConfig(is_mla_model=True, extra_config={"socket": "x"}), {})
+
+
+def test_cache_identity_policy(monkeypatch, caplog):
+    """LoRA under an SGLang whose storage hashes ignore extra_key: refused unless
+    share_across_extra_keys; an SGLang that seeds them with it: served, nothing
+    to warn about; LoRA unknown (no server arguments): served, with a warning."""
+    from orbitkv.sglang import backend as b
+
+    cfg = lambda **x: HiCacheStorageConfig(extra_config={"socket": "x", **x})  # noqa: E731
+    monkeypatch.setattr(b, "storage_hashes_namespaced", lambda: False)
+    monkeypatch.setattr(b, "server_lora_enabled", lambda: True)
+    with pytest.raises(ValueError, match="LoRA"):
+        OrbitKVHiCacheStorage(cfg(), {})
+    OrbitKVHiCacheStorage(cfg(share_across_extra_keys="true"), {})
+    monkeypatch.setattr(b, "server_lora_enabled", lambda: None)
+    with caplog.at_level("WARNING", logger="orbitkv.sglang"):
+        OrbitKVHiCacheStorage(cfg(), {})
+    assert "cache_salt" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(b, "storage_hashes_namespaced", lambda: True)
+    monkeypatch.setattr(b, "server_lora_enabled", lambda: True)
+    with caplog.at_level("WARNING", logger="orbitkv.sglang"):
+        OrbitKVHiCacheStorage(cfg(), {})
+    assert not caplog.text

@@ -115,6 +115,56 @@ def test_split_heads_and_mla_are_refused():
         OrbitKVHiCacheStorage(config("x", is_mla_model=True), {})
 
 
+# --- cache identity: SGLang's extra_key (cache salt + LoRA id) ------------------------
+
+
+def test_the_installed_sglang_hashes_storage_pages_over_token_ids_only():
+    """The premise of the LoRA refusal: SGLang 0.5.17's HiCache controller hashes
+    storage pages with get_hash_str(token_ids, prior_hash, page_size), and hands a
+    backend only those hashes and prefix_keys — never the request's extra_key. If
+    this fails, the installed SGLang changed: re-read how it keys storage pages."""
+    from sglang.srt.managers import cache_controller
+    from sglang.srt.mem_cache import utils
+
+    from orbitkv.sglang.backend import storage_hashes_namespaced
+
+    assert list(inspect.signature(utils.get_hash_str).parameters) == ["token_ids", "prior_hash", "page_size"]
+    assert "extra_key" not in inspect.getsource(cache_controller.HiCacheController._storage_hit_query)
+    assert "extra_key" not in {f.name for f in __import__("dataclasses").fields(hs.HiCacheStorageExtraInfo)}
+    assert not storage_hashes_namespaced()
+    # equal tokens, any salt or adapter: one page hash
+    assert utils.get_hash_str([1, 2, 3, 4], None, page_size=4) == utils.get_hash_str([1, 2, 3, 4], None, page_size=4)
+
+
+def _server_args(monkeypatch, **args):
+    import types
+
+    from sglang.srt import server_args
+
+    monkeypatch.setattr(server_args, "get_global_server_args", lambda: types.SimpleNamespace(**args))
+
+
+@pytest.mark.parametrize("args", [{"enable_lora": True}, {"lora_paths": ["sql=/adapters/sql"]}])
+def test_a_lora_server_is_refused_unless_sharing_is_declared(monkeypatch, caplog, args):
+    _server_args(monkeypatch, **args)
+    with pytest.raises(ValueError, match="LoRA enabled.*extra_key.*share_across_extra_keys"):
+        OrbitKVHiCacheStorage(config("x"), {})
+    with pytest.raises(ValueError, match="LoRA enabled"):  # through SGLang's own factory, as a server starts it
+        StorageBackendFactory.create_backend("dynamic", config("x"), None)
+    cfg = config("x")
+    cfg.extra_config["share_across_extra_keys"] = True
+    with caplog.at_level("WARNING", logger="orbitkv.sglang"):
+        be = OrbitKVHiCacheStorage(cfg, {})
+    assert be.share_across_extra_keys and "share_across_extra_keys is set" in caplog.text
+
+
+def test_without_lora_it_starts_and_says_salts_are_not_isolated(monkeypatch, caplog):
+    _server_args(monkeypatch, enable_lora=False, lora_paths=None)
+    with caplog.at_level("WARNING", logger="orbitkv.sglang"):
+        OrbitKVHiCacheStorage(config("x"), {})
+    assert "token ids only" in caplog.text and "cache_salt" in caplog.text and "tenant isolation" in caplog.text
+
+
 # --- v1 (zero-copy controller path) and the generic get/set path --------------------
 
 

@@ -24,6 +24,18 @@ dtype, rank, page size), and by pipeline stage, context-parallel rank and
 host pool name where those are not the defaults. These keys never equal the
 vLLM connector's.
 
+Cache identity. SGLang keys its own radix cache on a request's ``extra_key``
+(its cache salt, with the LoRA adapter's id appended), but SGLang 0.5.17
+hashes storage pages over token ids only: two requests with equal tokens
+and another adapter or salt get one page hash, so through any storage
+backend they would share KV. (SGLang 0.5.23 seeds its storage hashes with
+the extra_key and salt: ``storage_namespace_seed``.) Under an SGLang that
+does not, the backend refuses a server with LoRA enabled (ValueError at
+start, saying why) unless extra config ``"share_across_extra_keys": true``
+says sharing is safe there; it cannot see salts at all (neither at start:
+any client may send one, nor per page), so it warns at start that requests
+with different cache salts share pages.
+
 Multi-pool (v2) interface. ``register_mem_host_pool_v2`` gives every extra
 pool (e.g. the speculative draft's KV) its own lane: a session, staging and
 keys of its own. ``batch_exists_v2`` applies SGLang's hit policies the way
@@ -78,6 +90,62 @@ def _log_prefetch_budget(tokens: int) -> None:
                  "for the uncached prompt tokens served at once", tokens, tokens // 2)
 
 
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def storage_hashes_namespaced() -> bool:
+    """Whether the installed SGLang seeds its storage page hashes with the
+    request's extra_key and cache salt (0.5.23: mem_cache.utils.
+    storage_namespace_seed), so pages of different salts and adapters
+    never share a hash. False for 0.5.17 (token ids only) and without SGLang."""
+    try:
+        from sglang.srt.mem_cache import utils  # type: ignore
+    except Exception:
+        return False
+    return callable(getattr(utils, "storage_namespace_seed", None))
+
+
+def server_lora_enabled() -> Optional[bool]:
+    """Whether the SGLang server this process runs serves LoRA adapters
+    (--enable-lora or --lora-paths); None where its arguments are unknown."""
+    try:
+        from sglang.srt import server_args  # type: ignore
+
+        args = server_args.get_global_server_args()
+    except Exception:
+        return None
+    if args is None:
+        return None
+    return bool(getattr(args, "enable_lora", False) or getattr(args, "lora_paths", None))
+
+
+def _check_cache_identity(share: bool, say: bool = True) -> None:
+    """Refuses (ValueError) an SGLang whose storage hashes ignore extra_key
+    when its server enables LoRA, unless ``share``; says at start what is
+    not isolated (``say``: once per backend, not per extra pool)."""
+    if storage_hashes_namespaced():
+        if say:
+            log.info("orbitkv: SGLang seeds its storage page hashes with each request's extra_key and cache salt: "
+                     "pages of different adapters and salts never share an OrbitKV key")
+        return
+    why = ("this SGLang hashes HiCache storage pages over token ids only, never a request's extra_key (its "
+           "cache_salt with the LoRA adapter's id appended): requests with equal tokens share OrbitKV pages across "
+           "adapters and cache salts")
+    if server_lora_enabled() and not share:
+        raise ValueError(f"orbitkv HiCache backend refuses a server with LoRA enabled: {why}, so one adapter's "
+                         "requests would be served KV another adapter computed. Set the extra config "
+                         "\"share_across_extra_keys\": true only if that is safe here (docs/compatibility.md)")
+    if not say:
+        return
+    if share:
+        log.warning("orbitkv: %s; share_across_extra_keys is set: they do", why)
+    else:
+        log.warning("orbitkv: %s. Cache salts give no tenant isolation through OrbitKV under this SGLang; set "
+                    "the extra config \"share_across_extra_keys\": true to acknowledge it (docs/compatibility.md)",
+                    why)
+
+
 class OrbitKVHiCacheStorage(HiCacheStorage):
     """HiCache L3 backend on the host's OrbitKV peer. Thread-safe: the
     controller's prefetch, prefetch-I/O and backup threads call it at once."""
@@ -99,6 +167,8 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
             raise ValueError("orbitkv HiCache backend: extra config 'socket' is required")
         self.timeout_s = float(self.extra.get("timeout_s", 5.0))
         self.deadline_ms = int(self.extra.get("op_deadline_ms", 30000))
+        self.share_across_extra_keys = _truthy(self.extra.get("share_across_extra_keys"))
+        _check_cache_identity(self.share_across_extra_keys, say=self.pool_name == "kv")
         self.client: Optional[Client] = None
         self.session: Optional[Session] = None
         self.staging: Optional[Staging] = None
