@@ -141,3 +141,22 @@ func (s *Store) Trim() error {
 	}
 	return nil
 }
+
+// PageFiles lists the numbers of the page files in dir, in order; a
+// missing dir has none.
+func PageFiles(dir string) ([]int, error) {
+	ents, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list ssd dir: %w", err)
+	}
+	var out []int
+	for _, e := range ents {
+		if i, ok := pageFileNumber(e.Name()); ok {
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}
