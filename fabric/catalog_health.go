@@ -9,11 +9,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/orbitkv/orbitkv/catalog"
-	"os"
-	"path/filepath"
 	"time"
-
-	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
 // problem says why the peer is unhealthy at now, "" when it is healthy:
@@ -84,7 +80,7 @@ func (p *Peer) watchCatalog(ctx context.Context) {
 
 // logRecovery logs what the start recovered, rebuilt and dropped, and
 // counts it.
-func (p *Peer) logRecovery(rep store.RecoverReport) {
+func (p *Peer) logRecovery(rep store.RecoverReport, why string) {
 	m := newRecoveryMetrics(p.m.reg, p.cat)
 	m.rebuilt.Add(float64(rep.Rebuilt))
 	m.dropped.Add(float64(rep.Dropped))
@@ -98,8 +94,9 @@ func (p *Peer) logRecovery(rep store.RecoverReport) {
 	if st.Damage.Reason != "" {
 		ev = ev.Str("catalog_damage", st.Damage.Reason).Str("damaged_catalog_moved_to", st.Damage.MovedAside)
 	}
+	ev = ev.Str("scan", rep.Mode.String()).Str("scan_reason", why)
 	if rep.Scanned {
-		ev = ev.Uint64("scanned_bytes", rep.Scan.BytesRead).Int("torn_slots", rep.Scan.Torn)
+		ev = ev.Uint64("scanned_bytes", rep.Scan.BytesRead).Int("torn_slots", rep.Scan.Torn+rep.Unverifiable).Int("verified_pages", rep.Verified)
 	}
 	ev.Int("pages", rep.Kept+rep.Rebuilt).Int("rebuilt", rep.Rebuilt).Int("dropped", rep.Dropped).
 		Int("contradicting_slots", len(rep.Contradicting)).Int("corrupt_records", st.CorruptRecords).Msg("recovered ssd pages")
@@ -126,13 +123,6 @@ func (p *Peer) logContradicting(bad []store.ContradictingSlot) {
 	if len(bad) > contradictingLogged {
 		p.log.Error().Int("not_logged", len(bad)-contradictingLogged).Msg("more ssd slots contradict the catalog: pages dropped")
 	}
-}
-
-// pageFilesExist reports whether the SSD tier's first page file exists:
-// then recovery reads the files to check the catalog against them.
-func pageFilesExist(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, ssd.FileName(0)))
-	return err == nil
 }
 
 // startRepairText is what Status says the start repaired ("" for nothing):

@@ -85,7 +85,16 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 	if p.dirLock, err = lockDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	scan := pageFilesExist(filepath.Join(cfg.DataDir, "ssd")) // before openTiers creates them
+	marker, marked, err := takeCleanMarker(cfg.DataDir) // cleanstop.go: gone before anything is written
+	if err != nil {
+		p.dirLock.release()
+		return nil, err
+	}
+	existing, err := pageFilesIn(cfg.DataDir) // before openTiers creates them
+	if err != nil {
+		p.dirLock.release()
+		return nil, err
+	}
 	if err := p.openTiers(); err != nil {
 		p.closeTiers()
 		p.dirLock.release()
@@ -102,7 +111,8 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.gpu = gpu
-	sc, err := p.pages.ScanSSD(filepath.Join(cfg.DataDir, "ssd"), scan)
+	mode, why := p.startScan(marker, marked, existing)
+	sc, err := p.pages.ScanSSD(filepath.Join(cfg.DataDir, "ssd"), mode)
 	if err != nil {
 		p.abandonStart()
 		return nil, fmt.Errorf("scan ssd page files: %w", err)
@@ -116,7 +126,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		p.abandonStart()
 		return nil, fmt.Errorf("recover catalog: %w", err)
 	}
-	p.logRecovery(rep)
+	p.logRecovery(rep, why)
 	p.api = engineapi.New(cfg.Limits, p.apiDeps())
 	return p, nil
 }
@@ -288,10 +298,21 @@ func (p *Peer) serveMetrics(wg *sync.WaitGroup, errc chan<- error) (string, func
 // Close releases everything; it is idempotent.
 func (p *Peer) Close() error {
 	p.closeOnce.Do(func() {
+		var mark *cleanMarker
 		if p.api != nil {
 			p.api.CloseSessions()
+			if p.cat.Health() == nil {
+				m := catalogDigest(p.cat)
+				mark = &m
+			}
 		}
-		p.closeErr = errors.Join(p.closeTiers(), p.dirLock.release()) // the lock last: nothing of the data dir is open
+		err := p.closeTiers()
+		if err == nil && mark != nil { // all closed, nothing in flight: the next start need not scan (cleanstop.go)
+			if merr := writeCleanMarker(p.cfg.DataDir, *mark); merr != nil {
+				p.log.Warn().Err(merr).Msg("clean-shutdown marker not written: the next start checks the page files")
+			}
+		}
+		p.closeErr = errors.Join(err, p.dirLock.release()) // the lock last: nothing of the data dir is open
 	})
 	return p.closeErr
 }

@@ -253,7 +253,7 @@ func storeIn(t *testing.T, dir string) *Store {
 	}
 	t.Cleanup(func() { cat.Close(); st.Close(); pool.Close() })
 	ps := New(cat, pool, st, Options{QueryBudget: 1 << 20, SSDDir: filepath.Join(dir, "ssd"), Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
-	sc, err := ps.ScanSSD(filepath.Join(dir, "ssd"), true)
+	sc, err := ps.ScanSSD(filepath.Join(dir, "ssd"), ScanFull)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 
@@ -21,6 +22,13 @@ import (
 // it does not name, newer generations whose commit it lost), and a slot
 // that contradicts the entry naming it is dropped, never adopted
 // (contradicting).
+//
+// How much is read is the caller's ScanMode (fabric decides: its
+// clean-shutdown marker): nothing after a clean stop, header blocks only
+// while the catalog is intact, the whole files when it was damaged. With
+// headers only, a candidate the catalog does not vouch for is read whole
+// before it is taken (reserveFirst); the catalog's own entries are checked
+// where they are read, as every SSD read is.
 
 // RecoverReport is what recovery did, for the start log and the metrics.
 type RecoverReport struct {
@@ -32,6 +40,41 @@ type RecoverReport struct {
 	Contradicting []ContradictingSlot
 	Scan          ssd.ScanStats
 	Scanned       bool
+	Mode          ScanMode // how the start checked the page files
+	// Verified counts the pages not vouched for by the catalog whose data a
+	// headers-only scan read before adopting them; Unverifiable those it
+	// gave up (torn, or not the page their header says).
+	Verified, Unverifiable int
+}
+
+// ScanMode is how a start checks the catalog against the page files.
+type ScanMode int
+
+const (
+	// ScanNone trusts the catalog: a clean shutdown's marker vouches for
+	// it and the files (fabric's clean-shutdown marker), or there is
+	// nothing to check (no page files and no SSD entries).
+	ScanNone ScanMode = iota
+	// ScanHeaders reads the slots' header blocks only (ssd.ScanHeaders):
+	// an intact catalog after an unclean stop. A page the catalog does not
+	// vouch for has its data verified before it is adopted; the catalog's
+	// own pages are verified where they are read.
+	ScanHeaders
+	// ScanFull reads the page files whole (ssd.Scan), verifying every
+	// page: the catalog was damaged and is rebuilt from them.
+	ScanFull
+)
+
+func (m ScanMode) String() string {
+	switch m {
+	case ScanNone:
+		return "none"
+	case ScanHeaders:
+		return "headers"
+	case ScanFull:
+		return "full"
+	}
+	return fmt.Sprintf("ScanMode(%d)", int(m))
 }
 
 // ContradictingSlot is a slot whose header contradicts the catalog entry
@@ -172,23 +215,40 @@ func entryOfFound(f ssd.Found) catalog.Entry {
 // shrunk configuration has (fitSSDTier's, with the catalog's).
 type SSDScan struct {
 	scanned bool // the tier's files were read; else the catalog is trusted
+	mode    ScanMode
 	stats   ssd.ScanStats
 	found   []ssd.Found // inside the tier
 	beyond  []ssd.Found // outside it: past a file's size, in files it does not use
 }
 
-// ScanSSD reads the page files in dir at start: the tier's when scan (they
-// existed before this start), and, whether or not, what lies beyond the
-// tier, so that pages the catalog lost there are not given up unseen.
-func (s *Store) ScanSSD(dir string, scan bool) (SSDScan, error) {
-	var sc SSDScan
-	if scan && s.ssd != nil {
-		var err error
-		if sc.stats, err = s.ssd.Scan(func(f ssd.Found) { sc.found = append(sc.found, f) }); err != nil {
-			return sc, err
-		}
-		sc.scanned = true
+// ScanSSD reads the page files in dir at start: the tier's as mode says
+// (ScanHeaders guided by the regions the catalog names), and, whatever the
+// mode, what lies beyond the tier, so that pages the catalog lost there are
+// not given up unseen (only files reaching past the tier are read).
+func (s *Store) ScanSSD(dir string, mode ScanMode) (SSDScan, error) {
+	sc := SSDScan{mode: mode}
+	if s.ssd == nil {
+		sc.mode = ScanNone
 	}
+	var err error
+	add := func(f ssd.Found) { sc.found = append(sc.found, f) }
+	switch sc.mode {
+	case ScanHeaders:
+		var named []ssd.Loc
+		s.cat.Range(func(e catalog.Entry) bool {
+			if e.OnSSD && s.ssd.Holds(ssdLoc(e.SSD)) {
+				named = append(named, ssdLoc(e.SSD))
+			}
+			return true
+		})
+		sc.stats, err = s.ssd.ScanHeaders(named, add)
+	case ScanFull:
+		sc.stats, err = s.ssd.Scan(add)
+	}
+	if err != nil {
+		return sc, err
+	}
+	sc.scanned = sc.mode != ScanNone
 	if _, err := ssd.ScanBeyond(dir, s.ssd, func(f ssd.Found) { sc.beyond = append(sc.beyond, f) }); err != nil {
 		return sc, fmt.Errorf("beyond the configured tier: %w", err)
 	}
@@ -214,7 +274,7 @@ func (sc *SSDScan) forget(keys []pagekey.Key) {
 // next candidate. Pages beyond the tier are not recovery's: fitSSDTier
 // ruled on them first.
 func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
-	rep := RecoverReport{Scan: sc.stats, Scanned: sc.scanned}
+	rep := RecoverReport{Scan: sc.stats, Scanned: sc.scanned, Mode: sc.mode}
 	var entries []catalog.Entry
 	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
 	found, bad := contradicting(entries, sc.found)
@@ -228,7 +288,7 @@ func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
 	var adopt, kept []catalog.Entry
 	var drop []pagekey.Key
 	for _, ch := range reconcile(entries, found, rep.Scanned) {
-		e, ok := s.reserveFirst(ch.cands)
+		e, ok := s.reserveFirst(ch, sc.mode == ScanHeaders, &rep)
 		switch {
 		case !ok && ch.inCatalog:
 			drop = append(drop, ch.key)
@@ -257,14 +317,30 @@ func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
 }
 
 // reserveFirst reserves the first candidate whose slot the SSD tier takes.
-func (s *Store) reserveFirst(cands []catalog.Entry) (catalog.Entry, bool) {
+// When verify is set (the scan read headers only) a candidate other than
+// the catalog's own vouched entry must also hold its page whole: its data
+// is read and checked first, and a torn or damaged one gives way to the
+// next, as a full scan would have skipped it. The catalog's vouched
+// entries are checked where they are read (the read path verifies every
+// byte against the catalog's checksum).
+func (s *Store) reserveFirst(ch recoverChoice, verify bool, rep *RecoverReport) (catalog.Entry, bool) {
 	if s.ssd == nil {
 		return catalog.Entry{}, false
 	}
-	for _, e := range cands {
-		if s.ssd.Reserve(ssdLoc(e.SSD)) == nil {
-			return e, true
+	for i, e := range ch.cands {
+		loc := ssdLoc(e.SSD)
+		if s.ssd.Reserve(loc) != nil {
+			continue
 		}
+		if verify && (i > 0 || !ch.vouched) {
+			rep.Verified++
+			if err := s.ssd.VerifySlot(context.Background(), loc, header(e)); err != nil {
+				s.ssd.Free(loc)
+				rep.Unverifiable++
+				continue
+			}
+		}
+		return e, true
 	}
 	return catalog.Entry{}, false
 }
