@@ -13,7 +13,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		"ssd":   runBenchSSD,
 		"tiers": runBenchTiers, "saturation": runBenchSaturation,
 		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer, "cluster": runBenchCluster,
-		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport,
+		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport, "restart": runBenchRestart,
 	})
 }
 
