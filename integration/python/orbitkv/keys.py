@@ -231,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="orbitkv-keys", description=main.__doc__.splitlines()[0])
     p.add_argument("--layout", required=True, help="JSON object with every Layout field, or a file holding it")
     p.add_argument("--tokens", required=True, help="token ids separated by commas or spaces; @FILE reads a file, - stdin")
+    p.add_argument("--extras", default=None,
+                   help='the request\'s extras as JSON, e.g. {"lora":{"name":"a","path":"/p"},'
+                        '"mm":[{"id":"H","offset":10,"length":100}],"salt":"s"} (the shared vectors\' form)')
     a = p.parse_args(argv)
     text = a.layout if a.layout.lstrip().startswith("{") else open(a.layout).read()
     if a.tokens == "-":
@@ -242,9 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         layout = Layout.from_dict(json.loads(text))
         tokens = [int(t) for t in re.split(r"[\s,\[\]]+", toks) if t]
-    except (ValueError, KeyError) as e:
-        p.error(f"bad --layout or --tokens: {e!r}")
-    for k in chain(layout.fingerprint(), layout.page_tokens, tokens):
+        extras = Extras.from_dict(json.loads(a.extras)) if a.extras else None
+        ks = chain(layout.fingerprint(), layout.page_tokens, tokens, extras=extras)
+    except (ValueError, KeyError, TypeError) as e:
+        p.error(f"bad --layout, --tokens or --extras: {e!r}")
+    for k in ks:
         print(k.hex())
     return 0
 

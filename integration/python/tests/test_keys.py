@@ -85,3 +85,10 @@ def test_partial_page_has_no_key():
     fp = bytes(16)
     assert keys.chain(fp, 4, [1, 2, 3]) == []
     assert len(keys.chain(fp, 4, list(range(9)))) == 2
+
+
+def test_the_cli_prints_the_vectors_keys_with_extras(capsys):
+    vec = next(v for v in _load() if v["name"] == "tiny-everything")
+    assert keys.main(["--layout", json.dumps(vec["layout"]), "--tokens", ",".join(map(str, vec["tokens"])),
+                      "--extras", json.dumps(vec["extras"])]) == 0
+    assert capsys.readouterr().out.split() == vec["keys"]
