@@ -49,7 +49,31 @@ def _packed_hnd(pool):  # logical = memory (blocks, heads, block, 2*dim)
     return [t[i] for i in range(L)]
 
 
+# vLLM 0.33 (kv_cache_interface.create_kv_cache_views): one backing allocation, per-layer
+# (blocks, heads, block, 2*dim) views; block-outer layouts interleave the layers per block.
+def _blnhc(pool):  # memory (blocks, layers, block, heads, 2*dim)
+    t = pool.view(NB, L, BS, H, 2 * D)
+    return [t[:, i].permute(0, 2, 1, 3) for i in range(L)]
+
+
+def _blhnc(pool):  # memory (blocks, layers, heads, block, 2*dim)
+    t = pool.view(NB, L, H, BS, 2 * D)
+    return [t[:, i] for i in range(L)]
+
+
+def _lhbnc(pool):  # memory (layers, heads, blocks, block, 2*dim): a block is H runs
+    t = pool.view(L, H, NB, BS, 2 * D)
+    return [t[i].permute(1, 0, 2, 3) for i in range(L)]
+
+
+def _bhlnc(pool):  # memory (blocks, heads, layers, block, 2*dim): a layer's block is H runs
+    t = pool.view(NB, H, L, BS, 2 * D)
+    return [t[:, :, i] for i in range(L)]
+
+
 LAYOUTS = {
+    "blnhc": (_blnhc, f"vllm-packed-nhd-b{BS}"),
+    "blhnc": (_blhnc, f"vllm-packed-hnd-b{BS}"),
     "flash": (_flash, "vllm-flash"),
     "flashinfer": (_flashinfer, "vllm-flash"),
     "flash-hnd": (_flash_hnd, f"vllm-flash-hnd-b{BS}"),
@@ -137,6 +161,35 @@ def test_tensors_of_another_byte_layout_are_refused(kind, keyed, tmp_path):
 def test_unknown_shapes_are_refused(shape, why):
     with pytest.raises(errors.BufferError_, match=why):
         buffers.vllm_kv([torch.zeros(shape)], head_dim=D)
+
+
+@pytest.mark.parametrize("make", [_lhbnc, _bhlnc], ids=["LHBNC", "BHLNC"])
+def test_vllm_033_layouts_without_dense_blocks_are_refused(make):
+    with shm_pool(ELEMS * 4) as (_, raw):
+        with pytest.raises(errors.BufferError_, match="not dense"):
+            buffers.vllm_kv(make(raw.view(torch.float32)), head_dim=D)
+
+
+@pytest.mark.parametrize("env,order", [("LBNHC", "nhd"), ("BLNHC", "nhd"), ("LBHNC", "hnd"), ("BLHNC", "hnd"),
+                                       ("NHD", "nhd"), ("HND", "hnd")])
+def test_pages_are_keyed_in_the_order_vllm_kv_cache_layout_names(monkeypatch, env, order):
+    """vLLM 0.33 names its layouts by stride order (NHD / HND are aliases): the pages
+    are keyed in the order the engine will allocate, so its tensors are accepted."""
+    from orbitkv.vllm import _compat
+
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", env)
+    assert _compat.kv_cache_layout() == order.upper()
+    if _compat.HAVE_VLLM and _compat._at_least(_compat.vllm_version(), (0, 26)):
+        assert _compat.vllm_byte_layout(BS) == f"vllm-packed-{order}-b{BS}"
+
+
+@pytest.mark.parametrize("env", ["LHBNC", "BHLNC"])
+def test_a_vllm_kv_cache_layout_without_dense_blocks_is_refused_at_start(monkeypatch, env):
+    from orbitkv.vllm import _compat
+
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", env)
+    with pytest.raises(ValueError, match=f"VLLM_KV_CACHE_LAYOUT={env} does not keep"):
+        _compat.kv_cache_layout()
 
 
 def test_packed_block_that_is_not_dense_is_refused():

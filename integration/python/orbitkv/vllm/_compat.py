@@ -114,24 +114,24 @@ def engine_fences_loads(vllm_config: Any, version: Optional[str] = None) -> bool
 
 
 def vllm_byte_layout(block_tokens: int) -> Optional[str]:
-    """The page byte layout the installed vLLM's attention backends allocate
-    for ``block_tokens``-token blocks (orbitkv.buffers names them): 5-D K/V
-    caches before 0.26, packed 4-D ones from 0.26 on, in the order
-    VLLM_KV_CACHE_LAYOUT names (the connector asks for NHD). None without
-    vLLM. The worker checks its real tensors against this and refuses a
-    mismatch (a backend that forces another order, say)."""
+    """The page byte layout the scheduler half keys pages with for
+    ``block_tokens``-token blocks (orbitkv.buffers names them): 5-D K/V
+    caches before 0.26, K and V packed in the last dim from 0.26 on (0.33
+    too), in the order kv_cache_layout() says. None without vLLM.
+
+    This only names what the keys promise; what the engine really allocates
+    is read from the registered tensors' shapes and strides by the worker
+    half (buffers.vllm_kv: vLLM >= 0.29 passes strided per-layer views of one
+    backing allocation), which refuses, naming the shape and strides, tensors
+    whose bytes do not match, and tensors it does not know. (It used to ask
+    FlashAttentionBackend.get_kv_cache_shape, which vLLM 0.33 no longer has.)"""
     if not HAVE_VLLM:
         return None
     from orbitkv.buffers import vllm_byte_layout_name
 
-    try:  # pragma: no cover - exercised where vLLM is installed
-        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # type: ignore
-
-        rank = len(FlashAttentionBackend.get_kv_cache_shape(1, 16, 1, 1))
-    except Exception:
-        rank = 4 if _at_least(vllm_version(), (0, 26)) else 5
+    kind = "packed" if _at_least(vllm_version(), (0, 26)) else "flash"
     order = "hnd" if kv_cache_layout() == "HND" else "nhd"
-    return vllm_byte_layout_name("flash" if rank == 5 else "packed", order, block_tokens)
+    return vllm_byte_layout_name(kind, order, block_tokens)
 
 
 def _at_least(version: str, want: tuple[int, ...]) -> bool:
@@ -154,11 +154,26 @@ def on_cpu_platform() -> bool:
         return False
 
 
+# VLLM_KV_CACHE_LAYOUT's values: 0.26's NHD / HND, and vLLM 0.33's stride orders of
+# the logical [layer, block, head, token, content] cache (NHD / HND are its aliases for
+# LBNHC / LBHNC). The block-outer ones (BL..) interleave the layers block by block: each
+# layer's block is still one dense run, the same bytes. LHBNC (heads outside the blocks)
+# and BHLNC (layers between a block's heads) leave no layer's block dense: no page can
+# be copied as one run per layer, so the connector refuses them.
+_LAYOUT_ORDER = {"NHD": "NHD", "HND": "HND", "LBNHC": "NHD", "BLNHC": "NHD", "LBHNC": "HND", "BLHNC": "HND"}
+_LAYOUTS_REFUSED = ("LHBNC", "BHLNC")
+
+
 def kv_cache_layout() -> str:
-    """The KV order vLLM's attention allocates: VLLM_KV_CACHE_LAYOUT when set;
+    """The KV order ("NHD"/"HND") inside a block that vLLM's attention
+    allocates: as VLLM_KV_CACHE_LAYOUT says when set (0.26's names or 0.33's
+    stride orders; ValueError for those whose blocks are not dense per layer);
     else HND on the CPU platform (its attention backend requires it), NHD
     elsewhere (what the connector asks for)."""
     env = (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "").upper()
-    if env in ("NHD", "HND"):
-        return env
+    if env in _LAYOUT_ORDER:
+        return _LAYOUT_ORDER[env]
+    if env in _LAYOUTS_REFUSED:
+        raise ValueError(f"orbitkv: VLLM_KV_CACHE_LAYOUT={env} does not keep a layer's KV block in one dense run; "
+                         f"OrbitKV supports {', '.join(sorted(_LAYOUT_ORDER))}")
     return "HND" if on_cpu_platform() else "NHD"
