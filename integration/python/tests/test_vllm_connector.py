@@ -153,7 +153,7 @@ def test_corrupt_page_reports_block_errors(engine):
     e.sched.update_state_after_alloc(b, (b_blocks,), n)
     e.step(SchedulerOutput())
     _, recving, failed, errs = e.idle_until(lambda s, r: "b" in r)
-    assert failed == {"b"}
+    assert not failed  # per block only: failed_recving makes vLLM 0.33 recompute the whole request
     # page 1's blocks and those of every page after it; page 0 (before it) stays loaded
     assert errs == {22, 23, 24, 25}, "the blocks from page 1 on failed; vLLM recomputes from there"
 
@@ -246,6 +246,6 @@ def test_partial_local_hit_load_error_spares_local_blocks(engine64):
     e.sched.update_state_after_alloc(b, (b_blocks,), n)
     e.step(SchedulerOutput())
     _, _, failed, errs = e.idle_until(lambda s, r: "b" in r)
-    assert failed == {"b"}
+    assert not failed  # per block only: failed_recving makes vLLM 0.33 recompute the whole request
     # page 0's loaded block and every page after it; the local ones stay valid
     assert errs == set(b_blocks[3:16]), "the local blocks were reported failed"

@@ -109,7 +109,7 @@ def test_layerwise_load_errors_reported_per_block(tmp_path, fake_cuda):
         _, (meta, res, errs) = _restore_step(e, "b", tokens, b_blocks)
         assert len(meta.loads) == 1
         assert errs == set(b_blocks[:6]), "every block of the failed pages"
-        assert "b" in (res.failed_recving or set())
+        assert not (res.failed_recving or set())  # per block only (connector.get_transfer_results)
     finally:
         close()
 

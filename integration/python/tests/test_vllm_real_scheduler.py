@@ -94,22 +94,32 @@ def test_steps_without_layer_hooks_are_told_apart_in_the_installed_runners(monke
     seen = []
 
     class Recorder:  # the connector as V2's ActiveKVConnector drives it
-        def register_kv_caches(self, kv): pass
-        def set_host_xfer_buffer_ops(self, op): pass
-        def handle_preemptions(self, meta): pass
-        def bind_connector_metadata(self, meta): pass
         def start_load_kv(self, ctx, **kw): seen.append(_hooks_skipped(ctx))
+
+        def __getattr__(self, name):  # every other hook: a no-op with empty results
+            return lambda *a, **kw: types.SimpleNamespace(finished_sending=None, finished_recving=None,
+                                                          failed_recving=set())
 
     monkeypatch.setattr(v2, "get_kv_transfer_group", lambda: Recorder())
     cfg = VllmConfig(device_config=DeviceConfig("cpu"))
     active = v2.ActiveKVConnector(cfg, {})
-    so = types.SimpleNamespace(kv_connector_metadata=object())
+    # Layer-wise loads are sync loads (config: layerwise turns async_load off), and vLLM
+    # >= 0.29 starts those before the forward only when the step says it has them.
+    so = types.SimpleNamespace(kv_connector_metadata=object(), has_sync_kv_loads=True)
     active.pre_forward(so)  # V2, FULL: no forward context is set
     meta = {"model.layers.0.self_attn.attn": object()}
     for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE):  # V2's piecewise and eager forwards
         with set_forward_context(meta, cfg, cudagraph_runtime_mode=mode):
             active.pre_forward(so)
     assert seen == [True, False, False]
+    if "has_sync_kv_loads" in inspect.getsource(v2.ActiveKVConnector.pre_forward):
+        # vLLM >= 0.29: a step without sync loads starts its (async) loads after the forward,
+        # outside its context; their requests are not in the step, nothing waits on them.
+        seen.clear()
+        active.pre_forward(types.SimpleNamespace(kv_connector_metadata=object(), has_sync_kv_loads=False))
+        assert seen == []
+        active.post_forward(set())
+        assert seen == [True]
     # V1: its forward context on a full-graph replay, and in the piecewise forward
     assert _hooks_skipped(types.SimpleNamespace(attn_metadata=meta, cudagraph_runtime_mode=CUDAGraphMode.FULL))
     assert not _hooks_skipped(types.SimpleNamespace(attn_metadata=meta, cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE))
@@ -136,6 +146,48 @@ def test_the_installed_vllm_fences_freed_blocks_for_the_roles_we_skip_the_wait_f
         assert engine_fences_loads(vc) is fenced, role
 
 
+def test_sleep_mode_is_declared_unsupported(real_peer):
+    """Sleep mode frees and remaps the KV cache under the peer's registration. vLLM 0.33's
+    base class says a connector supports it unless the connector says otherwise: ours says
+    no, and the installed vLLM (where it asks) refuses --enable-sleep-mode with it."""
+    assert OrbitKVConnector.supports_sleep_mode(None) is False
+    if not hasattr(KVConnectorBase_V1, "supports_sleep_mode"):
+        return  # vLLM 0.26: no such question
+    h = Harness(real_peer.socket, num_blocks=16)
+    try:
+        vc = h.vllm_config
+        object.__setattr__(vc.model_config, "enable_sleep_mode", True)  # no sleep mode on a CPU: set it after
+        with pytest.raises(ValueError, match="does not support sleep mode"):
+            vc._verify_kv_transfer_compat()
+    finally:
+        h.close()
+
+
+def test_a_step_with_sync_loads_tells_the_runner_to_load_before_the_forward(real_peer):
+    """vLLM >= 0.29 starts a step's loads after its forward unless SchedulerOutput.
+    has_sync_kv_loads says the step reads KV loaded in it; every sync load the connector
+    plans sets it, whatever vLLM set."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    prompt = _prompt(41, 300)
+    _warm(real_peer.socket, {"w": prompt}, num_blocks=64)
+    h = Harness(real_peer.socket, num_blocks=64, extra={"async_load": False})
+    try:
+        conn = h.connector
+        req = h.add("R", prompt)
+        n, is_async = conn.get_num_new_matched_tokens(req, 0)
+        assert n == 4 * 64 and not is_async
+        blocks = h.scheduler.kv_cache_manager.allocate_slots(req, len(prompt), num_external_computed_tokens=n)
+        conn.update_state_after_alloc(req, blocks, n)
+        so = SchedulerOutput.make_empty()
+        so.has_sync_kv_loads = False  # (0.26 has no such field: the attribute is only ours then)
+        meta = conn.build_connector_meta(so)
+        assert meta.has_sync_loads and so.has_sync_kv_loads is True
+    finally:
+        h.close()
+
+
+# --- restores through the real scheduler ------------------------------------------
 # --- restores through the real scheduler ------------------------------------------
 
 
@@ -594,6 +646,31 @@ def test_a_page_that_keeps_failing_to_load_is_tried_once_and_the_request_complet
         assert h.loaded_pages == 5  # one load of the whole hit
         # computed: the failed page, those after it, the tail and one decode step
         assert h.scheduled_tokens == len(prompt) - bad_page * 64 + 1, h.scheduled_tokens
+    finally:
+        h.close()
+
+
+def test_blocks_claimed_for_a_failed_async_load_are_written_or_reported(real_peer):
+    """vLLM >= 0.29 no longer zeroes the blocks it allocates for an async load
+    (skip_zeroing_group_ids): every block claimed for a load must be written by it or
+    reported failed. The engine's blocks are filled with garbage first (another request's
+    KV, then a constant); page 2 of 5 fails: pages 0-1 are read as loaded, the rest is
+    recomputed, and the synthetic runner checks every block a step reads (Harness._check)."""
+    prompt = _prompt(72, 5 * 64 + 20)
+    first = _warm(real_peer.socket, {"w": prompt}, num_blocks=128)
+    h = Harness(real_peer.socket, num_blocks=128, block_size=16)
+    try:
+        h.add("X", _prompt(73, 1500), max_tokens=1)  # its KV, then garbage, in most blocks
+        h.run()
+        h.scheduler.reset_prefix_cache()
+        h.phys.fill_(12345.0)
+        seam = FailingPages(h, {_page_keys(h, prompt)[2]})
+        h.add("R", prompt)
+        steps = _run_settled(h)
+        assert "R" in h.finished and h.finished["R"].tokens == first.finished["w"].tokens, (steps, seam.attempts)
+        assert seam.attempts == 1 and h.loaded_pages == 5
+        assert h.failed_blocks == 3 * 4 and not h.failed_recving  # pages 2-4, per block
+        assert h.scheduled_tokens - 1500 == len(prompt) - 2 * 64 + 1, h.scheduled_tokens
     finally:
         h.close()
 

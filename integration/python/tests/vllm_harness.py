@@ -6,9 +6,10 @@ The harness builds a VllmConfig for a local model directory (config.json
 only, no tokenizer, no weights), vLLM's real ``Scheduler`` (which creates the
 connector's scheduler half through vLLM's KVConnectorFactory) and a worker
 half over per-layer KV tensors in vLLM 0.26's packed NHD layout, in a shared
-memory file the peer maps. Each ``step`` is what vLLM's GPU model runner does
-around a forward: bind the metadata, start loads, "compute", start saves,
-collect finished transfers and failed blocks, and hand the result back to
+memory file the peer maps. Each ``step`` is what the installed vLLM's GPU model runner does
+around a forward: bind the metadata, start loads ("compute" first on a vLLM
+that starts them after the forward, unless the step has sync loads), start
+saves, collect finished transfers and failed blocks, and hand the result back to
 ``Scheduler.update_from_output``.
 
 The "model" writes, for every scheduled token, K|V values that are a pure
@@ -34,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -45,6 +46,11 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from orbitkv.vllm import OrbitKVConnector
+
+# What the installed vLLM's model runner calls at a step's end: get_transfer_results
+# (>= 0.29: KVConnectorOutput carries failed_recving) or get_finished (0.26).
+_TRANSFER_RESULTS = hasattr(KVConnectorBase_V1, "get_transfer_results") and \
+    "failed_recving" in getattr(KVConnectorOutput, "__dataclass_fields__", {})
 
 MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "models", "qwen3-tiny")
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 32  # qwen3-tiny/config.json
@@ -99,6 +105,7 @@ class Harness:
         self.scheduled_tokens = 0  # tokens vLLM scheduled to compute
         self.failed_blocks = 0  # blocks the worker reported failed to load
         self.loaded_pages = 0  # pages the connector's metadata asked the worker to load
+        self.failed_recving: set[str] = set()  # requests the worker reported in failed_recving (vLLM >= 0.29)
 
     # --- requests ----------------------------------------------------------------
 
@@ -153,18 +160,32 @@ class Harness:
             self.loaded_pages += sum(len(spec) for spec in meta.loads)
         if before_load is not None:
             before_load()
+        # vLLM >= 0.29 starts the step's loads after its forward unless the step
+        # reads KV loaded in it (SchedulerOutput.has_sync_kv_loads); 0.26 before it.
+        loads_first = getattr(so, "has_sync_kv_loads", True)
         if w is not None:
             w.handle_preemptions(meta)
             w.bind_connector_metadata(meta)
-            w.start_load_kv(None)
+            if loads_first:
+                w.start_load_kv(None)
         sampled = self._forward(so)
         kvo = None
         if w is not None:
+            if not loads_first:
+                w.start_load_kv(None)
             w.wait_for_save()
-            sending, recving = w.get_finished(so.finished_req_ids)
+            failed: dict[str, Any] = {}
+            if _TRANSFER_RESULTS:  # vLLM >= 0.29: one snapshot, with the failed receives
+                res = w.get_transfer_results(so.finished_req_ids)
+                sending, recving = res.finished_sending or None, res.finished_recving or None
+                failed = {"failed_recving": set(res.failed_recving or ())}
+                self.failed_recving |= failed["failed_recving"]
+            else:
+                sending, recving = w.get_finished(so.finished_req_ids)
             invalid = w.get_block_ids_with_load_errors()
             self.failed_blocks += len(invalid)
-            kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid)
+            kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid,
+                                    **failed)
             w.clear_connector_metadata()
         ids = list(sampled)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},

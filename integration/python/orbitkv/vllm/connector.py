@@ -150,6 +150,15 @@ class OrbitKVConnector(KVConnectorBase_V1):
             super().__init__(vllm_config, role)  # type: ignore[call-arg]
 
     @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any = None) -> bool:
+        """No: sleep mode frees and remaps the KV cache, and the peer holds the
+        registration (a shared-memory mapping or CUDA IPC handles) of the old
+        one; restores after a wake-up would write into memory vLLM no longer
+        uses. vLLM 0.33's base class answers True unless a connector says
+        otherwise, and vLLM then refuses --enable-sleep-mode with this connector."""
+        return False
+
+    @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
         # Token-major blocks ("vllm-flash", "vllm-packed-nhd-b<B>" pages) on GPUs;
         # vLLM's CPU attention only runs head-major ("vllm-packed-hnd-b<B>").
@@ -188,7 +197,14 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        return self.scheduler.build_connector_meta(scheduler_output)
+        meta = self.scheduler.build_connector_meta(scheduler_output)
+        if meta.has_sync_loads and hasattr(scheduler_output, "has_sync_kv_loads"):
+            # vLLM >= 0.29 starts a step's loads after its forward unless this says a
+            # scheduled request reads KV loaded in the step (vLLM sets it for the
+            # requests it scheduled with a sync hit; set it for every sync load we plan,
+            # so that none can run after the forward that reads its blocks).
+            scheduler_output.has_sync_kv_loads = True
+        return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
         self.scheduler.update_connector_output(connector_output)
@@ -258,11 +274,14 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return sending or None, recving or None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
-        sending, recving, failed = self.worker.get_results(list(finished_req_ids))
-        try:
-            return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
-        except TypeError:  # a vLLM whose results type has no failed_recving
-            return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving)
+        """vLLM >= 0.29's step-end snapshot. A failed async load is reported
+        finished receiving, its failed blocks by get_block_ids_with_load_errors
+        (exact: from its first failed page on), and never in failed_recving:
+        that is the request-level report for connectors that cannot name
+        blocks, and vLLM 0.33 answers it by recomputing the whole request
+        (num_computed_tokens = 0), discarding the pages that did load."""
+        sending, recving, _failed = self.worker.get_results(list(finished_req_ids))
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.get_block_ids_with_load_errors()
