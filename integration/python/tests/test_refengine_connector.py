@@ -410,9 +410,9 @@ def test_orbitkv_connector_restore_equals_recompute(peer, async_load):
     ps = prompts(3, 70, seed=8)
     want = recompute(ps, 6)
     with Engine(tiny(), _orbitkv(peer.socket, async_load=async_load)) as e:  # saves
-        assert e.generate(ps, 6, timeout_s=60) == want
+        assert e.generate(ps, 6) == want
     with Engine(tiny(), _orbitkv(peer.socket, async_load=async_load)) as e:  # restores
-        got = e.generate(ps, 6, timeout_s=60)
+        got = e.generate(ps, 6)
         st = e.stats()
     assert got == want
     assert st["prefix_hit_tokens"] == 0
@@ -427,11 +427,11 @@ def test_orbitkv_connector_corrupt_page_is_recomputed(fake_peer, async_load):
     ps = prompts(2, 70, seed=9)
     want = recompute(ps, 6)
     with Engine(tiny(), _orbitkv(fake_peer.socket, async_load=async_load)) as e:
-        assert e.generate(ps, 6, timeout_s=60) == want
+        assert e.generate(ps, 6) == want
         layout = e.connector_scheduler.cfg.layout
     fake_peer.fake.corrupt.add(keys.chain(layout.fingerprint(), PT, ps[0])[1])
     with Engine(tiny(), _orbitkv(fake_peer.socket, async_load=async_load)) as e:
-        got = e.generate(ps, 6, timeout_s=60)
+        got = e.generate(ps, 6)
         st = e.stats()
     assert got == want
     assert st["load_error_blocks"] >= PT // B
@@ -513,11 +513,11 @@ def test_orbitkv_connector_partial_local_hit(peer):
     q = p[:8] + prompts(1, 30, seed=11)[0]  # shares 2 blocks with p, not page 0
     want = recompute([p], 6)
     with Engine(tiny(), _orbitkv(peer.socket)) as e:  # saves p
-        assert e.generate([p], 6, timeout_s=60) == want
+        assert e.generate([p], 6) == want
     with Engine(tiny(), _orbitkv(peer.socket)) as e:
-        e.generate([q], 2, timeout_s=60)
+        e.generate([q], 2)
         before = e.stats()
-        got = e.generate([p], 6, timeout_s=60)
+        got = e.generate([p], 6)
         st = e.stats()
     assert got == want
     assert st["prefix_hit_tokens"] - before["prefix_hit_tokens"] == 8

@@ -30,6 +30,7 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import tempfile
+import time
 from typing import Any, Optional
 
 import torch
@@ -215,15 +216,19 @@ class Harness:
                 self.wait_for_transfer()
         return max_steps
 
-    def wait_for_transfer(self) -> None:
+    def wait_for_transfer(self, idle_s: float = 0.001) -> None:
         """Blocks until one of the worker's loads or saves in flight ends (at
-        once when none is)."""
-        if self.worker is None:
-            return
-        w = self.worker.worker
-        with w._lock:
-            futs = [st.future for st in w._loads.values()] + [f for fs in w._saves.values() for f in fs]
-        if futs and not any(f.done() for f in futs):
+        once when one has); with none in flight, idle_s: what the engine waits
+        for then is the connector's own clock (a P/D consumer's pd_wait_ms, a
+        deferral's retry), which idle steps must not outrun by spinning."""
+        futs = []
+        if self.worker is not None:
+            w = self.worker.worker
+            with w._lock:
+                futs = [st.future for st in w._loads.values()] + [f for fs in w._saves.values() for f in fs]
+        if not futs:
+            time.sleep(idle_s)
+        elif not any(f.done() for f in futs):
             cf.wait(futs, return_when=cf.FIRST_COMPLETED)
 
     def _idle(self) -> bool:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import itertools
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -95,18 +96,35 @@ class Engine:
         st["computed_prompt_tokens"] += prompt
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
-                 timeout_s: float = 120.0, idle_s: float = 0.001) -> List[List[int]]:
+                 max_steps: int = 100_000, idle_s: float = 0.001) -> List[List[int]]:
         """Submit all prompts at once and step until they are done and every transfer has
-        drained (tests and benchmarks). Steps that schedule nothing are paced by idle_s."""
+        drained (tests and benchmarks), at most max_steps steps: bounded by steps, never by
+        elapsed time (a busy machine only makes it slower). A step that schedules nothing
+        waits for one of the connector's transfers in flight to end (each is bounded by the
+        connector's own deadlines), or idle_s when it cannot tell."""
         reqs = [self.add_request(p, max_tokens) for p in prompts]
-        deadline = time.monotonic() + timeout_s
-        while self.has_work():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"generate: not done after {timeout_s:g} s: {reqs}")
+        for _ in range(max_steps):
+            if not self.has_work():
+                return [r.output_token_ids for r in reqs]
             self.step()
             if self.last_step_tokens == 0:
-                time.sleep(idle_s)
-        return [r.output_token_ids for r in reqs]
+                self.wait_idle(idle_s)
+        raise RuntimeError(f"generate: not done after {max_steps} steps: {reqs}")
+
+    def wait_idle(self, idle_s: float = 0.001) -> None:
+        """After a step that computed nothing: wait until a load or save of the OrbitKV
+        connector's worker half ends (at once if one already has), else idle_s."""
+        w = getattr(self.connector_worker, "_worker", None)
+        lock = getattr(w, "_lock", None)
+        if lock is None:
+            time.sleep(idle_s)
+            return
+        with lock:
+            futs = [st.future for st in w._loads.values()] + [f for fs in w._saves.values() for f in fs]
+        if not futs:
+            time.sleep(idle_s)
+        elif not any(f.done() for f in futs):
+            cf.wait(futs, return_when=cf.FIRST_COMPLETED)
 
     # -- introspection --------------------------------------------------------------------
     def stats(self) -> Dict[str, float]:
