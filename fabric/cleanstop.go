@@ -125,16 +125,17 @@ func syncDir(dir string) error {
 }
 
 // startScan decides how this start checks the catalog against the SSD page
-// files: existing are the page files that were there before it opened the
-// tier, marker and marked what takeCleanMarker found.
-func (p *Peer) startScan(marker cleanMarker, marked bool, existing []int) (store.ScanMode, string) {
-	if p.ssd == nil {
+// files of tier (nil: no SSD tier): existing are the page files that were
+// there before it opened the tier, marker and marked what takeCleanMarker
+// found.
+func startScan(cat *catalog.Catalog, tier *ssd.Store, marker cleanMarker, marked bool, existing []int) (store.ScanMode, string) {
+	if tier == nil {
 		return store.ScanNone, "no ssd tier"
 	}
-	damaged := p.cat.Stats().Damage.Reason != ""
-	m := catalogDigest(p.cat)
+	damaged := cat.Stats().Damage.Reason != ""
+	m := catalogDigest(cat)
 	all := true
-	for i := range p.ssd.Files() {
+	for i := range tier.Files() {
 		all = all && slices.Contains(existing, i)
 	}
 	switch {

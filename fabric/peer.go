@@ -111,7 +111,7 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.gpu = gpu
-	mode, why := p.startScan(marker, marked, existing)
+	mode, why := startScan(p.cat, p.ssd, marker, marked, existing) // cleanstop.go
 	sc, err := p.pages.ScanSSD(filepath.Join(cfg.DataDir, "ssd"), mode)
 	if err != nil {
 		p.abandonStart()
