@@ -109,9 +109,14 @@ func parse(p Pair) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	return cert, key, nil
 }
 
-// Configs are the two sides of mutual TLS between peers.
+// Configs are the two sides of mutual TLS between peers, with what they
+// are made of: the peer's certificate and key (Cert; Cert.Leaf parsed) and
+// the cluster CA (Roots). Membership signs with and verifies against them
+// (fabric/cluster/auth.go).
 type Configs struct {
 	Server, Client *tls.Config
+	Cert           tls.Certificate
+	Roots          *x509.CertPool
 }
 
 // LoadFiles reads a peer certificate, its key and the cluster CA (PEM files)
@@ -136,6 +141,11 @@ func New(pair Pair, caPEM []byte) (Configs, error) {
 	if err != nil {
 		return Configs{}, fmt.Errorf("tls: peer certificate: %w", err)
 	}
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return Configs{}, fmt.Errorf("tls: peer certificate: %w", err)
+		}
+	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return Configs{}, errors.New("tls: no CA certificate in the CA file")
@@ -156,7 +166,7 @@ func New(pair Pair, caPEM []byte) (Configs, error) {
 			return verifyChain(cs, pool)
 		},
 	}
-	return Configs{Server: server, Client: client}, nil
+	return Configs{Server: server, Client: client, Cert: cert, Roots: pool}, nil
 }
 
 func verifyChain(cs tls.ConnectionState, roots *x509.CertPool) error {
