@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -65,9 +66,11 @@ type Cluster struct {
 	remote      *catalog.Remote
 	m           *clusterMetrics
 	tls         *pki.Configs // nil: plain TCP
+	auth        *auth        // nil without mutual TLS: membership is not authenticated (auth.go)
 	rd          *rdmaSide    // the RDMA data plane (rdma.go)
 
 	ml         *memberlist.Memberlist
+	mlp        atomic.Pointer[memberlist.Memberlist] // ml, for memberlist's callbacks (they may run before Start sets ml)
 	data       *tcp.Client
 	dataSrv    *tcp.Server
 	served     servedStats // orbitkv_cluster_served_*: dataSrv's counters (served.go)
@@ -567,6 +570,10 @@ type meta struct {
 	incarnation        uint64
 	peerAddr, dataAddr string
 	rdma               bool // a usable RDMA device (a flags byte after the addresses; older peers send none)
+	// proof, after the flags, proves the member holds a certificate of the
+	// cluster CA (auth.go); signed is the metadata before it, which it signs.
+	proof  *proof
+	signed []byte
 }
 
 func (m meta) encode() []byte {
@@ -588,6 +595,7 @@ const metaRDMA = 1
 
 func decodeMeta(b []byte) (meta, error) {
 	var m meta
+	all := b
 	if len(b) < 9 || b[0] != gossipV1 {
 		return m, fmt.Errorf("%w: metadata of %d bytes", errGossip, len(b))
 	}
@@ -605,6 +613,15 @@ func decodeMeta(b []byte) (meta, error) {
 	}
 	m.peerAddr, m.dataAddr = addrs[0], addrs[1]
 	m.rdma = len(b) > 0 && b[0]&metaRDMA != 0
+	if len(b) > 0 {
+		b = b[1:]
+	}
+	m.signed = all[:len(all)-len(b)]
+	p, err := decodeProof(b)
+	if err != nil {
+		return m, err
+	}
+	m.proof = p
 	return m, nil
 }
 

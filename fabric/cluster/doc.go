@@ -23,4 +23,18 @@
 //     peer service succeeded; TCP otherwise, and for good after the
 //     member's lane went down. A connection ID is accepted only from the
 //     member that first sent it (rdma.go).
+//   - With mutual TLS, membership needs the data plane's identity (auth.go):
+//     memberlist's AliveDelegate lets a node into the view only when its
+//     metadata carries a signature, by the key of a certificate that chains
+//     to the cluster CA and is valid now, over its name, gossip address and
+//     metadata. The gossip key alone makes no member. The certificate does
+//     not fit in memberlist's 512 bytes of metadata, so only its SHA-256
+//     fingerprint travels; the certificate is taken from the node's peer
+//     service in a mutual-TLS handshake (its chain is checked there and
+//     again here, with the fingerprint) and kept, and the node's state is
+//     then pulled again. Soundness rests on the signature and the chain,
+//     not on where the certificate came from. The name is bound by the
+//     signature, not by the certificate (peers are verified by chain, as
+//     on the data plane). Without a CA, membership is open, and the peer
+//     says so once at start.
 package cluster

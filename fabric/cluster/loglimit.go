@@ -96,6 +96,9 @@ func (w memberlistLog) Write(p []byte) (int, error) {
 	case strings.Contains(line, "[WARN]"):
 		level = zerolog.WarnLevel
 	}
+	if strings.Contains(line, errNotMember.Error()) {
+		level = zerolog.DebugLevel // counted and logged, rate-limited, by Cluster.refused
+	}
 	if level == zerolog.DebugLevel {
 		w.c.log.Debug().Str("memberlist", line).Send()
 		return len(p), nil

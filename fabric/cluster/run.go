@@ -39,6 +39,7 @@ type clusterMetrics struct {
 	members                         prometheus.Gauge
 	announced, received, sendErrors prometheus.Counter
 	badMessages                     prometheus.Counter
+	rejected                        *prometheus.CounterVec
 	syncs                           *prometheus.CounterVec
 	fetchPages                      *prometheus.CounterVec
 	fetchBytes                      prometheus.Counter
@@ -54,13 +55,16 @@ func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *cluste
 		received:    prometheus.NewCounter(prometheus.CounterOpts(opts("announcements_received_total", "Catalog changes received from members."))),
 		sendErrors:  prometheus.NewCounter(prometheus.CounterOpts(opts("send_errors_total", "Announcement messages that could not be sent."))),
 		badMessages: prometheus.NewCounter(prometheus.CounterOpts(opts("bad_messages_total", "Gossip packets and streams dropped as malformed, foreign or not decryptable, by memberlist or by the peer (their log lines are rate-limited)."))),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts(opts("rejected_members_total",
+			"Nodes kept out of membership, by reason: no_proof, bad_proof, untrusted_cert (not the cluster CA's, or not valid now), awaiting_cert (its certificate being fetched; normal for a moment at a join). Only with mutual TLS.")),
+			[]string{"reason"}),
 		syncs: prometheus.NewCounterVec(prometheus.CounterOpts(opts("snapshot_syncs_total", "Catalog snapshots pulled from members, by result.")),
 			[]string{"result"}),
 		fetchPages: prometheus.NewCounterVec(prometheus.CounterOpts(opts("fetched_pages_total", "Pages fetched from members for loads, by result.")),
 			[]string{"result"}),
 		fetchBytes: prometheus.NewCounter(prometheus.CounterOpts(opts("fetched_bytes_total", "Page bytes fetched from members and verified."))),
 	}
-	reg.MustRegister(m.members, m.announced, m.received, m.sendErrors, m.badMessages, m.syncs, m.fetchPages, m.fetchBytes,
+	reg.MustRegister(m.members, m.announced, m.received, m.sendErrors, m.badMessages, m.rejected, m.syncs, m.fetchPages, m.fetchBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("remote_pages", "Pages other members announced (distinct keys).")),
 			func() float64 { return float64(remote.Len()) }))
 	m.initLabels()
@@ -73,6 +77,9 @@ func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *cluste
 func (m *clusterMetrics) initLabels() {
 	for _, result := range []string{"ok", "failed"} {
 		m.syncs.WithLabelValues(result)
+	}
+	for _, reason := range rejectReasons {
+		m.rejected.WithLabelValues(reason)
 	}
 	for _, result := range []string{"ok", "missing", "corrupt", "failed"} {
 		m.fetchPages.WithLabelValues(result)
@@ -98,6 +105,9 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 			return nil, err
 		}
 		c.tls = &t
+		if c.auth, err = newAuth(t.Roots, t.Client, t.Cert); err != nil {
+			return nil, err
+		}
 	}
 	c.m = newClusterMetrics(reg, c.remote)
 	c.served.register(reg)
@@ -170,8 +180,15 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 	go func() { defer c.wg.Done(); c.peerSrv.Serve(peerLis) }()
 	go func() { defer c.wg.Done(); c.dataSrv.Serve(dataLis) }()
 
+	if c.auth == nil {
+		c.log.Warn().Msg("membership is not authenticated: without --tls-cert/--tls-key/--tls-ca any node that reaches the gossip " +
+			"port (and holds the gossip key, if one is set) is listed as a member")
+	}
 	ml, err := c.createMemberlist(cfg, peerLis.Addr(), dataLis.Addr())
 	if err != nil {
+		if c.auth != nil {
+			c.auth.close()
+		}
 		c.peerSrv.Stop()
 		c.dataSrv.Close()
 		c.wg.Wait()
@@ -199,6 +216,9 @@ func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Sourc
 				c.log.Warn().Err(err).Msg("leave")
 			}
 			ml.Shutdown()
+			if c.auth != nil {
+				c.auth.close()
+			}
 			c.logLimit.flush(c.log)
 			c.peerSrv.Stop()
 			c.leases.closeAll()
@@ -245,7 +265,7 @@ func (c *Cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist
 	mc.DeadNodeReclaimTime = 10 * time.Second // a peer restarted elsewhere may take its name back
 	mc.Logger = log.New(memberlistLog{c}, "", 0)
 	d := &mlDelegate{c: c}
-	mc.Delegate, mc.Events = d, d
+	mc.Delegate, mc.Events, mc.Alive, mc.Merge = d, d, d, d
 	// The advertised addresses of the peer service and data plane take the
 	// host others reach the gossip at when they listen on every address.
 	c.mu.Lock()
@@ -255,11 +275,14 @@ func (c *Cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist
 	if err != nil {
 		return nil, fmt.Errorf("memberlist: %w", err)
 	}
+	c.mlp.Store(ml)
 	adv := ml.LocalNode().Addr.String()
 	c.mu.Lock()
 	c.peerAddr, c.dataAddr = advertised(peer, adv), advertised(data, adv)
 	c.gossipAddr = ml.LocalNode().Address()
-	republish := c.peerAddr != peer.String() || c.dataAddr != data.String()
+	// With mutual TLS the metadata is signed over the gossip address, known
+	// only now: published again before any join.
+	republish := c.peerAddr != peer.String() || c.dataAddr != data.String() || c.auth != nil
 	c.mu.Unlock()
 	if republish {
 		if err := ml.UpdateNode(5 * time.Second); err != nil {
@@ -367,6 +390,14 @@ func (d *mlDelegate) NodeMeta(limit int) []byte {
 	d.c.mu.Lock()
 	defer d.c.mu.Unlock()
 	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr, rdma: d.c.rd.local() == ""}.encode()
+	if d.c.auth != nil && d.c.gossipAddr != "" { // "": inside memberlist.Create, before any join (createMemberlist republishes)
+		signed, err := d.c.auth.sign(d.c.name, d.c.gossipAddr, b)
+		if err != nil {
+			d.c.log.Error().Err(err).Msg("node metadata not signed: members refuse this peer")
+		} else {
+			b = signed
+		}
+	}
 	if len(b) > limit {
 		d.c.log.Error().Int("bytes", len(b)).Int("limit", limit).Msg("node metadata too long")
 		return nil
@@ -384,6 +415,12 @@ func (d *mlDelegate) LocalState(join bool) []byte {
 }
 
 func (d *mlDelegate) MergeRemoteState(buf []byte, join bool) { d.c.receiveState(buf) }
+
+// NotifyAlive (memberlist's AliveDelegate) lets a node into the view only
+// with a valid proof of identity (auth.go); NotifyMerge (MergeDelegate)
+// refuses a join's push/pull of nodes that all lack one.
+func (d *mlDelegate) NotifyAlive(n *memberlist.Node) error       { return d.c.admit(n) }
+func (d *mlDelegate) NotifyMerge(nodes []*memberlist.Node) error { return d.c.admitMerge(nodes) }
 
 func (d *mlDelegate) NotifyJoin(n *memberlist.Node)   { d.c.memberUp(n) }
 func (d *mlDelegate) NotifyUpdate(n *memberlist.Node) { d.c.memberUp(n) }
