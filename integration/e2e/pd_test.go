@@ -34,8 +34,9 @@ const (
 	pdWaitMs       = 1500 // the consumer's wait for a handoff's pages
 	pdLoadMs       = 2000 // the consumer's load deadline
 	pdWorkerGrace  = 2 * time.Second
-	pdPromptTokens = 6*refPageTokens + 7 // 6 pages saved, 6 loaded ((n-1)/16)
-	pdPages        = pdPromptTokens / refPageTokens
+	pdPromptTokens = 6*refPageTokens + 7 // 6 pages and a 7-token tail saved and loaded (docs/pd.md)
+	pdPages        = pdPromptTokens/refPageTokens + 1
+	pdRestored     = pdPromptTokens - 1 // the whole prompt but its last token, which the engine computes again
 	pdOutTokens    = 8
 	pdBudget       = 4 * time.Minute // the whole test; every wait below has its own deadline too
 )
@@ -189,8 +190,8 @@ func (env *pdEnv) cleanHandoffs(t *testing.T, ctx context.Context) {
 	for range n {
 		p := env.prompt(t, ctx)
 		c := env.decode(t, ctx, p, env.prefill(t, ctx, p))
-		if c.Restored != pdPages*refPageTokens {
-			t.Fatalf("decode restored %d tokens, want %d (the whole handoff)", c.Restored, pdPages*refPageTokens)
+		if c.Restored != pdRestored {
+			t.Fatalf("decode restored %d tokens, want %d (the whole handoff)", c.Restored, pdRestored)
 		}
 		t.Logf("handoff: decode %v", c.Took.Round(time.Millisecond))
 	}
@@ -264,12 +265,12 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 			defer heal()
 			mark := len(env.cons.log.String())
 			c := env.decode(t, ctx, p, params)
-			t.Logf("%s: decode took %v, restored %d of %d tokens", f.what, c.Took.Round(time.Millisecond), c.Restored, pdPages*refPageTokens)
-			if said := env.cons.log.String()[mark:]; c.Restored < pdPages*refPageTokens {
+			t.Logf("%s: decode took %v, restored %d of %d tokens", f.what, c.Took.Round(time.Millisecond), c.Restored, pdRestored)
+			if said := env.cons.log.String()[mark:]; c.Restored < pdRestored {
 				// What did not arrive is said, with the reason, before it is recomputed.
 				if !strings.Contains(said, "recomputing") {
 					t.Errorf("the consumer recomputed %d tokens without saying why; its log:\n%s",
-						pdPages*refPageTokens-c.Restored, said)
+						pdRestored-c.Restored, said)
 				}
 				t.Logf("the consumer said: %s", strings.TrimSpace(lastLines(said, 1)))
 			}
@@ -296,7 +297,7 @@ func (env *pdEnv) faultedHandoffs(t *testing.T, ctx context.Context) {
 			fetched := env.counters().fetchedB
 			waitFor(t, "host-b's lookups to find host-a's pages again", 30*time.Second, func() bool {
 				c := env.decode(t, ctx, p, params)
-				return c.Restored == pdPages*refPageTokens
+				return c.Restored == pdRestored
 			})
 			t.Logf("healed: host-b restored the prompt from host-a again %v later", time.Since(healedAt).Round(time.Millisecond))
 			if d := env.counters().fetchedB - fetched; d < pdPages {

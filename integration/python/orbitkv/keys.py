@@ -190,6 +190,32 @@ def next_key(fp: bytes, prev: bytes, tokens: Sequence[int], extra: bytes = b"") 
     return h.digest()[:KEY_SIZE]
 
 
+_TAIL_DOMAIN = b"orbitkv.tail.v1"
+
+
+def tail_key(fp: bytes, prev: bytes, tokens: Sequence[int], extra: bytes = b"") -> bytes:
+    """The key of a prompt's partial last page (a P/D handoff's tail,
+    orbitkv.vllm.pd): ``tokens`` (1 .. page_tokens - 1 of them) after the
+    whole pages whose last key is ``prev`` (ZERO_KEY: none), with the encoded
+    extras of that page index. SHA-256("orbitkv.tail.v1" ‖ fp ‖ prev ‖
+    u32(count) ‖ tokens as u32 LE ‖ extra)[:16]: the domain keeps it apart
+    from every page key (whose preimage starts with the 16-byte fingerprint)
+    and the count from any other tail; no page key chains on it. Python
+    only: the peer stores it as an ordinary (padded) page blob."""
+    if len(fp) != KEY_SIZE or len(prev) != KEY_SIZE:
+        raise ValueError("fingerprint and previous key must be 16 bytes")
+    if not tokens:
+        raise ValueError("a tail holds at least one token")
+    h = hashlib.sha256(_TAIL_DOMAIN)
+    h.update(fp)
+    h.update(prev)
+    h.update(struct.pack("<I", len(tokens)))
+    h.update(struct.pack("<%dI" % len(tokens), *tokens))
+    if extra:
+        h.update(extra)
+    return h.digest()[:KEY_SIZE]
+
+
 def chain(fp: bytes, page_tokens: int, tokens: Sequence[int], max_pages: int | None = None,
           extras: Optional[Extras] = None) -> list[bytes]:
     """Returns the keys of every whole page of ``tokens`` (a partial tail page

@@ -37,6 +37,10 @@ def test_check(rep, expect_match, want):
     ({"orbitkv_pages": 4, "orbitkv_page_tokens": PT}, 4 * PT, 3 * PT),  # the last token is computed
     ({"orbitkv_pages": 3, "orbitkv_page_tokens": PT}, 4 * PT + 1, 3 * PT),
     ({"orbitkv_pages": 4, "orbitkv_page_tokens": 0}, 4 * PT, 0),
+    # a producer that hands over the whole prompt (its tail counted as a page)
+    ({"orbitkv_pages": 4, "orbitkv_page_tokens": PT, "orbitkv_tail_tokens": 0}, 4 * PT, 4 * PT - 1),
+    ({"orbitkv_pages": 5, "orbitkv_page_tokens": PT, "orbitkv_tail_tokens": 1}, 4 * PT + 1, 4 * PT),
+    ({"orbitkv_pages": 4, "orbitkv_page_tokens": PT, "orbitkv_tail_tokens": 0}, 4 * PT + 1, 4 * PT),
 ])
 def test_promised_tokens(params, n, want):
     assert pdprobe.promised_tokens(params, n) == want
@@ -76,9 +80,11 @@ def test_probe_hands_off_through_one_peer(pd_pair, tmpdir_short, capsys):
     assert len(res["samples"]) == 2 and len(res["warmup"]) == 1 and not res["problems"]
     for rep in res["samples"]:
         h, r = rep["handoff"], rep["recompute"]
-        assert h["params"]["do_remote_prefill"] is True and h["params"]["orbitkv_pages"] == 5
-        assert h["restored_tokens"] == h["promised_tokens"] == 5 * PT
-        assert h["counters"]["orbitkv_refengine_computed_prompt_tokens_total"] == n - 5 * PT
+        # 5 pages and the 9-token tail: the whole prompt but its last token restored
+        assert h["params"]["do_remote_prefill"] is True and h["params"]["orbitkv_pages"] == 6
+        assert h["params"]["orbitkv_tail_tokens"] == 9
+        assert h["restored_tokens"] == h["promised_tokens"] == n - 1
+        assert h["counters"]["orbitkv_refengine_computed_prompt_tokens_total"] == 1
         assert r["restored_tokens"] == 0 and r["counters"]["orbitkv_refengine_computed_prompt_tokens_total"] == n
         assert 0 < h["handoff_s"] < h["pd_ttft_s"] and h["pd_ttft_s"] == pytest.approx(h["prefill_s"] + h["handoff_s"])
     assert "handoff/recompute" in table

@@ -16,6 +16,8 @@ import pytest
 if os.environ.get("ORBITKV_REQUIRE") != "vllm":
     pytest.importorskip("vllm", reason="vLLM is not installed here (make test runs this in its vLLM environment)")
 
+import torch  # noqa: E402
+
 from orbitkv.vllm import pd  # noqa: E402
 from tests.vllm_harness import Harness  # noqa: E402
 
@@ -42,17 +44,17 @@ def test_producer_hands_a_prompt_to_a_consumer_through_vllm(real_peer):
     prod.run()
     prod.close()  # joins the saves
     params = prod.finished["p"].kv_transfer_params
-    assert params and params["do_remote_prefill"] and params[pd.PAGES] == 300 // 64, params
+    assert params and params["do_remote_prefill"] and params[pd.PAGES] == 300 // 64 + 1, params  # and the tail
     assert prod.finished["p"].tokens == ref.finished["r"].tokens[:1]
     saved = _saved(real_peer)
-    assert saved == 4
+    assert saved == 5  # 4 pages and the 44-token tail
 
     cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000})
     try:
         cons.add("d", prompt, max_tokens=3, kv_transfer_params=params)
         cons.run()
         assert cons.finished["d"].tokens == ref.finished["r"].tokens
-        assert cons.loaded_pages == 4 and cons.checked_tokens >= 4 * 64
+        assert cons.loaded_pages == 5 and cons.checked_tokens >= 299
         assert (cons.connector.handoffs.completed, cons.connector.handoffs.timed_out) == (1, 0)
     finally:
         cons.close()
@@ -72,3 +74,50 @@ def test_consumer_waits_then_recomputes_pages_that_never_come(real_peer):
     finally:
         cons.close()
     assert _saved(real_peer) == 0
+
+
+@pytest.mark.parametrize("n", [8, 40, 64, 128, 130])
+def test_handoff_covers_the_whole_prompt_tail_included(real_peer, n):
+    """The producer hands over the whole prompt: its whole pages and its
+    partial last page (the tail, saved under its tail key), a page-aligned
+    prompt's last page too. The consumer's hit covers the whole prompt (vLLM
+    computes only the last token again after the async load), and every block
+    of the prompt, the tail's last partial block included, holds the
+    producer's bytes."""
+    prompt = _prompt(1000 + n, n)
+    prod = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_producer", "engine_id": "prefill"})
+    try:
+        prod.add("p", prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
+        prod.run()
+        params = prod.finished["p"].kv_transfer_params
+        blocks = -(-n // prod.block_size)
+        pblocks = params["remote_block_ids"][:blocks]
+        assert len(pblocks) == blocks, params
+        want = prod.phys[:, pblocks].clone()
+    finally:
+        prod.close()
+    assert params[pd.PAGES] == -(-n // 64) and params[pd.TAIL_TOKENS] == n % 64, params
+
+    cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000})
+    seen: dict[str, list[int]] = {}
+    track = cons._track_blocks
+
+    def _track(so):
+        track(so)
+        if "d" in cons._blocks:
+            seen["d"] = list(cons._blocks["d"])
+
+    cons._track_blocks = _track
+    try:
+        cons.add("d", prompt, max_tokens=1, kv_transfer_params=params)
+        cons.run()
+        assert "d" in cons.finished
+        # vLLM computed the last prompt token only: the rest was the external hit.
+        assert cons.scheduled_tokens == 1, cons.scheduled_tokens
+        assert cons.loaded_pages == -(-n // 64) and cons.checked_tokens >= n - 1
+        got = cons.phys[:, seen["d"][:blocks]]
+        # byte-exact (NaN past the prompt in both: bit patterns, not values)
+        assert torch.equal(got.contiguous().view(torch.int32), want.contiguous().view(torch.int32))
+        assert cons.finished["d"].tokens == prod.finished["p"].tokens
+    finally:
+        cons.close()

@@ -26,7 +26,7 @@ it restored (``usage.orbitkv_restored_tokens`` on the reference engine, else
 ``vllm:external_prefix_cache_hits_total``) and, with ``--consumer-metrics``, the deltas of
 the consumer's counters over its request. ``--strict`` fails (exit 1) unless every handoff
 restored every page the producer promised (``orbitkv_pages`` × ``orbitkv_page_tokens``, at most
-the ``(n - 1) // page_tokens`` pages before the prompt's last token) and no
+the prompt but its last token: promised_tokens) and no
 recompute restored anything; ``--expect-match`` also unless the consumer's first token equals
 the producer's (true in the CPU reference engine's exact mode; bf16 on a GPU may round
 differently). Prints a table; ``--json PATH`` writes every sample and the medians.
@@ -176,14 +176,19 @@ def restored(usage: dict, counters: Dict[str, float]) -> Optional[int]:
 
 def promised_tokens(params: Optional[dict], prompt_tokens: int) -> int:
     """Tokens the consumer should restore: the pages the producer's kv_transfer_params promise
-    (orbitkv_pages), at most those before the prompt's last token (an engine computes at
-    least one token: (n - 1) // page_tokens pages), times the page's tokens."""
+    (orbitkv_pages) times the page's tokens. A producer that hands over the whole prompt
+    (its params name orbitkv_tail_tokens, docs/pd.md: its partial last page is one of the
+    pages) promises all of it but the last token, which the engine computes again; an
+    earlier one at most the pages before the prompt's last token ((n - 1) // page_tokens)."""
     if not params:
         return 0
     pt = int(params.get("orbitkv_page_tokens") or 0)
     if pt <= 0:
         return 0
-    return min(int(params.get("orbitkv_pages") or 0), (prompt_tokens - 1) // pt) * pt
+    pages = int(params.get("orbitkv_pages") or 0)
+    if "orbitkv_tail_tokens" in params:
+        return max(0, min(pages * pt, prompt_tokens - 1))
+    return min(pages, (prompt_tokens - 1) // pt) * pt
 
 
 def handoff(prod: Endpoint, cons: Endpoint, prompt: List[int], decode_tokens: int) -> dict:

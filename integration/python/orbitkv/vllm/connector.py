@@ -129,7 +129,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self._member: Optional[dict] = None  # the peer's own cluster entry, asked for once
         self.handoffs: Optional[pd.Handoffs] = None
         if self.cfg.kv_role != "kv_producer":
-            self.handoffs = pd.Handoffs(self.cfg.pd_wait_ms, self.cfg.layout.page_tokens, self.scheduler.peek_hit)
+            self.handoffs = pd.Handoffs(self.cfg.pd_wait_ms, self.cfg.layout.page_tokens, self.scheduler.peek_hit,
+                                        whole=self.cfg.async_load)
 
     def _own_member(self) -> Optional[dict]:
         if self._member is None and self._control is not None and self._control.available:
@@ -213,10 +214,11 @@ class OrbitKVConnector(KVConnectorBase_V1):
         if self.handoffs is not None:
             self.handoffs.forget(request.request_id)
         pages = self.scheduler.planned_pages(request)
+        tail = self.scheduler.planned_tail(request)
         delay, params = self.scheduler.request_finished(request, block_ids)
         if pd.wants_handoff(self.cfg.kv_role, request):
             params = pd.handoff_params(self.cfg.engine_id, pages, self.cfg.layout.page_tokens, self._own_member(),
-                                       block_ids_of(block_ids) if block_ids is not None else None)
+                                       block_ids_of(block_ids) if block_ids is not None else None, tail_tokens=tail)
         return delay, params
 
     def take_events(self) -> Iterable[Any]:

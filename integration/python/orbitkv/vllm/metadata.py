@@ -6,6 +6,8 @@ import dataclasses
 
 from orbitkv.vllm._compat import KVConnectorMetadata
 
+SKIP_BLOCK = 0xFFFFFFFF  # orbitkv.client.SKIP_BLOCK (not imported: metadata stays light)
+
 
 @dataclasses.dataclass
 class PageSpan:
@@ -32,7 +34,8 @@ class LoadSpec(PageSpan):
     def loaded_blocks(self, page: int) -> tuple[int, ...]:
         """Block ids page ``page`` of the span actually writes."""
         b = self.blocks[page]
-        return b[self.skip_blocks:] if page == 0 else b
+        b = b[self.skip_blocks:] if page == 0 else b
+        return tuple(x for x in b if x != SKIP_BLOCK)  # a tail page's blocks past the prompt
 
 
 @dataclasses.dataclass

@@ -7,7 +7,11 @@ durability); when the request finishes, ``request_finished`` returns the
 ``handoff_params``). The decode engine (``kv_consumer``) gets the same prompt
 with those params; its lookups find the pages on the producer's peer through
 the gossiped catalog and load them (remote DRAM -> local DRAM -> engine). No
-engine state is shared: the page keys follow from the prompt.
+engine state is shared: the page keys follow from the prompt. The whole
+prompt is handed over: the producer also saves its partial last page (the
+tail, keyed by orbitkv.keys.tail_key, padded to a page blob) and a consumer
+with async loads loads every page, tail included, so that its vLLM computes
+only the last token again (docs/pd.md).
 
 The producer's saves may still be in flight (or their announcements on the
 way) when the decode request arrives, so a consumer polls lookups for a
@@ -36,14 +40,17 @@ log = logging.getLogger(__name__)
 # The kv_transfer_params keys OrbitKV reads and writes besides vLLM's own
 # (do_remote_prefill, do_remote_decode, remote_engine_id, remote_host,
 # remote_port, remote_block_ids, as vLLM's P/D connectors and proxies use).
-PAGES = "orbitkv_pages"  # prompt pages the producer saved (the consumer expects them)
+PAGES = "orbitkv_pages"  # prompt pages the producer saved (the consumer expects them), the tail included
+TAIL_TOKENS = "orbitkv_tail_tokens"  # tokens of the prompt's partial last page saved as its tail (0: none)
 PAGE_TOKENS = "orbitkv_page_tokens"
 MEMBER = "orbitkv_member"  # the producer peer's member name in the cluster
 
 
 def handoff_params(engine_id: str, pages: int, page_tokens: int, member: Optional[Mapping[str, str]],
-                   block_ids: Any = None) -> dict:
+                   block_ids: Any = None, tail_tokens: int = 0) -> dict:
     """The kv_transfer_params a producer returns for a finished request.
+    ``pages``: whole pages saved; ``tail_tokens``: tokens of the partial last
+    page saved as the tail (counted in PAGES as one more page).
     ``member``: the producer peer's own entry (name, data address) or None
     when the peer could not say (standalone, unreachable)."""
     host, port = "", 0
@@ -57,8 +64,9 @@ def handoff_params(engine_id: str, pages: int, page_tokens: int, member: Optiona
         "remote_host": host,
         "remote_port": port,
         "remote_block_ids": list(block_ids or []),
-        PAGES: int(pages),
+        PAGES: int(pages) + (1 if tail_tokens > 0 else 0),
         PAGE_TOKENS: int(page_tokens),
+        TAIL_TOKENS: int(tail_tokens),
         MEMBER: (member or {}).get("name", ""),
     }
 
@@ -71,6 +79,14 @@ def expected_pages(params: Optional[Mapping[str, Any]]) -> int:
         return max(0, int(params.get(PAGES, 0)))
     except (TypeError, ValueError):
         return 0
+
+
+def whole_prompt(params: Optional[Mapping[str, Any]]) -> bool:
+    """Whether a handed-off request's producer hands over the whole prompt
+    (its params name TAIL_TOKENS: this version's producers, the tail saved
+    or the prompt page-aligned): the consumer may then load every page, the
+    tail included, and vLLM computes only the last token again."""
+    return bool(params and params.get("do_remote_prefill") and TAIL_TOKENS in params)
 
 
 class Decision(enum.Enum):
@@ -117,7 +133,9 @@ class Handoffs:
     ``peek(request, max_pages)`` looks up without a lease (SchedulerHalf.peek_hit)."""
 
     def __init__(self, wait_ms: int, page_tokens: int, peek: Callable[[Any, int], int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, whole: bool = True) -> None:
+        """``whole``: the engine loads a handoff's whole prompt (async loads)."""
+        self.whole = whole
         self.wait_s = wait_ms / 1000.0
         self.page_tokens = page_tokens
         self.peek = peek
@@ -133,7 +151,9 @@ class Handoffs:
         now = self.clock()
         if w is None:
             n = len(request.prompt_token_ids)
-            expect = min(expected_pages(getattr(request, "kv_transfer_params", None)), (n - 1) // self.page_tokens)
+            params = getattr(request, "kv_transfer_params", None)
+            most = -(-n // self.page_tokens) if self.whole and whole_prompt(params) else (n - 1) // self.page_tokens
+            expect = min(expected_pages(params), most)
             if expect <= 0:
                 return False
             w = self._waits[rid] = HandoffWait(expect, now + self.wait_s)

@@ -24,8 +24,9 @@ import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from orbitkv import errors, keys
-from orbitkv.client import LookupResult
+from orbitkv.client import SKIP_BLOCK, LookupResult
 from orbitkv.gate import Admission, RestoreGate
+from orbitkv.vllm import pd
 from orbitkv.vllm._compat import block_ids_of
 from orbitkv.vllm.config import ConnectorConfig
 from orbitkv.vllm.failed_pages import FailedPages
@@ -63,6 +64,7 @@ class _Lookup:
     expires_ms: int  # earliest lease expiry (unix ms), 0 = none
     budget_cut: int = 0  # pages the peer left out for the query budget (max over ranks)
     lease_from: int = 0  # leading pages the engine held at the lookup: not leased
+    tiers: tuple[int, int, int] = (0, 0, 0)  # rank 0's hit pages from lease_from on in (DRAM, SSD, remote)
 
     @property
     def leased_pages(self) -> int:
@@ -88,6 +90,13 @@ class _Req:
     failed_at: Optional[int] = None  # first page whose load failed for this request: never offered again
     extras: Optional[keys.Extras] = None  # what the keys cover beside the tokens (request_extras)
     unkeyed: str = ""  # why the request cannot be keyed ("" = it can): a miss, nothing saved
+    # P/D (orbitkv.vllm.pd): a producer's handoff also saves the prompt's partial
+    # last page (the tail); a consumer's handed-off request may load the whole
+    # prompt, tail included (its chain then ends with the tail's key).
+    hands_off: bool = False
+    whole: bool = False
+    tail_saved: bool = False
+    tail_keys: dict[int, bytes] = dataclasses.field(default_factory=dict)
 
 
 def request_extras(request: Any, salt_known: bool = True) -> tuple[Optional[keys.Extras], str]:
@@ -171,6 +180,11 @@ class SchedulerHalf:
         extras, why = request_extras(request, salt_known)
         tokens = getattr(request, "prompt_token_ids", None)
         st = _Req(rid, [int(t) for t in tokens] if tokens is not None else [], extras=extras, unkeyed=why)
+        st.hands_off = self.cfg.saves and pd.wants_handoff(self.cfg.kv_role, request)
+        # A full-prompt hit only with async loads: vLLM then computes the last token
+        # again itself (_update_waiting_for_remote_kv); a sync hit must leave one.
+        st.whole = (self.cfg.kv_role != "kv_producer" and self.cfg.async_load
+                    and pd.whole_prompt(getattr(request, "kv_transfer_params", None)))
         if why and why not in self._unkeyed_seen:
             self._unkeyed_seen.add(why)
             log.warning("orbitkv: a request with %s cannot be keyed: it is a miss and none of its pages are "
@@ -181,6 +195,37 @@ class SchedulerHalf:
     def _keys(self, st: _Req, rank: int) -> list[bytes]:
         ks = st.keys.setdefault(rank, [])
         return keys.extend_chain(self._fps[rank], self.cfg.layout.page_tokens, st.tokens, ks, st.extras)
+
+    def _tail_key(self, st: _Req, rank: int) -> Optional[bytes]:
+        """The key of the prompt's partial last page (keys.tail_key), None for
+        a page-aligned prompt."""
+        pt = self.cfg.layout.page_tokens
+        n = len(st.tokens)
+        if n % pt == 0:
+            return None
+        k = st.tail_keys.get(rank)
+        if k is None:
+            full = self._keys(st, rank)
+            i = n // pt
+            extra = st.extras.page(i, pt) if st.extras is not None else b""
+            k = st.tail_keys[rank] = keys.tail_key(self._fps[rank], full[-1] if full else keys.ZERO_KEY,
+                                                   st.tokens[i * pt:], extra)
+        return k
+
+    def _chain(self, st: _Req, rank: int) -> list[bytes]:
+        """The keys a lookup or load of the request names: its whole pages, and
+        for a handed-off request that may load the whole prompt (st.whole) the
+        tail's key after them."""
+        ks = self._keys(st, rank)
+        tail = self._tail_key(st, rank) if st.whole else None
+        return ks + [tail] if tail is not None else ks
+
+    def _max_pages(self, st: _Req) -> int:
+        """Pages a hit may cover: every one of the chain for st.whole (vLLM
+        computes the last token again after an async load), else those
+        before the last prompt token's page."""
+        pt, n = self.cfg.layout.page_tokens, len(st.tokens)
+        return -(-n // pt) if st.whole else (n - 1) // pt
 
     def _available(self) -> bool:
         return bool(getattr(self.backend, "available", True))
@@ -209,29 +254,32 @@ class SchedulerHalf:
             return st.lookup
         self._release(st.lookup)
         st.lookup = None
-        hit, leases, expires, cut = max_pages, {}, 0, 0
+        hit, leases, expires, cut, tiers = max_pages, {}, 0, 0, (0, 0, 0)
         rate = self.recompute_rate()
         extra = {"recompute_tokens_per_s": rate} if rate else {}
         if held:
             extra["lease_from"] = held
         for rank in self._fps:
-            ks = self._keys(st, rank)[:max_pages]
+            ks = self._chain(st, rank)[:max_pages]
             res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms, **extra)
+            if rank == 0:
+                tiers = (int(getattr(res, "dram", 0) or 0), int(getattr(res, "ssd", 0) or 0),
+                         int(getattr(res, "remote", 0) or 0))
             if res.lease_id:
                 leases[rank] = res.lease_id
                 if res.lease_expires_unix_ms:
                     expires = res.lease_expires_unix_ms if not expires else min(expires, res.lease_expires_unix_ms)
             hit = min(hit, res.hit_pages)
             cut = max(cut, int(getattr(res, "budget_cut_pages", 0) or 0))
-        self.failed.listed(self._keys(st, 0)[:max_pages], hit)
-        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut, held)
+        self.failed.listed(self._chain(st, 0)[:max_pages], hit)
+        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut, held, tiers)
         return st.lookup
 
     def _offer(self, st: _Req, lk: Optional[_Lookup]) -> int:
         """The lookup's hit less the pages that failed to load (FailedPages)."""
         if lk is None:
             return 0
-        return self.failed.offer(self._keys(st, 0)[:lk.hit_pages], lk.hit_pages, self.clock(), st.failed_at)
+        return self.failed.offer(self._chain(st, 0)[:lk.hit_pages], lk.hit_pages, self.clock(), st.failed_at)
 
     def _still_deferred(self, st: _Req) -> bool:
         if st.deferred_epoch is None or st.deferred_epoch != self.gate.epoch:
@@ -267,13 +315,19 @@ class SchedulerHalf:
             return 0
         hit = max_pages
         for rank in self._fps:
-            hit = min(hit, self.backend.lookup(self._keys(st, rank)[:max_pages]).hit_pages)
+            hit = min(hit, self.backend.lookup(self._chain(st, rank)[:max_pages]).hit_pages)
         return hit
 
     def planned_pages(self, request: Any) -> int:
         """Pages of the request in the peer or being saved (0 if unknown)."""
         st = self._reqs.get(str(request.request_id))
         return st.saved_pages if st is not None else 0
+
+    def planned_tail(self, request: Any) -> int:
+        """Tokens of the request's tail (partial last page) saved or being
+        saved for a handoff (0: none)."""
+        st = self._reqs.get(str(request.request_id))
+        return len(st.tokens) % self.cfg.layout.page_tokens if st is not None and st.tail_saved else 0
 
     def recompute_rate(self) -> int:
         """The engine's prefill rate the peer should weigh SSD restores
@@ -291,8 +345,9 @@ class SchedulerHalf:
         st.deferred_epoch = st.deferred_until = None
         pt = self.cfg.layout.page_tokens
         n = len(st.tokens)
-        # Keep at least one prompt token to compute: never cover the whole prompt.
-        max_pages = (n - 1) // pt
+        # Keep at least one prompt token to compute (never cover the whole prompt),
+        # unless vLLM computes it again itself (a handoff's async load: _max_pages).
+        max_pages = self._max_pages(st)
         lk = None
         if max_pages > 0 and self._available() and not st.unkeyed:  # peer down or unkeyable: a miss, no call
             try:
@@ -321,7 +376,7 @@ class SchedulerHalf:
             if leased:
                 st.deferred_until = self.clock() + BUDGET_RETRY_S
             return None, False
-        st.saved_pages = hit  # pages not offered (failed to load) are saved again once computed
+        st.saved_pages = min(hit, n // pt)  # pages not offered (failed to load) are saved again once computed
         # The local prefix hit may end inside a page (blocks are smaller than
         # pages): the external hit then starts there, the first page loaded
         # with its locally computed leading blocks skipped (never written).
@@ -332,7 +387,7 @@ class SchedulerHalf:
             return 0, False
         st.first_page = first
         st.skip_blocks = (num_computed_tokens - first * pt) // self.cfg.block_tokens
-        return hit * pt - num_computed_tokens, self.cfg.async_load
+        return min(hit * pt, n) - num_computed_tokens, self.cfg.async_load
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._req(request)
@@ -345,13 +400,19 @@ class SchedulerHalf:
             return
         pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
         skip = st.skip_blocks
-        npages = (num_external_tokens + skip * self.cfg.block_tokens) // pt
         first = st.first_page
+        end = first * pt + skip * self.cfg.block_tokens + num_external_tokens  # a page boundary, or the prompt's end
+        npages = -(-end // pt) - first
         pages = range(first, first + npages)
         blocks_per = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
+        # The tail page (a partial last page) fills the prompt's last blocks only:
+        # the rest of its blob is skipped (orbitkv.vllm.pd).
+        tail_blocks = -(-(end - (first + npages - 1) * pt) // self.cfg.block_tokens)
+        if npages and end % pt and len(blocks_per[-1]) >= tail_blocks:
+            blocks_per[-1] = blocks_per[-1][:tail_blocks] + (SKIP_BLOCK,) * (bpp - tail_blocks)
         if any(len(b) != bpp for b in blocks_per):
             raise RuntimeError(f"orbitkv: request {st.req_id} has {len(st.block_ids)} blocks, too few for pages {pages}")
-        ks = {r: self._keys(st, r)[first : first + npages] for r in self._fps}
+        ks = {r: self._chain(st, r)[first : first + npages] for r in self._fps}
         leases = dict(st.lookup.leases) if st.lookup else {}
         spec = LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip)
         self._loads.append(spec)
@@ -426,7 +487,8 @@ class SchedulerHalf:
         pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
         upto = min(computed_after, len(st.tokens)) // pt
         upto = min(upto, len(st.block_ids) // bpp)
-        if upto <= st.saved_pages:
+        tail = st.hands_off and not st.tail_saved and computed_after >= len(st.tokens) and len(st.tokens) % pt > 0
+        if upto <= st.saved_pages and not tail:
             return
         if not self._available():
             return  # peer down: no save (nor save hold); a later step saves these pages if it is back
@@ -434,11 +496,32 @@ class SchedulerHalf:
             return  # a kv_consumer never saves (nor holds a save): orbitkv.vllm.pd
         if st.unkeyed:
             return  # its pages have no key that tells them apart from another adapter's, image's or tenant's
-        pages = range(st.saved_pages, upto)
-        ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
-        blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
-        meta.saves.append(SaveSpec(st.req_id, pages.start, ks, blocks))
-        st.saved_pages = upto
+        if upto > st.saved_pages:
+            pages = range(st.saved_pages, upto)
+            ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
+            blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
+            meta.saves.append(SaveSpec(st.req_id, pages.start, ks, blocks))
+            st.saved_pages = upto
+            self.gate.save_started(st.req_id)
+        if tail:
+            self._save_tail(st, meta)
+
+    def _save_tail(self, st: _Req, meta: OrbitKVMetadata) -> None:
+        """A handoff's tail: the prompt's last (partial) page, computed in this
+        step, saved under its tail key as a whole page blob. A save names every
+        block of a page, so the blocks past the prompt's last repeat it (their
+        part of the blob is never loaded: a load skips them). Its prompt slots
+        are never written again while the request lives."""
+        pt, bpp, bt = self.cfg.layout.page_tokens, self.cfg.blocks_per_page, self.cfg.block_tokens
+        n = len(st.tokens)
+        i = n // pt
+        own = st.block_ids[i * bpp : i * bpp + -(-(n - i * pt) // bt)]
+        if not own or len(own) * bt < n - i * pt:
+            return  # the blocks are not known (never expected): no tail
+        blocks = tuple(own) + (own[-1],) * (bpp - len(own))
+        ks = {r: [self._tail_key(st, r)] for r in self._fps}
+        meta.saves.append(SaveSpec(st.req_id, i, ks, [blocks]))
+        st.tail_saved = True
         self.gate.save_started(st.req_id)
 
     def _preempted(self, rid: str) -> None:

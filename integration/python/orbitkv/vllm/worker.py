@@ -319,7 +319,8 @@ class WorkerHalf:
 
     def wait_for_save(self, meta: OrbitKVMetadata) -> None:
         """Starts the planned saves. It does not block: saved pages are whole
-        prompt pages, which vLLM never rewrites while the request lives, and
+        prompt pages (a handoff's tail: prompt slots of its last blocks),
+        which vLLM never rewrites while the request lives, and
         the blocks of a finished request stay allocated until its saves are
         reported (delayed free); preemption flushes them first."""
         if not meta.saves:
