@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/rs/zerolog"
 )
 
 // Authenticated membership (doc.go). With mutual TLS configured, a node is
@@ -59,8 +58,6 @@ const (
 )
 
 var rejectReasons = []string{rejectNoProof, rejectBadProof, rejectUntrusted, rejectAwaiting}
-
-var errNotMember = errors.New("membership refused")
 
 // proof is the metadata's proof of identity.
 type proof struct {
@@ -186,38 +183,35 @@ func (a *auth) sign(name, gossip string, md []byte) ([]byte, error) {
 // fetchKey is a certificate fetch: its fingerprint at a peer address.
 func fetchKey(fpr [32]byte, peerAddr string) string { return string(fpr[:]) + "|" + peerAddr }
 
-// check decides on node n. fetch, when set, is the certificate fetch the
+// check decides on node n, whose metadata carries p (nil: none) over
+// signed and names peerAddr. fetch, when set, is the certificate fetch the
 // node waits for (the caller starts it); reason names a refusal.
-func (a *auth) check(n *memberlist.Node) (reason string, fetch *certFetch, err error) {
-	md, err := decodeMeta(n.Meta)
-	if err != nil {
-		return rejectBadProof, nil, err
-	}
-	if md.proof == nil {
+func (a *auth) check(n *memberlist.Node, p *proof, signed []byte, peerAddr string) (reason string, fetch *certFetch, err error) {
+	if p == nil {
 		return rejectNoProof, nil, errors.New("its metadata carries no certificate proof (a peer without --tls-cert, or an older version)")
 	}
 	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if e, ok := a.good[md.proof.fpr]; ok {
+	if e, ok := a.good[p.fpr]; ok {
 		if now.Before(e.notBefore) || now.After(e.notAfter) {
 			return rejectUntrusted, nil, fmt.Errorf("certificate %q valid from %s to %s only", e.subject,
 				e.notBefore.Format(time.RFC3339), e.notAfter.Format(time.RFC3339))
 		}
-		if !verifyProof(e.pub, proofMessage(n.Name, n.Addr, n.Port, md.signed), md.proof.sig) {
+		if !verifyProof(e.pub, proofMessage(n.Name, n.Addr, n.Port, signed), p.sig) {
 			return rejectBadProof, nil, fmt.Errorf("signature of certificate %q does not match the node's name, address or metadata", e.subject)
 		}
 		return "", nil, nil
 	}
-	key := fetchKey(md.proof.fpr, md.peerAddr)
+	key := fetchKey(p.fpr, peerAddr)
 	if until, ok := a.bad[key]; ok && now.Before(until) {
-		return rejectUntrusted, nil, fmt.Errorf("the certificate at %s did not verify against the cluster CA", md.peerAddr)
+		return rejectUntrusted, nil, fmt.Errorf("the certificate at %s did not verify against the cluster CA", peerAddr)
 	}
 	if a.inflight[key] {
-		return rejectAwaiting, nil, fmt.Errorf("its certificate is being fetched from %s", md.peerAddr)
+		return rejectAwaiting, nil, fmt.Errorf("its certificate is being fetched from %s", peerAddr)
 	}
-	fetch = &certFetch{fpr: md.proof.fpr, peerAddr: md.peerAddr, gossip: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))}
-	return rejectAwaiting, fetch, fmt.Errorf("its certificate is being fetched from %s", md.peerAddr)
+	fetch = &certFetch{fpr: p.fpr, peerAddr: peerAddr, gossip: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))}
+	return rejectAwaiting, fetch, fmt.Errorf("its certificate is being fetched from %s", peerAddr)
 }
 
 // certFetch is one member's certificate to fetch.
@@ -313,83 +307,4 @@ func (a *auth) close() {
 	a.mu.Unlock()
 	a.cancel()
 	a.wg.Wait()
-}
-
-// admit is memberlist's NotifyAlive: nil lets n into the view.
-func (c *Cluster) admit(n *memberlist.Node) error {
-	if c.auth == nil || n.Name == c.name {
-		return nil // no CA (dev cluster, logged at Start), or this peer itself (memberlist refutes impostors)
-	}
-	reason, fetch, err := c.auth.check(n)
-	if err == nil {
-		return nil
-	}
-	if fetch != nil {
-		c.auth.start(fetch, func(f *certFetch, err error) { c.fetched(n.Name, f, err) })
-	}
-	c.refused(n.Name, reason, err)
-	return fmt.Errorf("%w (%s): %v", errNotMember, reason, err)
-}
-
-// admitMerge is memberlist's NotifyMerge (a join's push/pull): it refuses
-// the merge when no node in it other than this peer is a member or awaits
-// its certificate, as when a node without the cluster's identity joins;
-// in a mixed state each node is decided by admit as it is merged.
-func (c *Cluster) admitMerge(nodes []*memberlist.Node) error {
-	if c.auth == nil {
-		return nil
-	}
-	var first error
-	var firstName, firstReason string
-	others := 0
-	for _, n := range nodes {
-		if n.Name == c.name {
-			continue
-		}
-		others++
-		reason, _, err := c.auth.check(n)
-		if err == nil || reason == rejectAwaiting {
-			return nil
-		}
-		if first == nil {
-			first, firstName, firstReason = err, n.Name, reason
-		}
-	}
-	if others == 0 {
-		return nil
-	}
-	c.refused(firstName, firstReason, first)
-	return fmt.Errorf("%w (%s): %s: %v", errNotMember, firstReason, firstName, first)
-}
-
-// fetched ends a member's certificate fetch: verified, this peer pulls the
-// member's state (its alive message is decided again, now with the
-// certificate); refused, it is counted.
-func (c *Cluster) fetched(name string, f *certFetch, err error) {
-	if err != nil {
-		c.refused(name, rejectUntrusted, err)
-		return
-	}
-	ml := c.mlp.Load()
-	if ml == nil {
-		return
-	}
-	if _, err := ml.Join([]string{f.gossip}); err != nil {
-		c.log.Debug().Err(err).Str("member", name).Msg("pulling a verified member's state")
-	}
-}
-
-// refused counts and logs (rate-limited) a node kept out of membership.
-func (c *Cluster) refused(name, reason string, err error) {
-	c.m.rejected.WithLabelValues(reason).Inc()
-	level := zerolog.WarnLevel
-	if reason == rejectAwaiting {
-		level = zerolog.DebugLevel
-	}
-	if level == zerolog.DebugLevel {
-		c.log.Debug().Err(err).Str("member", name).Str("reason", reason).Msg("node not let into membership yet")
-		return
-	}
-	c.logLimit.event(c.log, level).Err(err).Str("member", name).Str("reason", reason).
-		Msg("node refused membership: no valid proof of a certificate from the cluster CA (orbitkv_cluster_rejected_members_total)")
 }

@@ -281,11 +281,18 @@ func TestProofBindsIdentity(t *testing.T) {
 	if len(signed) > memberlist.MetaMaxSize {
 		t.Fatalf("metadata of %d bytes, memberlist takes %d", len(signed), memberlist.MetaMaxSize)
 	}
+	check := func(n *memberlist.Node) (string, *certFetch, error) {
+		md, err := decodeMeta(n.Meta)
+		if err != nil {
+			return rejectBadProof, nil, err
+		}
+		return a.check(n, md.proof, md.signed, md.peerAddr)
+	}
 	node := func(name string, port uint16, meta []byte) *memberlist.Node {
 		return &memberlist.Node{Name: name, Addr: net.ParseIP("127.0.0.1"), Port: port, Meta: meta}
 	}
 	// Unknown certificate: refused until fetched.
-	reason, fetch, err := a.check(node("m1", 7946, signed))
+	reason, fetch, err := check(node("m1", 7946, signed))
 	if err == nil || reason != rejectAwaiting || fetch == nil || fetch.peerAddr != "127.0.0.1:7947" || fetch.gossip != "127.0.0.1:7946" {
 		t.Fatalf("unknown certificate: %q %+v %v", reason, fetch, err)
 	}
@@ -295,7 +302,7 @@ func TestProofBindsIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.good[a.fpr] = e
-	if reason, _, err := a.check(node("m1", 7946, signed)); err != nil {
+	if reason, _, err := check(node("m1", 7946, signed)); err != nil {
 		t.Fatalf("valid proof refused: %s %v", reason, err)
 	}
 	tampered := slices.Clone(signed)
@@ -306,19 +313,19 @@ func TestProofBindsIdentity(t *testing.T) {
 		"another address":  {Name: "m1", Addr: net.ParseIP("127.0.0.2"), Port: 7946, Meta: signed},
 		"altered metadata": node("m1", 7946, tampered),
 	} {
-		if reason, _, err := a.check(n); err == nil || reason != rejectBadProof {
+		if reason, _, err := check(n); err == nil || reason != rejectBadProof {
 			t.Fatalf("%s: %q %v", what, reason, err)
 		}
 	}
-	if reason, _, err := a.check(node("m1", 7946, md)); err == nil || reason != rejectNoProof {
+	if reason, _, err := check(node("m1", 7946, md)); err == nil || reason != rejectNoProof {
 		t.Fatalf("no proof: %q %v", reason, err)
 	}
-	if reason, _, err := a.check(node("m1", 7946, signed[:len(signed)-3])); err == nil || reason != rejectBadProof {
+	if reason, _, err := check(node("m1", 7946, signed[:len(signed)-3])); err == nil || reason != rejectBadProof {
 		t.Fatalf("truncated proof: %q %v", reason, err)
 	}
 	// The certificate expires while known.
 	now = cert.Leaf.NotAfter.Add(time.Second)
-	if reason, _, err := a.check(node("m1", 7946, signed)); err == nil || reason != rejectUntrusted {
+	if reason, _, err := check(node("m1", 7946, signed)); err == nil || reason != rejectUntrusted {
 		t.Fatalf("expired certificate: %q %v", reason, err)
 	}
 	now = time.Now()

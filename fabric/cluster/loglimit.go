@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -80,6 +81,11 @@ func summarize(log zerolog.Logger, suppressed int) {
 	log.Warn().Int("suppressed_lines", suppressed).Int("lines_per_window", logBurst).Dur("window", logEvery).
 		Msg("gossip log lines suppressed: orbitkv_cluster_bad_messages_total counts the rejected messages")
 }
+
+// errNotMember is what the membership check (auth.go) refuses a node
+// with; memberlist logs each refusal, which the check counts and logs
+// itself.
+var errNotMember = errors.New("membership refused")
 
 // memberlistLog sends memberlist's log lines to zerolog: warnings and
 // errors as such, within the cluster's logLimit, the rest at debug. The

@@ -596,3 +596,94 @@ func (c *Cluster) peerClient(member string) (pb.PeerServiceClient, error) {
 	}
 	return pb.NewPeerServiceClient(cc), nil
 }
+
+// Authenticated membership: memberlist's AliveDelegate and MergeDelegate
+// (the check itself: auth.go).
+
+// admit is memberlist's NotifyAlive: nil lets n into the view.
+func (c *Cluster) admit(n *memberlist.Node) error {
+	if c.auth == nil || n.Name == c.name {
+		return nil // no CA (dev cluster, logged at Start), or this peer itself (memberlist refutes impostors)
+	}
+	reason, fetch, err := c.checkNode(n)
+	if err == nil {
+		return nil
+	}
+	if fetch != nil {
+		c.auth.start(fetch, func(f *certFetch, err error) { c.fetched(n.Name, f, err) })
+	}
+	c.refused(n.Name, reason, err)
+	return fmt.Errorf("%w (%s): %v", errNotMember, reason, err)
+}
+
+// admitMerge is memberlist's NotifyMerge (a join's push/pull): it refuses
+// the merge when no node in it other than this peer is a member or awaits
+// its certificate, as when a node without the cluster's identity joins;
+// in a mixed state each node is decided by admit as it is merged.
+func (c *Cluster) admitMerge(nodes []*memberlist.Node) error {
+	if c.auth == nil {
+		return nil
+	}
+	var first error
+	var firstName, firstReason string
+	others := 0
+	for _, n := range nodes {
+		if n.Name == c.name {
+			continue
+		}
+		others++
+		reason, _, err := c.checkNode(n)
+		if err == nil || reason == rejectAwaiting {
+			return nil
+		}
+		if first == nil {
+			first, firstName, firstReason = err, n.Name, reason
+		}
+	}
+	if others == 0 {
+		return nil
+	}
+	c.refused(firstName, firstReason, first)
+	return fmt.Errorf("%w (%s): %s: %v", errNotMember, firstReason, firstName, first)
+}
+
+// fetched ends a member's certificate fetch: verified, this peer pulls the
+// member's state (its alive message is decided again, now with the
+// certificate); refused, it is counted.
+func (c *Cluster) fetched(name string, f *certFetch, err error) {
+	if err != nil {
+		c.refused(name, rejectUntrusted, err)
+		return
+	}
+	ml := c.mlp.Load()
+	if ml == nil {
+		return
+	}
+	if _, err := ml.Join([]string{f.gossip}); err != nil {
+		c.log.Debug().Err(err).Str("member", name).Msg("pulling a verified member's state")
+	}
+}
+
+// refused counts and logs (rate-limited) a node kept out of membership.
+func (c *Cluster) refused(name, reason string, err error) {
+	c.m.rejected.WithLabelValues(reason).Inc()
+	level := zerolog.WarnLevel
+	if reason == rejectAwaiting {
+		level = zerolog.DebugLevel
+	}
+	if level == zerolog.DebugLevel {
+		c.log.Debug().Err(err).Str("member", name).Str("reason", reason).Msg("node not let into membership yet")
+		return
+	}
+	c.logLimit.event(c.log, level).Err(err).Str("member", name).Str("reason", reason).
+		Msg("node refused membership: no valid proof of a certificate from the cluster CA (orbitkv_cluster_rejected_members_total)")
+}
+
+// checkNode is auth's check of n's metadata.
+func (c *Cluster) checkNode(n *memberlist.Node) (reason string, fetch *certFetch, err error) {
+	md, err := decodeMeta(n.Meta)
+	if err != nil {
+		return rejectBadProof, nil, err
+	}
+	return c.auth.check(n, md.proof, md.signed, md.peerAddr)
+}
