@@ -214,6 +214,16 @@ func (a *auth) check(n *memberlist.Node, p *proof, signed []byte, peerAddr strin
 	return rejectAwaiting, fetch, fmt.Errorf("its certificate is being fetched from %s", peerAddr)
 }
 
+// expired says whether the certificate of fingerprint fpr is known and
+// no longer (or not yet) valid.
+func (a *auth) expired(fpr [32]byte) (certEntry, bool) {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.good[fpr]
+	return e, ok && (now.Before(e.notBefore) || now.After(e.notAfter))
+}
+
 // certFetch is one member's certificate to fetch.
 type certFetch struct {
 	fpr              [32]byte

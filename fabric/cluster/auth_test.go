@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,8 +69,9 @@ func gossipKeyFile(t *testing.T) string {
 	return writeFile(t, filepath.Join(t.TempDir(), "gossip.key"), []byte(base64.StdEncoding.EncodeToString(key)+"\n"))
 }
 
-// startMember starts a member on 127.0.0.1 named name, joining through join.
-func startMember(t *testing.T, name string, creds memberCreds, join string) *Cluster {
+// startMember starts a member on 127.0.0.1 named name, joining through
+// join; before runs between New and Start.
+func startMember(t *testing.T, name string, creds memberCreds, join string, before ...func(*Cluster)) *Cluster {
 	t.Helper()
 	cfg := Config{ClusterAddr: "127.0.0.1:0", PeerAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", NodeName: name,
 		ClusterJoin: join, ClusterKeyFile: creds.gossipKey, TLSCert: creds.cert, TLSKey: creds.key, TLSCA: creds.ca,
@@ -77,6 +79,9 @@ func startMember(t *testing.T, name string, creds memberCreds, join string) *Clu
 	c, err := New(cfg, t.TempDir(), prometheus.NewRegistry(), zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range before {
+		f(c)
 	}
 	cat, err := catalog.Open(catalog.Options{})
 	if err != nil {
@@ -217,6 +222,39 @@ func TestMembershipNeedsTheClusterCA(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMembershipDropsExpiredMembers: a member whose certificate expires
+// while it is a member is dropped by the others (here: one member's clock
+// moves past the certificates' end).
+func TestMembershipDropsExpiredMembers(t *testing.T) {
+	key := gossipKeyFile(t)
+	ca := newCA(t, "cluster")
+	var skew atomic.Int64
+	var members []*Cluster
+	for i, name := range []string{"e1", "e2", "e3"} {
+		join := ""
+		var before []func(*Cluster)
+		if i > 0 {
+			join = members[0].GossipAddr()
+		} else {
+			before = append(before, func(c *Cluster) {
+				c.auth.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+			})
+		}
+		members = append(members, startMember(t, name, issueCreds(t, ca, ca.CertPEM, name, time.Hour, key), join, before...))
+	}
+	waitUntil(t, "three members seeing each other", converged(members), nil)
+	was := refusals(t, members[0], rejectUntrusted)
+	skew.Store(int64(2 * time.Hour))
+	waitUntil(t, "e1 to drop the members whose certificates expired", func() bool {
+		for _, m := range members[0].Peers(0) {
+			if !m.Self {
+				return false
+			}
+		}
+		return refusals(t, members[0], rejectUntrusted) >= was+2
+	}, nil)
 }
 
 // TestMembershipWithoutTLS: a dev cluster (no CA) forms as before and

@@ -120,7 +120,8 @@ type origin struct {
 	gossipAddr         string
 	peerAddr, dataAddr string
 	state              memberState
-	rdma               bool // it advertised a usable RDMA device
+	rdma               bool      // it advertised a usable RDMA device
+	cert               *[32]byte // the fingerprint of the certificate its metadata proves (with mutual TLS)
 
 	applied     uint64                  // every announcement ≤ applied is in the index
 	synced      bool                    // the index holds a snapshot plus every announcement since
@@ -347,6 +348,7 @@ func (c *Cluster) runSyncer(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			c.expireMembers()
 			c.mu.Lock()
 			var due []*origin
 			for _, o := range c.origins {
@@ -486,23 +488,33 @@ func (c *Cluster) memberUp(n *memberlist.Node) {
 	}
 	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	o.peerAddr, o.dataAddr, o.state, o.rdma = meta.peerAddr, meta.dataAddr, stateAlive, meta.rdma
+	o.cert = nil
+	if meta.proof != nil {
+		o.cert = &meta.proof.fpr
+	}
 	c.m.members.Set(float64(len(c.origins) + 1))
 	c.rejoin.memberUp(n.Name)
 	c.rd.show(n.Name, c.rd.choice(n.Name, meta.rdma))
 }
 
 // memberDown forgets a member that left or failed, with its pages.
-func (c *Cluster) memberDown(n *memberlist.Node) {
+func (c *Cluster) memberDown(n *memberlist.Node) { c.forgetMember(n.Name, true) }
+
+// forgetMember takes name out of the members and its pages out of the
+// index; rejoin: try to join it again (a member that went down).
+func (c *Cluster) forgetMember(name string, rejoin bool) {
 	c.mu.Lock()
-	o := c.origins[n.Name]
+	o := c.origins[name]
 	if o == nil {
 		c.mu.Unlock()
 		return
 	}
-	delete(c.origins, n.Name)
+	delete(c.origins, name)
 	c.m.members.Set(float64(len(c.origins) + 1))
 	c.mu.Unlock()
-	c.rejoin.memberDown(n.Name, o.gossipAddr)
+	if rejoin {
+		c.rejoin.memberDown(name, o.gossipAddr)
+	}
 	// The index scan runs off memberlist's callback (it holds its node
 	// lock); the id is reused only after it.
 	go func() {
@@ -511,8 +523,8 @@ func (c *Cluster) memberDown(n *memberlist.Node) {
 		c.ids[o.id] = false
 		c.mu.Unlock()
 		c.data.Forget(o.dataAddr)
-		c.rd.forget(n.Name)
-		c.log.Warn().Str("member", n.Name).Int("pages_dropped", dropped).Msg("member left or failed; its pages are no longer offered")
+		c.rd.forget(name)
+		c.log.Warn().Str("member", name).Int("pages_dropped", dropped).Msg("member left or failed; its pages are no longer offered")
 	}()
 }
 

@@ -32,7 +32,9 @@
 //     fingerprint travels; the certificate is taken from the node's peer
 //     service in a mutual-TLS handshake (its chain is checked there and
 //     again here, with the fingerprint) and kept, and the node's state is
-//     then pulled again. Soundness rests on the signature and the chain,
+//     then pulled again. A member whose certificate expires is dropped
+//     from this peer's members (memberlist keeps it in its own view until
+//     it fails or leaves). Soundness rests on the signature and the chain,
 //     not on where the certificate came from. The name is bound by the
 //     signature, not by the certificate (peers are verified by chain, as
 //     on the data plane). Without a CA, membership is open, and the peer

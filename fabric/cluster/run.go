@@ -679,6 +679,36 @@ func (c *Cluster) refused(name, reason string, err error) {
 		Msg("node refused membership: no valid proof of a certificate from the cluster CA (orbitkv_cluster_rejected_members_total)")
 }
 
+// expireMembers takes out the members whose certificate stopped being
+// valid since they joined: their alive messages are refused from then on,
+// but memberlist keeps a member in its own view until it fails or leaves,
+// so this peer stops offering its pages and sending to it now.
+func (c *Cluster) expireMembers() {
+	if c.auth == nil {
+		return
+	}
+	type gone struct {
+		name string
+		cert certEntry
+	}
+	var out []gone
+	c.mu.Lock()
+	for _, o := range c.origins {
+		if o.cert == nil {
+			continue
+		}
+		if e, expired := c.auth.expired(*o.cert); expired {
+			out = append(out, gone{o.name, e})
+		}
+	}
+	c.mu.Unlock()
+	for _, g := range out {
+		c.forgetMember(g.name, false)
+		c.refused(g.name, rejectUntrusted, fmt.Errorf("certificate %q valid from %s to %s only: the member is dropped",
+			g.cert.subject, g.cert.notBefore.Format(time.RFC3339), g.cert.notAfter.Format(time.RFC3339)))
+	}
+}
+
 // checkNode is auth's check of n's metadata.
 func (c *Cluster) checkNode(n *memberlist.Node) (reason string, fetch *certFetch, err error) {
 	md, err := decodeMeta(n.Meta)
