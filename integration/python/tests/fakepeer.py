@@ -5,7 +5,8 @@ exactly as the Segment contract says, so the adapters' data path is checked
 end to end without the Go binary. Like the real peer it accepts lookup-only
 sessions (no buffers, no segments, num_blocks 0; page size from the layout's
 dtype) and refuses their Save and Load with FAILED_PRECONDITION. Fault
-injection: ``corrupt`` (keys whose loads report PAGE_CORRUPT), ``delay_s``,
+injection: ``corrupt`` (keys whose loads report PAGE_CORRUPT), ``tiers`` (keys a
+Lookup counts on SSD or on another peer), ``delay_s``,
 ``restart()`` (forget sessions, leases and operations, as a restarted peer
 does; the store stands for the SSD tier and survives).
 """
@@ -60,6 +61,8 @@ class FakePeer(pbg.EngineServiceServicer):
         self.delay_s = delay_s
         self.store: dict[bytes, bytes] = {}
         self.corrupt: set[bytes] = set()
+        # Where a Lookup says a page is ("ssd" or "remote"; else DRAM), in its tier counts.
+        self.tiers: dict[bytes, str] = {}
         self.sessions: dict[str, _Sess] = {}
         self.leases: dict[str, tuple[str, list[bytes]]] = {}
         self.ops: dict[str, _Op] = {}
@@ -160,7 +163,9 @@ class FakePeer(pbg.EngineServiceServicer):
         if req.lease_from > len(req.keys):
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "lease_from is past the keys")
         held = min(req.lease_from, hit)  # the engine's own pages: counted in the hit, not leased
-        resp = pb.LookupResponse(hit_pages=hit, tiers=pb.TierCounts(dram=hit - held))
+        where = [self.tiers.get(bytes(k), "dram") for k in req.keys[held:hit]]
+        counts = pb.TierCounts(dram=where.count("dram"), ssd=where.count("ssd"), remote=where.count("remote"))
+        resp = pb.LookupResponse(hit_pages=hit, tiers=counts)
         if req.lease and hit > held:
             lid = uuid.uuid4().hex
             with self.lock:

@@ -691,3 +691,53 @@ def test_under_the_fail_policy_the_next_request_is_not_offered_the_failed_page(r
         assert h.loaded_pages == 5 + bad_page  # S: the pages before the failed one
     finally:
         h.close()
+
+
+# --- hits by tier (vLLM >= 0.33: vllm:prompt_tokens_cached_by_source_total) ---------------
+
+def _hit_sources_in_vllm():
+    return pytest.importorskip("vllm.v1.metrics.cache_hit_source",
+                               reason="this vLLM counts no cached tokens by source (0.33 does)")
+
+
+def _save_then_restore(socket: str, prompt: list[int], before_restore=None) -> list[tuple[int, dict]]:
+    a = Harness(socket, num_blocks=64)
+    try:
+        a.add("a", prompt)
+        a.run()
+    finally:
+        a.close()  # joins the saves
+    b = Harness(socket, num_blocks=64)
+    try:
+        if before_restore is not None:
+            before_restore(b)
+        seen = b.record_hits_by_source()
+        b.add("b", prompt)
+        b.run()
+        assert "b" in b.finished
+        return seen
+    finally:
+        b.close()
+
+
+def test_dram_hits_of_a_real_peer_are_attributed_host(real_peer):
+    _hit_sources_in_vllm()
+    prompt = _prompt(71, 4 * 64 + 10)  # 4 pages saved, 4 restored
+    seen = _save_then_restore(real_peer.socket, prompt)
+    assert seen == [(4 * 64, {"host": 4 * 64})], seen
+
+
+def test_ssd_and_remote_hits_are_attributed_disk_and_p2p(fake_peer):
+    """The fake peer's tier seam: page 0 in its DRAM, 1 on its SSD, 2 and 3 on another peer."""
+    _hit_sources_in_vllm()
+    from orbitkv import keys
+
+    prompt = _prompt(72, 4 * 64 + 10)
+
+    def tiers(b: Harness) -> None:
+        ks = keys.chain(b.connector.scheduler._fps[0], 64, prompt)
+        assert len(ks) == 4 and all(k in fake_peer.fake.store for k in ks)
+        fake_peer.fake.tiers = {ks[1]: "ssd", ks[2]: "remote", ks[3]: "remote"}
+
+    seen = _save_then_restore(fake_peer.socket, prompt, tiers)
+    assert seen == [(4 * 64, {"host": 64, "disk": 64, "p2p": 2 * 64})], seen

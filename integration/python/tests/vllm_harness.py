@@ -145,6 +145,26 @@ class Harness:
         """The scheduler half vLLM created (None without a connector)."""
         return self.scheduler.connector
 
+    def record_hits_by_source(self) -> list[tuple[int, dict]]:
+        """From now on, per external hit vLLM's scheduler records (vLLM >= 0.33):
+        (tokens, the tokens it counts by source, as CacheHitSource values) —
+        the change in its connector prefix-cache stats' hits_by_source, what
+        vllm:prompt_tokens_cached_by_source_total counts (vLLM counts a split
+        that does not sum to the hit as external_unspecified)."""
+        stats = self.scheduler.connector_prefix_cache_stats
+        assert stats is not None
+        seen: list[tuple[int, dict]] = []
+        record = stats.record
+
+        def spy(num_tokens, num_hits, preempted, hits_by_source=None):
+            before = dict(stats.hits_by_source)
+            record(num_tokens, num_hits, preempted, hits_by_source)
+            after = {getattr(k, "value", k): v - before.get(k, 0) for k, v in stats.hits_by_source.items()}
+            seen.append((num_hits, {k: v for k, v in after.items() if v}))
+
+        stats.record = spy
+        return seen
+
     # --- one engine step ----------------------------------------------------------
 
     def step(self, before_load=None) -> Any:

@@ -37,6 +37,11 @@ from orbitkv.vllm.worker import WorkerHalf
 
 log = logging.getLogger(__name__)
 
+try:  # vLLM >= 0.33: cached prompt tokens counted by source
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource as _CacheHitSource  # type: ignore
+except Exception:  # older vLLM, or none
+    _CacheHitSource = None
+
 
 def _tp_rank(cfg: ConnectorConfig) -> int:
     if cfg.tp_rank is not None:
@@ -196,6 +201,16 @@ class OrbitKVConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
+        """vLLM >= 0.33: the external hit by tier, for
+        vllm:prompt_tokens_cached_by_source_total: the peer's DRAM is "host",
+        its SSD "disk", another peer's memory "p2p" (SchedulerHalf.hit_sources).
+        Older vLLM never calls it."""
+        by = self.scheduler.hit_sources(request, num_external_tokens)
+        if _CacheHitSource is None:
+            return by
+        return {_CacheHitSource(k): v for k, v in by.items() if v}
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = self.scheduler.build_connector_meta(scheduler_output)

@@ -97,6 +97,7 @@ class _Req:
     whole: bool = False
     tail_saved: bool = False
     tail_keys: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    sources: dict[str, int] = dataclasses.field(default_factory=dict)  # the planned load's tokens by tier (hit_sources)
 
 
 def request_extras(request: Any, salt_known: bool = True) -> tuple[Optional[keys.Extras], str]:
@@ -389,9 +390,42 @@ class SchedulerHalf:
         st.skip_blocks = (num_computed_tokens - first * pt) // self.cfg.block_tokens
         return min(hit * pt, n) - num_computed_tokens, self.cfg.async_load
 
+    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
+        """The request's external hit (the load planned by
+        update_state_after_alloc) in tokens by where the peer said its pages
+        were: "host" (its DRAM), "disk" (its SSD), "p2p" (another peer's),
+        vLLM 0.33's CacheHitSource values; "external_unspecified" for what it
+        did not say. Sums to num_external_tokens."""
+        if num_external_tokens <= 0:
+            return {}
+        st = self._reqs.get(str(request.request_id))
+        got = dict(st.sources) if st is not None else {}
+        if sum(got.values()) != num_external_tokens:
+            return {"external_unspecified": num_external_tokens}
+        return got
+
+    def _plan_sources(self, st: _Req, pages: range, start: int, end: int) -> dict[str, int]:
+        """Tokens [start, end) of the load of ``pages`` by tier. The lookup
+        counts its hit's pages from lease_from (the load's first page) on by
+        tier, not per page: the peer's own pages (DRAM, SSD) come before
+        those only other peers hold, and DRAM ones are taken to come before
+        SSD ones, which matters only for a partial first or last page."""
+        pt = self.cfg.layout.page_tokens
+        lk = st.lookup
+        d, s, r = lk.tiers if lk is not None else (0, 0, 0)
+        seq = ["host"] * d + ["disk"] * s + ["p2p"] * r
+        out: dict[str, int] = {}
+        for i, p in enumerate(pages):
+            n = min((p + 1) * pt, end) - max(p * pt, start)
+            if n > 0:
+                src = seq[i] if i < len(seq) else "external_unspecified"
+                out[src] = out.get(src, 0) + n
+        return out
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._req(request)
         st.block_ids = block_ids_of(blocks)
+        st.sources = {}
         if num_external_tokens <= 0:
             if not st.loading:
                 self._release(st.lookup)
@@ -413,6 +447,7 @@ class SchedulerHalf:
         if any(len(b) != bpp for b in blocks_per):
             raise RuntimeError(f"orbitkv: request {st.req_id} has {len(st.block_ids)} blocks, too few for pages {pages}")
         ks = {r: self._chain(st, r)[first : first + npages] for r in self._fps}
+        st.sources = self._plan_sources(st, pages, end - num_external_tokens, end)
         leases = dict(st.lookup.leases) if st.lookup else {}
         spec = LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip)
         self._loads.append(spec)
