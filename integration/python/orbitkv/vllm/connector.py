@@ -214,12 +214,15 @@ class OrbitKVConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = self.scheduler.build_connector_meta(scheduler_output)
-        if meta.has_sync_loads and hasattr(scheduler_output, "has_sync_kv_loads"):
+        if meta.has_sync_loads and getattr(scheduler_output, "has_sync_kv_loads", True) is False:
             # vLLM >= 0.29 starts a step's loads after its forward unless this says a
             # scheduled request reads KV loaded in the step (vLLM sets it for the
             # requests it scheduled with a sync hit; set it for every sync load we plan,
             # so that none can run after the forward that reads its blocks).
-            scheduler_output.has_sync_kv_loads = True
+            try:
+                scheduler_output.has_sync_kv_loads = True
+            except AttributeError:  # a derived property (the reference engine's): it reads the loads itself
+                pass
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
