@@ -90,8 +90,12 @@ var errNotMember = errors.New("membership refused")
 // memberlistLog sends memberlist's log lines to zerolog: warnings and
 // errors as such, within the cluster's logLimit, the rest at debug. The
 // lines that say memberlist dropped a packet or stream from the network
-// count as bad messages.
-type memberlistLog struct{ c *Cluster }
+// count as bad messages (bad, called after the line is logged).
+type memberlistLog struct {
+	log   zerolog.Logger
+	limit *logLimit
+	bad   func()
+}
 
 func (w memberlistLog) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
@@ -106,12 +110,12 @@ func (w memberlistLog) Write(p []byte) (int, error) {
 		level = zerolog.DebugLevel // counted and logged, rate-limited, by Cluster.refused
 	}
 	if level == zerolog.DebugLevel {
-		w.c.log.Debug().Str("memberlist", line).Send()
+		w.log.Debug().Str("memberlist", line).Send()
 		return len(p), nil
 	}
-	w.c.logLimit.event(w.c.log, level).Str("memberlist", line).Send()
+	w.limit.event(w.log, level).Str("memberlist", line).Send()
 	if rejects(line) {
-		w.c.m.badMessages.Inc() // after the line: a test that sees the count sees the line
+		w.bad() // after the line: a test that sees the count sees the line
 	}
 	return len(p), nil
 }

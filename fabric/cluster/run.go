@@ -263,7 +263,7 @@ func (c *Cluster) createMemberlist(cfg Config, peer, data net.Addr) (*memberlist
 	}
 	mc.PushPullInterval = 5 * time.Second
 	mc.DeadNodeReclaimTime = 10 * time.Second // a peer restarted elsewhere may take its name back
-	mc.Logger = log.New(memberlistLog{c}, "", 0)
+	mc.Logger = log.New(memberlistLog{log: c.log, limit: &c.logLimit, bad: c.m.badMessages.Inc}, "", 0)
 	d := &mlDelegate{c: c}
 	mc.Delegate, mc.Events, mc.Alive, mc.Merge = d, d, d, d
 	// The advertised addresses of the peer service and data plane take the
