@@ -92,3 +92,25 @@ def test_the_cli_prints_the_vectors_keys_with_extras(capsys):
     assert keys.main(["--layout", json.dumps(vec["layout"]), "--tokens", ",".join(map(str, vec["tokens"])),
                       "--extras", json.dumps(vec["extras"])]) == 0
     assert capsys.readouterr().out.split() == vec["keys"]
+
+
+def test_tail_keys_are_never_page_keys():
+    """A P/D handoff's tail (orbitkv.vllm.pd) is keyed apart from the page chain:
+    not the key a page of the same tokens would get, nor any page key of the
+    prompt; it depends on the prefix, the tail's tokens and length, the extras."""
+    fp = bytes(range(16))
+    toks = list(range(100, 100 + 2 * 64 + 5))
+    chain = keys.chain(fp, 64, toks)
+    tail = toks[128:]
+    t = keys.tail_key(fp, chain[-1], tail)
+    assert len(t) == keys.KEY_SIZE and t not in chain
+    assert t != keys.next_key(fp, chain[-1], tail)
+    assert t == keys.tail_key(fp, chain[-1], list(tail))
+    assert t != keys.tail_key(fp, chain[0], tail)  # another prefix
+    assert t != keys.tail_key(fp, chain[-1], tail[:-1])  # another length
+    assert t != keys.tail_key(fp, chain[-1], tail[:-1] + [tail[-1] + 1])
+    assert t != keys.tail_key(fp, chain[-1], tail, keys.Extras(salt="s").page(0, 64))
+    assert t != keys.tail_key(bytes(16), chain[-1], tail)  # another layout
+    assert keys.tail_key(fp, keys.ZERO_KEY, [7]) != keys.next_key(fp, keys.ZERO_KEY, [7])
+    with pytest.raises(ValueError):
+        keys.tail_key(fp, chain[-1], [])

@@ -133,3 +133,56 @@ def test_handoff_covers_the_whole_prompt_tail_included(real_peer, n):
         assert cons.finished["d"].tokens == prod.finished["p"].tokens
     finally:
         cons.close()
+
+
+def test_a_sync_consumer_leaves_the_tail_to_compute(real_peer):
+    """With async_load false vLLM must compute at least the last token itself
+    after a sync hit: the hit ends on the last page boundary before it, as
+    before the tail, and the tail's tokens are computed."""
+    n = 130
+    prompt = _prompt(2000, n)
+    prod = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_producer", "engine_id": "prefill"})
+    try:
+        prod.add("p", prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
+        prod.run()
+    finally:
+        prod.close()
+    params = prod.finished["p"].kv_transfer_params
+    assert params[pd.PAGES] == 3 and params[pd.TAIL_TOKENS] == 2, params
+    cons = Harness(real_peer.socket, num_blocks=64,
+                   extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000, "async_load": False})
+    try:
+        cons.add("d", prompt, max_tokens=2, kv_transfer_params=params)
+        cons.run()
+        assert cons.loaded_pages == 2 and cons.scheduled_tokens == n - 128 + 1
+        assert cons.finished["d"].tokens[:1] == prod.finished["p"].tokens
+        assert (cons.connector.handoffs.completed, cons.connector.handoffs.timed_out) == (1, 0)
+    finally:
+        cons.close()
+
+
+@pytest.mark.parametrize("n", [40, 130])
+def test_a_local_prefix_hit_inside_the_tail_page_loads_the_rest_of_it(real_peer, n):
+    """The consumer's own prefix cache holds the prompt's leading blocks up to
+    inside the tail page (vLLM keeps at most n - 1 tokens): the tail is loaded
+    with those blocks skipped, and vLLM computes only the last token."""
+    prompt = _prompt(3000 + n, n)
+    prod = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_producer", "engine_id": "prefill"})
+    try:
+        prod.add("p", prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False})
+        prod.run()
+    finally:
+        prod.close()
+    params = prod.finished["p"].kv_transfer_params
+    cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000})
+    try:
+        cons.add("local", prompt, max_tokens=1)  # no handoff: its blocks stay in vLLM's prefix cache
+        cons.run()
+        loaded, scheduled = cons.loaded_pages, cons.scheduled_tokens
+        cons.add("d", prompt, max_tokens=1, kv_transfer_params=params)
+        cons.run()
+        assert cons.loaded_pages - loaded == 1  # the tail page only, its locally held blocks skipped
+        assert cons.scheduled_tokens - scheduled == 1
+        assert cons.finished["d"].tokens == prod.finished["p"].tokens
+    finally:
+        cons.close()
