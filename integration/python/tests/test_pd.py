@@ -147,16 +147,17 @@ def test_producer_hands_a_prompt_to_a_consumer(real_peer):
             outs.append(r.kv_transfer_params_out)
         assert prod.stats()["kv_blocks_free"] == prod.stats()["kv_blocks_total"]  # freed once saved
     for params in outs:
-        assert params["do_remote_prefill"] and params[pd.PAGES] == 70 // PT
+        # 4 whole pages and the 6-token tail: the whole prompt (docs/pd.md)
+        assert params["do_remote_prefill"] and params[pd.PAGES] == 70 // PT + 1 and params[pd.TAIL_TOKENS] == 70 % PT
         assert params["remote_engine_id"] == "prefill"
     saved = _saved(real_peer)
-    assert saved == 2 * (70 // PT)
+    assert saved == 2 * (70 // PT + 1)
     with Engine(tiny(), _orbitkv(real_peer.socket, kv_role="kv_consumer", pd_wait_ms=5000)) as cons:
         got = [_handoff(cons, p, params, 6).output_token_ids for p, params in zip(ps, outs)]
         st = cons.stats()
         ho = cons.connector_scheduler.handoffs
     assert got == want
-    assert st["external_restored_tokens"] == 2 * 64  # (70 - 1) // 16 = 4 pages each
+    assert st["external_restored_tokens"] == 2 * 69  # the whole prompt but the last token, each
     assert (ho.completed, ho.timed_out) == (2, 0)
     assert _saved(real_peer) == saved  # a consumer never saves
 
