@@ -23,6 +23,9 @@ any are those of the first OrbitKV releases), else
 what vLLM's own prefix cache keys a block on (generate_block_hash_extra_keys),
 at page granularity; later pages depend on it through the chain. Extras
 that cannot be keyed raise ExtrasError: the request must be a miss.
+
+A P/D handoff's partial last page has a tail key (tail_key, docs/pd.md),
+in a domain of its own: never a page key, never chained on.
 """
 
 from __future__ import annotations
