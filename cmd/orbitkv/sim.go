@@ -1,6 +1,7 @@
 package main
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,8 +68,16 @@ func simulate(out io.Writer, path string, cfg sim.Config, asJSON bool) error {
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	reqs, err := sim.ParseTrace(f)
-	f.Close()
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") { // internal/trace/testdata carries the synthetic trace gzipped
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return fmt.Errorf("sim: %s: %w", path, err)
+		}
+		r = zr
+	}
+	reqs, err := sim.ParseTrace(r)
 	if err != nil {
 		return fmt.Errorf("sim: %s: %w", path, err)
 	}

@@ -3,6 +3,7 @@ package trace
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strings"
 )
 
 // BlockTokens is the block size of the trace's hash ids.
@@ -45,14 +47,24 @@ type line struct {
 	HashIDs      *[]int64 `json:"hash_ids"`
 }
 
-// ReadFile parses the trace at path; see Read.
+// ReadFile parses the trace at path (gzipped when its name ends in .gz);
+// see Read.
 func ReadFile(path string) ([]Record, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open trace: %w", err)
 	}
 	defer f.Close()
-	recs, err := Read(f)
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	recs, err := Read(r)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

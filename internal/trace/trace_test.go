@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bufio"
+	"compress/gzip"
 	"errors"
 	"os"
 	"regexp"
@@ -65,15 +66,13 @@ func TestReadErrorsNameTheLine(t *testing.T) {
 	}
 }
 
-const sharedTrace = "../../../shared/traces/synthetic_trace.jsonl"
+// syntheticTrace is the Mooncake FAST'25 synthetic trace (testdata/README.md).
+const syntheticTrace = "testdata/synthetic_trace.jsonl.gz"
 
-// TestSharedSyntheticTrace parses the shared trace whole and checks its
-// first lines field by field.
-func TestSharedSyntheticTrace(t *testing.T) {
-	if _, err := os.Stat(sharedTrace); err != nil {
-		t.Skipf("no shared trace at %s", sharedTrace)
-	}
-	recs, err := ReadFile(sharedTrace)
+// TestSyntheticTrace parses the synthetic trace whole and checks its first
+// lines field by field.
+func TestSyntheticTrace(t *testing.T) {
+	recs, err := ReadFile(syntheticTrace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,9 +84,16 @@ func TestSharedSyntheticTrace(t *testing.T) {
 		t.Errorf("first record %+v", r)
 	}
 	// The same lines with float timestamps and an extra field parse alike.
-	f, _ := os.Open(sharedTrace)
+	f, err := os.Open(syntheticTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(zr)
 	sc.Buffer(nil, maxLine)
 	ts := regexp.MustCompile(`"timestamp": (\d+)`)
 	var edited []string
