@@ -83,7 +83,17 @@ type Catalog struct {
 	writer struct {
 		sync.Mutex
 		closed bool
+		// dirty, while Repair rebuilds a store off the lock, holds every
+		// key a commit changed since the rebuild began; nil otherwise.
+		dirty map[pagekey.Key]struct{}
 	}
+	// repair serializes Repair and Close: Close waits for a rebuild
+	// running off the writer lock. Taken before writer.
+	repair sync.Mutex
+
+	// onRepairCopy, a test seam, is called by Repair's rebuild after each
+	// entry it copied into the fresh store (copied so far).
+	onRepairCopy func(copied int)
 
 	recovered int
 	corrupt   int
@@ -250,6 +260,8 @@ func (c *Catalog) Stats() Stats {
 // Close closes the Pebble store. Later writes fail with ErrClosed; reads
 // keep answering from memory. Close is idempotent.
 func (c *Catalog) Close() error {
+	c.repair.Lock()
+	defer c.repair.Unlock()
 	c.writer.Lock()
 	defer c.writer.Unlock()
 	if c.writer.closed {

@@ -19,7 +19,10 @@
 //     with a failed store). A commit that only deletes records never fails
 //     for persistence: memory changes, and a failed store is rewritten from
 //     memory by Repair. Writers are serialized, so the persisted state and
-//     the in-memory state change in the same order.
+//     the in-memory state change in the same order. Repair writes the fresh
+//     store without the writer lock (writers go on as with a failed store)
+//     and, under it, writes the keys changed meanwhile again before
+//     installing it.
 //   - Pebble never ends the process (pebble.go): its Fatalf and
 //     DataCorruption handlers are replaced. A store Open cannot read is
 //     moved into Dir/corrupt-<time>/ and replaced by an empty one

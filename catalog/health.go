@@ -84,13 +84,22 @@ func unavailable(cause error) error {
 // a fatal error for on its own goroutines is failed first. It returns
 // Health afterwards. The fabric calls it every second, and with backoff
 // while Health is not nil.
+//
+// The rewrite runs off the writer lock (issue 34, item 6a): writers go on
+// meanwhile as they do with a failed store (DRAM-only changes and
+// deletions in memory, records failing with ErrUnavailable), and the keys
+// they change are written again into the fresh store before it is
+// installed, under the lock.
 func (c *Catalog) Repair() error {
+	c.repair.Lock()
+	defer c.repair.Unlock()
 	c.writer.Lock()
-	defer c.writer.Unlock()
 	if c.writer.closed {
+		c.writer.Unlock()
 		return ErrClosed
 	}
 	if c.opts.Dir == "" {
+		c.writer.Unlock()
 		return nil
 	}
 	if c.store != nil {
@@ -101,28 +110,46 @@ func (c *Catalog) Repair() error {
 	failed, full := c.persist.get()
 	switch {
 	case failed != nil:
-		c.rebuildLocked()
+		old := c.store
+		c.store = nil // writers now see a failed store until the rebuild is installed
+		c.writer.dirty = map[pagekey.Key]struct{}{}
+		c.writer.Unlock()
+		c.rebuild(old)
 	case full != nil:
 		if err := c.checkSpaceLocked(); err == nil {
 			c.persist.setFull(nil)
 		}
+		c.writer.Unlock()
+	default:
+		c.writer.Unlock()
 	}
 	return c.Health()
 }
 
-// rebuildLocked drops the failed store and writes every persistable entry
-// into a fresh one in the same directory (its old files removed first; the
-// directory itself stays, it may be a mount point). On failure the catalog
+// rebuild drops the failed store old (nil: none was open) and writes every
+// persistable entry into a fresh one in the same directory (its old files
+// removed first; the directory itself stays, it may be a mount point),
+// without the writer lock; then, under it, writes the keys changed
+// meanwhile again and installs the fresh store. On failure the catalog
 // stays failed with the new cause. A crash half way leaves a partial
 // catalog, which the next start completes from the SSD tier like any
-// damaged one.
-func (c *Catalog) rebuildLocked() {
-	if c.store != nil {
-		c.persist.countBackground(c.store)
-		_ = c.store.close() // its error is the failure being repaired
-		c.store = nil
+// damaged one. The caller holds c.repair.
+func (c *Catalog) rebuild(old *store) {
+	if old != nil {
+		c.persist.countBackground(old)
+		_ = old.close() // its error is the failure being repaired
 	}
 	s, err := c.writeFresh()
+	c.writer.Lock()
+	defer c.writer.Unlock()
+	dirty := c.writer.dirty
+	c.writer.dirty = nil
+	if err == nil {
+		if err = c.catchUpLocked(s, dirty); err != nil {
+			c.persist.countBackground(s)
+			err = errors.Join(err, s.close())
+		}
+	}
 	if err != nil {
 		c.persist.fail(err)
 		return
@@ -133,10 +160,42 @@ func (c *Catalog) rebuildLocked() {
 	c.persist.rebuilds.Add(1)
 }
 
+// catchUpLocked writes into s the current state of the keys changed while
+// s was being written from memory: the record of an entry on SSD, the
+// deletion of any other.
+func (c *Catalog) catchUpLocked(s *store, dirty map[pagekey.Key]struct{}) error {
+	b := s.newBatch()
+	var err error
+	for k := range dirty {
+		if e, ok := c.Get(k); ok && e.OnSSD {
+			err = b.set(e)
+		} else {
+			err = b.delete(k)
+		}
+		if err == nil && b.sets+b.dels >= rebuildBatch {
+			err = s.commit(b, true)
+			b.close()
+			b = s.newBatch()
+		}
+		if err != nil {
+			break
+		}
+	}
+	if err == nil && !b.empty() {
+		err = s.commit(b, true)
+	}
+	b.close()
+	if err != nil {
+		return fmt.Errorf("write catalog changes made during its rebuild: %w", err)
+	}
+	return nil
+}
+
 // writeFresh empties the catalog directory and opens a store there
-// holding the index's persistable entries.
+// holding the index's persistable entries. It runs without the writer
+// lock: no writer touches the store while c.store is nil.
 func (c *Catalog) writeFresh() (*store, error) {
-	if err := c.checkSpaceLocked(); err != nil {
+	if err := c.checkSpaceLocked(); err != nil { // reads only c.opts
 		return nil, err // writing on a full disk only fails again
 	}
 	if err := clearDir(c.opts.fs, c.opts.Dir); err != nil {
@@ -158,10 +217,14 @@ const rebuildBatch = 4096
 
 func (c *Catalog) copyIndexTo(s *store) error {
 	var err error
+	copied := 0
 	b := s.newBatch()
 	c.Range(func(e Entry) bool {
 		if !e.OnSSD {
 			return true
+		}
+		if copied++; c.onRepairCopy != nil {
+			c.onRepairCopy(copied)
 		}
 		if err = b.set(e); err == nil && b.sets >= rebuildBatch {
 			err = s.commit(b, true)

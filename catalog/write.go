@@ -89,6 +89,9 @@ func (c *Catalog) applyLocked(changes []change, force bool) error {
 	}
 	for i := range changes {
 		changes[i].added = c.apply(changes[i])
+		if c.writer.dirty != nil { // a rebuild runs: it writes this key again (health.go)
+			c.writer.dirty[changes[i].e.Key] = struct{}{}
+		}
 	}
 	if c.onChange != nil {
 		for _, ch := range changes {
