@@ -188,6 +188,10 @@ func (s *soak) plot(path string) error {
 		d := font.Drawer{Dst: img, Src: image.NewUniform(col), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
 		d.DrawString(str)
 	}
+	span := s.dur.Seconds() // a run goes on past its duration until its last fault
+	for _, sm := range s.samp {
+		span = max(span, sm.at.Seconds())
+	}
 	for i, r := range resources[:4] {
 		x0, y0 := (i%cols)*pw+60, (i/cols)*ph+30
 		w, h := pw-80, ph-70
@@ -214,9 +218,9 @@ func (s *soak) plot(path string) error {
 		text(x0-55, y0+8, fmt.Sprintf("%.4g", hi/scale), color.Black)
 		text(x0-55, y0+h, "0", color.Black)
 		text(x0, y0+h+15, "0", color.Black)
-		text(x0+w-60, y0+h+15, fmt.Sprintf("%.0f s", s.dur.Seconds()), color.Black)
+		text(x0+w-60, y0+h+15, fmt.Sprintf("%.0f s", span), color.Black)
 		px := func(sm sample) (int, int) {
-			return x0 + int(float64(w)*sm.at.Seconds()/s.dur.Seconds()), y0 + h - int(float64(h)*(sm.v[i]-lo)/(hi-lo))
+			return x0 + int(float64(w)*sm.at.Seconds()/span), y0 + h - int(float64(h)*(sm.v[i]-lo)/(hi-lo))
 		}
 		for pi, pr := range s.peers {
 			col := palette[pi%len(palette)]
