@@ -133,7 +133,9 @@ type Stats struct {
 // (Pebble corruption in any of its files) is moved aside, into
 // <Dir>/corrupt-<time>/, and replaced by an empty one, reported in Stats().Damage; a store that cannot be opened
 // for want of resources (a full disk, permissions) leaves the catalog in
-// memory only, reported by Health, until Repair succeeds. Either way the
+// memory only, reported by Health, until Repair succeeds, and so does a
+// directory whose former store this process abandoned while it still
+// closes (ErrAbandoned). Either way the
 // caller rebuilds the entries from the SSD tier (Adopt).
 func Open(opts Options) (*Catalog, error) {
 	if opts.ReserveBytes == 0 {
@@ -150,7 +152,7 @@ func Open(opts Options) (*Catalog, error) {
 		return nil, fmt.Errorf("create catalog dir: %w", err)
 	}
 	s, err := c.openAndRecover()
-	if err != nil && !isResourceError(err) {
+	if err != nil && !isResourceError(err) && !errors.Is(err, ErrAbandoned) {
 		c.reset()
 		c.damage.Reason = err.Error()
 		if c.damage.MovedAside, err = moveAside(opts.fs, opts.Dir); err == nil {
@@ -169,6 +171,9 @@ func Open(opts Options) (*Catalog, error) {
 // filesystem below the reserve is not opened: Pebble's open writes (a new
 // WAL, a flush of the replayed one) and would fail half way.
 func (c *Catalog) openAndRecover() (*store, error) {
+	if err := abandonedDir(c.opts.Dir); err != nil {
+		return nil, err // a live DB's files are neither read nor moved aside
+	}
 	if err := checkSpace(c.opts.fs, c.opts.Dir, c.opts.ReserveBytes); err != nil {
 		return nil, err
 	}

@@ -198,6 +198,9 @@ func (c *Catalog) writeFresh() (*store, error) {
 	if err := c.checkSpaceLocked(); err != nil { // reads only c.opts
 		return nil, err // writing on a full disk only fails again
 	}
+	if err := abandonedDir(c.opts.Dir); err != nil {
+		return nil, err // its files may still be the abandoned DB's
+	}
 	if err := clearDir(c.opts.fs, c.opts.Dir); err != nil {
 		return nil, err
 	}

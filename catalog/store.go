@@ -3,6 +3,8 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -24,6 +26,9 @@ type store struct {
 }
 
 func openStore(fs vfs.FS, dir string, noSync bool) (*store, error) {
+	if err := abandonedDir(dir); err != nil {
+		return nil, err
+	}
 	s := &store{dir: dir, fs: fs, wo: pebble.Sync, ev: newPebbleEvents()}
 	if noSync {
 		s.wo = pebble.NoSync
@@ -184,8 +189,68 @@ func (s *store) commit(b *batch, sync bool) error {
 func (b *batch) close() { _ = guarded(func() error { return b.b.Close() }) }
 
 // closeTimeout bounds Close of a failed store: Pebble may never finish
-// closing a DB whose background goroutine died in Fatalf.
-const closeTimeout = 5 * time.Second
+// closing a DB whose background goroutine died in Fatalf. A variable for
+// tests.
+var closeTimeout = 5 * time.Second
+
+// ErrAbandoned wraps the refusal to open or clear a catalog directory whose
+// former store this process abandoned: its Close did not finish within
+// closeTimeout, so that DB may still own (and write) the directory's files.
+// The directory is reused only once that Close has ended (issue 34, item
+// 6b); until then the catalog stays in memory only, unavailable.
+var ErrAbandoned = errors.New("a catalog store abandoned in this directory has not finished closing")
+
+// abandoned are the directories of stores whose Close timed out and is
+// still running, each with a channel closed when it ends.
+var abandoned struct {
+	sync.Mutex
+	dirs map[string]chan struct{}
+}
+
+// abandonedDir fails with ErrAbandoned while a store abandoned in dir has
+// not finished closing.
+func abandonedDir(dir string) error {
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	if _, ok := abandoned.dirs[filepath.Clean(dir)]; ok {
+		return fmt.Errorf("%w: %s (its Close took more than %v; the directory is reused once it ends, or after a restart)", ErrAbandoned, dir, closeTimeout)
+	}
+	return nil
+}
+
+// abandon records dir as held by a store whose Close runs on; the returned
+// func, called when that Close ends, releases it.
+func abandon(dir string) func() {
+	dir = filepath.Clean(dir)
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	if abandoned.dirs == nil {
+		abandoned.dirs = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	abandoned.dirs[dir] = ch
+	return func() {
+		abandoned.Lock()
+		defer abandoned.Unlock()
+		if abandoned.dirs[dir] == ch {
+			delete(abandoned.dirs, dir)
+		}
+		close(ch)
+	}
+}
+
+// abandonedDone returns a channel closed once no store abandoned in dir
+// is still closing (for tests).
+func abandonedDone(dir string) <-chan struct{} {
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	if ch, ok := abandoned.dirs[filepath.Clean(dir)]; ok {
+		return ch
+	}
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
 
 func (s *store) close() error {
 	done := make(chan error, 1)
@@ -194,6 +259,8 @@ func (s *store) close() error {
 	case err := <-done:
 		return err
 	case <-time.After(closeTimeout):
-		return fmt.Errorf("close catalog store %s: not done after %v; abandoned", s.dir, closeTimeout)
+		release := abandon(s.dir)
+		go func() { <-done; release() }()
+		return fmt.Errorf("close catalog store %s: not done after %v; abandoned: %w", s.dir, closeTimeout, ErrAbandoned)
 	}
 }
