@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/orbitkv/orbitkv/catalog"
@@ -394,7 +395,10 @@ func (s *Store) freeSSD(loc ssd.Loc) {
 
 // Evict drops unpinned copies from one tier: the given keys, or every page
 // when keys is empty. A DRAM copy not held on SSD is demoted first (when
-// the SSD tier exists) so eviction from DRAM loses nothing.
+// the SSD tier exists) so eviction from DRAM loses nothing. An SSD copy's
+// slot header is invalidated on disk before the catalog forgets it, so the
+// page does not come back after a restart (LRU eviction for room does not:
+// such a page may come back until its slot is reused).
 func (s *Store) Evict(ctx context.Context, tier catalog.Tier, keys []pagekey.Key) (int, error) {
 	if len(keys) == 0 {
 		s.cat.Range(func(e catalog.Entry) bool { keys = append(keys, e.Key); return true })
@@ -437,6 +441,13 @@ func (s *Store) evictOne(ctx context.Context, tier catalog.Tier, k pagekey.Key) 
 		}
 		return s.dropDRAMLocked(e), nil
 	case tier == catalog.TierSSD && e.OnSSD && !s.mu.ssd.Pinned(k):
+		// An eviction asked for must outlive a restart: the slot's header
+		// goes before the catalog forgets it, or the next start's scan
+		// finds the page whole and adopts it again (issue 34, item 6d).
+		// Unpinned under s.mu, so no read of the slot is in flight.
+		if err := s.ssd.Invalidate([]ssd.Loc{ssdLoc(e.SSD)}); err != nil {
+			return false, fmt.Errorf("evict page %s from ssd: %w", k, err)
+		}
 		return true, s.dropSSDLocked([]pagekey.Key{k})
 	}
 	return false, nil
