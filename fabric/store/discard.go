@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -34,40 +35,168 @@ func (s *Store) FitSSDTier(sc *SSDScan) error {
 		return err
 	}
 	out := s.pagesOutsideSSD(sc)
+	pending := s.discardPending()
+	discard := s.opts.SSDDiscard || pending
 	switch {
 	case len(out.keys) == 0 && len(stray) == 0:
-		return nil
-	case !s.opts.SSDDiscard && len(out.keys) > 0:
+		if pending && s.ssd != nil { // a discard that got this far before a crash: finish it
+			if err := s.ssd.Trim(); err != nil {
+				return fmt.Errorf("discard ssd file tails: %w", err)
+			}
+		}
+		return s.endDiscard()
+	case !discard && len(out.keys) > 0:
 		return fmt.Errorf("%w: %d pages (%d bytes) are stored in %s beyond the configured SSD tier (--ssd-bytes %v, --ssd-file-bytes %v): "+
 			"restart with the sizes they were written under to keep them, or with --ssd-discard to drop them and remove their files",
 			ErrWouldDiscard, len(out.keys), out.bytes, dir, s.opts.SSDBytes, s.opts.SSDFileBytes)
-	case !s.opts.SSDDiscard:
+	case !discard:
 		s.log.Warn().Strs("files", stray).Msg("ssd page files beyond the configured tier hold no current pages; left in place (--ssd-discard removes them)")
 		return nil
+	}
+	if pending && !s.opts.SSDDiscard {
+		s.log.Warn().Msg("--ssd-discard: finishing the discard an earlier start began (its marker is in the ssd dir)")
 	}
 	sc.forget(out.keys)
 	return s.discardSSD(out, stray)
 }
 
+// A discard changes three things in turn: the catalog, the page files
+// beyond the tier, the tails of the kept files. A crash between them
+// (issue 34, item 6c) left a catalog that had forgotten pages whose files
+// were still there (a start without --ssd-discard then refused), or, with
+// a catalog that could not persist the deletions, one still naming pages
+// whose files were gone (refused again, naming pages no size could bring
+// back). So the decision is made durable first: discardMarkerName in the
+// ssd dir records the tier sizes the discard is for; a start that finds it
+// under the same sizes discards as if --ssd-discard were given, and it is
+// removed only once the catalog persisted the deletions (or a start finds
+// nothing left to discard). Every step is idempotent, so a crash at any
+// point leads to a start that finishes the discard.
+
+// discardMarkerName is the file, in the ssd dir, saying a discard began.
+const discardMarkerName = "orbitkv-discard"
+
+const discardMarkerFormat = "orbitkv ssd discard v1\nssd_bytes %d\nssd_file_bytes %d\n"
+
+func (s *Store) discardMarkerBody() string {
+	return fmt.Sprintf(discardMarkerFormat, uint64(s.opts.SSDBytes), uint64(s.opts.SSDFileBytes))
+}
+
+// discardPending reports a marker of a discard for the configured sizes.
+// A marker for other sizes is not followed: under them the operator
+// decides again.
+func (s *Store) discardPending() bool {
+	b, err := os.ReadFile(filepath.Join(s.opts.SSDDir, discardMarkerName))
+	return err == nil && string(b) == s.discardMarkerBody()
+}
+
+// beginDiscard writes the marker durably: a temporary file synced, renamed
+// into place, the directory synced.
+func (s *Store) beginDiscard() error {
+	dir := s.opts.SSDDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("discard marker: %w", err)
+	}
+	tmp := filepath.Join(dir, discardMarkerName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("discard marker: %w", err)
+	}
+	_, err = f.WriteString(s.discardMarkerBody())
+	err = errors.Join(err, f.Sync(), f.Close())
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, discardMarkerName))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("discard marker: %w", err)
+	}
+	return nil
+}
+
+// endDiscard removes the marker, if there is one, durably.
+func (s *Store) endDiscard() error {
+	err := os.Remove(filepath.Join(s.opts.SSDDir, discardMarkerName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		err = syncDir(s.opts.SSDDir)
+	}
+	if err != nil {
+		return fmt.Errorf("remove the discard marker: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
+
+// testDiscardCrashEnv names a test-only hook: set to a step's name
+// (marker, catalog, file, files, trim), a discard stops with an error
+// right after that step, leaving the disk as a crash there would.
+const testDiscardCrashEnv = "ORBITKV_TEST_DISCARD_CRASH"
+
+func discardCrash(step string) error {
+	if os.Getenv(testDiscardCrashEnv) == step {
+		return fmt.Errorf("%s=%s: discard stopped after that step", testDiscardCrashEnv, step)
+	}
+	return nil
+}
+
 // discardSSD drops the outside pages from the catalog, then removes the
 // stray files and trims the kept ones: the catalog never names a slot whose
-// bytes are gone.
+// bytes are gone. The marker is written first and removed last.
 func (s *Store) discardSSD(out outsidePages, stray []string) error {
+	if err := s.beginDiscard(); err != nil {
+		return err
+	}
+	if err := discardCrash("marker"); err != nil {
+		return err
+	}
 	if len(out.catalogued) > 0 {
 		if err := s.cat.Delete(out.catalogued...); err != nil {
 			return fmt.Errorf("discard %d ssd pages: %w", len(out.keys), err)
 		}
 	}
+	if err := discardCrash("catalog"); err != nil {
+		return err
+	}
 	for _, f := range stray {
-		if err := os.Remove(f); err != nil {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("discard ssd file: %w", err)
 		}
+		if err := discardCrash("file"); err != nil {
+			return err
+		}
+	}
+	if err := discardCrash("files"); err != nil {
+		return err
 	}
 	if s.ssd != nil {
 		if err := s.ssd.Trim(); err != nil {
 			return fmt.Errorf("discard ssd file tails: %w", err)
 		}
-	} else {
+	}
+	if err := discardCrash("trim"); err != nil {
+		return err
+	}
+	// The marker stays while the catalog cannot persist the deletions: a
+	// crash before Repair would leave it naming the pages given up.
+	if s.cat.Health() == nil {
+		if err := s.endDiscard(); err != nil {
+			return err
+		}
+	}
+	if s.ssd == nil {
 		_ = os.Remove(s.opts.SSDDir) // only if empty
 	}
 	s.log.Warn().Int("discarded_pages", len(out.keys)).Strs("removed_files", stray).
