@@ -151,3 +151,43 @@ func TestReopenAfterAbandonedClose(t *testing.T) {
 	}
 	assertReopens(t, c2, dir, fs, []int{1, 2})
 }
+
+// TestFailedCommitDoesNotWaitForClose (issue 34, item 6a): a commit that
+// finds its store failed lets it go; the writer (a save, under the fabric
+// store's lock) must not wait for Pebble's Close, which may hang up to
+// closeTimeout or for good. The directory is reused once that Close ends.
+func TestFailedCommitDoesNotWaitForClose(t *testing.T) {
+	stuck, fs := newStuckFS(t)
+	closeTimeout = time.Hour // a writer waiting on the Close never returns here
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir, fs: fs})
+	if err := c.Put(ssdEntry(1)); err != nil {
+		t.Fatal(err)
+	}
+	c.store.ev.listener().DataCorruption(pebble.DataCorruptionInfo{Path: "test", Details: errors.New("injected")})
+	stuck.armed.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- c.Put(ssdEntry(2)) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Put on a store reported corrupt: %v, want ErrUnavailable", err)
+		}
+	case <-time.After(repairGuard):
+		releaseStuck(t, stuck, dir)
+		<-done
+		t.Fatal("a failed commit waited for the store's Close")
+	}
+	closeTimeout = 50 * time.Millisecond // how long Repair waits for it
+	if err := c.Repair(); !errors.Is(err, ErrAbandoned) {
+		t.Fatalf("Repair while the dropped store still closes: %v, want ErrAbandoned", err)
+	}
+	releaseStuck(t, stuck, dir)
+	if err := c.Repair(); err != nil {
+		t.Fatalf("Repair once the dropped store closed: %v", err)
+	}
+	if err := c.Put(ssdEntry(2)); err != nil {
+		t.Fatal(err)
+	}
+	assertReopens(t, c, dir, fs, []int{1, 2})
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -276,6 +277,15 @@ func (c *Catalog) Close() error {
 	if c.store != nil {
 		c.persist.countBackground(c.store)
 		return c.store.close()
+	}
+	if c.opts.Dir != "" { // a store dropped in the background may still close
+		select {
+		case <-abandonedDone(c.opts.Dir):
+		case <-time.After(closeTimeout):
+			if err := abandonedDir(c.opts.Dir); err != nil {
+				return fmt.Errorf("close catalog: %w", err)
+			}
+		}
 	}
 	return nil
 }

@@ -139,6 +139,10 @@ func (c *Catalog) rebuild(old *store) {
 		c.persist.countBackground(old)
 		_ = old.close() // its error is the failure being repaired
 	}
+	select { // a store a failed commit let go may still be closing
+	case <-abandonedDone(c.opts.Dir):
+	case <-time.After(closeTimeout):
+	}
 	s, err := c.writeFresh()
 	c.writer.Lock()
 	defer c.writer.Unlock()

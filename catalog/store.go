@@ -213,7 +213,7 @@ func abandonedDir(dir string) error {
 	abandoned.Lock()
 	defer abandoned.Unlock()
 	if _, ok := abandoned.dirs[filepath.Clean(dir)]; ok {
-		return fmt.Errorf("%w: %s (its Close took more than %v; the directory is reused once it ends, or after a restart)", ErrAbandoned, dir, closeTimeout)
+		return fmt.Errorf("%w: %s (the directory is reused once that Close ends, or after a restart)", ErrAbandoned, dir)
 	}
 	return nil
 }
@@ -240,7 +240,7 @@ func abandon(dir string) func() {
 }
 
 // abandonedDone returns a channel closed once no store abandoned in dir
-// is still closing (for tests).
+// is still closing.
 func abandonedDone(dir string) <-chan struct{} {
 	abandoned.Lock()
 	defer abandoned.Unlock()
@@ -250,6 +250,17 @@ func abandonedDone(dir string) <-chan struct{} {
 	ch := make(chan struct{})
 	close(ch)
 	return ch
+}
+
+// closeInBackground closes s on its own goroutine, its directory counted
+// as abandoned (not reused) until the Close ends: a failed store is let go
+// without its writer waiting up to closeTimeout for Pebble.
+func (s *store) closeInBackground() {
+	release := abandon(s.dir)
+	go func() {
+		_ = errors.Join(guarded(s.db.Close), s.lock.Close()) // the failure was reported already
+		release()
+	}()
 }
 
 func (s *store) close() error {

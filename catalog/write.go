@@ -180,11 +180,14 @@ func (c *Catalog) persistLocked(changes []change, force bool) error {
 
 // dropStoreLocked lets a store that failed go: Pebble's commit pipeline
 // does not recover from a failed write, so the store is closed and the
-// catalog is failed until Repair.
+// catalog is failed until Repair. The close runs in the background: the
+// writer (a save, under the fabric store's lock) does not wait for it;
+// Repair reuses the directory once it ended (ErrAbandoned until then), and
+// Close waits for it up to closeTimeout.
 func (c *Catalog) dropStoreLocked(cause error) {
 	c.persist.fail(cause)
 	c.persist.countBackground(c.store)
-	_ = c.store.close()
+	c.store.closeInBackground()
 	c.store = nil
 }
 
