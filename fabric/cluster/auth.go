@@ -142,6 +142,7 @@ type auth struct {
 	signer crypto.Signer
 	fpr    [32]byte
 	now    func() time.Time
+	fault  func(f *certFetch) error // tests: a fetch fails with what this returns (nil: no fault)
 
 	mu       sync.Mutex
 	good     map[[32]byte]certEntry
@@ -267,6 +268,11 @@ func (a *auth) start(f *certFetch, done func(f *certFetch, err error)) {
 // handshake (the client config refuses a chain not leading to the CA) and
 // checks it is the one the proof names and valid now.
 func (a *auth) fetch(f *certFetch) (certEntry, error) {
+	if a.fault != nil {
+		if err := a.fault(f); err != nil {
+			return certEntry{}, fmt.Errorf("certificate from %s: %w", f.peerAddr, err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(a.ctx, certFetchTimeout)
 	defer cancel()
 	d := tls.Dialer{Config: a.client.Clone()}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -385,4 +386,44 @@ func TestProofBindsIdentity(t *testing.T) {
 	if _, err := a.verifyChain([]*x509.Certificate{oc}, sha256.Sum256(oc.Raw)); !errors.As(err, &uae) {
 		t.Fatalf("another CA's certificate: %v", err)
 	}
+}
+
+// TestMembershipHealsAFailedCertificateFetch: the seed's fetch of a joiner's
+// certificate fails, and the joiner verifies the seed and pulls its state
+// only once the seed holds the failure (so the seed refuses that push/pull).
+// The joiner still takes the seed's state from it and keeps the seed in its
+// view, so once the seed's hold on the failed certificate ends (its clock
+// moved past certRetryAfter) both see each other: one failed fetch does not
+// split a two-member cluster for good.
+func TestMembershipHealsAFailedCertificateFetch(t *testing.T) {
+	key := gossipKeyFile(t)
+	ca := newCA(t, "cluster")
+	var skew atomic.Int64
+	failed := make(chan struct{})
+	var once sync.Once
+	seed := startMember(t, "s1", issueCreds(t, ca, ca.CertPEM, "s1", time.Hour, key), "", func(c *Cluster) {
+		c.auth.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+		c.auth.fault = func(*certFetch) error {
+			err := errors.New("injected: the first fetch fails")
+			once.Do(func() { close(failed) })
+			if skew.Load() == 0 {
+				return err
+			}
+			return nil
+		}
+	})
+	joiner := startMember(t, "j1", issueCreds(t, ca, ca.CertPEM, "j1", time.Hour, key), seed.GossipAddr(), func(c *Cluster) {
+		c.auth.fault = func(*certFetch) error { // verify the seed only once it holds our failed certificate
+			<-failed
+			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if refusals(t, seed, rejectUntrusted) >= 1 {
+					break
+				}
+			}
+			return nil
+		}
+	})
+	waitUntil(t, "the seed to refuse the joiner's certificate", func() bool { return refusals(t, seed, rejectUntrusted) >= 1 }, nil)
+	skew.Store(int64(certRetryAfter + time.Second)) // the seed's hold on the failed certificate ends
+	waitUntil(t, "seed and joiner seeing each other", converged([]*Cluster{seed, joiner}), nil)
 }
