@@ -18,13 +18,8 @@ import (
 // rebuilt from its header. Before the fix the forged page loaded OK with
 // the forged bytes.
 func TestForgedSSDSlotDroppedAtStart(t *testing.T) {
-	cfg := smallConfig(t.TempDir())
-	tp := startPeer(t, cfg)
-	e := tp.engine(tinyFlash)
-	keys := randKeys(4)
-	want := pagesOf(e, refs(keys, 0, 4))
-	ents := ssdOnly(t, tp, e, keys)
-	tp.shutdown()
+	s := stoppedWithSSDPages(t, 4)
+	cfg, tp, _, keys, want, ents := s.cfg, s.tp, s.e, s.keys, s.want, s.ents
 
 	rewriteSlot(t, tp, ents[1].SSD)
 	deleteCatalogEntry(t, cfg, ents[2])

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/orbitkv/orbitkv/catalog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,13 +98,8 @@ func scannedBytes(line map[string]any) uint64 {
 // slot of the region in use and one for the unused region, no page data.
 // Before the fix both starts read the whole 128 MiB tier.
 func TestCleanRestartReadsNoPageFile(t *testing.T) {
-	cfg := smallConfig(t.TempDir())
-	tp := startPeer(t, cfg)
-	e := tp.engine(tinyFlash)
-	keys := randKeys(4)
-	want := pagesOf(e, refs(keys, 0, 4))
-	ents := ssdOnly(t, tp, e, keys)
-	tp.shutdown()
+	s := stoppedWithSSDPages(t, 4)
+	cfg, _, _, keys, want, ents := s.cfg, s.tp, s.e, s.keys, s.want, s.ents
 
 	tp2, line, dataRead := startCounted(t, cfg)
 	if n := scannedBytes(line); n != 0 || dataRead != 0 {
@@ -186,13 +182,8 @@ func TestMissingPageFile000StillScans(t *testing.T) {
 func TestUncleanRestartKeepsAckedDropsForgedAndTorn(t *testing.T) {
 	for _, unclean := range []bool{true, false} {
 		t.Run(map[bool]string{true: "no marker", false: "catalog changed since the marker"}[unclean], func(t *testing.T) {
-			cfg := smallConfig(t.TempDir())
-			tp := startPeer(t, cfg)
-			e := tp.engine(tinyFlash)
-			keys := randKeys(5)
-			want := pagesOf(e, refs(keys, 0, 4))
-			ents := ssdOnly(t, tp, e, keys)
-			tp.shutdown()
+			s := stoppedWithSSDPages(t, 5)
+			cfg, tp, _, keys, want, ents := s.cfg, s.tp, s.e, s.keys, s.want, s.ents
 			if unclean {
 				if err := os.Remove(filepath.Join(cfg.DataDir, cleanMarkerName)); err != nil {
 					t.Fatal(err)
@@ -239,4 +230,29 @@ func TestUncleanRestartKeepsAckedDropsForgedAndTorn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ssdSetup is what stoppedWithSSDPages made.
+type ssdSetup struct {
+	cfg  Config
+	tp   *testPeer
+	e    *engine
+	keys [][]byte
+	want [][]byte
+	ents []catalog.Entry
+}
+
+// stoppedWithSSDPages starts a small peer, saves n pages and moves them to
+// the SSD tier only, then stops it cleanly: the set-up of the start-up
+// recovery tests. want holds the first four pages' bytes.
+func stoppedWithSSDPages(t *testing.T, n int) ssdSetup {
+	t.Helper()
+	s := ssdSetup{cfg: smallConfig(t.TempDir())}
+	s.tp = startPeer(t, s.cfg)
+	s.e = s.tp.engine(tinyFlash)
+	s.keys = randKeys(n)
+	s.want = pagesOf(s.e, refs(s.keys, 0, 4))
+	s.ents = ssdOnly(t, s.tp, s.e, s.keys)
+	s.tp.shutdown()
+	return s
 }
