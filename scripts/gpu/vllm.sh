@@ -166,7 +166,8 @@ bench() { # CFG NAME BENCH-ARGS...
 		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_phase_seconds_total" |
 		sed "s/^/[$name peer] /" | tee -a "$S"
 	# the connector's restore-gate counters, from vLLM's periodic "KV Transfer metrics" lines
-	orbitkv_cfg "$cfg" && grep -o "KV Transfer metrics: .*" "$O/vllm.log" | tail -3 | sed "s/^/[$name gate] /" | tee -a "$S"
+	# (and vLLM's own offloading's transfer counters, from the same lines)
+	{ orbitkv_cfg "$cfg" || [ "$cfg" = offload ]; } && grep -o "KV Transfer metrics: .*" "$O/vllm.log" | tail -3 | sed "s/^/[$name kv] /" | tee -a "$S"
 	return 0
 }
 
