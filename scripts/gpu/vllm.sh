@@ -167,7 +167,7 @@ bench() { # CFG NAME BENCH-ARGS...
 		sed "s/^/[$name peer] /" | tee -a "$S"
 	# the connector's restore-gate counters, from vLLM's periodic "KV Transfer metrics" lines
 	# (and vLLM's own offloading's transfer counters, from the same lines)
-	{ orbitkv_cfg "$cfg" || [ "$cfg" = offload ]; } && grep -o "KV Transfer metrics: .*" "$O/vllm.log" | tail -3 | sed "s/^/[$name kv] /" | tee -a "$S"
+	{ orbitkv_cfg "$cfg" || [ "$cfg" = offload ]; } && awk '/^=== /{n=NR} {l[NR]=$0} END{for(i=n;i<=NR;i++) print l[i]}' "$O/vllm.log" | grep -o "KV Transfer metrics: .*" | tail -3 | sed "s/^/[$name kv] /" | tee -a "$S"
 	return 0
 }
 
