@@ -96,7 +96,7 @@ func (p *Peer) logRecovery(rep store.RecoverReport, why string) {
 	}
 	ev = ev.Str("scan", rep.Mode.String()).Str("scan_reason", why)
 	if rep.Scanned {
-		ev = ev.Uint64("scanned_bytes", rep.Scan.BytesRead).Int("torn_slots", rep.Scan.Torn+rep.Unverifiable).Int("verified_pages", rep.Verified)
+		ev = ev.Uint64("scanned_bytes", rep.Scan.BytesRead).Uint64("generation_limit", rep.GenLimit).Int("torn_slots", rep.Scan.Torn+rep.Unverifiable).Int("verified_pages", rep.Verified)
 	}
 	ev.Int("pages", rep.Kept+rep.Rebuilt).Int("rebuilt", rep.Rebuilt).Int("dropped", rep.Dropped).
 		Int("contradicting_slots", len(rep.Contradicting)).Int("corrupt_records", st.CorruptRecords).Msg("recovered ssd pages")
@@ -114,11 +114,17 @@ const contradictingLogged = 10
 // contradict the catalog entry naming them (store.ContradictingSlot).
 func (p *Peer) logContradicting(bad []store.ContradictingSlot) {
 	for _, c := range bad[:min(len(bad), contradictingLogged)] {
-		e, h := c.Entry, c.Found.Header
-		p.log.Error().Str("key", e.Key.String()).Uint32("file", e.SSD.File).Uint64("offset", e.SSD.Offset).
-			Uint64("generation", e.Generation).Uint32("checksum", e.Checksum).
-			Str("slot_key", h.Key.String()).Uint64("slot_generation", h.Generation).Uint32("slot_checksum", h.Checksum).
-			Msg("ssd slot contradicts the catalog entry naming it: page dropped, not adopted")
+		e, h, l := c.Entry, c.Found.Header, c.Found.Loc
+		ev := p.log.Error().Uint32("file", l.File).Uint64("offset", l.Offset).
+			Str("slot_key", h.Key.String()).Uint64("slot_generation", h.Generation).Uint32("slot_checksum", h.Checksum)
+		if e.OnSSD {
+			ev = ev.Str("key", e.Key.String()).Uint64("generation", e.Generation).Uint32("checksum", e.Checksum)
+		}
+		if c.AboveLimit {
+			ev.Msg("ssd slot's generation is above any this peer handed out: slot dropped, not adopted")
+			continue
+		}
+		ev.Msg("ssd slot contradicts the catalog entry naming it: page dropped, not adopted")
 	}
 	if len(bad) > contradictingLogged {
 		p.log.Error().Int("not_logged", len(bad)-contradictingLogged).Msg("more ssd slots contradict the catalog: pages dropped")
@@ -150,7 +156,8 @@ func newRecoveryMetrics(reg *prometheus.Registry, cat *catalog.Catalog) *recover
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "dropped_pages_total",
 			Help: "Catalog entries dropped at start because the page files do not hold their page whole."}),
 		contradicting: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "contradicting_slots_total",
-			Help: "SSD slots found whole at start whose header contradicts the catalog entry naming the slot (another key, layout, length or checksum at no newer generation): dropped, never adopted."}),
+			Help: "SSD slots found whole at start whose header contradicts the catalog entry naming the slot (another key, layout, length or checksum at no newer generation), " +
+				"or carries a generation above any the peer handed out (its generation limit): dropped, never adopted."}),
 	}
 	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "catalog", Name: "healthy",
 		Help: "1 when the catalog persists commits; 0 while its filesystem is full or its store failed (saves to SSD fail)."},

@@ -132,14 +132,6 @@ func (s *Store) endDiscard() error {
 	return nil
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
-}
-
 // testDiscardCrashEnv names a test-only hook: set to a step's name
 // (marker, catalog, file, files, trim), a discard stops with an error
 // right after that step, leaving the disk as a crash there would.

@@ -21,7 +21,8 @@ import (
 // record of what was acknowledged: headers rebuild only what it lost (keys
 // it does not name, newer generations whose commit it lost), and a slot
 // that contradicts the entry naming it is dropped, never adopted
-// (contradicting).
+// (contradicting), as is one whose generation is above any the store can
+// have handed out (genlimit.go).
 //
 // How much is read is the caller's ScanMode (fabric decides: its
 // clean-shutdown marker): nothing after a clean stop, header blocks only
@@ -36,7 +37,8 @@ type RecoverReport struct {
 	Rebuilt int // pages taken from the page files that the catalog did not name right
 	Dropped int // catalog entries whose page the files do not hold
 	// Contradicting are the slots whose header contradicts the catalog
-	// entry naming the slot (Found.Loc, the entry's key): dropped.
+	// entry naming the slot (Found.Loc, the entry's key) or carries a
+	// generation above GenLimit: dropped.
 	Contradicting []ContradictingSlot
 	Scan          ssd.ScanStats
 	Scanned       bool
@@ -45,6 +47,9 @@ type RecoverReport struct {
 	// headers-only scan read before adopting them; Unverifiable those it
 	// gave up (torn, or not the page their header says).
 	Verified, Unverifiable int
+	// GenLimit is the generation limit the headers were checked against
+	// (genlimit.go); 0 when none was recorded.
+	GenLimit uint64
 }
 
 // ScanMode is how a start checks the catalog against the page files.
@@ -79,9 +84,13 @@ func (m ScanMode) String() string {
 
 // ContradictingSlot is a slot whose header contradicts the catalog entry
 // naming it: Entry is the catalog's record, Found what the slot holds.
+// AboveLimit: the header's generation is above the generation limit, so
+// no save of this store wrote it; Entry is then zero when no entry names
+// the slot.
 type ContradictingSlot struct {
-	Entry catalog.Entry
-	Found ssd.Found
+	Entry      catalog.Entry
+	Found      ssd.Found
+	AboveLimit bool
 }
 
 // recoverChoice is one key's candidates, best first; vouched says the
@@ -179,8 +188,10 @@ func matches(e, f catalog.Entry) bool {
 // generation, and made durable before the catalog names it, so no crash
 // leaves such a header: it is damage or a forgery, and the catalog, the
 // record of what was acknowledged, wins. A newer generation there is the
-// slot's reuse by a save whose commit the catalog lost.
-func contradicting(entries []catalog.Entry, found []ssd.Found) ([]ssd.Found, []ContradictingSlot) {
+// slot's reuse by a save whose commit the catalog lost, if it is within
+// limit (0: none recorded); any slot above limit is nobody's save
+// (genlimit.go) unless it is exactly the entry naming it.
+func contradicting(entries []catalog.Entry, found []ssd.Found, limit uint64) ([]ssd.Found, []ContradictingSlot) {
 	type slotAt struct {
 		file   uint32
 		offset uint64
@@ -195,14 +206,24 @@ func contradicting(entries []catalog.Entry, found []ssd.Found) ([]ssd.Found, []C
 	var bad []ContradictingSlot
 	for _, f := range found {
 		e, ok := named[slotAt{f.Loc.File, f.Loc.Offset}]
-		if !ok || f.Header.Generation > e.Generation || matches(e, entryOfFound(f)) {
-			usable = append(usable, f)
+		above := aboveLimit(f, limit)
+		switch {
+		case ok && matches(e, entryOfFound(f)):
+		case above:
+			bad = append(bad, ContradictingSlot{Entry: e, Found: f, AboveLimit: true})
+			continue
+		case ok && f.Header.Generation <= e.Generation:
+			bad = append(bad, ContradictingSlot{Entry: e, Found: f})
 			continue
 		}
-		bad = append(bad, ContradictingSlot{Entry: e, Found: f})
+		usable = append(usable, f)
 	}
 	return usable, bad
 }
+
+// aboveLimit reports whether f's generation is above limit (0: none
+// recorded, nothing is).
+func aboveLimit(f ssd.Found, limit uint64) bool { return limit > 0 && f.Header.Generation > limit }
 
 func entryOfFound(f ssd.Found) catalog.Entry {
 	h := f.Header
@@ -216,6 +237,7 @@ func entryOfFound(f ssd.Found) catalog.Entry {
 type SSDScan struct {
 	scanned bool // the tier's files were read; else the catalog is trusted
 	mode    ScanMode
+	limit   uint64 // the recorded generation limit (genlimit.go); 0: none
 	stats   ssd.ScanStats
 	found   []ssd.Found // inside the tier
 	beyond  []ssd.Found // outside it: past a file's size, in files it does not use
@@ -227,6 +249,7 @@ type SSDScan struct {
 // not given up unseen (only files reaching past the tier are read).
 func (s *Store) ScanSSD(dir string, mode ScanMode) (SSDScan, error) {
 	sc := SSDScan{mode: mode}
+	sc.limit, _ = readGenLimit(dir)
 	if s.ssd == nil {
 		sc.mode = ScanNone
 	}
@@ -274,17 +297,12 @@ func (sc *SSDScan) forget(keys []pagekey.Key) {
 // next candidate. Pages beyond the tier are not recovery's: fitSSDTier
 // ruled on them first.
 func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
-	rep := RecoverReport{Scan: sc.stats, Scanned: sc.scanned, Mode: sc.mode}
+	rep := RecoverReport{Scan: sc.stats, Scanned: sc.scanned, Mode: sc.mode, GenLimit: sc.limit}
 	var entries []catalog.Entry
 	s.cat.Range(func(e catalog.Entry) bool { entries = append(entries, e); return true })
-	found, bad := contradicting(entries, sc.found)
+	found, bad := contradicting(entries, sc.found, sc.limit)
 	rep.Contradicting = bad
-	for _, e := range entries {
-		s.mu.gen = max(s.mu.gen, e.Generation)
-	}
-	for _, f := range append(slices.Clip(sc.found), sc.beyond...) {
-		s.mu.gen = max(s.mu.gen, f.Header.Generation) // never reuse a generation a slot carries, left beyond the tier too
-	}
+	s.mu.gen, s.mu.genLimit = newestGen(entries, append(slices.Clip(sc.found), sc.beyond...), sc.limit), sc.limit
 	var adopt, kept []catalog.Entry
 	var drop []pagekey.Key
 	for _, ch := range reconcile(entries, found, rep.Scanned) {
@@ -314,6 +332,22 @@ func (s *Store) Recover(sc SSDScan) (RecoverReport, error) {
 	}
 	s.UpdateGauges()
 	return rep, nil
+}
+
+// newestGen is the newest generation a start must never hand out again:
+// the catalog's, and every slot's within limit, left beyond the tier too
+// (one above it is nobody's and must not push the generations there).
+func newestGen(entries []catalog.Entry, found []ssd.Found, limit uint64) uint64 {
+	var gen uint64
+	for _, e := range entries {
+		gen = max(gen, e.Generation)
+	}
+	for _, f := range found {
+		if !aboveLimit(f, limit) {
+			gen = max(gen, f.Header.Generation)
+		}
+	}
+	return gen
 }
 
 // reserveFirst reserves the first candidate whose slot the SSD tier takes.

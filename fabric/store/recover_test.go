@@ -1,6 +1,8 @@
 package store
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/orbitkv/orbitkv/catalog"
@@ -89,12 +91,77 @@ func TestContradicting(t *testing.T) {
 		at(4, 8, 8, 24576), // key 4's own page
 		at(6, 1, 1, 32768), // a slot the catalog does not name
 	}
-	usable, bad := contradicting(entries, found)
+	usable, bad := contradicting(entries, found, 0)
 	if len(bad) != 2 || bad[0].Found != found[0] || bad[0].Entry.Key != (pagekey.Key{1}) ||
 		bad[1].Found != found[1] || bad[1].Entry.Key != (pagekey.Key{2}) {
 		t.Fatalf("contradicting slots %+v, want the first two found with their entries", bad)
 	}
 	if len(usable) != 3 || usable[0] != found[2] || usable[1] != found[3] || usable[2] != found[4] {
 		t.Fatalf("usable %+v, want the last three found", usable)
+	}
+}
+
+// TestContradictingAboveLimit: with a generation limit recorded, a slot
+// above it is nobody's save and is set aside, named or not, newer than its
+// entry or not; only the exact entry naming the slot is kept above it (a
+// save whose limit could not be recorded, vouched for by its record).
+// Such slots never push the generations a start hands out.
+func TestContradictingAboveLimit(t *testing.T) {
+	at := func(k byte, gen, off uint64) ssd.Found {
+		return ssd.Found{Loc: ssd.Loc{Offset: off, Bytes: 8192},
+			Header: page.Header{Key: pagekey.Key{k}, Length: 4096, Checksum: uint32(gen), Generation: gen}}
+	}
+	const limit = 100
+	entries := []catalog.Entry{entryOfFound(at(1, 5, 0)), entryOfFound(at(2, 150, 8192))}
+	found := []ssd.Found{
+		at(1, 1<<40, 0),   // newer than its entry, above the limit: forged
+		at(2, 150, 8192),  // exactly its entry, above the limit: vouched
+		at(3, 101, 16384), // no entry, above the limit: forged
+		at(4, 100, 24576), // no entry, within the limit: a lost commit
+	}
+	usable, bad := contradicting(entries, found, limit)
+	if len(bad) != 2 || bad[0].Found != found[0] || !bad[0].AboveLimit || bad[0].Entry.Key != (pagekey.Key{1}) ||
+		bad[1].Found != found[2] || !bad[1].AboveLimit || bad[1].Entry.OnSSD {
+		t.Fatalf("set aside %+v, want the first and third found, above the limit", bad)
+	}
+	if len(usable) != 2 || usable[0] != found[1] || usable[1] != found[3] {
+		t.Fatalf("usable %+v, want the second and fourth found", usable)
+	}
+	if _, bad := contradicting(entries, found, 0); len(bad) != 0 {
+		t.Fatalf("without a limit recorded set aside %+v, want none", bad)
+	}
+	if g := newestGen(entries, found, limit); g != 150 {
+		t.Fatalf("newest generation %d, want 150 (the catalog's; no slot above the limit)", g)
+	}
+}
+
+// TestGenLimitCoversHandedOut: the limit on disk is at or above every
+// generation handed out, raised a block at a time; a file that does not
+// read back whole is no limit.
+func TestGenLimitCoversHandedOut(t *testing.T) {
+	s := testStore(t, 64<<20)
+	if _, ok := readGenLimit(s.opts.SSDDir); ok {
+		t.Fatal("a limit before any generation was handed out")
+	}
+	for range genBlock + 2 {
+		g := s.nextGen()
+		if l, ok := readGenLimit(s.opts.SSDDir); !ok || l < g {
+			t.Fatalf("generation %d handed out with the limit %d (%v) on disk", g, l, ok)
+		}
+	}
+	if l, _ := readGenLimit(s.opts.SSDDir); l != 2*genBlock+2 {
+		t.Fatalf("limit %d, want %d: raised when generation %d passed the first", l, 2*genBlock+2, genBlock+2)
+	}
+	path := filepath.Join(s.opts.SSDDir, genLimitName)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-3] ^= 1
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if l, ok := readGenLimit(s.opts.SSDDir); ok {
+		t.Fatalf("damaged limit file read as %d", l)
 	}
 }

@@ -80,6 +80,10 @@ type Store struct {
 		sealPart  *partialSeal                // a page the sealer paused in (seal.go)
 		retired   map[pagekey.Key][]dram.Slot // replaced DRAM copies still pinned (retire.go)
 		leased    uint64                      // query budget in use by leases' pins (pins.go)
+		// genLimit is the generation limit recorded on disk (genlimit.go);
+		// genLimitFailed, that the last write of a higher one failed.
+		genLimit       uint64
+		genLimitFailed bool
 	}
 }
 
@@ -87,7 +91,8 @@ type Store struct {
 type Options struct {
 	// QueryBudget is the bytes all leases may pin at once (pins.go).
 	QueryBudget uint64
-	// SSDDir is the SSD tier's directory, scanned at start (recover.go).
+	// SSDDir is the SSD tier's directory, scanned at start (recover.go),
+	// where the generation limit is recorded (genlimit.go).
 	SSDDir string
 	// SSDDiscard lets a start drop the SSD pages the configured tier no
 	// longer covers (discard.go); SSDBytes and SSDFileBytes are the
@@ -151,14 +156,6 @@ func catLoc(l ssd.Loc) catalog.SSDLoc {
 
 func header(e catalog.Entry) page.Header {
 	return page.Header{Key: e.Key, Layout: e.Layout, Length: e.Size, Checksum: e.Checksum, Generation: e.Generation}
-}
-
-// nextGen returns a fresh generation number.
-func (s *Store) nextGen() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.mu.gen++
-	return s.mu.gen
 }
 
 // UpdateGauges refreshes the tier gauges.
