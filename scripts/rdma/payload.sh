@@ -1,0 +1,47 @@
+#!/bin/sh
+# What each Soft-RoCE guest runs (scripts/rdma/run.sh copies it onto the
+# guest's disk as /mnt/payload/run.sh; the guest's /init runs it with the
+# guest's role, a or b, and keeps its output and exit code in /mnt/results).
+# Every payload has its own deadline; each one's exit code goes to
+# /mnt/results/summary as "name rc seconds", and the script fails if one did.
+cd /mnt/payload
+export ORBITKV_REQUIRE=rdma ORBITKV_RDMA_DEVICES=rxe0 ORBITKV_BIN=/mnt/payload/orbitkv
+export ORBITKV_RXE_CERTS=/mnt/payload/certs
+failed=0
+
+# run NAME DEADLINE COMMAND...: one payload, its log in /mnt/results/NAME.log.
+run() {
+  name=$1 deadline=$2
+  shift 2
+  start=$(cut -d. -f1 /proc/uptime)
+  echo "payload: $name (deadline $deadline)"
+  timeout -s KILL "$deadline" "$@" > "/mnt/results/$name.log" 2>&1
+  rc=$?
+  echo "$name $rc $(( $(cut -d. -f1 /proc/uptime) - start ))" | tee -a /mnt/results/summary
+  [ "$rc" -eq 0 ] || failed=1
+  sync
+}
+
+case "$1" in
+a)
+  # One guest, one rxe device in loopback: the rdma package's tests
+  # (TestRealVerbsLoopback: two engines on rxe0), then transfer/rdma's
+  # contract through the real binding. ORBITKV_RDMA_STANDIN=1 without
+  # ORBITKV_LIBIBVERBS runs the stand-in scenario's child directly, which
+  # then loads the real libibverbs.
+  run rdma 300 ./rdma.test -test.v -test.count=1 -test.timeout=280s
+  run transfer-rdma-contract 300 env ORBITKV_RDMA_STANDIN=1 ./transfer-rdma.test -test.v -test.count=1 \
+    -test.timeout=280s -test.run '^TestContractOverStandIn$'
+  run two-guests 600 env ORBITKV_RXE_ROLE=a ./e2e.test -test.v -test.count=1 -test.timeout=580s \
+    -test.run '^TestTwoGuestsOverRealVerbs$'
+  ;;
+b)
+  run two-guests 840 env ORBITKV_RXE_ROLE=b ./e2e.test -test.v -test.count=1 -test.timeout=820s \
+    -test.run '^TestTwoGuestsOverRealVerbs$'
+  ;;
+*)
+  echo "payload: unknown role '$1'"
+  exit 2
+  ;;
+esac
+exit $failed
