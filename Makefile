@@ -78,9 +78,10 @@ test-vllm: build
 
 # The same suites against vLLM 0.33.0 (its own environment, every dependency as PyPI
 # resolves it: torch 2.14.0; scripts/install-vllm033.sh), less the CPU-engine test (it
-# needs vLLM's CPU build, which exists as an overlay for 0.26.0 only).
+# needs vLLM's CPU build, which exists as an overlay for 0.26.0 only), plus
+# test_vllm_tier.py: OrbitKVTier under vLLM's own tiering manager (secondary tiers are new in 0.33).
 VLLM033_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.33.0
-VLLM033_TESTS := $(filter-out test_vllm_cpu_engine.py,$(VLLM_TESTS))
+VLLM033_TESTS := $(filter-out test_vllm_cpu_engine.py,$(VLLM_TESTS)) test_vllm_tier.py
 test-vllm033: build
 	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ./scripts/install-vllm033.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \

@@ -1,0 +1,142 @@
+"""Where the peer reads and writes the tier's rows.
+
+Zero copy (``PoolRegion``): vLLM's tiering spec keeps its CPU pool in a
+shared file mapping (/dev/shm/vllm_offload_<engine id>.mmap); when that file
+is still linked and the peer can open it, the peer is given the pool itself
+and copies rows straight between it and its own pages.
+
+One copy (``StagingRegion``): otherwise (the file was unlinked, or the peer
+runs where it cannot see the engine's /dev/shm) the tier makes a file of
+``slots`` rows in a directory the peer can open, copies a row into a slot
+before a store and out of a slot after a load, and frees the slot when the
+job ends. A job that finds no free slot fails at once (a store is dropped,
+a load is a miss): the staging region bounds the bytes in flight.
+
+Either way a region is rows of ``row_bytes`` bytes; ``blocks`` says which
+rows of the region the peer touches for a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+from typing import Optional, Sequence
+
+import numpy as np
+
+from orbitkv import buffers
+from orbitkv.buffers import Segment, ShmBuffer
+from orbitkv.errors import NotFileBacked
+
+STAGING_PREFIX = "orbitkv-vtier-"
+
+
+def pool_array(view: memoryview) -> np.ndarray:
+    """vLLM's primary view (num_chunks, row_bytes) as a uint8 array, no copy."""
+    arr = np.asarray(view)
+    if arr.ndim != 2 or arr.dtype.itemsize != 1:
+        raise ValueError(f"orbitkv tier: unexpected CPU pool view {arr.shape} {arr.dtype}")
+    return arr.view(np.uint8)
+
+
+def _segments(offset: int, row_bytes: int) -> tuple[Segment, Segment]:
+    half = row_bytes // 2
+    return (Segment(0, 0, 0, offset, row_bytes, half), Segment(0, 1, 0, offset + half, row_bytes, half))
+
+
+class PoolRegion:
+    """The peer maps vLLM's pool file: blocks are chunk ids, nothing is copied."""
+
+    zero_copy = True
+
+    def __init__(self, pool: np.ndarray) -> None:
+        self.pool = pool
+        rows, row_bytes = pool.shape
+        path, offset = buffers.resolve_file_range(pool.ctypes.data, rows * row_bytes)
+        self.path = path
+        self.buffer = ShmBuffer(path, os.path.getsize(path))
+        self.segments = _segments(offset, row_bytes)
+        self.num_blocks = rows
+
+    @classmethod
+    def try_open(cls, pool: np.ndarray) -> Optional["PoolRegion"]:
+        """None when the pool is not a shared file the peer could open."""
+        try:
+            return cls(pool)
+        except (NotFileBacked, OSError):
+            return None
+
+    def for_store(self, chunk_ids: Sequence[int]) -> Optional[list[int]]:
+        return [int(c) for c in chunk_ids]
+
+    def for_load(self, chunk_ids: Sequence[int]) -> Optional[list[int]]:
+        return [int(c) for c in chunk_ids]
+
+    def finish_load(self, blocks: Sequence[int], chunk_ids: Sequence[int]) -> None:
+        return
+
+    def free(self, blocks: Sequence[int]) -> None:
+        return
+
+    def close(self) -> None:
+        self.pool = None
+
+
+class StagingRegion:
+    """A file of ``slots`` rows the peer maps; one copy each way."""
+
+    zero_copy = False
+
+    def __init__(self, pool: np.ndarray, slots: int, directory: str) -> None:
+        self.pool = pool
+        row_bytes = pool.shape[1]
+        size = slots * row_bytes
+        fd, self.path = tempfile.mkstemp(prefix=STAGING_PREFIX, dir=directory)
+        try:
+            # Reserve the memory now: a sparse file that outgrew its directory
+            # would fail a later copy with SIGBUS.
+            os.posix_fallocate(fd, 0, size)
+            self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        os.close(fd)
+        self.rows = np.frombuffer(self._map, dtype=np.uint8).reshape(slots, row_bytes)
+        self.buffer = ShmBuffer(self.path, size)
+        self.segments = _segments(0, row_bytes)
+        self.num_blocks = slots
+        self._free = list(range(slots - 1, -1, -1))
+
+    def _take(self, n: int) -> Optional[list[int]]:
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def for_store(self, chunk_ids: Sequence[int]) -> Optional[list[int]]:
+        """Slots holding copies of these pool rows (a store), or None if full."""
+        slots = self._take(len(chunk_ids))
+        if slots is not None:
+            self.rows[slots] = self.pool[np.asarray(chunk_ids, dtype=np.int64)]
+        return slots
+
+    def for_load(self, chunk_ids: Sequence[int]) -> Optional[list[int]]:
+        """Slots for a load to fill, or None if full."""
+        return self._take(len(chunk_ids))
+
+    def finish_load(self, slots: Sequence[int], chunk_ids: Sequence[int]) -> None:
+        """Copies loaded slots into their pool rows."""
+        if slots:
+            self.pool[np.asarray(chunk_ids, dtype=np.int64)] = self.rows[list(slots)]
+
+    def free(self, slots: Sequence[int]) -> None:
+        self._free.extend(slots)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self.rows = self.pool = None
+        with contextlib.suppress(BufferError, ValueError):
+            self._map.close()

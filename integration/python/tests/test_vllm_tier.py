@@ -1,0 +1,325 @@
+"""OrbitKVTier under vLLM 0.33's own tiering classes (installed vLLM, CPU) and
+the real peer binary: vLLM's TieringOffloadingSpec builds its CPU primary tier
+and loads the tier by module path; its TieringOffloadingManager cascades
+stores to it and promotes lookups from it.
+
+vLLM's CPU offloading cannot run whole on a CPU platform (its offloading
+worker, the GPU <-> CPU copier, refuses to start without CUDA or XPU), so
+these tests drive the tiering manager directly, the way the OffloadingConnector
+scheduler does, and play the GPU side by writing and reading the CPU rows
+vLLM hands out (tests/vtier_harness.py).
+
+Skips without vLLM (the plain /usr/bin/python3 suite); `make test-vllm033`
+runs it in the vLLM 0.33 environment with ORBITKV_REQUIRE=vllm."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+if os.environ.get("ORBITKV_REQUIRE") != "vllm":
+    pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm033 runs this in its vLLM environment)")
+pytest.importorskip("vllm.v1.kv_offload.tiering.base", reason="this vLLM has no secondary-tier interface (0.33 has)")
+
+from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
+from vllm.v1.kv_offload.tiering.base import SecondaryTierManager  # noqa: E402
+
+from orbitkv.vllm_tier import OrbitKVTier  # noqa: E402
+from tests.fixtures import real_peer_handle, start_real_peer  # noqa: E402
+from tests.vtier_harness import END, Engine, keys_for, row_bytes, tier_entry  # noqa: E402
+
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
+# Short deadlines: a test that stops the peer waits for them to pass.
+FAST = dict(rpc_timeout_s=0.5, connect_timeout_s=0.5, store_deadline_ms=1500, load_deadline_ms=1500,
+            abandon_grace_s=0.5)
+BOUND_S = 15.0  # every wait in these tests ends well before this
+
+
+@pytest.fixture
+def engines():
+    made = []
+
+    def make(socket, **kw):
+        config = {k: kw.pop(k) for k in ("model", "dtype", "chunks") if k in kw}
+        e = Engine(tier_entry(socket, **kw), **config)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def _exact(engine, keys, ctx):
+    rows = engine.read(keys, ctx)
+    return all(np.array_equal(r, row_bytes(k)) for k, r in zip(keys, rows))
+
+
+# --- the contract ----------------------------------------------------------------
+
+
+def test_vllm_loads_the_tier_by_module_path_and_every_abstract_method_is_implemented(real_peer, engines):
+    e = engines(real_peer.socket)
+    assert isinstance(e.tier, OrbitKVTier) and isinstance(e.tier, SecondaryTierManager)
+    assert not OrbitKVTier.__abstractmethods__
+    assert e.tier.block_size_bytes == e.pool.shape[1]
+    assert e.tier.mode == "zero-copy"  # vLLM's pool is a /dev/shm file the peer maps
+
+
+def test_unknown_option_is_refused_at_start(real_peer):
+    with pytest.raises(ValueError, match="unknown option"):
+        Engine(tier_entry(real_peer.socket, sokcet="typo"))
+
+
+# --- sharing between engines --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zero_copy", ["auto", "off"])
+def test_one_engine_stores_another_loads_byte_exact(real_peer, engines, zero_copy):
+    a = engines(real_peer.socket, zero_copy=zero_copy)
+    b = engines(real_peer.socket, zero_copy=zero_copy)
+    assert a.tier.mode == ("zero-copy" if zero_copy == "auto" else "staging")
+    ks = keys_for(1, 12)
+    assert a.store(ks) == ks
+    a.settle(BOUND_S)
+    answers, ctx = b.lookup(ks, BOUND_S)
+    assert answers == [HIT] * len(ks)
+    assert _exact(b, ks, ctx)
+    b.finish(ctx)
+    # the loading engine's own pool now answers, the peer is not asked again
+    again, ctx2 = b.lookup(ks, BOUND_S)
+    assert again == [HIT] * len(ks)
+    b.finish(ctx2)
+
+
+def test_zero_copy_and_staging_engines_share_pages(real_peer, engines):
+    a = engines(real_peer.socket, zero_copy="off")
+    b = engines(real_peer.socket)
+    ks = keys_for(2, 5)
+    a.store(ks)
+    a.settle(BOUND_S)
+    answers, ctx = b.lookup(ks, BOUND_S)
+    assert answers == [HIT] * 5 and _exact(b, ks, ctx)
+
+
+def test_another_format_never_sees_the_pages(real_peer, engines):
+    a = engines(real_peer.socket)
+    other_dtype = engines(real_peer.socket, dtype="float16")
+    other_model = engines(real_peer.socket, model="orbitkv/other")
+    ks = keys_for(3, 4)
+    a.store(ks)
+    a.settle(BOUND_S)
+    for e in (other_dtype, other_model):
+        answers, _ = e.lookup(ks, BOUND_S)
+        assert answers == [MISS] * 4
+
+
+def test_a_miss_after_the_first_gap_and_hits_after_it(real_peer, engines):
+    """The peer answers a run of keys with its leading hits; the tier resolves
+    the keys after a gap too (vLLM's sliding-window lookups ask them)."""
+    a, b = engines(real_peer.socket), engines(real_peer.socket)
+    ks = keys_for(4, 6)
+    a.store(ks[:2] + ks[3:])
+    a.settle(BOUND_S)
+    answers, ctx = b.lookup(ks, BOUND_S)
+    assert answers == [HIT, HIT, MISS, HIT, HIT, HIT]
+    assert _exact(b, ks[:2] + ks[3:], ctx)
+
+
+# --- failures are misses ---------------------------------------------------------------
+
+
+def test_peer_down_at_start_then_up(tmpdir_short, engines):
+    peer = real_peer_handle(tmpdir_short)
+    a = engines(peer.socket, **FAST)
+    ks = keys_for(5, 4)
+    a.store(ks)
+    assert a.settle(BOUND_S) < BOUND_S  # the cascade fails at once: nothing to wait for
+    answers, _ = engines(peer.socket, **FAST).lookup(ks, BOUND_S)
+    assert answers == [MISS] * 4
+    peer.start()
+    try:
+        b = engines(peer.socket, **FAST)
+        ks2 = keys_for(6, 3)
+        _wait_stored(a, ks2)
+        _until(lambda: _ready(b))
+        answers, ctx = b.lookup(ks2, BOUND_S)
+        assert answers == [HIT] * 3 and _exact(b, ks2, ctx)
+    finally:
+        peer.stop()
+
+
+def _ready(engine):
+    s = engine.tier._link._session
+    return s is not None and s.ready
+
+
+def _wait_stored(engine, keys):
+    """Stores keys (fresh ones each try) until the peer has them: the session
+    opens in the background once the peer is up."""
+    import time
+
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        if _ready(engine):
+            engine.store(keys)
+            engine.settle(BOUND_S)
+            return
+        time.sleep(0.02)
+    raise AssertionError("the tier's session did not open")
+
+
+def test_peer_killed_and_restarted_mid_store(tmpdir_short, engines):
+    peer = start_real_peer(tmpdir_short)
+    try:
+        a, b = engines(peer.socket, **FAST), engines(peer.socket, **FAST)
+        ks = keys_for(7, 40)
+        for i in range(0, 40, 4):
+            a.store(ks[i:i + 4])
+        peer.stop(signal.SIGKILL)  # jobs in flight, queued and not yet sent
+        assert a.settle(BOUND_S) < BOUND_S
+        answers, ctx = b.lookup(ks, BOUND_S)  # peer down: misses, no error
+        assert set(answers) <= {HIT, MISS}
+        b.finish(ctx)
+        peer.start()
+        ks2 = keys_for(8, 6)
+        _wait_stored(a, ks2)
+        _until(lambda: _ready(b))
+        answers, ctx = b.lookup(ks2, BOUND_S)
+        assert answers == [HIT] * 6 and _exact(b, ks2, ctx)
+    finally:
+        peer.stop()
+
+
+def test_peer_frozen_mid_store_ends_jobs_by_their_deadline(tmpdir_short, engines):
+    peer = start_real_peer(tmpdir_short)
+    try:
+        a = engines(peer.socket, **FAST)
+        a.store(keys_for(9, 2))
+        a.settle(BOUND_S)
+        peer.proc.send_signal(signal.SIGSTOP)
+        try:
+            a.store(keys_for(10, 4))
+            took = a.settle(BOUND_S)
+            assert took < FAST["store_deadline_ms"] / 1000 + FAST["abandon_grace_s"] + 3 * FAST["rpc_timeout_s"] + 1
+        finally:
+            peer.proc.send_signal(signal.SIGCONT)
+    finally:
+        peer.stop()
+
+
+def test_peer_killed_and_restarted_mid_load(tmpdir_short, engines):
+    """The peer freezes once the lookups found the pages and before the
+    promotion is sent, then is killed and restarted: the promotion fails, the
+    request sees misses (never an error or a hang); pages saved to SSD are
+    found again after the restart, byte for byte."""
+    peer = start_real_peer(tmpdir_short)
+    try:
+        a, b = engines(peer.socket, durability="ssd", **FAST), engines(peer.socket, **FAST)
+        ks = keys_for(11, 6)
+        a.store(ks)
+        a.settle(BOUND_S)
+        m, tier = b.manager, b.tier
+        from vllm.v1.kv_offload.base import ReqContext
+
+        ctx = ReqContext("mid-load")
+        with m.lock:
+            m.on_new_request(ctx)
+            [m.lookup(k, ctx) for k in ks]  # RETRY: probes queued
+            tier.on_schedule_end(END)  # the probes go out (not the manager's step: no promotion yet)
+        # the answers are in: each lookup now reserves a CPU row for its promotion
+        _until(lambda: _answers(b, ks, ctx, step=False) == ["hit_pending"] * len(ks))
+        peer.proc.send_signal(signal.SIGSTOP)
+        b.step()  # the promotion is submitted to a frozen peer
+        peer.stop(signal.SIGKILL)
+        peer.start()
+        b.settle(BOUND_S)
+        answers = _answers(b, ks, ctx)
+        assert answers == ["miss"] * len(ks)  # the failed promotion is a miss, not asked again
+        b.finish(ctx)
+        answers, ctx2 = engines(peer.socket, **FAST).lookup(ks, BOUND_S)
+        assert answers == [HIT] * 6
+    finally:
+        peer.stop()
+
+
+def _answers(engine, keys, ctx, step=True):
+    m = engine.manager
+    with m.lock:
+        out = [m.lookup(k, ctx) for k in keys]
+        if step:
+            m.on_schedule_end(END)
+    return [a.name.lower() for a in out]
+
+
+def _until(pred, timeout=BOUND_S):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.005)
+
+
+def test_a_full_peer_drops_stores_without_errors(tmpdir_short, engines):
+    """A peer with room for a handful of rows and no SSD: every store ends,
+    lookups answer hit or miss, and whatever hits is byte-exact."""
+    peer = start_real_peer(tmpdir_short, "--dram-bytes", "64KiB", "--dram-slab-bytes", "16KiB", "--ssd-bytes", "0")
+    try:
+        a, b = engines(peer.socket, chunks=128), engines(peer.socket, chunks=128)
+        ks = keys_for(12, 64)
+        for i in range(0, 64, 8):
+            a.store(ks[i:i + 8])
+        a.settle(BOUND_S)
+        answers, ctx = b.lookup(ks, BOUND_S)
+        hits = [k for k, r in zip(ks, answers) if r is HIT]
+        assert len(hits) < len(ks)
+        assert _exact(b, hits, ctx)
+    finally:
+        peer.stop()
+
+
+def test_staging_region_full_drops_the_store(real_peer, engines):
+    a = engines(real_peer.socket, zero_copy="off", staging_chunks=2)
+    b = engines(real_peer.socket)
+    ks = keys_for(13, 3)
+    a.store(ks)  # one job of three rows: more than the staging region holds
+    a.settle(BOUND_S)
+    answers, _ = b.lookup(ks, BOUND_S)
+    assert answers == [MISS] * 3
+
+
+def test_lookups_race_stores(real_peer, engines):
+    """One engine stores while another looks the same keys up: every answer is
+    hit or miss, every hit byte-exact, and once the stores end all hit."""
+    a, b = engines(real_peer.socket, chunks=256), engines(real_peer.socket, chunks=256)
+    ks = keys_for(14, 96)
+    errors: list = []
+
+    def writer():
+        try:
+            for i in range(0, len(ks), 4):
+                a.store(ks[i:i + 4])
+                a.step()
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(6):
+            answers, ctx = b.lookup(ks, BOUND_S)
+            hits = [k for k, r in zip(ks, answers) if r is HIT]
+            assert _exact(b, hits, ctx)
+            b.finish(ctx)
+    finally:
+        t.join(BOUND_S)
+    assert not errors and not t.is_alive()
+    a.settle(BOUND_S)
+    answers, ctx = engines(real_peer.socket, chunks=256).lookup(ks, BOUND_S)
+    assert answers == [HIT] * len(ks)
