@@ -20,7 +20,7 @@ PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache test-soak deps bench bench-sglang crash soak proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache test-soak test-rdma deps bench bench-sglang crash soak proto vet fmt clean
 
 all: build
 
@@ -40,7 +40,7 @@ deps:
 	./scripts/install-mooncake.sh
 	cd deploy && $(GO) mod download
 
-test: deps build vet test-go test-soak test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache
+test: deps build vet test-go test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -49,6 +49,15 @@ vet:
 
 test-go:
 	$(GO) test $(LDFLAGS) -race -count=1 -timeout 30m ./...
+
+# OrbitKV over a real verbs stack (docs/rdma.md, "Soft-RoCE"): two qemu guests with the
+# kernel's rdma_rxe and rdma-core's libibverbs, built from pinned Debian packages and cached
+# under ~/.cache/orbitkv/rxe; the rdma package and the transfer contract over rxe0 in one, two
+# peers loading each other's pages by RDMA READ across both. Skips without qemu, saying so;
+# ORBITKV_REQUIRE=rdma makes that a failure. Logs in RXE_OUT.
+RXE_OUT ?= /tmp/orbitkv-rxe
+test-rdma:
+	ORBITKV_RXE_OUT=$(RXE_OUT) GO=$(GO) ./scripts/rdma/run.sh
 
 # deploy/ is a module of its own: the Helm chart, manifests, systemd unit,
 # Dockerfile and Grafana dashboards, checked against the binary built above.

@@ -12,7 +12,8 @@
 # it and checked against their pinned sha256 on every build.
 #
 # Host needs: apt-get (Debian's index, for the download only), dpkg-deb,
-# cpio, gzip. Nothing is installed on the host.
+# cpio, gzip. Nothing is installed on the host. Exit code 3: a package could
+# not be downloaded (run.sh reports that as a skip).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -44,7 +45,7 @@ fetch() {
     if [ ! -s "$file" ]; then
       (cd "$work" && apt-get download -q "$name=$version" >/dev/null 2>&1) || {
         echo "guest.sh: apt-get download $name=$version failed (no network, or Debian dropped the version: see guest-packages.txt)" >&2
-        return 1
+        exit 3
       }
       mv "$work/${name}_${version//:/%3a}_amd64.deb" "$file"
     fi
@@ -113,4 +114,5 @@ cp "$work"/pkgs/boot/vmlinuz-* "$work/out/vmlinuz"
   gzip -n -9 > "$work/out/initrd.gz"
 mkdir -p "$cache"
 rm -rf "$out" && mv "$work/out" "$out"
+find "$cache" -maxdepth 1 -name 'guest-*' ! -path "$out" -exec rm -rf {} + # guests of older inputs
 echo "$out"
