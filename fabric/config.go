@@ -27,6 +27,10 @@ type Config struct {
 	SSDFileBytes  bytesize.Size // size of each preallocated SSD file in bytes
 	SSDQueueDepth int           // io_uring submissions in flight per batch
 	SSDNoSync     bool          // skip fdatasync (benchmarks only: loses durability)
+	// SSDSparse leaves the page files sparse instead of preallocating
+	// them (ssd.SparseOS), unless SSDFS is set. Benchmarks only: a tier
+	// larger than the free disk then starts, and fails writes when full.
+	SSDSparse bool
 	// SSDFS is the filesystem of the SSD page files (nil: the real one).
 	// Not a flag: fault tests wrap it (ssd.WithFaults).
 	SSDFS ssd.FS `json:"-"`
@@ -103,6 +107,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.SSDFileBytes, "ssd-file-bytes", "size of each preallocated SSD file")
 	fs.IntVar(&c.SSDQueueDepth, "ssd-queue-depth", c.SSDQueueDepth, "io_uring submissions in flight")
 	fs.BoolVar(&c.SSDNoSync, "ssd-no-sync", c.SSDNoSync, "skip fdatasync on SSD writes (benchmarks only)")
+	fs.BoolVar(&c.SSDSparse, "ssd-sparse", c.SSDSparse, "leave the SSD page files sparse instead of preallocated (benchmarks only: writes fail when the disk fills)")
 	fs.BoolVar(&c.SSDDiscard, "ssd-discard", c.SSDDiscard, "start even if the SSD tier is now smaller than the pages on disk: drop those pages and remove their files")
 	fs.BoolVar(&c.SSDNoReadmit, "ssd-no-readmit", c.SSDNoReadmit, "answer a cache-fill save of a page held only on SSD \"already stored\" instead of taking it back into DRAM")
 	fs.BoolVar(&c.SSDReadmitAll, "ssd-readmit-all", c.SSDReadmitAll, "take every such page back into DRAM, even into a full tier when it was asked for no more often lately than the page it pushes out (default: only a hotter one)")

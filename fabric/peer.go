@@ -163,8 +163,12 @@ func (p *Peer) openTiers() error {
 		if p.cfg.SSDNoSync {
 			sync = ssd.SyncNone
 		}
+		fs := p.cfg.SSDFS
+		if fs == nil && p.cfg.SSDSparse {
+			fs = ssd.SparseOS
+		}
 		p.ssd, err = ssd.Open(ssd.Config{Dir: filepath.Join(p.cfg.DataDir, "ssd"), CapacityBytes: uint64(p.cfg.SSDBytes),
-			FileBytes: uint64(p.cfg.SSDFileBytes), QueueDepth: p.cfg.SSDQueueDepth, Sync: sync, FS: p.cfg.SSDFS})
+			FileBytes: uint64(p.cfg.SSDFileBytes), QueueDepth: p.cfg.SSDQueueDepth, Sync: sync, FS: fs})
 		if err != nil {
 			return fmt.Errorf("ssd tier: %w", err)
 		}

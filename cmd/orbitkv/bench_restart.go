@@ -41,6 +41,7 @@ type restartBench struct {
 	fillMax  uint64
 	fileSize uint64
 	reps     int
+	sparse   bool // page files sparse (--ssd-sparse): tiers larger than the free disk
 }
 
 func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {
@@ -53,10 +54,11 @@ func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {
 	fileBytes := bytesize.Size(1 << 30)
 	fs.Var(&fileBytes, "ssd-file-bytes", "size of each page file")
 	reps := fs.Int("reps", 3, "timed starts per case (median reported)")
+	sparse := fs.Bool("sparse", false, "leave the page files sparse (serve --ssd-sparse): tiers larger than the free disk; the disk needs only the saved pages")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	b := restartBench{fill: *fill, fillMax: uint64(fillMax), fileSize: uint64(fileBytes), reps: max(1, *reps)}
+	b := restartBench{fill: *fill, fillMax: uint64(fillMax), fileSize: uint64(fileBytes), reps: max(1, *reps), sparse: *sparse}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := bytesize.Parse(strings.TrimSpace(s))
 		if err != nil {
@@ -132,6 +134,7 @@ func (b *restartBench) config(dir string, ssdBytes uint64) fabric.Config {
 	cfg.CUDA = "off"
 	cfg.DRAMBytes, cfg.DRAMSlabBytes = 256<<20, 4<<20
 	cfg.SSDBytes, cfg.SSDFileBytes = bytesize.Size(ssdBytes), bytesize.Size(min(b.fileSize, max(ssdBytes, 1)))
+	cfg.SSDSparse = b.sparse
 	return cfg
 }
 
@@ -177,7 +180,7 @@ func (b *restartBench) timeStarts(ctx context.Context, dir string, ssdBytes uint
 	cfg := b.config(dir, ssdBytes)
 	args := []string{"serve", "--data-dir", dir, "--metrics-addr", "", "--cuda", "off", "--log-level", "warn",
 		"--dram-bytes", cfg.DRAMBytes.String(), "--dram-slab-bytes", cfg.DRAMSlabBytes.String(),
-		"--ssd-bytes", cfg.SSDBytes.String(), "--ssd-file-bytes", cfg.SSDFileBytes.String()}
+		"--ssd-bytes", cfg.SSDBytes.String(), "--ssd-file-bytes", cfg.SSDFileBytes.String(), fmt.Sprintf("--ssd-sparse=%t", cfg.SSDSparse)}
 	sock := filepath.Join(dir, "orbitkv.sock")
 	var times []time.Duration
 	for i := 0; i <= b.reps; i++ { // start 0 only sets up the stop that the first timed start follows

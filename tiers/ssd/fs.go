@@ -106,13 +106,39 @@ type osFS struct{}
 func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o700) }
 
 func (osFS) OpenPageFile(path string, size uint64) (File, error) {
+	return openPageFile(path, size, "preallocate", func(fd int) error { return unix.Fallocate(fd, 0, 0, int64(size)) })
+}
+
+// SparseOS is OS with page files left sparse: a file shorter than its
+// size is extended (ftruncate) instead of preallocated, and the disk's
+// blocks are taken as pages are written. For benchmarks of tiers larger
+// than the free disk only (orbitkv serve --ssd-sparse): a disk that fills
+// fails page writes (ENOSPC) instead of the start, and the write path
+// allocates blocks a preallocated file already has.
+var SparseOS FS = sparseFS{}
+
+type sparseFS struct{ osFS }
+
+func (sparseFS) OpenPageFile(path string, size uint64) (File, error) {
+	return openPageFile(path, size, "extend sparse to", func(fd int) error {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) >= size {
+			return err // never shortened: a longer file holds pages beyond the tier
+		}
+		return unix.Ftruncate(fd, int64(size))
+	})
+}
+
+// openPageFile opens path for O_DIRECT page I/O, creating it if absent,
+// and gives it size bytes with sizeFile (how: for the error).
+func openPageFile(path string, size uint64, how string, sizeFile func(fd int) error) (File, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open %s with O_DIRECT: %w", path, err)
 	}
-	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
+	if err := sizeFile(fd); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("preallocate %d bytes for %s: %w", size, path, err)
+		return nil, fmt.Errorf("%s %d bytes for %s: %w", how, size, path, err)
 	}
 	return osFile(fd), nil
 }

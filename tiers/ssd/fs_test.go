@@ -5,10 +5,13 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/orbitkv/orbitkv/internal/page"
 )
@@ -162,5 +165,26 @@ func TestFaultAtPreallocate(t *testing.T) {
 	_, err := Open(Config{Dir: testDir(t), CapacityBytes: RegionBytes, FS: fs})
 	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "preallocate") {
 		t.Fatalf("Open: %v, want a preallocation ENOSPC", err)
+	}
+}
+
+// TestSparseOSNeitherPreallocatesNorShortens: SparseOS gives a new page
+// file its size without taking the disk's blocks, and never shortens a
+// longer file (its tail holds pages beyond the tier).
+func TestSparseOSNeitherPreallocatesNorShortens(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName(0))
+	for _, size := range []uint64{256 << 20, 64 << 20} {
+		f, err := SparseOS.OpenPageFile(path, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(f.Fd(), &st); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if st.Size != 256<<20 || st.Blocks*512 >= 1<<20 {
+			t.Fatalf("opened for %d bytes: size %d, %d bytes allocated; want 256 MiB, sparse", size, st.Size, st.Blocks*512)
+		}
 	}
 }
