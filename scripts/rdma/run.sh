@@ -5,8 +5,8 @@
 #
 #   guest a (192.168.78.1, rxe0): the rdma package's tests with
 #     ORBITKV_REQUIRE=rdma (TestRealVerbsLoopback: two engines on rxe0), the
-#     transfer contract through the real binding, then `orbitkv serve`
-#     saving pages for guest b;
+#     transfer contract and two peers in one process (fabric) through the
+#     real binding, then `orbitkv serve` saving pages for guest b;
 #   guest b (192.168.78.2, rxe0): `orbitkv serve` joining a over mutual TLS,
 #     loading a's pages by RDMA READ, every byte checked.
 #
@@ -65,6 +65,7 @@ mkdir -p "$payload"
 "$GO" test -ldflags=-checklinkname=0 -c -o "$payload/rdma.test" ./rdma
 "$GO" test -ldflags=-checklinkname=0 -c -o "$payload/transfer-rdma.test" ./transfer/rdma
 "$GO" test -ldflags=-checklinkname=0 -c -o "$payload/e2e.test" ./integration/e2e
+"$GO" test -ldflags=-checklinkname=0 -c -o "$payload/fabric.test" ./fabric
 cp "$here/payload.sh" "$payload/run.sh"
 # The cluster's credentials: one CA, a certificate per guest.
 "$payload/orbitkv" pki init --dir "$payload/certs" >/dev/null
@@ -145,6 +146,6 @@ for role in a b; do
     done
   fi
 done
-grep -h -E 'host-b loaded|--- (PASS|FAIL|SKIP): TestRealVerbs|--- (PASS|FAIL): TestContract' "$out"/*/*.log 2>/dev/null | sed 's/^ */  /' || true
+grep -h -E 'host-b loaded|--- (PASS|FAIL|SKIP): TestRealVerbs|--- (PASS|FAIL): Test(Contract|ClusterExchanges)' "$out"/*/*.log 2>/dev/null | sed 's/^ */  /' || true
 echo "test-rdma: $([ $status = 0 ] && echo PASS || echo FAIL) in $((SECONDS - start)) s; logs in $out"
 exit $status
