@@ -35,15 +35,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import grpc
 import torch
 from sglang.srt.mem_cache import hicache_storage as hs
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 from orbitkv._proto import admin_pb2, admin_pb2_grpc
-from orbitkv.sglang import OrbitKVHiCacheStorage
+from orbitkv.sglang import OrbitKVHiCacheStorage, _compat
 
 LAYERS, HEADS, DIM, PAGE = 36, 8, 128, 64
 TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 2  # K and V, bf16: 147,456 bytes
@@ -100,13 +100,13 @@ def drain(sock: str) -> None:
         raise Failed(f"the peer did not drain within {DRAIN_S} s: {r.detail}")
 
 
-def host_pool(pages: int) -> MHATokenToKVPoolHost:
+def host_pool(pages: int) -> Any:
     """A host pool of exactly 2 × pages + 1 pages (SGLang's --hicache-ratio
     path over a one-page device pool): the source, the target, a spare."""
     dev = MHATokenToKVPool(size=PAGE, page_size=PAGE, dtype=torch.bfloat16, head_num=HEADS, head_dim=DIM,
                            layer_num=LAYERS, device="cpu", enable_memory_saver=False)
-    hp = MHATokenToKVPoolHost(dev, float(2 * pages + 1), 0, PAGE, "layer_first", pin_memory=False, device="cpu",
-                              allocator_type="shm")
+    hp = _compat.build_mha_host_pool(dev, float(2 * pages + 1), 0, PAGE, "layer_first", pin_memory=False,
+                                     device="cpu", allocator_type="shm")
     if hp.size < 2 * pages * PAGE:
         raise Failed(f"host pool of {hp.size} tokens, want {2 * pages * PAGE}")
     return hp

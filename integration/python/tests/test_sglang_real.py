@@ -21,10 +21,10 @@ if os.environ.get("ORBITKV_REQUIRE") != "sglang":
     pytest.importorskip("sglang.srt.mem_cache.hicache_storage",
                         reason="SGLang is not installed here (make test-sglang runs this in its environment)")
 
+import sglang.version  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 from orbitkv.sglang import OrbitKVHiCacheStorage, _compat  # noqa: E402
@@ -36,15 +36,26 @@ PS, L, H, D = 4, 2, 2, 8
 DEVICE_TOKENS = 128  # the host pool gets DEVICE_TOKENS // PS + 1 pages
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 UP_WITHIN_S = 10.0
+# The two releases `make test` runs this file under (test-sglang, test-sglang0523). 0.5.23 is
+# HiCache v2: its page hashes are seeded with a request's extra_key and cache salt, its plain MHA
+# server drives storage through a HybridCacheController over a HostPoolGroup, and its host pool
+# is built from the device pool's buffer description.
+SGLANG = tuple(int(x) for x in sglang.version.__version__.split(".")[:3])
+HICACHE_V2 = SGLANG >= (0, 5, 23)
 
 
-def real_host_pool(layout, layers=L, heads=H, dim=D, dtype=torch.bfloat16):
-    """SGLang's own host pool on CPU, filled with random values."""
+def real_pools(layout, layers=L, heads=H, dim=D, dtype=torch.bfloat16, **host_kw):
+    """SGLang's own device pool and host pool on CPU (the host pool built the way
+    the installed SGLang builds it), the host pool filled with random values."""
     dev = MHATokenToKVPool(size=DEVICE_TOKENS, page_size=PS, dtype=dtype, head_num=heads, head_dim=dim,
                            layer_num=layers, device="cpu", enable_memory_saver=False)
-    hp = MHATokenToKVPoolHost(dev, 1.0, 0, PS, layout, pin_memory=False, device="cpu")
+    hp = _compat.build_mha_host_pool(dev, 1.0, 0, PS, layout, pin_memory=False, device="cpu", **host_kw)
     hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape).to(dtype))
-    return hp
+    return dev, hp
+
+
+def real_host_pool(layout, **kw):
+    return real_pools(layout, **kw)[1]
 
 
 def page_bytes(hp, page):
@@ -118,6 +129,7 @@ def test_split_heads_and_mla_are_refused():
 # --- cache identity: SGLang's extra_key (cache salt + LoRA id) ------------------------
 
 
+@pytest.mark.skipif(HICACHE_V2, reason="SGLang >= 0.5.23 namespaces its storage hashes (the next test)")
 def test_the_installed_sglang_hashes_storage_pages_over_token_ids_only():
     """The premise of the LoRA refusal: SGLang 0.5.17's HiCache controller hashes
     storage pages with get_hash_str(token_ids, prior_hash, page_size), and hands a
@@ -136,6 +148,32 @@ def test_the_installed_sglang_hashes_storage_pages_over_token_ids_only():
     assert utils.get_hash_str([1, 2, 3, 4], None, page_size=4) == utils.get_hash_str([1, 2, 3, 4], None, page_size=4)
 
 
+@pytest.mark.skipif(not HICACHE_V2, reason="SGLang 0.5.17 hashes token ids only (the test before)")
+def test_the_installed_sglang_seeds_storage_hashes_with_extra_key_and_salt():
+    """SGLang 0.5.23 still hands a backend page hashes only (no extra_key field), but
+    seeds each chain with the request's extra_key (LoRA id) and cache salt
+    (get_storage_hash_str over a RadixKey, storage_namespace_seed): equal tokens of
+    another adapter or salt hash apart, so their OrbitKV keys differ; a request with
+    neither keeps the plain token hash."""
+    from sglang.srt.mem_cache import utils
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from orbitkv.sglang.backend import storage_hashes_namespaced
+
+    assert storage_hashes_namespaced()
+    assert "extra_key" not in {f.name for f in __import__("dataclasses").fields(hs.HiCacheStorageExtraInfo)}
+    tokens = list(range(8))
+
+    def h(**ns):
+        return utils.get_storage_hash_str(RadixKey(tokens, **ns), None, page_size=PS)
+
+    chains = [h(), h(extra_key="sql"), h(extra_key="chat"), h(cache_salt="tenant-a"), h(extra_key="sql", cache_salt="tenant-a")]
+    assert len({c[0] for c in chains}) == len({c[1] for c in chains}) == 5
+    assert chains[0] == utils.get_hash_str(tokens, None, page_size=PS) and h(extra_key="sql") == chains[1]
+    be = OrbitKVHiCacheStorage(config("x"), {})
+    assert len({be.key(c[0]) for c in chains}) == 5
+
+
 def _server_args(monkeypatch, **args):
     import types
 
@@ -146,7 +184,15 @@ def _server_args(monkeypatch, **args):
 
 @pytest.mark.parametrize("args", [{"enable_lora": True}, {"lora_paths": ["sql=/adapters/sql"]}])
 def test_a_lora_server_is_refused_unless_sharing_is_declared(monkeypatch, caplog, args):
+    """Under an SGLang whose storage hashes ignore extra_key (0.5.17) a LoRA server
+    is refused; under one that seeds them with it (0.5.23) it starts and says why."""
     _server_args(monkeypatch, **args)
+    if HICACHE_V2:
+        with caplog.at_level("INFO", logger="orbitkv.sglang"):
+            be = StorageBackendFactory.create_backend("dynamic", config("x"), None)
+        assert isinstance(be, OrbitKVHiCacheStorage) and not be.share_across_extra_keys
+        assert "never share an OrbitKV key" in caplog.text and "WARNING" not in caplog.text
+        return
     with pytest.raises(ValueError, match="LoRA enabled.*extra_key.*share_across_extra_keys"):
         OrbitKVHiCacheStorage(config("x"), {})
     with pytest.raises(ValueError, match="LoRA enabled"):  # through SGLang's own factory, as a server starts it
@@ -158,11 +204,14 @@ def test_a_lora_server_is_refused_unless_sharing_is_declared(monkeypatch, caplog
     assert be.share_across_extra_keys and "share_across_extra_keys is set" in caplog.text
 
 
-def test_without_lora_it_starts_and_says_salts_are_not_isolated(monkeypatch, caplog):
+def test_without_lora_it_starts_and_says_whether_salts_are_isolated(monkeypatch, caplog):
     _server_args(monkeypatch, enable_lora=False, lora_paths=None)
-    with caplog.at_level("WARNING", logger="orbitkv.sglang"):
+    with caplog.at_level("INFO", logger="orbitkv.sglang"):
         OrbitKVHiCacheStorage(config("x"), {})
-    assert "token ids only" in caplog.text and "cache_salt" in caplog.text and "tenant isolation" in caplog.text
+    if HICACHE_V2:
+        assert "adapters and salts never share an OrbitKV key" in caplog.text and "tenant isolation" not in caplog.text
+    else:
+        assert "token ids only" in caplog.text and "cache_salt" in caplog.text and "tenant isolation" in caplog.text
 
 
 # --- v1 (zero-copy controller path) and the generic get/set path --------------------
@@ -190,11 +239,7 @@ def test_v1_round_trip_on_real_host_pool(peer, layout):
 def test_sglang_shm_allocator_pool_is_mapped_zero_copy(peer, layout):
     """SGLang's "allocator":"shm" host pool is a memfd: the backend hands the peer
     /proc/PID/fd/N, the peer maps the pool itself and pages move with no staging copy."""
-    dev = MHATokenToKVPool(size=DEVICE_TOKENS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
-                           layer_num=L, device="cpu", enable_memory_saver=False)
-    hp = MHATokenToKVPoolHost(dev, 1.0, 0, PS, layout, pin_memory=False, device="cpu",
-                              allocator_type="shm")
-    hp.kv_buffer.copy_(torch.randn(hp.kv_buffer.shape).to(torch.bfloat16))
+    hp = real_host_pool(layout, allocator_type="shm")
     be = backend(peer.socket, hp)
     try:
         assert be.zero_copy and be.staging is None
@@ -235,32 +280,43 @@ def _file_backend(tmp):
 
 
 def test_v2_hit_policies_match_sglangs_file_backend(peer, tmpdir_short):
-    kv, draft = real_host_pool("layer_first"), real_host_pool("layer_first", layers=1)
+    """batch_exists_v2 answers what the installed SGLang's HiCacheFile answers: 0.5.23's
+    set of restorable prefix lengths included (two trailing pools: the longest length
+    both restore, where 0.5.17's answer is the shorter of their longest)."""
+    kv, draft, swa = real_host_pool("layer_first"), real_host_pool("layer_first", layers=1), real_host_pool("page_first")
     ours, ref = backend(peer.socket, kv), _file_backend(tmpdir_short)
     ref.register_mem_pool_host(kv)
     try:
         for be in (ours, ref):
             be.register_mem_host_pool_v2(draft, PoolName.DRAFT)
+            be.register_mem_host_pool_v2(swa, PoolName.SWA)
         ks = hashes(8, "policy")
         assert ours.batch_set_v1(ks[:6], indices(range(6))) == [True] * 6
         assert ref.batch_set(ks[:6], [kv.get_data_page(p * PS) for p in range(6)])
-        for be in (ours, ref):  # the draft pool holds pages 0, 1 and 4 only
-            got = be.batch_set_v2([PoolTransfer(PoolName.DRAFT, host_indices=indices([0, 1, 4]),
-                                                keys=[ks[0], ks[1], ks[4]])])
-            assert list(got.values()) == [[True] * 3]
+        for be in (ours, ref):  # the draft pool holds pages 0, 1 and 4 only; the SWA pool 0, 1 and 2
+            for name, pages in ((PoolName.DRAFT, [0, 1, 4]), (PoolName.SWA, [0, 1, 2])):
+                got = be.batch_set_v2([PoolTransfer(name, host_indices=indices(pages), keys=[ks[p] for p in pages])])
+                assert list(got.values()) == [[True] * 3]
+        trailing = PoolHitPolicy.TRAILING_PAGES
         cases = [
             [],
             [PoolTransfer(PoolName.DRAFT, keys=[ks[0]], hit_policy=PoolHitPolicy.ALL_PAGES)],
-            [PoolTransfer(PoolName.DRAFT, keys=[ks[0]], hit_policy=PoolHitPolicy.TRAILING_PAGES)],
-            [PoolTransfer(PoolName.DRAFT, keys=ks[:2], hit_policy=PoolHitPolicy.TRAILING_PAGES)],
+            [PoolTransfer(PoolName.DRAFT, keys=[ks[0]], hit_policy=trailing)],
+            [PoolTransfer(PoolName.DRAFT, keys=ks[:2], hit_policy=trailing)],
+            [PoolTransfer(PoolName.DRAFT, keys=[ks[0]], hit_policy=trailing),
+             PoolTransfer(PoolName.SWA, keys=[ks[0]], hit_policy=trailing)],
         ]
         seen = []
         for transfers in cases:
             r_ours, r_ref = ours.batch_exists_v2(ks, transfers), ref.batch_exists_v2(ks, transfers)
             assert isinstance(r_ours, hs.PoolTransferResult)
             assert (r_ours.kv_hit_pages, r_ours.extra_pool_hit_pages) == (r_ref.kv_hit_pages, r_ref.extra_pool_hit_pages)
+            assert getattr(r_ours, "restorable_prefix_pages", None) == getattr(r_ref, "restorable_prefix_pages", None)
             seen.append(r_ours.kv_hit_pages)
-        assert seen == [6, 2, 5, 2]  # KV prefix; all pages; last page (4); last two (0, 1)
+        # KV prefix; all pages; last page (4); last two (0, 1); draft {1, 2, 5} and SWA {1, 2, 3}
+        assert seen == [6, 2, 5, 2, 2 if HICACHE_V2 else 3]
+        if HICACHE_V2:
+            assert ours.batch_exists_v2(ks, cases[4]).restorable_prefix_pages == [1, 2]
     finally:
         ours.close()
 
@@ -371,26 +427,42 @@ def test_peer_restarted_backend_carries_on(peer):
 
 @pytest.fixture
 def controller_factory(monkeypatch):
-    """Builds SGLang's HiCacheController (its backup, prefetch and prefetch
+    """Builds SGLang's HiCache controller (its backup, prefetch and prefetch
     I/O threads) over a real CPU host pool with the OrbitKV backend attached
-    through the `dynamic` factory. A single process: the distributed runtime
-    context SGLang's scheduler would set up is replaced by rank 0 of 1."""
+    through the `dynamic` factory, as the installed SGLang's server does for a
+    plain MHA model: 0.5.17 a HiCacheController on the host pool; 0.5.23 a
+    HybridCacheController on a HostPoolGroup whose one entry is that pool, the
+    KV anchor (what its build_kv_only_stack makes). A single process: the
+    distributed runtime context SGLang's scheduler would set up is replaced by
+    rank 0 of 1."""
     import threading
     import types
 
     from sglang.srt.managers import cache_controller as cc
 
     monkeypatch.setattr(cc, "is_dp_attention_enabled", lambda: False)
-    monkeypatch.setattr(cc, "get_parallel", lambda: types.SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1))
+    monkeypatch.setattr(cc, "get_parallel", lambda: types.SimpleNamespace(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_dcp_size=1, attn_dcp_rank=0))
     made = []
 
     def make(socket, layout="layer_first", v1=True):
-        hp = real_host_pool(layout)
-        dev = hp.device_pool
+        dev, hp = real_pools(layout)
         extra = dict(config(socket, v1=v1).extra_config)
-        ctl = cc.HiCacheController(types.SimpleNamespace(get_kvcache=lambda: dev), hp, PS, None, threading.Event(),
-                                   storage_backend="dynamic", prefetch_threshold=PS, model_name="Qwen/Qwen3-8B",
-                                   storage_backend_extra_config=extra)
+        kw = dict(storage_backend="dynamic", prefetch_threshold=PS, model_name="Qwen/Qwen3-8B",
+                  storage_backend_extra_config=extra)
+        allocator = types.SimpleNamespace(get_kvcache=lambda: dev)
+        if HICACHE_V2:
+            from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+            from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_pool_entry
+            from sglang.srt.mem_cache.pool_host.group import HostPoolGroup
+
+            group = HostPoolGroup([build_pool_entry(name=PoolName.KV, host_pool=hp, device_pool=dev,
+                                                    layer_mapping={i: i for i in range(dev.layer_num)},
+                                                    transfer_layer_id_max=dev.layer_num, is_anchor=True)])
+            ctl = HybridCacheController(allocator, group, PS, None, threading.Event(),
+                                        transfer_layer_id_max=dev.layer_num, **kw)
+        else:
+            ctl = cc.HiCacheController(allocator, hp, PS, None, threading.Event(), **kw)
         made.append(ctl)
         return ctl, hp
 
@@ -400,12 +472,66 @@ def controller_factory(monkeypatch):
         ctl.storage_backend.close()
 
 
-def _backup(ctl, tokens, host):
-    hv = ctl.get_hash_str(tokens, None, page_size=PS)
-    op_id = ctl.write_storage(host, tokens, hash_value=hv)
+def _page_hashes(ctl, key):
+    """The page hashes SGLang's tree gives a node's key (0.5.23: seeded with
+    the key's extra_key and cache salt)."""
+    if HICACHE_V2:
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        return get_storage_hash_str(key, None, page_size=PS)
+    return ctl.get_hash_str(key, None, page_size=PS)
+
+
+def _key(tokens, **namespace):
+    """A request's tokens as the installed SGLang's radix cache hands them to
+    the controller (0.5.23: a RadixKey with its extra_key and cache salt)."""
+    if not HICACHE_V2:
+        assert not namespace, "SGLang 0.5.17's controller takes token ids only"
+        return tokens
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    return RadixKey(tokens, **namespace)
+
+
+def _backup(ctl, key, host):
+    op_id = ctl.write_storage(host, key, hash_value=_page_hashes(ctl, key))
     op = ctl.ack_backup_queue.get(timeout=UP_WITHIN_S * 3)
     assert op.id == op_id
     return op
+
+
+def _prefetch_hit(ctl, rid, key):
+    """The storage hit the prefetch thread reports for a request."""
+    if HICACHE_V2:
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        ctl.prefetch(CacheRequestHandle(rid, 0), key)
+    else:
+        ctl.prefetch(rid, key)
+    return ctl.prefetch_hit_queue.get(timeout=UP_WITHIN_S * 3)
+
+
+def _prefetched_tokens(ctl, hit):
+    """Hands the hit to the I/O thread with host slots (what the scheduler
+    does) and returns the tokens it loaded: 0.5.17 counts them on the
+    operation; 0.5.23 reports them in acks (cumulative, one per batch, then
+    one that ends the request) on ack_prefetch_queue."""
+    ctl.prefetch_buffer.put(hit)
+    io = ctl.prefetch_io_aux_thread
+    if not HICACHE_V2:
+        want = hit.storage_hit_count
+        wait_until(lambda: hit.completed_tokens == want or not io.is_alive(), UP_WITHIN_S * 3, "prefetch I/O done")
+        assert io.is_alive()
+        return hit.completed_tokens
+    done = 0
+    while True:
+        ack = ctl.ack_prefetch_queue.get(timeout=UP_WITHIN_S * 3)
+        assert ack.rid == hit.request_id
+        if ack.completed_tokens is not None:
+            done = max(done, ack.completed_tokens)
+        if ack.completed_req:
+            assert io.is_alive()
+            return done
 
 
 @pytest.mark.parametrize("v1", [True, False], ids=["interface_v1", "generic"])
@@ -414,16 +540,30 @@ def test_hicache_controller_backs_up_and_prefetches(peer, controller_factory, v1
     assert isinstance(ctl.storage_backend, OrbitKVHiCacheStorage)
     assert ctl.page_set_func.__name__ == ("_page_set_zero_copy" if v1 else "_generic_page_set")
     tokens = list(range(100, 100 + 8 * PS))
-    assert _backup(ctl, tokens, indices(range(8))).completed_tokens == 8 * PS
-    ctl.prefetch("r1", tokens + [7, 7])  # a partial last page is not looked up
-    hit = ctl.prefetch_hit_queue.get(timeout=UP_WITHIN_S * 3)
+    assert _backup(ctl, _key(tokens), indices(range(8))).completed_tokens == 8 * PS
+    hit = _prefetch_hit(ctl, "r1", _key(tokens + [7, 7]))  # a partial last page is not looked up
     assert hit.storage_hit_count == 8 * PS
-    hit.host_indices = indices(range(16, 24))  # what the scheduler allocates, then hands to the I/O thread
-    ctl.prefetch_buffer.put(hit)
-    io = ctl.prefetch_io_aux_thread
-    wait_until(lambda: hit.completed_tokens == 8 * PS or not io.is_alive(), UP_WITHIN_S * 3, "prefetch I/O done")
-    assert io.is_alive() and hit.completed_tokens == 8 * PS
+    hit.host_indices = indices(range(16, 24))  # what the scheduler allocates
+    assert _prefetched_tokens(ctl, hit) == 8 * PS
     assert [page_bytes(hp, p) for p in range(16, 24)] == [page_bytes(hp, p) for p in range(8)]
+
+
+@pytest.mark.skipif(not HICACHE_V2, reason="SGLang 0.5.17's controller takes token ids only: no namespace to keep apart")
+def test_hicache_controller_keeps_adapters_and_salts_apart(peer, controller_factory, monkeypatch):
+    """Through SGLang 0.5.23's own controller: pages one adapter backed up are found
+    for that adapter's requests only, never for another adapter's, another salt's or
+    a request with neither; and a LoRA server is accepted (its hashes carry the id)."""
+    _server_args(monkeypatch, enable_lora=True, lora_paths=None)
+    ctl, hp = controller_factory(peer.socket)
+    tokens = list(range(300, 300 + 6 * PS))
+    assert _backup(ctl, _key(tokens, extra_key="sql"), indices(range(6))).completed_tokens == 6 * PS
+    misses = [_key(tokens, extra_key="chat"), _key(tokens), _key(tokens, extra_key="sql", cache_salt="tenant-b")]
+    assert [_prefetch_hit(ctl, f"miss{i}", k).storage_hit_count for i, k in enumerate(misses)] == [0, 0, 0]
+    hit = _prefetch_hit(ctl, "same", _key(tokens, extra_key="sql"))
+    assert hit.storage_hit_count == 6 * PS
+    hit.host_indices = indices(range(20, 26))
+    assert _prefetched_tokens(ctl, hit) == 6 * PS
+    assert [page_bytes(hp, p) for p in range(20, 26)] == [page_bytes(hp, p) for p in range(6)]
 
 
 def test_registration_logs_sglangs_own_prefetch_bound(peer, controller_factory, caplog):
@@ -460,7 +600,10 @@ def test_the_sglang_path_bench_runs_and_checks_its_bytes():
 def test_hicache_controller_threads_survive_a_peer_that_is_down(controller_factory, tmpdir_short):
     ctl, _ = controller_factory(os.path.join(tmpdir_short, "nobody.sock"))
     tokens = list(range(5, 5 + 4 * PS))
-    assert _backup(ctl, tokens, indices(range(4))).completed_tokens == 0  # not stored, not crashed
-    ctl.prefetch("r-down", tokens)
-    assert ctl.prefetch_revoke_queue.get(timeout=UP_WITHIN_S * 3) == "r-down"  # no hits: revoked
+    assert _backup(ctl, _key(tokens), indices(range(4))).completed_tokens == 0  # not stored, not crashed
+    if HICACHE_V2:  # the hit goes to the scheduler, which revokes a prefetch below its threshold
+        assert _prefetch_hit(ctl, "r-down", _key(tokens)).storage_hit_count == 0
+    else:
+        ctl.prefetch("r-down", tokens)
+        assert ctl.prefetch_revoke_queue.get(timeout=UP_WITHIN_S * 3) == "r-down"  # no hits: revoked
     assert ctl.prefetch_thread.is_alive() and ctl.backup_thread.is_alive() and ctl.prefetch_io_aux_thread.is_alive()

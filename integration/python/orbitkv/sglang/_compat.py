@@ -125,3 +125,30 @@ except Exception:
 
         def get_stats(self) -> Any:
             return None
+
+
+def build_mha_host_pool(device_pool: Any, host_to_device_ratio: float, host_size: int, page_size: int,
+                        layout: str, **kwargs: Any) -> Any:
+    """SGLang's MHA host pool (MHATokenToKVPoolHost) over an MHA device pool,
+    built the way the installed SGLang builds it (for the tests and
+    scripts/bench-sglang-path.py; a server builds its own). SGLang 0.5.17
+    takes the device pool itself; 0.5.23 takes the device pool's buffer
+    description (``MHABufferInfo``) and its capacity and layer range, which
+    its assembler derives with ``_mha_host_inputs``: that function is used
+    here, so the pool is the one a 0.5.23 server makes."""
+    import inspect
+
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # type: ignore
+
+    params = inspect.signature(MHATokenToKVPoolHost.__init__).parameters
+    if "buffer_info" not in params:  # SGLang 0.5.17
+        return MHATokenToKVPoolHost(device_pool, host_to_device_ratio, host_size, page_size, layout, **kwargs)
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _mha_host_inputs  # type: ignore
+
+    cls, info, derived = _mha_host_inputs(device_pool)
+    return cls(info, host_to_device_ratio, host_size, page_size, layout, **derived, **kwargs)
+
+
+# SGLang 0.5.23's PoolTransferResult carries the set of prefix lengths every
+# pool can restore (restorable_prefix_pages); 0.5.17's carries only a length.
+RESTORABLE_SETS = "restorable_prefix_pages" in {f.name for f in dataclasses.fields(PoolTransferResult)}

@@ -52,7 +52,7 @@ from typing import Any, List, Optional, Sequence
 
 from orbitkv import buffers, errors, keys
 from orbitkv.client import Client, OpResult, PageRef, Session
-from orbitkv.sglang import hostpool
+from orbitkv.sglang import _compat, hostpool
 from orbitkv.sglang._compat import (
     HiCacheStorage,
     HiCacheStorageConfig,
@@ -297,33 +297,51 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
 
     def batch_exists_v2(self, keys_: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Any = None) -> PoolTransferResult:
-        """The usable prefix: the leading KV pages present, shrunk to what
-        every extra pool's hit policy allows (ALL_PAGES: that pool holds
-        every page of the prefix; TRAILING_PAGES: it holds the last
-        len(transfer.keys) pages of it)."""
+        """The usable prefix, as SGLang's HiCacheFile decides it. The KV
+        pool: its leading pages present. ALL_PAGES: that pool holds every
+        page of the prefix. TRAILING_PAGES: it holds the last
+        len(transfer.keys) pages of it, so a trailing state may restore 5
+        pages and not 4. SGLang 0.5.23 takes the set of restorable lengths
+        (``restorable_prefix_pages``, intersected over TP ranks): the usable
+        prefix is the longest length every pool restores. SGLang 0.5.17
+        takes one length: the shortest of the pools' longest."""
         kv = self.batch_exists(keys_)
         hits: dict[str, int] = {PoolName.KV: kv} if kv else {}
-        final = kv
+        sets = _compat.RESTORABLE_SETS
+        restorable, final = set(range(1, kv + 1)), kv
         for t in pool_transfers or []:
             if final == 0:
                 break
             lane = self._lane(t.name)
             if t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
-                boundary = lane._trailing_boundary(keys_[:kv], max(1, len(t.keys or [])))
+                ok = lane._trailing_restorable(keys_[:kv], max(1, len(t.keys or [])), every=sets)
             else:
-                boundary = lane.batch_exists(keys_[:kv])
-            if boundary:
-                hits[t.name] = boundary
-            final = min(final, boundary)
-        return PoolTransferResult(final, hits)
+                ok = set(range(1, lane.batch_exists(keys_[:kv]) + 1))
+            if ok:
+                hits[t.name] = max(ok)
+            restorable &= ok
+            final = max(restorable, default=0) if sets else min(final, max(ok, default=0))
+        if not sets:
+            return PoolTransferResult(final, hits)
+        return PoolTransferResult(final, hits, sorted(restorable))
 
-    def _trailing_boundary(self, keys_: List[str], trailing: int) -> int:
-        """The longest prefix of keys_ whose last ``trailing`` pages this lane holds."""
-        for n in range(len(keys_), 0, -1):
-            window = keys_[max(0, n - trailing) : n]
-            if self.batch_exists(window) == len(window):
-                return n
-        return 0
+    def _trailing_restorable(self, keys_: List[str], trailing: int, every: bool) -> set[int]:
+        """The prefix lengths n of keys_ whose last ``trailing`` pages this
+        lane holds (``every``; else only the longest). Top down: a window
+        missing a page skips every length whose window holds that page."""
+        out: set[int] = set()
+        n = len(keys_)
+        while n > 0:
+            lo = max(0, n - trailing)
+            got = self.batch_exists(keys_[lo:n])
+            if got < n - lo:
+                n = lo + got  # keys_[lo + got] is missing
+                continue
+            out.add(n)
+            if not every:
+                break
+            n -= 1
+        return out
 
     def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> dict:
         return {t.name: self._lane(t.name).batch_get_v1(list(t.keys or []), t.host_indices) for t in transfers}
