@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ if os.environ.get("ORBITKV_REQUIRE") != "vllm":
     pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm033 runs this in its vLLM environment)")
 pytest.importorskip("vllm.v1.kv_offload.tiering.base", reason="this vLLM has no secondary-tier interface (0.33 has)")
 
-from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager  # noqa: E402
 
 from orbitkv.vllm_tier import OrbitKVTier  # noqa: E402
@@ -37,16 +38,21 @@ HIT, MISS = LookupResult.HIT, LookupResult.MISS
 FAST = dict(rpc_timeout_s=0.5, connect_timeout_s=0.5, store_deadline_ms=1500, load_deadline_ms=1500,
             abandon_grace_s=0.5)
 BOUND_S = 15.0  # every wait in these tests ends well before this
+ABANDON_S = FAST["store_deadline_ms"] / 1000 + FAST["abandon_grace_s"]
 
 
 @pytest.fixture
 def engines():
     made = []
 
-    def make(socket, **kw):
+    def make(socket, wait=True, **kw):
+        """An engine; ``wait``: once its tier's sessions are open (they open in
+        the background: until then lookups miss and stores are dropped)."""
         config = {k: kw.pop(k) for k in ("model", "dtype", "chunks") if k in kw}
         e = Engine(tier_entry(socket, **kw), **config)
         made.append(e)
+        if wait:
+            _until(lambda: _ready(e))
         return e
 
     yield make
@@ -67,7 +73,7 @@ def test_vllm_loads_the_tier_by_module_path_and_every_abstract_method_is_impleme
     assert isinstance(e.tier, OrbitKVTier) and isinstance(e.tier, SecondaryTierManager)
     assert not OrbitKVTier.__abstractmethods__
     assert e.tier.block_size_bytes == e.pool.shape[1]
-    assert e.tier.mode == "zero-copy"  # vLLM's pool is a /dev/shm file the peer maps
+    assert e.tier.mode == "zero-copy stores"  # vLLM's pool is a /dev/shm file the peer maps
 
 
 def test_unknown_option_is_refused_at_start(real_peer):
@@ -78,11 +84,14 @@ def test_unknown_option_is_refused_at_start(real_peer):
 # --- sharing between engines --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("zero_copy", ["auto", "off"])
+MODES = {"auto": "zero-copy stores", "on": "zero-copy", "off": "staging"}
+
+
+@pytest.mark.parametrize("zero_copy", sorted(MODES))
 def test_one_engine_stores_another_loads_byte_exact(real_peer, engines, zero_copy):
     a = engines(real_peer.socket, zero_copy=zero_copy)
     b = engines(real_peer.socket, zero_copy=zero_copy)
-    assert a.tier.mode == ("zero-copy" if zero_copy == "auto" else "staging")
+    assert a.tier.mode == MODES[zero_copy]
     ks = keys_for(1, 12)
     assert a.store(ks) == ks
     a.settle(BOUND_S)
@@ -135,11 +144,11 @@ def test_a_miss_after_the_first_gap_and_hits_after_it(real_peer, engines):
 
 def test_peer_down_at_start_then_up(tmpdir_short, engines):
     peer = real_peer_handle(tmpdir_short)
-    a = engines(peer.socket, **FAST)
+    a = engines(peer.socket, wait=False, **FAST)
     ks = keys_for(5, 4)
     a.store(ks)
     assert a.settle(BOUND_S) < BOUND_S  # the cascade fails at once: nothing to wait for
-    answers, _ = engines(peer.socket, **FAST).lookup(ks, BOUND_S)
+    answers, _ = engines(peer.socket, wait=False, **FAST).lookup(ks, BOUND_S)
     assert answers == [MISS] * 4
     peer.start()
     try:
@@ -154,15 +163,12 @@ def test_peer_down_at_start_then_up(tmpdir_short, engines):
 
 
 def _ready(engine):
-    s = engine.tier._link._session
-    return s is not None and s.ready
+    return engine.tier._link.ready
 
 
 def _wait_stored(engine, keys):
-    """Stores keys (fresh ones each try) until the peer has them: the session
-    opens in the background once the peer is up."""
-    import time
-
+    """Stores keys once the tier's session is open (it opens in the background
+    once the peer is up)."""
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
         if _ready(engine):
@@ -195,19 +201,52 @@ def test_peer_killed_and_restarted_mid_store(tmpdir_short, engines):
         peer.stop()
 
 
-def test_peer_frozen_mid_store_ends_jobs_by_their_deadline(tmpdir_short, engines):
+def test_peer_frozen_mid_store_ends_staged_jobs_by_their_deadline(tmpdir_short, engines):
+    """Staged stores to a frozen peer fail at their abandon time (nothing waits);
+    their staging slots stay out of use until the peer answers again."""
     peer = start_real_peer(tmpdir_short)
     try:
-        a = engines(peer.socket, **FAST)
+        a = engines(peer.socket, zero_copy="off", **FAST)
         a.store(keys_for(9, 2))
         a.settle(BOUND_S)
         peer.proc.send_signal(signal.SIGSTOP)
         try:
             a.store(keys_for(10, 4))
             took = a.settle(BOUND_S)
-            assert took < FAST["store_deadline_ms"] / 1000 + FAST["abandon_grace_s"] + 3 * FAST["rpc_timeout_s"] + 1
+            assert took < ABANDON_S + 2 * FAST["rpc_timeout_s"] + 1
+            assert a.tier._link.unsettled() == 1  # its slots wait for the peer
         finally:
             peer.proc.send_signal(signal.SIGCONT)
+        _until(lambda: a.tier._link.unsettled() == 0)
+        ks = keys_for(15, 2)
+        a.store(ks)
+        a.settle(BOUND_S)
+        answers, ctx = engines(peer.socket).lookup(ks, BOUND_S)
+        assert answers == [HIT, HIT]
+    finally:
+        peer.stop()
+
+
+def test_peer_frozen_mid_store_holds_pool_rows_until_it_answers(tmpdir_short, engines):
+    """A store the peer reads from vLLM's pool in place, sent to a frozen peer:
+    its rows stay pinned past the abandon time (the peer, woken, may still copy
+    them), and the job ends once the peer answers again and the operation's
+    deadline has passed since."""
+    peer = start_real_peer(tmpdir_short)
+    try:
+        a = engines(peer.socket, **FAST)
+        assert a.tier.mode == "zero-copy stores"
+        peer.proc.send_signal(signal.SIGSTOP)
+        try:
+            a.store(keys_for(16, 3))
+            deadline = time.monotonic() + ABANDON_S + 1.0
+            while time.monotonic() < deadline:  # held throughout, however often vLLM steps
+                a.step()
+                assert not a.idle()
+                time.sleep(0.05)
+        finally:
+            peer.proc.send_signal(signal.SIGCONT)
+        assert a.settle(BOUND_S) < ABANDON_S + 2
     finally:
         peer.stop()
 
@@ -224,8 +263,6 @@ def test_peer_killed_and_restarted_mid_load(tmpdir_short, engines):
         a.store(ks)
         a.settle(BOUND_S)
         m, tier = b.manager, b.tier
-        from vllm.v1.kv_offload.base import ReqContext
-
         ctx = ReqContext("mid-load")
         with m.lock:
             m.on_new_request(ctx)
@@ -257,8 +294,6 @@ def _answers(engine, keys, ctx, step=True):
 
 
 def _until(pred, timeout=BOUND_S):
-    import time
-
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
@@ -284,14 +319,14 @@ def test_a_full_peer_drops_stores_without_errors(tmpdir_short, engines):
         peer.stop()
 
 
-def test_staging_region_full_drops_the_store(real_peer, engines):
+def test_a_job_larger_than_the_staging_region_goes_in_parts(real_peer, engines):
     a = engines(real_peer.socket, zero_copy="off", staging_chunks=2)
-    b = engines(real_peer.socket)
-    ks = keys_for(13, 3)
-    a.store(ks)  # one job of three rows: more than the staging region holds
+    b = engines(real_peer.socket, staging_chunks=2)
+    ks = keys_for(13, 5)
+    a.store(ks)  # one job of five rows through two slots
     a.settle(BOUND_S)
-    answers, _ = b.lookup(ks, BOUND_S)
-    assert answers == [MISS] * 3
+    answers, ctx = b.lookup(ks, BOUND_S)  # one promotion of five rows through two slots
+    assert answers == [HIT] * 5 and _exact(b, ks, ctx)
 
 
 def test_lookups_race_stores(real_peer, engines):
@@ -323,3 +358,22 @@ def test_lookups_race_stores(real_peer, engines):
     a.settle(BOUND_S)
     answers, ctx = engines(real_peer.socket, chunks=256).lookup(ks, BOUND_S)
     assert answers == [HIT] * len(ks)
+
+
+def test_readme_tier_config_is_what_vllm_resolves():
+    """The README line's --kv-transfer-config is a valid vLLM KVTransferConfig, and
+    vLLM's own factories resolve its spec and its secondary tier to OrbitKVTier."""
+    import json
+
+    from vllm.config import KVTransferConfig
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    from tests.test_vllm_tier_parts import readme_tier_line
+
+    argv = readme_tier_line()
+    kv = KVTransferConfig(**json.loads(argv[argv.index("--kv-transfer-config") + 1]))
+    extra = dict(kv.kv_connector_extra_config, cpu_bytes_to_use=1 << 30)  # what --kv-offloading-size adds
+    assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
+    ((_, cls),) = TieringOffloadingSpec._get_secondary_tiers(extra)
+    assert cls is OrbitKVTier

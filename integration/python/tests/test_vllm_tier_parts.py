@@ -179,3 +179,34 @@ def test_options_are_checked(monkeypatch):
     for bad in ({"durability": "tape"}, {"zero_copy": "maybe"}, {"load_deadline_ms": 0}, {"nope": 1}):
         with pytest.raises(ValueError):
             TierConfig.from_options(bad)
+
+
+# --- the README's command line ---------------------------------------------------------------
+
+
+def readme_tier_line() -> list[str]:
+    """The README's `--kv-offloading-backend native` command, as argv."""
+    import os
+    import shlex
+
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")
+    with open(readme) as f:
+        lines = [l.strip() for l in f if l.strip().startswith("vllm serve ") and "orbitkv.vllm_tier" in l]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])
+
+
+def test_readme_tier_line_configures_the_tier():
+    import json
+    import os
+
+    argv = readme_tier_line()
+    assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
+    assert float(argv[argv.index("--kv-offloading-size") + 1]) > 0
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    extra = kv["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec"
+    (tier,) = extra["secondary_tiers"]
+    assert (tier["type"], tier["module_path"]) == ("OrbitKVTier", "orbitkv.vllm_tier")
+    options = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
+    assert os.path.isabs(TierConfig.from_options(options).socket)

@@ -19,9 +19,12 @@ Keys (all optional except ``socket``, which may come from $ORBITKV_SOCKET):
                       it is reported failed (default 2.0 s; see doc.py, "slots")
   durability          "dram" (default): a store is done once the page is in the
                       peer's DRAM; "ssd": once it is on the peer's SSD too
-  zero_copy           "auto" (default): the peer maps vLLM's CPU pool itself
-                      when it can open the pool's file, else a staging region;
-                      "on": refuse to start without it; "off": always stage
+  zero_copy           "auto" (default): stores are read by the peer straight
+                      from vLLM's CPU pool file when it can open it (else
+                      staged), loads land in a staging region and are copied
+                      into the pool (one copy; see link.py, "Slots", for why);
+                      "on": loads land in the pool too (refuses to start
+                      without the pool file); "off": both staged
   staging_dir         where the staging region's file goes (default /dev/shm;
                       it must be a directory the peer can open files in)
   staging_chunks      staging slots, the most chunks in flight through it

@@ -9,8 +9,10 @@ One copy (``StagingRegion``): otherwise (the file was unlinked, or the peer
 runs where it cannot see the engine's /dev/shm) the tier makes a file of
 ``slots`` rows in a directory the peer can open, copies a row into a slot
 before a store and out of a slot after a load, and frees the slot when the
-job ends. A job that finds no free slot fails at once (a store is dropped,
-a load is a miss): the staging region bounds the bytes in flight.
+job ends. A job larger than the free slots goes in parts as slots free up
+(orbitkv.vllm_tier.link); rows still without a slot at the job's abandon
+time fail (a store dropped, a load a miss): the staging region bounds the
+bytes in flight.
 
 Either way a region is rows of ``row_bytes`` bytes; ``blocks`` says which
 rows of the region the peer touches for a job.
@@ -68,6 +70,9 @@ class PoolRegion:
         except (NotFileBacked, OSError):
             return None
 
+    def available(self) -> int:
+        return self.num_blocks
+
     def for_store(self, chunk_ids: Sequence[int]) -> Optional[list[int]]:
         return [int(c) for c in chunk_ids]
 
@@ -109,6 +114,10 @@ class StagingRegion:
         self.segments = _segments(0, row_bytes)
         self.num_blocks = slots
         self._free = list(range(slots - 1, -1, -1))
+
+    def available(self) -> int:
+        """Free slots."""
+        return len(self._free)
 
     def _take(self, n: int) -> Optional[list[int]]:
         if n > len(self._free):

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 from vllm.v1.kv_offload.base import (
     Locality,
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # How long shutdown waits for the worker, beyond the longest job deadline.
 _SHUTDOWN_SLACK_S = 5.0
+# While drain_jobs waits on a peer that does not answer: how often it says so.
+_DRAIN_WARN_S = 5.0
 
 
 class OrbitKVTier(SecondaryTierManager):
@@ -153,19 +155,22 @@ class OrbitKVTier(SecondaryTierManager):
         return open_jobs > 0 or self._verdicts.probing > 0
 
     def drain_jobs(self) -> None:
-        """Blocks until every submitted job has ended (each ends by its
-        deadline plus abandon_grace_s); their results wait for the next
-        get_finished_jobs."""
-        limit = time.monotonic() + self._longest_job_s() + _SHUTDOWN_SLACK_S
+        """Blocks until every submitted job has ended; their results wait for
+        the next get_finished_jobs. A job ends by its deadline plus
+        abandon_grace_s, except a store whose operation the peer may still run
+        (it stopped answering): that one ends once the peer answers again or
+        is gone (orbitkv.vllm_tier.link, "Slots"), and this waits for it, as
+        vLLM's contract asks (reusing its rows could corrupt them)."""
+        warn_at = time.monotonic() + self._longest_job_s()
         while True:
             self._take_results()
             with self._jobs_lock:
                 running = self._jobs_open - len(self._finished)
                 if running <= 0:
                     return
-                if time.monotonic() > limit:
-                    log.error("orbitkv tier: %d jobs did not end in time", running)
-                    return
+                if time.monotonic() > warn_at:
+                    log.warning("orbitkv tier: waiting for %d jobs; the peer does not answer", running)
+                    warn_at = time.monotonic() + _DRAIN_WARN_S
                 self._jobs_lock.wait(0.01)
 
     def _longest_job_s(self) -> float:
@@ -177,7 +182,8 @@ class OrbitKVTier(SecondaryTierManager):
 
     @property
     def mode(self) -> str:
-        """"zero-copy" or "staging": how rows reach the peer."""
+        """How rows reach the peer: "zero-copy stores" (the default: loads are
+        staged), "zero-copy" (zero_copy "on") or "staging"."""
         return self._link.mode
 
     def config_info(self) -> dict:
