@@ -12,7 +12,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
 def vllm_line():
     with open(os.path.join(ROOT, "README.md")) as f:
-        lines = [l.strip() for l in f if l.strip().startswith("vllm serve ")]
+        lines = [l.strip() for l in f if l.strip().startswith("vllm serve ") and "OrbitKVConnector" in l]
     assert len(lines) == 1, lines
     return shlex.split(lines[0])
 
