@@ -226,8 +226,8 @@ class Link:
             lane.session = self._client.open_session(
                 self.layout, block_tokens=self.layout.page_tokens, num_blocks=r.num_blocks, buffers=[r.buffer],
                 segments=list(r.segments), engine_id=self.engine_id, lazy=True)
-        except errors.OrbitKVError as e:  # refused for good (e.g. it cannot map the file)
-            log.warning("orbitkv tier: the peer refused a session: %s", e)
+        except errors.OrbitKVError as e:  # refused for good (it cannot map the file, a row too big)
+            log.warning("orbitkv tier: the peer refused a session (the tier stays off unless staging helps): %s", e)
             lane.session = None
             self._fall_back(lane, e)
 
@@ -236,7 +236,7 @@ class Link:
         pool's file: another /dev/shm) falls back to staging, once."""
         for lane in self._distinct_lanes():
             s = lane.session
-            if s is None or s.ready or s.lost is None or s.lost.code in _TRANSIENT_CODES:
+            if not lane.region.zero_copy or s is None or s.ready or s.lost is None or s.lost.code in _TRANSIENT_CODES:
                 continue
             if any(f.lane is lane for f in self._inflight + self._unsettled) or any(st.lane is lane for st in self._jobs):
                 continue
@@ -297,7 +297,8 @@ class Link:
             log.exception("orbitkv tier: %s failed", kind)
             if kind == "lookup":
                 self.results.put(("lookup", [(p.key, p.generation, False) for p, _ in body]))
-            else:
+            else:  # answered once: parts still out end without finishing it again
+                self._jobs = [st for st in self._jobs if st.job is not body]
                 self._finish(body, False, [], 0.0)
 
     def _note(self, e: Optional[Exception] = None) -> None:
