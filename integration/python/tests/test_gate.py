@@ -196,11 +196,13 @@ def test_gate_stats_aggregate_and_reduce_for_vllms_log():
     from orbitkv.gate import GateStats
     from orbitkv.vllm.stats import OrbitKVStats
 
-    a = OrbitKVStats.of(GateStats(restores=2, hold_s=0.5, deferred_restores=1, max_holders=2))
-    b = OrbitKVStats.of(GateStats(restores=2, hold_s=0.3, deferred_misses=4, max_holders=3))
+    a = OrbitKVStats.of(GateStats(restores=2, hold_s=0.5, deferred_restores=1, max_holders=2), {"delayed_frees": 3})
+    b = OrbitKVStats.of(GateStats(restores=2, hold_s=0.3, deferred_misses=4, max_holders=3),
+                        {"delayed_frees": 1, "early_frees": 2, "flushes": 1})
     r = a.aggregate(b).reduce()
     assert r == {"orbitkv_restores": 4, "orbitkv_gate_hold_ms_avg": 200.0, "orbitkv_gate_deferred_restores": 1,
-                 "orbitkv_gate_deferred_misses": 4, "orbitkv_gate_deferred_budget": 0, "orbitkv_gate_max_holders": 3}
+                 "orbitkv_gate_deferred_misses": 4, "orbitkv_gate_deferred_budget": 0, "orbitkv_gate_max_holders": 3,
+                 "orbitkv_delayed_frees": 4, "orbitkv_early_frees": 2, "orbitkv_flushes": 1}
     assert OrbitKVStats.of(GateStats()).is_empty() and not a.is_empty()
 
 

@@ -741,3 +741,91 @@ def test_ssd_and_remote_hits_are_attributed_disk_and_p2p(fake_peer):
 
     seen = _save_then_restore(fake_peer.socket, prompt, tiers)
     assert seen == [(4 * 64, {"host": 64, "disk": 64, "p2p": 2 * 64})], seen
+
+
+# --- early_free: blocks freed at finish, a reuse waits for their saves (orbitkv.vllm.fences) ---------
+
+
+def _hold_saves(h: Harness):
+    """The harness worker's saves wait until the returned event is set; a
+    flush (begin_step with a non-empty meta.flush) sets it before it waits,
+    and the flushes it saw are recorded in the returned list."""
+    import threading
+
+    w = h.worker.worker
+    release, flushed = threading.Event(), []
+    run_save, begin = w._run_save, w.begin_step
+
+    def held_save(spec, ready=None):
+        release.wait(300)  # set by the test or by a flush below; the bound only keeps a broken run from hanging
+        return run_save(spec, ready)
+
+    def spying_begin(meta):
+        if meta.flush:
+            flushed.append(list(meta.flush))
+            release.set()
+        return begin(meta)
+
+    w._run_save, w.begin_step = held_save, spying_begin
+    return release, flushed
+
+
+def test_early_free_reuses_a_block_only_after_its_save_read_it(real_peer):
+    """Request a's two pages are saved while the saves are held; a finishes
+    and, with early_free, vLLM frees its blocks at once; b is big enough to
+    be given them. The step that gives them out must wait for a's saves
+    (flush) before b writes, so the pages a fresh engine restores for a's
+    prompt hold a's KV (the harness checks every restored token's bytes).
+    Without the flush the held saves run only after b's first step wrote
+    the blocks, and the restore check fails."""
+    a_prompt, b_prompt = _prompt(70, 128), _prompt(71, 300)
+    h = Harness(real_peer.socket, num_blocks=21, extra={"early_free": True})
+    release, flushed = _hold_saves(h)
+    try:
+        h.add("a", a_prompt, max_tokens=2)
+        for _ in range(20):
+            if "a" in h.finished:
+                break
+            h.step()
+        assert "a" in h.finished and not release.is_set(), "a must finish with its saves in flight"
+        fences = h.connector.scheduler.fences
+        assert fences.released_total == 1 and fences.fenced_blocks == 8  # 2 pages x 4 blocks
+        h.add("b", b_prompt, max_tokens=2)
+        for _ in range(20):  # step until b has computed its prompt; then the saves go on regardless
+            b = h.scheduler.requests.get("b")
+            if b is None or b.num_computed_tokens > 0:
+                break
+            h.step()
+        release.set()
+        h.run(max_steps=1000)
+        assert set(h.finished) == {"a", "b"}
+        assert flushed and "a" in flushed[0], "b's step reused a's blocks without waiting for a's saves"
+        assert fences.fenced_blocks == 0, "the workers' SavesDone reports end every fence"
+        assert h.connector.scheduler.frees_total["early_frees"] >= 1
+        assert h.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 21 - 1
+    finally:
+        h.close()
+    fresh = Harness(real_peer.socket, num_blocks=64)
+    try:
+        fresh.add("a2", a_prompt + _prompt(72, 20))
+        fresh.run(max_steps=1000)
+        assert "a2" in fresh.finished
+        assert fresh.loaded_pages == 2 and fresh.failed_blocks == 0
+        assert fresh.checked_tokens >= 128  # a's restored bytes were checked before b2 computed on them
+    finally:
+        fresh.close()
+
+
+def test_by_default_a_finished_request_keeps_its_blocks_until_its_saves_end(real_peer):
+    """early_free off (the default): request_finished delays the free and
+    nothing is fenced; the counters say which way each free went."""
+    h = Harness(real_peer.socket, num_blocks=64)
+    try:
+        h.add("a", _prompt(73, 128), max_tokens=2)
+        h.run(max_steps=1000)
+        sched = h.connector.scheduler
+        assert sched.fences.released_total == 0 and sched.fences.fenced_blocks == 0
+        assert sched.frees_total == {"delayed_frees": 1, "early_frees": 0, "flushes": 0}
+        assert h.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 64 - 1
+    finally:
+        h.close()

@@ -205,8 +205,9 @@ class Harness:
                 sending, recving = w.get_finished(so.finished_req_ids)
             invalid = w.get_block_ids_with_load_errors()
             self.failed_blocks += len(invalid)
+            wmeta = w.build_connector_worker_meta()  # as vLLM's runners do: the step's worker metadata
             kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid,
-                                    **failed)
+                                    kv_connector_worker_meta=wmeta, **failed)
             w.clear_connector_metadata()
         ids = list(sampled)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},

@@ -56,7 +56,8 @@ class KVConnectorOutput:
     kv_connector_worker_meta: Any = None
 
     def is_empty(self) -> bool:
-        return not (self.finished_sending or self.finished_recving or self.invalid_block_ids)
+        return not (self.finished_sending or self.finished_recving or self.invalid_block_ids
+                    or self.kv_connector_worker_meta)
 
 
 def vllm_config_for(cfg: EngineConfig, pool: KVPool, extra: Dict[str, Any]) -> types.SimpleNamespace:

@@ -106,8 +106,10 @@ class ModelRunner:
                 rec["gpu_layer_ready_ms"] = [round(x, 3) for x in ms]
             self.timings.append(rec)
             del self.timings[:-256]
+        wmeta = self.connector.build_connector_worker_meta() if hasattr(self.connector, "build_connector_worker_meta") else None
         return sampled, KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                          failed_recving=failed, invalid_block_ids=invalid)
+                                          failed_recving=failed, invalid_block_ids=invalid,
+                                          kv_connector_worker_meta=wmeta)
 
     def _transfer_results(self, finished: Set[str]):
         conn = self.connector

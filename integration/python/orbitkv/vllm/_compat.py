@@ -54,6 +54,17 @@ except Exception:  # vLLM absent (or too different to import)
 
 
 try:  # pragma: no cover
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata  # type: ignore
+except Exception:
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
+        """Worker -> scheduler metadata of one step (vLLM aggregates the workers')."""
+
+        def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+            raise NotImplementedError
+
+
+try:  # pragma: no cover
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults  # type: ignore
 except Exception:
 

@@ -29,6 +29,12 @@ Extra-config keys (all optional except ``socket``):
   gate              restore admission gate: true (default: queue-aware on vLLM >= 0.26
                     under FCFS, strict otherwise; orbitkv.gate), "strict" (one restore
                     at a time, nothing admitted beside it), false (off: experiments only)
+  early_free        free a finished request's blocks at once even while its saves are in
+                    flight (default False: vLLM frees them once the saves are reported,
+                    request_finished's delayed free). A block handed out again before its
+                    save ended is waited for before the step that writes it (orbitkv.vllm.fences:
+                    a flush on reuse, bounded by save_deadline_ms). P/D handoffs keep the
+                    delayed free.
   durability        "dram" (default): a save is acknowledged once the page is in
                     the peer's DRAM pool (it reaches SSD only when demoted, and a
                     peer restart loses it until then); "ssd": acknowledged once
@@ -87,6 +93,7 @@ class ConnectorConfig:
     layerwise: bool = False
     gate: bool = True
     gate_strict: bool = False
+    early_free: bool = False
     durability: str = "dram"
     lookup_refresh_s: float = 0.5
     recompute_tokens_per_s: int = 0
@@ -204,6 +211,7 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
         layerwise=bool(extra.get("layerwise", False)),
         gate=_gate(extra.get("gate", True))[0],
         gate_strict=_gate(extra.get("gate", True))[1],
+        early_free=_flag(extra.get("early_free", False), "early_free"),
         durability=str(extra.get("durability", "dram")),
         lookup_refresh_s=float(extra.get("lookup_refresh_s", 0.5)),
         recompute_tokens_per_s=int(extra.get("recompute_tokens_per_s", 0)),
@@ -216,6 +224,15 @@ def load_config(vllm_config: Any) -> ConnectorConfig:
     )
     cfg.validate()
     return cfg
+
+
+def _flag(v: Any, name: str) -> bool:
+    """A boolean extra-config value (JSON true/false or the strings)."""
+    if isinstance(v, str):
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        raise ValueError(f'orbitkv: kv_connector_extra_config "{name}" must be true or false, not {v!r}')
+    return bool(v)
 
 
 def _gate(v: Any) -> tuple[bool, bool]:

@@ -233,8 +233,9 @@ class OrbitKVConnector(KVConnectorBase_V1):
             self.handoffs.forget(request.request_id)
         pages = self.scheduler.planned_pages(request)
         tail = self.scheduler.planned_tail(request)
-        delay, params = self.scheduler.request_finished(request, block_ids)
-        if pd.wants_handoff(self.cfg.kv_role, request):
+        handoff = pd.wants_handoff(self.cfg.kv_role, request)
+        delay, params = self.scheduler.request_finished(request, block_ids, keep=handoff)
+        if handoff:
             params = pd.handoff_params(self.cfg.engine_id, pages, self.cfg.layout.page_tokens, self._own_member(),
                                        block_ids_of(block_ids) if block_ids is not None else None, tail_tokens=tail)
         return delay, params
@@ -247,7 +248,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         "KV Transfer metrics"); None on the worker side and when idle."""
         if self._sched is None:
             return None
-        st = OrbitKVStats.of(self._sched.gate.take_stats())
+        st = OrbitKVStats.of(self._sched.gate.take_stats(), self._sched.take_free_stats())
         return None if st.is_empty() else st
 
     @classmethod
@@ -267,6 +268,17 @@ class OrbitKVConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, OrbitKVMetadata), type(meta)
         return meta
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Before anything in the step writes a block: wait for the saves that
+        read blocks the step reuses (early_free: orbitkv.vllm.fences)."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, OrbitKVMetadata):
+            self._worker.begin_step(connector_metadata)
+
+    def build_connector_worker_meta(self) -> Any:
+        """Released requests whose saves ended (SavesDone), None when none."""
+        return self._worker.take_saves_done() if self._worker is not None else None
 
     def handle_preemptions(self, kv_connector_metadata: Any = None) -> None:
         ids = getattr(kv_connector_metadata, "preempted", kv_connector_metadata) or ()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from orbitkv.vllm._compat import KVConnectorMetadata
+from orbitkv.vllm._compat import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 SKIP_BLOCK = 0xFFFFFFFF  # orbitkv.client.SKIP_BLOCK (not imported: metadata stays light)
 
@@ -48,7 +48,26 @@ class OrbitKVMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = dataclasses.field(default_factory=list)
     saves: list[SaveSpec] = dataclasses.field(default_factory=list)
     preempted: list[str] = dataclasses.field(default_factory=list)
+    # early_free (orbitkv.vllm.fences): requests freed at finish with saves in
+    # flight (their end is reported in SavesDone, never as finished_sending), and
+    # requests whose saves must end before this step writes the blocks it reuses
+    released: list[str] = dataclasses.field(default_factory=list)
+    flush: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def has_sync_loads(self) -> bool:
         return any(l.sync for l in self.loads)
+
+
+@dataclasses.dataclass
+class SavesDone(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: released requests whose saves all ended, with the
+    number of workers that say so (vLLM sums the workers' reports: aggregate)."""
+
+    reports: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def aggregate(self, other: "SavesDone") -> "SavesDone":
+        out = dict(self.reports)
+        for r, n in getattr(other, "reports", {}).items():
+            out[r] = out.get(r, 0) + n
+        return SavesDone(out)

@@ -28,6 +28,7 @@ from orbitkv.client import SKIP_BLOCK, LookupResult
 from orbitkv.gate import Admission, RestoreGate
 from orbitkv.vllm import pd
 from orbitkv.vllm._compat import block_ids_of
+from orbitkv.vllm.fences import SaveFences, handed_blocks
 from orbitkv.vllm.config import ConnectorConfig
 from orbitkv.vllm.failed_pages import FailedPages
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, SaveSpec
@@ -167,6 +168,9 @@ class SchedulerHalf:
         self.prefill = PrefillRate()  # the engine's prefill tokens/s, from the steps it plans
         self._step_prefill = 0  # prompt tokens the step being planned computes
         self._unkeyed_seen: set[str] = set()  # reasons a request could not be keyed, logged once each
+        self.fences = SaveFences(workers=max(1, cfg.layout.tp_size))  # early_free (orbitkv.vllm.fences)
+        self.frees = {"delayed_frees": 0, "early_frees": 0, "flushes": 0}  # since the last take_free_stats
+        self.frees_total = dict(self.frees)  # since the start
 
     # --- keys and lookups ----------------------------------------------------
 
@@ -471,7 +475,19 @@ class SchedulerHalf:
         meta.preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         for rid in meta.preempted:
             self._preempted(rid)
+        if self.cfg.early_free:
+            meta.released, meta.flush = self.fences.step(handed_blocks(scheduler_output, meta.loads))
+            self._count_free("flushes", len(meta.flush))
         return meta
+
+    def _count_free(self, name: str, n: int = 1) -> None:
+        self.frees[name] += n
+        self.frees_total[name] += n
+
+    def take_free_stats(self) -> dict[str, int]:
+        """How finished requests' blocks were freed since the last call."""
+        out, self.frees = self.frees, dict.fromkeys(self.frees, 0)
+        return out
 
     def _adopt(self, nr: Any) -> _Req:
         """A request first seen scheduled (never looked up): vLLM's
@@ -536,6 +552,7 @@ class SchedulerHalf:
             ks = {r: self._keys(st, r)[pages.start : pages.stop] for r in self._fps}
             blocks = [tuple(st.block_ids[p * bpp : (p + 1) * bpp]) for p in pages]
             meta.saves.append(SaveSpec(st.req_id, pages.start, ks, blocks))
+            self.fences.saving(st.req_id, (b for page in blocks for b in page))
             st.saved_pages = upto
             self.gate.save_started(st.req_id)
         if tail:
@@ -556,10 +573,12 @@ class SchedulerHalf:
         blocks = tuple(own) + (own[-1],) * (bpp - len(own))
         ks = {r: [self._tail_key(st, r)] for r in self._fps}
         meta.saves.append(SaveSpec(st.req_id, i, ks, [blocks]))
+        self.fences.saving(st.req_id, blocks)
         st.tail_saved = True
         self.gate.save_started(st.req_id)
 
     def _preempted(self, rid: str) -> None:
+        self.fences.preempted(rid)
         st = self._reqs.get(rid)
         if st is not None:
             st.block_ids = []
@@ -597,10 +616,23 @@ class SchedulerHalf:
                     self._reqs.pop(rid, None)
         for rid in getattr(connector_output, "finished_sending", None) or ():
             self.gate.saves_done(str(rid))
+            self.fences.ended(str(rid))
+        done = getattr(getattr(connector_output, "kv_connector_worker_meta", None), "reports", None)
+        for rid in self.fences.reported(done or {}):
+            self.gate.saves_done(rid)
 
-    def request_finished(self, request: Any, block_ids: Any = None) -> tuple[bool, Optional[dict]]:
+    def request_finished(self, request: Any, block_ids: Any = None, *, keep: bool = False) -> tuple[bool, Optional[dict]]:
+        """(delay, None): delay — vLLM keeps the blocks until the workers report
+        the request's saves ended; with early_free (and not ``keep``: a P/D
+        handoff) it frees them now and the saves' blocks are fenced instead."""
         rid = str(request.request_id)
         delay = self.gate.finished(rid, self.clock())
+        if delay and self.cfg.early_free and not keep:
+            self.fences.release(rid)
+            delay = False
+            self._count_free("early_frees")
+        elif delay:
+            self._count_free("delayed_frees")
         st = self._reqs.get(rid)
         if st is not None:
             st.finished = True

@@ -19,7 +19,8 @@ except Exception:
         data: dict = dataclasses.field(default_factory=dict)
 
 
-_SUMS = ("restores", "hold_s", "deferred_restores", "deferred_misses", "deferred_budget")
+_SUMS = ("restores", "hold_s", "deferred_restores", "deferred_misses", "deferred_budget", "delayed_frees",
+         "early_frees", "flushes")
 
 
 @dataclasses.dataclass
@@ -27,8 +28,10 @@ class OrbitKVStats(KVConnectorStats):
     """``data``: GateStats' fields (sums, and max_holders as a maximum)."""
 
     @classmethod
-    def of(cls, g: GateStats) -> "OrbitKVStats":
-        return cls(data=dataclasses.asdict(g))
+    def of(cls, g: GateStats, frees: Optional[dict] = None) -> "OrbitKVStats":
+        """The gate's counters, and how finished requests' blocks were freed
+        (SchedulerHalf.take_free_stats)."""
+        return cls(data={**dataclasses.asdict(g), **(frees or {})})
 
     def reset(self) -> None:
         self.data = {}
@@ -51,6 +54,9 @@ class OrbitKVStats(KVConnectorStats):
             "orbitkv_gate_deferred_misses": int(d.get("deferred_misses", 0)),
             "orbitkv_gate_deferred_budget": int(d.get("deferred_budget", 0)),
             "orbitkv_gate_max_holders": int(d.get("max_holders", 0)),
+            "orbitkv_delayed_frees": int(d.get("delayed_frees", 0)),
+            "orbitkv_early_frees": int(d.get("early_frees", 0)),
+            "orbitkv_flushes": int(d.get("flushes", 0)),
         }
 
     def is_empty(self) -> bool:

@@ -37,7 +37,7 @@ from orbitkv import buffers, errors
 from orbitkv.client import SKIP_BLOCK, Client, DTYPE_BYTES, Durability, Op, OpResult, PageRef, Session
 from orbitkv.keys import Layout
 from orbitkv.vllm.config import ConnectorConfig
-from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, PageSpan, SaveSpec
+from orbitkv.vllm.metadata import LoadSpec, OrbitKVMetadata, PageSpan, SaveSpec, SavesDone
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,9 @@ class WorkerHalf:
         self._loads: dict[str, _LoadState] = {}
         self._saves: dict[str, list[cf.Future]] = {}
         self._finishing: set[str] = set()
+        self._released: set[str] = set()  # early_free: finished, blocks freed, saves reported in SavesDone
+        self._saves_done: dict[str, int] = {}  # released requests whose saves ended, for the step's SavesDone
+        self.flush_waits = 0  # steps that waited for saves of blocks they reuse (orbitkv.vllm.fences)
         self._load_errors: set[int] = set()
         self._closed = False
         self._layer_index: dict[str, int] = {}
@@ -341,6 +344,28 @@ class WorkerHalf:
             with self._lock:
                 self._saves.setdefault(spec.req_id, []).append(fut)
 
+    def begin_step(self, meta: OrbitKVMetadata) -> None:
+        """Before the step writes any block: records the requests released
+        with saves in flight and waits for the saves that read blocks this step
+        reuses (meta.flush). Each save ends by its own deadline (_run_save); a
+        flush that outlasts them all is logged and the step goes on."""
+        with self._lock:
+            self._released.update(meta.released)
+            futs = [f for r in meta.flush for f in self._saves.get(r, ())]
+        if not futs or all(f.done() for f in futs):
+            return
+        self.flush_waits += 1
+        limit = len(futs) * (self.cfg.save_deadline_ms / 1000.0 + _GRACE_S)
+        _, pending = cf.wait(futs, timeout=limit)
+        if pending:
+            log.error("orbitkv: %d saves of reused blocks not ended after %.0f s", len(pending), limit)
+
+    def take_saves_done(self) -> Optional[SavesDone]:
+        """The step's SavesDone (vLLM's worker metadata), None when empty."""
+        with self._lock:
+            done, self._saves_done = self._saves_done, {}
+        return SavesDone(done) if done else None
+
     def handle_preemptions(self, req_ids: Sequence[str]) -> None:
         with self._lock:
             futs = [f for r in req_ids for f in self._saves.get(str(r), ())]
@@ -353,9 +378,11 @@ class WorkerHalf:
             for r in finished_req_ids:
                 if str(r) in self._saves:
                     self._finishing.add(str(r))
+                elif str(r) in self._released:  # nothing of it in flight here
+                    self._report_done(str(r), sending)
             for r in list(self._finishing):
                 if all(f.done() for f in self._saves[r]):
-                    sending.add(r)
+                    self._report_done(r, sending)
                     self._finishing.discard(r)
                     del self._saves[r]
             layerwise = [st for st in self._loads.values() if st.layerwise]
@@ -376,6 +403,16 @@ class WorkerHalf:
                 if not st.spec.sync:
                     recving.add(r)
         return sending, recving, failed
+
+    def _report_done(self, r: str, sending: set[str]) -> None:
+        """A finished request's saves ended: finished_sending frees its blocks
+        (a delayed free); a released one's blocks are free already, so it goes
+        to SavesDone instead (vLLM asserts a request in finished_sending exists)."""
+        if r in self._released:
+            self._released.discard(r)
+            self._saves_done[r] = 1
+        else:
+            sending.add(r)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         with self._lock:
