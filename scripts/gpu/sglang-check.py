@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""CPU check of scripts/gpu/sglang.sh's server command lines against the real SGLang 0.5.17.
+"""CPU check of scripts/gpu/sglang.sh's server command lines against the real SGLang (0.5.17 or
+0.5.23).
 
-Run with the SGLang test environment (scripts/install-sglang.sh), from the repository root:
+Run with an SGLang test environment (scripts/install-sglang.sh, scripts/install-sglang0523.sh),
+from the repository root:
 
   ~/.cache/orbitkv/sglang-0.5.17/bin/python scripts/gpu/sglang-check.py
+  ~/.cache/orbitkv/sglang-0.5.23/bin/python scripts/gpu/sglang-check.py
 
 For every config the script runs (native, l2, dram, ssd, and dram with deterministic inference)
 it takes the exact argv from `sglang.sh flags CONFIG` and
   1. parses it with SGLang's own argument parser (ServerArgs.add_cli_args): an unknown flag or a
      value outside a flag's choices fails here as it would on the H200;
   2. for the storage configs, reads the --hicache-storage-backend-extra-config string the way
-     the server does (HiRadixCache._parse_storage_backend_extra_config), builds SGLang's
+     the server does (0.5.17: HiRadixCache._parse_storage_backend_extra_config; 0.5.23:
+     HybridCacheController.parse_storage_backend_extra_config), builds SGLang's
      HiCacheStorageConfig from it and asks SGLang's StorageBackendFactory for the "dynamic"
      backend: the module and class it names must import and build our OrbitKVHiCacheStorage
      (which reads its socket from the same dict).
@@ -46,12 +50,23 @@ def parse(argv):
     return ns
 
 
+def parse_extra_config(text):
+    """The extra config as the installed SGLang's server reads it."""
+    try:  # 0.5.17
+        from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
+
+        return HiRadixCache._parse_storage_backend_extra_config(None, text)[0]
+    except ModuleNotFoundError:  # 0.5.23: HiCache v2
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+        return HybridCacheController.parse_storage_backend_extra_config(text)[0]
+
+
 def backend_of(ns):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-    from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-    extra, *_ = HiRadixCache._parse_storage_backend_extra_config(None, ns.hicache_storage_backend_extra_config)
+    extra = parse_extra_config(ns.hicache_storage_backend_extra_config)
     cfg = HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
         enable_storage_metrics=False, is_page_first_layout=ns.hicache_mem_layout == "page_first",
