@@ -76,6 +76,20 @@ def test_vllm_loads_the_tier_by_module_path_and_every_abstract_method_is_impleme
     assert e.tier.mode == "zero-copy stores"  # vLLM's pool is a /dev/shm file the peer maps
 
 
+def test_shutdown_lets_vllm_unmap_its_pool(real_peer, caplog):
+    """The tier drops every view of vLLM's pool when it shuts down: vLLM then
+    unmaps it instead of keeping it mapped for an exporter it cannot name."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    e = Engine(tier_entry(real_peer.socket))
+    _until(lambda: _ready(e))
+    e.store(keys_for(17, 2))
+    e.settle(BOUND_S)
+    e.close()
+    assert not [r for r in caplog.records if "still exported" in r.getMessage()]
+
+
 def test_unknown_option_is_refused_at_start(real_peer):
     with pytest.raises(ValueError, match="unknown option"):
         Engine(tier_entry(real_peer.socket, sokcet="typo"))
