@@ -249,3 +249,20 @@ def test_partial_local_hit_load_error_spares_local_blocks(engine64):
     assert not failed  # per block only: failed_recving makes vLLM 0.33 recompute the whole request
     # page 0's loaded block and every page after it; the local ones stay valid
     assert errs == set(b_blocks[3:16]), "the local blocks were reported failed"
+
+
+def test_pages_past_the_requests_publishable_block_hashes_are_not_saved(engine):
+    """vLLM (after 0.33) tells a content-addressed connector how many of a
+    request's block hashes it may publish (num_publishable_block_hashes);
+    pages past them are not saved, and a request without it saves every
+    whole page."""
+    e, _ = engine
+    capped = Request("capped", list(range(1000, 1000 + 3 * PT)))
+    capped.num_publishable_block_hashes = (PT + PT // 2) // BS  # 1.5 pages of blocks: page 1 is not whole
+    blocks = list(range(0, 3 * PT // BS))
+    assert e.sched.get_num_new_matched_tokens(capped, 0) == (0, False)
+    e.sched.update_state_after_alloc(capped, (blocks,), 0)
+    so = SchedulerOutput([NewRequestData("capped", capped.prompt_token_ids, (blocks,), 0)],
+                         num_scheduled_tokens={"capped": 3 * PT})
+    meta, _, _ = e.step(so)
+    assert [len(s.blocks) for s in meta.saves] == [1]

@@ -99,6 +99,7 @@ class _Req:
     tail_saved: bool = False
     tail_keys: dict[int, bytes] = dataclasses.field(default_factory=dict)
     sources: dict[str, int] = dataclasses.field(default_factory=dict)  # the planned load's tokens by tier (hit_sources)
+    request: Any = None  # vLLM's Request (num_publishable_block_hashes), None when first seen scheduled
 
 
 def request_extras(request: Any, salt_known: bool = True) -> tuple[Optional[keys.Extras], str]:
@@ -184,7 +185,8 @@ class SchedulerHalf:
     def _new_req(self, rid: str, request: Any, salt_known: bool) -> _Req:
         extras, why = request_extras(request, salt_known)
         tokens = getattr(request, "prompt_token_ids", None)
-        st = _Req(rid, [int(t) for t in tokens] if tokens is not None else [], extras=extras, unkeyed=why)
+        st = _Req(rid, [int(t) for t in tokens] if tokens is not None else [], extras=extras, unkeyed=why,
+                  request=request if hasattr(request, "num_publishable_block_hashes") else None)
         st.hands_off = self.cfg.saves and pd.wants_handoff(self.cfg.kv_role, request)
         # A full-prompt hit only with async loads: vLLM then computes the last token
         # again itself (_update_waiting_for_remote_kv); a sync hit must leave one.
@@ -537,7 +539,7 @@ class SchedulerHalf:
         self.gate.computed(st.req_id, self.clock())
         pt, bpp = self.cfg.layout.page_tokens, self.cfg.blocks_per_page
         upto = min(computed_after, len(st.tokens)) // pt
-        upto = min(upto, len(st.block_ids) // bpp)
+        upto = min(upto, len(st.block_ids) // bpp, self._publishable_pages(st))
         tail = st.hands_off and not st.tail_saved and computed_after >= len(st.tokens) and len(st.tokens) % pt > 0
         if upto <= st.saved_pages and not tail:
             return
@@ -557,6 +559,16 @@ class SchedulerHalf:
             self.gate.save_started(st.req_id)
         if tail:
             self._save_tail(st, meta)
+
+    def _publishable_pages(self, st: _Req) -> int:
+        """Pages whose blocks vLLM lets a content-addressed cache publish:
+        vLLM's ``Request.num_publishable_block_hashes`` (in the base class's
+        request_finished docstring since after 0.33: with EAGLE prefix-cache
+        hashing the last block's hash is not final) where the request has it."""
+        n = getattr(st.request, "num_publishable_block_hashes", None)
+        if n is None:
+            return len(st.tokens) // self.cfg.layout.page_tokens + 1
+        return int(n) * self.cfg.block_tokens // self.cfg.layout.page_tokens
 
     def _save_tail(self, st: _Req, meta: OrbitKVMetadata) -> None:
         """A handoff's tail: the prompt's last (partial) page, computed in this
