@@ -1,6 +1,12 @@
-package main
+// Package lookup is `orbitkv bench lookup`: the catalog's lookup latency
+// with many entries, beside DESIGN.md §6's target. It measures the public
+// catalog API; the peer's ask hand-off (fabric/store/readmit.go) is not
+// exported, so Run rebuilds it here from tiers.Frequency, the public
+// sketch it feeds, to time the lookup as the peer makes it.
+package lookup
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -18,13 +24,24 @@ import (
 // looked up among 10 M entries in at most 50 µs at p99.
 const lookupTargetP99 = 50 * time.Microsecond
 
-// benchLookup builds an in-memory catalog of entries pages, laid out as
+// Config is a lookup bench's size.
+type Config struct {
+	Entries int // catalog entries (pages)
+	Chain   int // pages per looked-up chain
+	Iters   int // timed lookups
+}
+
+// DefaultConfig is the size of the target: 10 M entries, 128-page chains.
+func DefaultConfig() Config { return Config{Entries: 10_000_000, Chain: 128, Iters: 100_000} }
+
+// Run builds an in-memory catalog of entries pages, laid out as
 // entries/chain prompt chains of chain pages (half the pages in DRAM, half
 // on SSD), then times iters lookups of chain-long key chains: 50% full hits,
 // 40% partial hits (a stored prefix of random length followed by pages
 // never saved) and 10% misses. It prints the size, build time, heap in use
 // and the latency percentiles next to the target.
-func benchLookup(w io.Writer, entries, chain, iters int) error {
+func Run(_ context.Context, cfg Config, w io.Writer) error {
+	entries, chain, iters := cfg.Entries, cfg.Chain, cfg.Iters
 	if entries <= 0 || chain <= 0 || iters <= 0 || entries < chain {
 		return fmt.Errorf("bench lookup: need entries >= chain > 0 and iters > 0, got %d, %d, %d", entries, chain, iters)
 	}

@@ -1,6 +1,7 @@
-package main
+package lookup
 
 import (
+	"context"
 	"strings"
 	"testing"
 )
@@ -10,7 +11,7 @@ import (
 // (fabric/store/readmit.go) in front, one line each.
 func TestBenchLookupPrintsTheAskSketchBesideTheCatalog(t *testing.T) {
 	var b strings.Builder
-	if err := benchLookup(&b, 4096, 128, 200); err != nil {
+	if err := Run(context.Background(), Config{Entries: 4096, Chain: 128, Iters: 200}, &b); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()

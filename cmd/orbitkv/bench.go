@@ -5,6 +5,7 @@ import (
 	"flag"
 	"io"
 
+	"github.com/orbitkv/orbitkv/bench/lookup"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -34,15 +35,16 @@ func runBenchSSD(ctx context.Context, args []string, out io.Writer) error {
 	return benchSSD(ctx, out, scratch, *pageBytes, *pages, *depth)
 }
 
-func runBenchLookup(_ context.Context, args []string, out io.Writer) error {
+func runBenchLookup(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench lookup", flag.ContinueOnError)
-	entries := fs.Int("entries", 10_000_000, "catalog entries")
-	chain := fs.Int("chain", 128, "pages per looked-up chain")
-	iters := fs.Int("iters", 100_000, "timed lookups")
+	cfg := lookup.DefaultConfig()
+	fs.IntVar(&cfg.Entries, "entries", cfg.Entries, "catalog entries")
+	fs.IntVar(&cfg.Chain, "chain", cfg.Chain, "pages per looked-up chain")
+	fs.IntVar(&cfg.Iters, "iters", cfg.Iters, "timed lookups")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	return benchLookup(out, *entries, *chain, *iters)
+	return lookup.Run(ctx, cfg, out)
 }
 
 func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {

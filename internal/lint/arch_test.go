@@ -48,13 +48,16 @@ func listPackages(t *testing.T) []pkg {
 
 // layer of a project package: imports may only point to lower layers
 // (DESIGN.md §4: cmd → fabric → {catalog, tiers, transfer} → {rdma, cuda,
-// proto, internal}).
+// proto, internal}). The benchmarks (bench/, issue 35) sit between cmd,
+// which wires their flags, and fabric, which they measure.
 func layer(rel string) int {
 	top, _, _ := strings.Cut(rel, "/")
 	switch top {
 	case "integration":
-		return 5
+		return 6
 	case "cmd":
+		return 5
+	case "bench":
 		return 4
 	case "fabric":
 		return 3
