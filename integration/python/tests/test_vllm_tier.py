@@ -48,7 +48,7 @@ def engines():
     def make(socket, wait=True, **kw):
         """An engine; ``wait``: once its tier's sessions are open (they open in
         the background: until then lookups miss and stores are dropped)."""
-        config = {k: kw.pop(k) for k in ("model", "dtype", "chunks") if k in kw}
+        config = {k: kw.pop(k) for k in ("model", "dtype", "chunks", "engine_id") if k in kw}
         e = Engine(tier_entry(socket, **kw), **config)
         made.append(e)
         if wait:
@@ -127,6 +127,28 @@ def test_zero_copy_and_staging_engines_share_pages(real_peer, engines):
     a.settle(BOUND_S)
     answers, ctx = b.lookup(ks, BOUND_S)
     assert answers == [HIT] * 5 and _exact(b, ks, ctx)
+
+
+def test_a_peer_that_cannot_map_vllms_pool_gets_staged_stores(real_peer, engines, caplog):
+    """vLLM names its pool file after the engine id; an id that puts the file in
+    the peer's data dir (which the peer refuses to map: its own files live
+    there) stands in for a peer that cannot open the engine's /dev/shm. The
+    tier falls back to staging its stores too, and pages still flow."""
+    hop = f"/dev/shm/vllm_offload_okvt-{os.getpid()}"
+    os.makedirs(hop, exist_ok=True)
+    try:
+        up = os.path.relpath(real_peer.data_dir, hop)  # from that directory into the data dir
+        a = engines(real_peer.socket, engine_id=f"okvt-{os.getpid()}/{up}/pool")
+        assert a.tier.mode == "staging"
+        assert any("cannot map vLLM's CPU pool" in r.getMessage() for r in caplog.records)  # the peer said no
+        b = engines(real_peer.socket)
+        ks = keys_for(18, 3)
+        a.store(ks)
+        a.settle(BOUND_S)
+        answers, ctx = b.lookup(ks, BOUND_S)
+        assert answers == [HIT] * 3 and _exact(b, ks, ctx)
+    finally:
+        os.rmdir(hop)
 
 
 def test_another_format_never_sees_the_pages(real_peer, engines):
