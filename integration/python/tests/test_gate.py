@@ -376,3 +376,25 @@ def test_a_budget_cut_behind_restores_holding_admission_waits_at_most_the_bound(
     s.gate.epoch += 1
     now[0] += sched.BUDGET_WAIT_S
     assert s.get_num_new_matched_tokens(b, 0) == (2 * PT, True)  # past the bound: takes the cut hit
+
+
+def test_a_sync_load_built_before_the_previous_step_was_reported_keeps_its_failure():
+    """vLLM's async scheduling builds step N+1 before it reports step N. A
+    sync load planned into N+1 runs in N+1 and its failed blocks come with
+    N+1's report: N's report must not forget it, or the failed page is
+    offered again as if it had loaded."""
+    cfg = ConnectorConfig(socket="unused", layout=LAYOUT, block_tokens=BS, async_load=False, gate=False)
+    be = DictLookup()
+    s = SchedulerHalf(cfg, be, clock=lambda: 0.0)
+    a, b = _req("a", 2 * PT + 5), _req("b", 2 * PT + 5, base=50_000)
+    be.store_prefix(LAYOUT, a.prompt_token_ids)
+    be.store_prefix(LAYOUT, b.prompt_token_ids)
+    a_blocks, b_blocks = list(range(1, 10)), list(range(20, 29))
+    for r, blocks in ((a, a_blocks), (b, b_blocks)):
+        n, is_async = s.get_num_new_matched_tokens(r, 0)
+        assert (n, is_async) == (2 * PT, False)
+        s.update_state_after_alloc(r, (blocks,), n)
+        assert [sp.req_id for sp in s.build_connector_meta(SchedulerOutput()).loads] == [r.request_id]
+    s.update_connector_output(KVConnectorOutput())  # step N (a's load): fine
+    s.update_connector_output(KVConnectorOutput(invalid_block_ids={b_blocks[4]}))  # step N+1: b's page 1 failed
+    assert s._reqs["b"].failed_at == 1 and s._reqs["a"].failed_at is None

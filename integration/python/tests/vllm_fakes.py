@@ -43,6 +43,7 @@ class SchedulerOutput:
 class KVConnectorOutput:
     finished_sending: Optional[set[str]] = None
     finished_recving: Optional[set[str]] = None
+    invalid_block_ids: set[int] = dataclasses.field(default_factory=set)
 
 
 class DictLookup:

@@ -18,6 +18,7 @@ without an identifier) is a miss and saves nothing.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -146,6 +147,9 @@ def request_extras(request: Any, salt_known: bool = True) -> tuple[Optional[keys
     return (None if x.empty else x), ""
 
 
+_MAX_UNREPORTED = 8  # steps built ahead of their report (vLLM's batch queue holds two)
+
+
 class SchedulerHalf:
     """Scheduler-side state. ``backend`` does lookups/releases (a control
     session in production, a fake in tests); ``clock`` returns seconds."""
@@ -163,7 +167,11 @@ class SchedulerHalf:
         self._fps = {r: cfg.layout.with_rank(r).fingerprint() for r in range(max(1, cfg.layout.tp_size))}
         self._reqs: dict[str, _Req] = {}
         self._loads: list[LoadSpec] = []
-        self._after_step: list[_Lookup] = []  # leases of sync loads, released after the step ran
+        self._after_step: list[_Lookup] = []  # leases of sync loads planned into the step being built
+        # Per step built and not yet reported, oldest first: its sync loads and their leases.
+        # vLLM reports steps in the order it built them, but with async scheduling it builds
+        # step N+1 before it reports step N: a step's sync loads end with its own report.
+        self._unreported: collections.deque[tuple[set[str], list[_Lookup]]] = collections.deque()
         self.failed = FailedPages()  # pages whose load failed: offered again only within bounds
         self._pending: dict[str, LoadSpec] = {}  # loads whose outcome the workers have not reported yet
         self.prefill = PrefillRate()  # the engine's prefill tokens/s, from the steps it plans
@@ -477,6 +485,11 @@ class SchedulerHalf:
         meta.preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         for rid in meta.preempted:
             self._preempted(rid)
+        self._unreported.append(({sp.req_id for sp in meta.loads if sp.sync}, self._after_step))
+        self._after_step = []
+        while len(self._unreported) > _MAX_UNREPORTED:  # a step built and never reported: its leases go
+            for lk in self._unreported.popleft()[1]:
+                self._release(lk)
         if self.cfg.early_free:
             meta.released, meta.flush = self.fences.step(handed_blocks(scheduler_output, meta.loads))
             self._count_free("flushes", len(meta.flush))
@@ -595,10 +608,11 @@ class SchedulerHalf:
         if st is not None:
             st.block_ids = []
 
-    def _load_outcomes(self, connector_output: Any) -> None:
+    def _load_outcomes(self, connector_output: Any, ran: set[str]) -> None:
         """Records the pages of pending loads whose blocks the workers report
         failed, and forgets the loads whose outcome is known now: sync loads
-        ran in the step just reported, async ones that finished receiving."""
+        that ran in the step just reported (``ran``), async ones that finished
+        receiving."""
         invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
         for rid, spec in self._pending.items():
             page = _first_failed_page(spec, invalid)
@@ -609,13 +623,13 @@ class SchedulerHalf:
             if st is not None:
                 st.failed_at = page if st.failed_at is None else min(st.failed_at, page)
         done = {str(r) for r in getattr(connector_output, "finished_recving", None) or ()}
-        self._pending = {r: sp for r, sp in self._pending.items() if not sp.sync and r not in done}
+        self._pending = {r: sp for r, sp in self._pending.items() if not (sp.sync and r in ran) and r not in done}
 
     def update_connector_output(self, connector_output: Any) -> None:
-        for lk in self._after_step:
+        ran, leases = self._unreported.popleft() if self._unreported else (set(), [])
+        for lk in leases:
             self._release(lk)
-        self._after_step = []
-        self._load_outcomes(connector_output)
+        self._load_outcomes(connector_output, ran)
         for rid in getattr(connector_output, "finished_recving", None) or ():
             rid = str(rid)
             self.gate.load_finished(rid)
@@ -656,10 +670,11 @@ class SchedulerHalf:
     def shutdown(self) -> None:
         for st in self._reqs.values():
             self._release(st.lookup)
-        for lk in self._after_step:
+        for lk in self._after_step + [lk for _, lks in self._unreported for lk in lks]:
             self._release(lk)
         self._reqs.clear()
         self._after_step = []
+        self._unreported.clear()
         self._pending.clear()
 
 
