@@ -91,7 +91,7 @@ func DefaultConfig() Config {
 		CUDACopiers:    4,
 		CUDAMethod:     "auto",
 		CUDALayerGates: true,
-		// RDMA: every device, the first non-zero GID of each port.
+		// RDMA: every device; each port's RoCE v2 GID, IPv4-mapped first.
 		Config: cluster.Config{RDMA: rdma.Config{GIDIndex: -1}},
 	}
 }

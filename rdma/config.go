@@ -19,8 +19,10 @@ type Config struct {
 	// Library is the libibverbs to dlopen ("" = libibverbs.so.1;
 	// ORBITKV_LIBIBVERBS overrides it).
 	Library string
-	// GIDIndex is the GID table index used for addressing; -1 picks the
-	// first non-zero GID (RoCE v2 deployments usually set 3).
+	// GIDIndex is the GID table index used for addressing, whatever its
+	// type (a RoCE v1 one only this way); -1 chooses by type and scope: on
+	// Ethernet a RoCE v2 GID, IPv4-mapped first, then global, then
+	// link-local; on InfiniBand the first non-zero GID (chooseGID).
 	GIDIndex int
 	// MaxMTU caps the path MTU in bytes (256…4096); the lane uses
 	// min(local active MTU, peer's, MaxMTU).
@@ -164,7 +166,7 @@ func (f devicesFlag) Set(s string) error {
 // RegisterFlags adds the engine's flags to fs (--rdma-devices, …).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(devicesFlag{c}, "rdma-devices", "RDMA NIC allowlist, comma-separated name[:port] (empty: every device with an active port; none: RDMA off, TCP only)")
-	fs.IntVar(&c.GIDIndex, "rdma-gid-index", c.GIDIndex, "GID table index (-1: the first non-zero GID)")
+	fs.IntVar(&c.GIDIndex, "rdma-gid-index", c.GIDIndex, "GID table index, any type (-1: a RoCE v2 GID, IPv4-mapped first, then global, then link-local; never RoCE v1)")
 	fs.IntVar(&c.MaxMTU, "rdma-max-mtu", c.MaxMTU, "largest RDMA path MTU in bytes (256…4096)")
 	fs.IntVar(&c.QPsPerNIC, "rdma-qps-per-nic", c.QPsPerNIC, "RC queue pairs per NIC in each connection")
 }

@@ -47,7 +47,13 @@ type pair struct {
 
 func newPair(t *testing.T, cfg Config) *pair {
 	t.Helper()
-	p := &pair{f: newFakeVerbs("a0", "a1", "b0", "b1")}
+	return newPairOn(t, newFakeVerbs("a0", "a1", "b0", "b1"), cfg)
+}
+
+// newPairOn is newPair over f, whose devices a0, a1, b0, b1 the test set up.
+func newPairOn(t *testing.T, f *fakeVerbs, cfg Config) *pair {
+	t.Helper()
+	p := &pair{f: f}
 	p.a = openFake(t, p.f, cfg, "a0", "a1")
 	p.b = openFake(t, p.f, cfg, "b0", "b1")
 	p.ma, p.mb = p.f.alloc(1<<20), p.f.alloc(1<<20)

@@ -39,6 +39,8 @@ type NIC struct {
 	Port      uint8
 	GUID      uint64
 	GID       GID
+	GIDIndex  int     // its index in the port's table (pickGID)
+	GIDType   GIDType // RoCE v2 unless --rdma-gid-index forced another
 	LID       uint16
 	ActiveMTU int      // bytes
 	Netdevs   []string // network interfaces of the device (rdmamap)
@@ -149,7 +151,7 @@ func (e *Engine) openNIC(d deviceInfo, port uint8) (n *nic, err error) {
 	if pi.State != portActive {
 		return nil, fmt.Errorf("%s port %d is not active (state %d)", d.Name, port, pi.State)
 	}
-	gidIndex, gid, err := e.pickGID(ctx, d.Name, port, pi)
+	gid, err := e.pickGID(ctx, d.Name, port, pi)
 	if err != nil {
 		return nil, err
 	}
@@ -159,31 +161,10 @@ func (e *Engine) openNIC(d deviceInfo, port uint8) (n *nic, err error) {
 	}
 	mtu := min(pi.ActiveMTU, mtuFromBytes(e.cfg.MaxMTU))
 	return &nic{
-		info: NIC{Name: d.Name, Port: port, GUID: d.GUID, GID: gid, LID: pi.LID, ActiveMTU: pi.ActiveMTU.Bytes()},
+		info: NIC{Name: d.Name, Port: port, GUID: d.GUID, GID: gid.GID, GIDIndex: gid.Index, GIDType: gid.Type, LID: pi.LID, ActiveMTU: pi.ActiveMTU.Bytes()},
 		ctx:  ctx, pd: pd,
-		end: laneEnd{Port: port, GIDIndex: uint8(gidIndex), LinkLayer: pi.LinkLayer, MTU: mtu},
+		end: laneEnd{Port: port, GIDIndex: uint8(gid.Index), LinkLayer: pi.LinkLayer, MTU: mtu},
 	}, nil
-}
-
-// pickGID returns Config.GIDIndex's GID, or with -1 the first non-zero one.
-// On InfiniBand a zero GID is fine (LID routing).
-func (e *Engine) pickGID(ctx handle, name string, port uint8, pi portInfo) (int, GID, error) {
-	if e.cfg.GIDIndex >= 0 {
-		g, err := e.v.queryGID(ctx, port, e.cfg.GIDIndex)
-		if err != nil {
-			return 0, g, fmt.Errorf("query %s port %d GID %d: %w", name, port, e.cfg.GIDIndex, err)
-		}
-		if g == (GID{}) && pi.LinkLayer == linkEthernet {
-			return 0, g, fmt.Errorf("%s port %d: GID %d is empty (RoCE needs one; set --rdma-gid-index)", name, port, e.cfg.GIDIndex)
-		}
-		return e.cfg.GIDIndex, g, nil
-	}
-	for i := range pi.GIDs {
-		if g, err := e.v.queryGID(ctx, port, i); err == nil && g != (GID{}) {
-			return i, g, nil
-		}
-	}
-	return 0, GID{}, fmt.Errorf("%s port %d: no non-zero GID among %d", name, port, pi.GIDs)
 }
 
 // live reports ErrClosed after Close. (Close must not race the calls that

@@ -43,6 +43,10 @@ type fakeVerbs struct {
 type fakeDev struct {
 	name string
 	gid  GID
+	// gids, when set, is the port's GID table (index → entry) instead of
+	// gid alone at index 1 with no type; gid must be one of its entries
+	// (the one peers address) for connections to work.
+	gids map[int]gidEntry
 	port portInfo
 	qps  map[uint32]*fakeQP
 	qpn  uint32
@@ -219,10 +223,22 @@ func (f *fakeVerbs) queryGID(h handle, port uint8, index int) (GID, error) {
 	if err != nil {
 		return GID{}, err
 	}
+	if c.dev.gids != nil {
+		return c.dev.gids[index].GID, nil
+	}
 	if index != 1 { // only index 1 holds an address, like RoCE's IPv4 GID
 		return GID{}, nil
 	}
 	return c.dev.gid, nil
+}
+
+func (f *fakeVerbs) gidType(dev string, port uint8, index int) GIDType {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if d := f.devices[dev]; d != nil && d.gids != nil && port == 1 {
+		return d.gids[index].Type
+	}
+	return GIDTypeUnknown
 }
 
 func (f *fakeVerbs) allocPD(h handle) (handle, error) {
@@ -454,9 +470,17 @@ func (f *fakeVerbs) peerLocked(q *fakeQP) *fakeQP {
 		if p == nil || p.destroy || (p.state != QPRTR && p.state != QPRTS) || p.attr.DestQPN != q.qpn || p.attr.DGID != q.dev.gid || p.attr.RQPSN != q.sqPSN {
 			return nil
 		}
+		if sgidType(q) != sgidType(p) { // RoCE v1 frames are not RoCE v2 packets
+			return nil
+		}
 		return p
 	}
 	return nil
+}
+
+// sgidType is the type of the GID q sends from (unknown without a table).
+func sgidType(q *fakeQP) GIDType {
+	return q.dev.gids[int(q.attr.SGIDIndex)].Type
 }
 
 func (f *fakeVerbs) localLocked(pd *fakePD, s sge) []byte {

@@ -25,9 +25,20 @@ func TestRealVerbsLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{Devices: allow, GIDIndex: -1}
-	_, err = Open(cfg)
+	e, err := Open(cfg)
 	if errors.Is(err, ErrNoDevice) && !strings.Contains(os.Getenv("ORBITKV_REQUIRE"), "rdma") {
 		t.Skipf("no RDMA device here: %v", err)
+	}
+	if err == nil {
+		// The default GID is RoCE v2 wherever sysfs gives types (rxe's
+		// table has each address as v1 and as v2).
+		for _, n := range e.NICs() {
+			t.Logf("%s port %d: GID %d %s (%v)", n.Name, n.Port, n.GIDIndex, n.GID, n.GIDType)
+			if n.GIDType != GIDTypeRoCEv2 && strings.HasPrefix(n.Name, "rxe") {
+				t.Errorf("%s: the default chose GID %d of type %v, want RoCE v2", n.Name, n.GIDIndex, n.GIDType)
+			}
+		}
+		e.Close()
 	}
 	loopbackScenario(t, cfg)
 }

@@ -179,6 +179,9 @@ type verbs interface {
 	closeDevice(ctx handle) error
 	queryPort(ctx handle, port uint8) (portInfo, error)
 	queryGID(ctx handle, port uint8, index int) (GID, error)
+	// gidType is the type of GID index of device dev's port (sysfs in the
+	// binding); GIDTypeUnknown when it cannot be read.
+	gidType(dev string, port uint8, index int) GIDType
 	allocPD(ctx handle) (handle, error)
 	deallocPD(pd handle) error
 	regMR(pd handle, addr uintptr, length uint64, access uint32) (mrInfo, error)

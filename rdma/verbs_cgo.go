@@ -116,6 +116,13 @@ func (cverbs) queryGID(ctx handle, port uint8, index int) (GID, error) {
 	return g, err
 }
 
+// sysfsInfiniband is where the kernel lists RDMA devices.
+const sysfsInfiniband = "/sys/class/infiniband"
+
+func (cverbs) gidType(dev string, port uint8, index int) GIDType {
+	return gidTypeFromSysfs(sysfsInfiniband, dev, port, index)
+}
+
 func (cverbs) allocPD(ctx handle) (handle, error) {
 	var pd C.okv_h
 	err := verr("ibv_alloc_pd", C.okv_ibv_alloc_pd(ptr(ctx), &pd))
