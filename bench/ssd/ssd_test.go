@@ -1,4 +1,4 @@
-package main
+package ssd
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 )
 
 func TestBenchSSDSmall(t *testing.T) {
@@ -15,7 +17,7 @@ func TestBenchSSDSmall(t *testing.T) {
 		t.Skipf("skipping: fio not on PATH (%v); install the fio package", err)
 	}
 	var out bytes.Buffer
-	if err := benchSSD(context.Background(), &out, t.TempDir(), 64<<10, 64, 4); err != nil {
+	if err := Run(context.Background(), Config{Dir: t.TempDir(), PageBytes: 64 << 10, Pages: 64, Depth: 4}, &out); err != nil {
 		t.Fatal(err)
 	}
 	t.Log("\n" + out.String())
@@ -32,7 +34,7 @@ func TestBenchSSDWarnsOnTmpfs(t *testing.T) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		t.Skipf("skipping: fio not on PATH (%v); install the fio package", err)
 	}
-	if memoryFS("/dev/shm") == "" {
+	if benchutil.MemoryFS("/dev/shm") == "" {
 		t.Skip("skipping: /dev/shm is not tmpfs on this machine")
 	}
 	shm, err := os.MkdirTemp("/dev/shm", "orbitkv-ssd-test-")
@@ -43,16 +45,16 @@ func TestBenchSSDWarnsOnTmpfs(t *testing.T) {
 	const warning = "these numbers measure memory, not a disk"
 	var out bytes.Buffer
 	// O_DIRECT on tmpfs needs Linux 6.6; the warning comes first either way.
-	err = benchSSD(context.Background(), &out, filepath.Join(shm, "not-yet"), 64<<10, 16, 4)
+	err = Run(context.Background(), Config{Dir: filepath.Join(shm, "not-yet"), PageBytes: 64 << 10, Pages: 16, Depth: 4}, &out)
 	if !strings.Contains(out.String(), "WARNING: "+filepath.Join(shm, "not-yet")+" is on tmpfs: "+warning) {
 		t.Fatalf("no tmpfs warning (err %v) in:\n%s", err, out.String())
 	}
 	dir := t.TempDir()
-	if memoryFS(dir) != "" {
+	if benchutil.MemoryFS(dir) != "" {
 		return // the test machine's temp dir is tmpfs too: nothing to contrast
 	}
 	out.Reset()
-	if err := benchSSD(context.Background(), &out, dir, 64<<10, 16, 4); err != nil {
+	if err := Run(context.Background(), Config{Dir: dir, PageBytes: 64 << 10, Pages: 16, Depth: 4}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(out.String(), warning) {

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"io"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/bench/lookup"
+	"github.com/orbitkv/orbitkv/bench/ssd"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -20,19 +22,21 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 
 func runBenchSSD(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench ssd", flag.ContinueOnError)
+	cfg := ssd.DefaultConfig()
 	dir := fs.String("dir", "data/bench", "directory on the SSD to test (not tmpfs); its scratch file is removed at the end")
-	pageBytes := fs.Uint64("page-bytes", 2<<20, "page data bytes")
-	pages := fs.Int("pages", 512, "pages written then read")
-	depth := fs.Int("depth", 32, "pages in flight (fio iodepth)")
+	fs.Uint64Var(&cfg.PageBytes, "page-bytes", cfg.PageBytes, "page data bytes")
+	fs.IntVar(&cfg.Pages, "pages", cfg.Pages, "pages written then read")
+	fs.IntVar(&cfg.Depth, "depth", cfg.Depth, "pages in flight (fio iodepth)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	scratch, cleanup, err := scratchDir(*dir, "ssd")
+	scratch, cleanup, err := benchutil.ScratchDir(*dir, "ssd")
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	return benchSSD(ctx, out, scratch, *pageBytes, *pages, *depth)
+	cfg.Dir = scratch
+	return ssd.Run(ctx, cfg, out)
 }
 
 func runBenchLookup(ctx context.Context, args []string, out io.Writer) error {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/tiers/dram"
@@ -177,13 +178,13 @@ func benchFabricFetch(ctx context.Context, out io.Writer, addr string, iperf bas
 			fmt.Fprintf(out, "  round %d: fetch %.2f GB/s (%.1f Gbit/s)\n", st.round, gb, gb*8)
 		}
 	}
-	fetch := median(rates)
+	fetch := benchutil.Median(rates)
 	fmt.Fprintf(out, "fetch (verified, into a DRAM pool): median %.2f GB/s = %.1f Gbit/s\n", fetch, fetch*8)
 	if len(variants) == 0 {
 		return nil
 	}
 	for i, v := range variants {
-		fmt.Fprintf(out, "iperf3 -c %s -R, %s: median %.1f Gbit/s\n", iperf.host, v, median(base[i]))
+		fmt.Fprintf(out, "iperf3 -c %s -R, %s: median %.1f Gbit/s\n", iperf.host, v, benchutil.Median(base[i]))
 	}
 	best, gbit := bestBaseline(base)
 	fmt.Fprintf(out, "fetch / iperf3 (best: %s): %.0f%%\n", variants[best], 100*fetch*8/gbit)
@@ -226,5 +227,5 @@ func fetchRound(ctx context.Context, c *tcp.Client, addr string, dst *benchPages
 		return 0, err
 	default:
 	}
-	return gbps(c.ReceivedBytes()-before, time.Since(start)), nil
+	return benchutil.Gbps(c.ReceivedBytes()-before, time.Since(start)), nil
 }

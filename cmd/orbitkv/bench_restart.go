@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/fabric"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
@@ -71,7 +72,7 @@ func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	b.exe = exe
-	scratch, cleanup, err := scratchDir(*dir, "restart")
+	scratch, cleanup, err := benchutil.ScratchDir(*dir, "restart")
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/fabric"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
@@ -95,7 +96,7 @@ func (b *satBench) validate() error {
 	if b.ssdBytes < ssd.RegionBytes {
 		errs = append(errs, fmt.Errorf("ssd-bytes %v is below one SSD region (%v)", b.ssdBytes, bytesize.Size(ssd.RegionBytes)))
 	}
-	if mfs := memoryFS(b.dir); mfs != "" && !b.allowMemoryFS {
+	if mfs := benchutil.MemoryFS(b.dir); mfs != "" && !b.allowMemoryFS {
 		errs = append(errs, fmt.Errorf("--dir %s is on %s: the SSD tier would write to memory, not a disk (give --dir a directory on the SSD)", b.dir, mfs))
 	}
 	return errors.Join(errs...)
@@ -115,7 +116,7 @@ func (b *satBench) satWindow() int {
 // run drives peer A, then peer B, then fio, prints the table and returns
 // the peers' results.
 func (b *satBench) run(ctx context.Context, out io.Writer) ([]satResult, error) {
-	scratch, cleanup, err := scratchDir(b.dir, "saturation")
+	scratch, cleanup, err := benchutil.ScratchDir(b.dir, "saturation")
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +154,7 @@ func (b *satBench) fioWrite(ctx context.Context, pageBytes uint64) satFio {
 	f := satFio{bytes: size}
 	file := filepath.Join(b.scratch, "fio")
 	defer os.Remove(file)
-	bw, err := fioBandwidth(ctx, file, "write", ssd.SlotBytes(pageBytes), ssd.DefaultQueueDepth, size)
+	bw, err := benchutil.FioBandwidth(ctx, file, "write", ssd.SlotBytes(pageBytes), ssd.DefaultQueueDepth, size)
 	if err != nil {
 		f.skipped = err.Error()
 		return f

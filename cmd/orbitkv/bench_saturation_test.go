@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
 )
@@ -123,7 +124,7 @@ func TestSatValidate(t *testing.T) {
 // TestSatRefusesTmpfs: a --dir in memory is refused (the SSD tier would
 // write to memory), unless a test allows it.
 func TestSatRefusesTmpfs(t *testing.T) {
-	if memoryFS("/dev/shm") == "" {
+	if benchutil.MemoryFS("/dev/shm") == "" {
 		t.Skip("/dev/shm is not tmpfs here: no memory file system to refuse")
 	}
 	b := tinySatBench(t)

@@ -15,6 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
+	"github.com/orbitkv/orbitkv/bench/ssd"
 	"github.com/orbitkv/orbitkv/fabric"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
@@ -71,7 +73,7 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
-	scratch, cleanup, err := scratchDir(b.dir, "tiers")
+	scratch, cleanup, err := benchutil.ScratchDir(b.dir, "tiers")
 	if err != nil {
 		return err
 	}
@@ -121,24 +123,7 @@ func (b *tiersBench) run(ctx context.Context, out io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(out, "\nSSD tier (same file, block size = slot size, depth %d):\n", b.ssdDepth)
-	return benchSSD(ctx, out, filepath.Join(b.scratch, "ssd"), pageBytes, b.ssdPages, b.ssdDepth)
-}
-
-// scratchDir makes a fresh directory under parent for one benchmark's files
-// (gigabytes: the SSD file, the peer's data) and returns it with a cleanup
-// that removes it. The caller defers the cleanup, so the files go on an
-// error and on an interrupt too (main cancels the context on SIGINT and
-// SIGTERM, and the benchmark returns through its defers); parent itself and
-// anything else in it are left alone.
-func scratchDir(parent, name string) (string, func(), error) {
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return "", nil, fmt.Errorf("create bench dir: %w", err)
-	}
-	dir, err := os.MkdirTemp(parent, "orbitkv-bench-"+name+"-")
-	if err != nil {
-		return "", nil, fmt.Errorf("create scratch dir: %w", err)
-	}
-	return dir, func() { _ = os.RemoveAll(dir) }, nil
+	return ssd.Run(ctx, ssd.Config{Dir: filepath.Join(b.scratch, "ssd"), PageBytes: pageBytes, Pages: b.ssdPages, Depth: b.ssdDepth}, out)
 }
 
 // memcpyGBps is the best of three single-thread copies of n bytes between
@@ -348,5 +333,5 @@ func medianOf(rs []dramRound, f func(dramRound) float64) float64 {
 	for i, r := range rs {
 		xs[i] = f(r)
 	}
-	return median(xs)
+	return benchutil.Median(xs)
 }

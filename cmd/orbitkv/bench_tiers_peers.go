@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 )
 
 // The releases scripts/install-mooncake.sh and scripts/install-lmcache.sh
@@ -71,7 +73,7 @@ func (r peerResult) medians() (put, get float64) {
 	for i, x := range r.Rounds {
 		puts[i], gets[i] = x.Put, x.Get
 	}
-	return median(puts), median(gets)
+	return benchutil.Median(puts), benchutil.Median(gets)
 }
 
 // parsePeerResult decodes the driver's output and checks that it moved

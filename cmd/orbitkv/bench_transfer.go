@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -467,7 +468,7 @@ func printBaselines(out io.Writer, cells []cell) {
 				mark = "  <- baseline"
 			}
 			fmt.Fprintf(out, "iperf3 %s × %d (%s cell): %s: rounds %s Gbit/s, median %.1f%s\n",
-				bytesize.Size(c.size), c.conns, c.verifyLabel(), v, fmtRates(c.baseRates[i]), median(c.baseRates[i]), mark)
+				bytesize.Size(c.size), c.conns, c.verifyLabel(), v, fmtRates(c.baseRates[i]), benchutil.Median(c.baseRates[i]), mark)
 		}
 	}
 }
@@ -532,7 +533,7 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 			}
 		}
 	}
-	c.gbps = median(rates)
+	c.gbps = benchutil.Median(rates)
 	return nil
 }
 
@@ -617,7 +618,7 @@ func (b *transferBench) tcpRound(ctx context.Context, cl *tcp.Client, addr strin
 		return 0, 0, err
 	default:
 	}
-	return gbps(uint64(moved.Load()), time.Since(start)), pages.Load(), nil
+	return benchutil.Gbps(uint64(moved.Load()), time.Since(start)), pages.Load(), nil
 }
 
 func checkFetched(r tcp.Result, w tcp.Want, sums map[pagekey.Key]uint32) error {

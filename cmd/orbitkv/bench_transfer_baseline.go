@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -98,7 +99,7 @@ func bestBaseline(rates [][]float64) (int, float64) {
 		if len(r) == 0 {
 			continue
 		}
-		if m := median(r); best < 0 || m > v {
+		if m := benchutil.Median(r); best < 0 || m > v {
 			best, v = i, m
 		}
 	}

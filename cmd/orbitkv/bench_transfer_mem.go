@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 )
 
 // The memory beside the link: a fetch reads its source pages and writes
@@ -48,7 +50,7 @@ func memCopyRate(threads int, d time.Duration) float64 {
 	for _, n := range copied {
 		total += n
 	}
-	return gbps(uint64(total), time.Since(start))
+	return benchutil.Gbps(uint64(total), time.Since(start))
 }
 
 // printMemCopy writes this side's copy rates for 1, 2, 4, … threads up to

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/internal/page"
 	"github.com/orbitkv/orbitkv/rdma"
 )
@@ -116,7 +117,7 @@ func (b *transferBench) measureRDMA(ctx context.Context, c *cell) error {
 			c.pages += pages
 		}
 	}
-	c.gbps = median(rates)
+	c.gbps = benchutil.Median(rates)
 	return nil
 }
 
@@ -188,7 +189,7 @@ func (b *transferBench) rdmaRound(ctx context.Context, c *cell, conns []*rdma.Co
 	if firstErr != nil {
 		return 0, 0, firstErr
 	}
-	return gbps(uint64(moved.Load()), time.Since(start)), moved.Load() / int64(c.size), nil
+	return benchutil.Gbps(uint64(moved.Load()), time.Since(start)), moved.Load() / int64(c.size), nil
 }
 
 // rdmaOps are stream s's ops for pages i … i+per (mod n): READ pages from

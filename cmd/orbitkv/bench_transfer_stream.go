@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -161,7 +162,7 @@ func (b *transferBench) streamRound(ctx context.Context, addr string, c *cell, k
 	if err := errors.Join(errs...); err != nil {
 		return 0, 0, fmt.Errorf("stream %s: %w", kind, err)
 	}
-	return gbps(read.Load(), elapsed), read.Load(), nil
+	return benchutil.Gbps(read.Load(), elapsed), read.Load(), nil
 }
 
 // readStream dials one stream of size's page and reads it into dst (each
@@ -232,7 +233,7 @@ func printStreams(out io.Writer, cells []cell) {
 				fmt.Fprintln(out, "stream: a plain TCP stream per round beside the fetch's, the serve side writing one page again and again; no header, no check: what the link moves into that memory")
 				header = true
 			}
-			m := median(r.rates)
+			m := benchutil.Median(r.rates)
 			line := fmt.Sprintf("stream %s × %d (%s cell), %s: rounds %s Gbit/s, median %.1f; fetch %.0f%% of it",
 				bytesize.Size(c.size), c.conns, c.verifyLabel(), k, fmtRates(r.rates), m, 100*c.gbps*8/m)
 			if _, base := bestBaseline(c.baseRates); base > 0 {
