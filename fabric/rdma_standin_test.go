@@ -4,6 +4,7 @@ package fabric
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,17 @@ func clusterOverStandIn(t *testing.T) {
 	} {
 		if got := b.metric(metric); !strings.HasSuffix(got, want) {
 			t.Fatalf("b's %s with the lane up: %q", metric, got)
+		}
+	}
+	for metric, want := range map[string]uint64{ // Engine.Stats as metrics, read at the scrape
+		"orbitkv_rdma_read_bytes_total": after.BytesRead, "orbitkv_rdma_batches_total": after.Batches,
+		"orbitkv_rdma_failed_ops_total": after.OpsFailed,
+	} {
+		var got float64
+		if f := strings.Fields(b.metric(metric)); len(f) != 2 {
+			t.Fatalf("b exports no %s", metric)
+		} else if _, err := fmt.Sscan(f[1], &got); err != nil || got != float64(want) {
+			t.Fatalf("b's %s = %s, want %d (Engine.Stats)", metric, f[1], want)
 		}
 	}
 	for metric, want := range map[string]string{ // a's TCP data plane served nothing

@@ -55,7 +55,9 @@ func newLeaseTable(reg *prometheus.Registry) *leaseTable {
 	for _, e := range []string{"released", "expired", "closed"} {
 		t.ended.WithLabelValues(e)
 	}
-	reg.MustRegister(t.ended)
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "orbitkv", Subsystem: "cluster", Name: "placement_leases_held",
+		Help: "Page placement leases members hold now (each pins pages in DRAM for their RDMA reads)."}, func() float64 { return float64(t.count()) })
+	reg.MustRegister(t.ended, held)
 	return t
 }
 
@@ -120,7 +122,7 @@ func (t *leaseTable) closeAll() {
 	}
 }
 
-// held is how many leases are held (for tests).
+// count is how many leases are held (orbitkv_cluster_placement_leases_held).
 func (t *leaseTable) count() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,10 +31,13 @@ const (
 )
 
 type rdmaSide struct {
-	cfg  ibv.Config
-	log  zerolog.Logger
-	eng  *ibv.Engine // nil: no usable device
-	why  string      // why eng is nil ("" once opened)
+	cfg ibv.Config
+	log zerolog.Logger
+	eng *ibv.Engine // nil: no usable device
+	// live is eng once opened, for the metrics (scrapes may run during
+	// Start).
+	live atomic.Pointer[ibv.Engine]
+	why  string // why eng is nil ("" once opened)
 	tr   *trdma.Transport
 	regs trdma.Registry
 
@@ -71,9 +75,9 @@ func newRDMASide(cfg ibv.Config, reg *prometheus.Registry, log zerolog.Logger) *
 		fallbacks: prometheus.NewCounter(prometheus.CounterOpts(opts("transport_fallbacks_total",
 			"Members whose RDMA lane went down, so their pages move over TCP."))),
 		tcpPages: prometheus.NewCounter(prometheus.CounterOpts(opts("rdma_fallback_pages_total",
-			"Pages of RDMA routes carried over TCP: not in the member's DRAM, no placement, a lane down."))),
+			"Pages of RDMA routes carried over TCP: not in the member's DRAM, no placement, a lane down, a READ that failed its checksum."))),
 	}
-	reg.MustRegister(r.transport, r.fallbacks, r.tcpPages)
+	reg.MustRegister(r.transport, r.fallbacks, r.tcpPages, newRDMACollector(&r.live))
 	r.mu.links, r.mu.accepted = map[string]*link{}, map[string][]*ibv.Conn{}
 	r.mu.owners, r.mu.shown = map[uint64]string{}, map[string]string{}
 	r.tr = &trdma.Transport{Conn: r.connOf, Regions: &r.regs}
@@ -86,6 +90,7 @@ func (r *rdmaSide) open(open func(ibv.Config) (*ibv.Engine, error)) {
 	switch {
 	case err == nil:
 		r.eng, r.why = e, ""
+		r.live.Store(e)
 		r.log.Info().Interface("nics", e.NICs()).Msg("rdma: devices open; members with a device are reached over RDMA")
 	case errors.Is(err, ibv.ErrDisabled):
 		r.why = "rdma off"
@@ -170,13 +175,15 @@ func (r *rdmaSide) show(member string, ch choice) {
 	r.transport.WithLabelValues(member, ch.transport).Set(1)
 }
 
-// laneDown records that member's lane went down after use: TCP from now on.
+// laneDown records that member's lane went down after use: TCP until a
+// fresh connection is dialed, rdmaRetryAfter from now (run's next dial
+// replaces the connection: a link that came back carries RDMA again).
 func (r *rdmaSide) laneDown(member string, err error) {
 	r.mu.Lock()
 	l := r.mu.links[member]
 	was := l != nil && l.state == linkUp
 	if was {
-		l.state, l.lastErr = linkDown, err.Error()
+		l.state, l.lastErr, l.nextTry = linkDown, err.Error(), time.Now().Add(rdmaRetryAfter)
 	}
 	r.mu.Unlock()
 	if was {
@@ -219,7 +226,8 @@ func (r *rdmaSide) close() {
 }
 
 // due lists the members to dial now: they advertised a device, and have no
-// link or a failed one whose retry time passed. Pure but for the lock.
+// link, or a failed or down one whose retry time passed. Pure but for the
+// lock.
 func (r *rdmaSide) due(members map[string]bool, now time.Time) []string {
 	if r.eng == nil {
 		return nil
@@ -229,14 +237,15 @@ func (r *rdmaSide) due(members map[string]bool, now time.Time) []string {
 	var out []string
 	for m, hasDevice := range members {
 		l := r.mu.links[m]
-		if hasDevice && (l == nil || l.state == linkFailed && !now.Before(l.nextTry)) {
+		if hasDevice && (l == nil || (l.state == linkFailed || l.state == linkDown) && !now.Before(l.nextTry)) {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
-// dialed records the outcome of a dial to member.
+// dialed records the outcome of a dial to member. A connection it replaces
+// (one whose lane went down) is closed: Close waits for a batch on it.
 func (r *rdmaSide) dialed(member string, conn *ibv.Conn, err error, now time.Time) {
 	r.mu.Lock()
 	l := r.mu.links[member]
@@ -244,12 +253,16 @@ func (r *rdmaSide) dialed(member string, conn *ibv.Conn, err error, now time.Tim
 		l = &link{}
 		r.mu.links[member] = l
 	}
+	old := l.conn
 	if err != nil {
-		l.state, l.lastErr, l.nextTry = linkFailed, err.Error(), now.Add(rdmaRetryAfter)
+		l.conn, l.state, l.lastErr, l.nextTry = nil, linkFailed, err.Error(), now.Add(rdmaRetryAfter)
 	} else {
 		l.conn, l.state, l.lastErr = conn, linkUp, ""
 	}
 	r.mu.Unlock()
+	if old != nil && old != conn {
+		old.Close()
+	}
 	if err != nil {
 		r.log.Warn().Str("member", member).Err(err).Msg("rdma: connection exchange failed; member reached over TCP")
 		return
@@ -316,11 +329,18 @@ func (r *rdmaSide) accept(member string, wire []byte) ([]byte, error) {
 	if err != nil {
 		return nil, rdmaStatus(err)
 	}
+	// A new connection from member replaces the ones it dialed before (it
+	// keeps one link per member, and closes the old one when it redials).
 	r.mu.Lock()
+	var stale []*ibv.Conn
 	if !containsConn(r.mu.accepted[member], conn) {
-		r.mu.accepted[member] = append(r.mu.accepted[member], conn)
+		stale = r.mu.accepted[member]
+		r.mu.accepted[member] = []*ibv.Conn{conn}
 	}
 	r.mu.Unlock()
+	for _, c := range stale {
+		c.Close()
+	}
 	out, err := reply.Marshal()
 	if err != nil {
 		return nil, rdmaStatus(err)

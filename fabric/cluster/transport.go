@@ -13,7 +13,8 @@ import (
 // The choice of data plane per member. RDMA when both ends have a usable
 // device and the ConnInfo exchange over the peer service succeeded; TCP
 // otherwise, and after the member's RDMA lane went down (a fallback, counted
-// in orbitkv_cluster_transport_fallbacks_total). `orbitkv peers` and
+// in orbitkv_cluster_transport_fallbacks_total) until a fresh connection is
+// dialed (rdmaRetryAfter later, then as a failed exchange is retried). `orbitkv peers` and
 // orbitkv_cluster_member_transport show the choice and why.
 
 // Transport names, as peers and metrics show them.
@@ -29,7 +30,7 @@ const (
 	linkNone   linkState = iota // not tried yet
 	linkUp                      // dialed and connected: RDMA is used
 	linkFailed                  // the exchange or connect failed: retried later
-	linkDown                    // the lane went down after use: TCP from now on
+	linkDown                    // the lane went down after use: TCP until redialed
 )
 
 // choice is one member's data plane and, for TCP, why.
@@ -58,8 +59,11 @@ func chooseTransport(local string, memberRDMA bool, state linkState, lastErr str
 
 // fallback is a member's route when RDMA is chosen: descriptors go to the
 // RDMA transport; those it cannot carry (ErrUnsupported: no placement, an
-// unregistered region) and those failed because the lane is down go to the
-// TCP data plane, and a lane down is reported to down once per Submit.
+// unregistered region), those failed because the lane is down and pages
+// READ whose bytes fail their placement's checksum (verified here: the
+// holder may have changed the slot under the READ) go to the TCP data
+// plane, and a lane down is reported to down once per Submit. A page
+// corrupt in the holder's DRAM fails over TCP too, as corrupt.
 type fallback struct {
 	member string // the RDMA endpoint
 	rdma   transfer.Transport
@@ -83,7 +87,7 @@ func (f *fallback) Submit(ctx context.Context, endpoint string, batch []transfer
 		if laneDown && downErr == nil {
 			downErr = c.Err
 		}
-		if laneDown || errors.Is(c.Err, transfer.ErrUnsupported) {
+		if laneDown || errors.Is(c.Err, transfer.ErrUnsupported) || !readVerified(batch[i], &out[i]) {
 			idx, again = append(idx, i), append(again, batch[i])
 		}
 	}
@@ -100,4 +104,19 @@ func (f *fallback) Submit(ctx context.Context, endpoint string, batch []transfer
 		out[idx[k]] = c
 	}
 	return out
+}
+
+// readVerified checks a READ that completed against its header's checksum
+// (marking it Verified) and says false when the bytes fail it. Anything
+// else (a failure, a header that names another page: the store's checks)
+// is left as it is.
+func readVerified(d transfer.RemoteDesc, c *transfer.Completion) bool {
+	if c.Err != nil || c.Verified || d.Op != transfer.Read || c.Header.Key != d.Remote.Page || c.Header.Layout != d.Remote.Layout || c.Header.Length != d.Len {
+		return true
+	}
+	if c.Header.Verify(d.LocalBytes()) != nil {
+		return false
+	}
+	c.Verified = true
+	return true
 }

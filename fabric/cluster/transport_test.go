@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -111,9 +112,64 @@ func TestFallbackCarriesWhatRDMACannot(t *testing.T) {
 	}
 }
 
+// tornLane is a FAKE RDMA transport that READs each page from src and
+// answers its header, flipping a byte of the pages in torn (as a READ of a
+// slot the holder rewrote under it would).
+type tornLane struct {
+	src  *transporttest.Memory
+	torn map[int]bool
+}
+
+func (f *tornLane) Name() string { return "rdma" }
+
+func (f *tornLane) Submit(ctx context.Context, endpoint string, batch []transfer.RemoteDesc) []transfer.Completion {
+	out := f.src.Submit(ctx, endpoint, batch)
+	for i := range out {
+		out[i].Verified = false
+		if f.torn[i] {
+			batch[i].LocalBytes()[7] ^= 0x5a
+		}
+	}
+	return out
+}
+
+// TestFallbackRetriesATornReadOverTCP: a page READ whose bytes fail its
+// checksum is fetched again over TCP and arrives right (counted as carried
+// over TCP); a page READ whole is marked verified and not sent again.
+func TestFallbackRetriesATornReadOverTCP(t *testing.T) {
+	tcp := transporttest.NewMemory()
+	local := transfer.HostRegion("local", make([]byte, 2*4096))
+	var batch []transfer.RemoteDesc
+	var want [][]byte
+	for i := range 2 {
+		data := bytes.Repeat([]byte{byte(i + 1), 0x33}, 2048)
+		h := page.Header{Key: pagekey.Key{byte(i + 1)}, Length: 4096, Checksum: page.Checksum(data)}
+		batch = append(batch, transfer.RemoteDesc{Op: transfer.Read, Remote: tcp.Put(h, data), Len: 4096, Local: local, LocalOff: uint64(i * 4096)})
+		want = append(want, data)
+	}
+	carried := prometheus.NewCounter(prometheus.CounterOpts{Name: "carried"})
+	f := &fallback{member: "m", rdma: &tornLane{src: tcp, torn: map[int]bool{1: true}}, tcp: tcp,
+		down: func(err error) { t.Fatalf("lane reported down: %v", err) }, tcpPages: carried}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got := f.Submit(ctx, "data-addr", batch)
+	for i := range batch {
+		if got[i].Err != nil || !bytes.Equal(batch[i].LocalBytes(), want[i]) || got[i].Header.Verify(batch[i].LocalBytes()) != nil {
+			t.Fatalf("page %d: %v (bytes right: %v)", i, got[i].Err, bytes.Equal(batch[i].LocalBytes(), want[i]))
+		}
+	}
+	if !got[0].Verified {
+		t.Fatal("the page READ whole is not marked verified")
+	}
+	if got := counterValue(t, carried); got != 1 {
+		t.Fatalf("pages carried over tcp: %v, want 1 (the torn one)", got)
+	}
+}
+
 // TestLaneDownFallsBackOnceAndShows: a member whose lane goes down is
-// reached over TCP from then on, counted once however many batches see it,
-// and its transport gauge moves from rdma to tcp.
+// reached over TCP until a fresh connection is dialed (rdmaRetryAfter
+// later), counted once however many batches see it, and its transport
+// gauge moves from rdma to tcp.
 func TestLaneDownFallsBackOnceAndShows(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := newRDMASide(ibv.Config{}, reg, zerolog.Nop())
@@ -140,6 +196,17 @@ func TestLaneDownFallsBackOnceAndShows(t *testing.T) {
 	}
 	if _, err := r.connOf("m"); !errors.Is(err, ibv.ErrLaneDown) {
 		t.Fatalf("conn of a member whose lane is down: %v", err)
+	}
+	// Not for good: a fresh connection is dialed rdmaRetryAfter later (a
+	// link that came back carries RDMA again).
+	r.eng = &ibv.Engine{} // due dials only with an engine; nothing is called on it
+	defer func() { r.eng = nil }()
+	now := time.Now()
+	if got := r.due(map[string]bool{"m": true}, now); len(got) != 0 {
+		t.Fatalf("redialed at once after the lane went down: %v", got)
+	}
+	if got := r.due(map[string]bool{"m": true}, now.Add(rdmaRetryAfter+time.Second)); len(got) != 1 {
+		t.Fatalf("not redialed %v after the lane went down: %v", rdmaRetryAfter, got)
 	}
 	r.forget("m")
 	if got := series(t, reg, "orbitkv_cluster_member_transport"); len(got) != 0 {
