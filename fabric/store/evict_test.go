@@ -198,8 +198,8 @@ func fillDRAM(t *testing.T, ps *Store, size uint64) []catalog.Entry {
 }
 
 // TestNoWriteOnTheEnginesPathForACopyTheSSDHas reproduces the H200's SSD
-// configuration after readmission landed (docs/benchmarks.md, "Fourth
-// session"): the DRAM pool full of fresh saves, clean copies (readmitted,
+// configuration after readmission landed (docs/journal/2026-12-01-vllm-h200.md,
+// "Fourth session"): the DRAM pool full of fresh saves, clean copies (readmitted,
 // protected in the LRU order) behind them. A readmission there must not
 // demote anything to take a slot — the page is on SSD already — but may take
 // a clean copy's; a cache fill with the disk behind drops a clean copy

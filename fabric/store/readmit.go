@@ -46,8 +46,9 @@ import (
 // every readmission evicted a page about to be asked for, which was then
 // recomputed and readmitted in turn: 8,179 readmissions a minute, 1,888
 // pages restored from DRAM, and the save path's copies taking 6.3 s of the
-// minute against the DRAM configuration's 1.7 s (docs/benchmarks.md,
-// reference engine, sixth session). So once a readmission would
+// minute against the DRAM configuration's 1.7 s (reference engine, sixth
+// session: docs/journal/2026-11-30-gpu-h200.md, "Sustained AB/BA pairs with
+// CUDA-graph decode"). So once a readmission would
 // eat into the flusher's reserve it is judged (admitsReadmit): the page
 // comes back only if it was asked for more often lately than the page that
 // leaves for it — the flusher's next victim, or with no slot free the clean
@@ -56,7 +57,8 @@ import (
 // copied (colder). Pages equally asked for then keep their places instead of
 // taking turns: the sim of the seeds' trace in that configuration serves
 // 17.4% of the tokens from DRAM instead of 11.7%, refusing 6,883
-// readmissions, each a device copy not made (docs/benchmarks.md, "sim").
+// readmissions, each a device copy not made (docs/journal/2026-11-30-sim-serving-cpu.md,
+// "sim").
 
 // judgesReadmits reports whether readmissions are judged at all: with an
 // SSD tier, readmission on, and not every readmission taken. Otherwise
@@ -92,9 +94,10 @@ func (s *Store) NoteAsked(sess *Engine, keys []pagekey.Key) {
 }
 
 // RunAsks counts the keys NoteAsked hands over until ctx ends: the sketch's
-// 512 counter updates of a 128-key lookup (5.5–13 µs here, docs/benchmarks.md
-// "Catalog lookup") leave the lookup's path. The peer's Run owns it. Keys
-// still queued when ctx ends are not counted: the counts live in memory
+// 512 counter updates of a 128-key lookup (5.5–13 µs here,
+// docs/journal/2026-11-30-catalog.md "Catalog lookup") leave the lookup's
+// path. The peer's Run owns it. Keys still queued when ctx ends are not
+// counted: the counts live in memory
 // only, and a restart begins them afresh. It returns at once where no
 // readmission is judged.
 func (s *Store) RunAsks(ctx context.Context) {

@@ -12,7 +12,8 @@ import (
 // the peer reads it faster than the engine recomputes its tokens. On an
 // H200, Qwen3-8B prefill produces KV at ~25 K tokens/s = 3.7 GB/s; a disk
 // that reads 1 GB/s makes every SSD restore ~3.5× slower than recomputing
-// (measured: docs/benchmarks.md, "Sustained, 60 s windows"). A session that
+// (measured: docs/journal/2026-11-30-gpu-h200.md, "Sustained, 60 s
+// windows"). A session that
 // declares its engine's prefill rate (OpenSessionRequest.recompute_tokens_per_s)
 // gets lookups that stop at the first SSD-only page while the measured SSD
 // read rate is below that break-even.

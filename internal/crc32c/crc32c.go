@@ -7,8 +7,8 @@
 // block beside the fold: hybrid.go) into a 16-byte remainder whose CRC the
 // CRC32 instruction takes. hash/crc32 runs Castagnoli on the CRC32
 // instruction alone (three streams, about 8 bytes a cycle); it folds only
-// IEEE with vectors. Measured beside hash/crc32: docs/benchmarks.md, "A
-// faster CRC-32C".
+// IEEE with vectors. Measured beside hash/crc32:
+// docs/journal/2026-11-30-tcp-data-plane.md, "A faster CRC-32C".
 //
 // # Folding
 //

@@ -1,5 +1,5 @@
 #!/bin/bash
-# GPU runs for docs/benchmarks.md ("GPU"), one device call per part:
+# GPU runs (docs/journal/2026-11-30-gpu-h200.md, "GPU"), one device call per part:
 #   scripts/gpu/h200.sh check      GPU tests (Go peer + cuda, Python), bench gpu, TTFT probe, proto check
 #   scripts/gpu/h200.sh sustained  the seeds' sustained workload: native, DRAM, SSD (CONFIGS=…), runs named
 #                                  CONFIG-PAIR (PAIR, ORDER label them) kept in /root/okv/ref-runs across the

@@ -1,5 +1,5 @@
 #!/bin/bash
-# P/D handoff on ONE H200 (issue 14; docs/benchmarks.md "P/D handoff on the H200"): a prefill
+# P/D handoff on ONE H200 (issue 14; docs/journal/2026-12-01-pd-handoff.md "P/D handoff on the H200"): a prefill
 # engine (kv_producer) and a decode engine (kv_consumer) as two processes on the one GPU, one
 # peer between them (--cuda require, DRAM 16 GiB, no SSD), and a router
 # (python3 -m orbitkv.refengine.pdprobe) that sends an 8K-token prompt to the producer, then to

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Real SGLang 0.5.17 driving OrbitKV through its HiCache storage backend on the H200 (issue 12;
-# docs/benchmarks.md "Real SGLang on the H200"). Every flag is checked against SGLang 0.5.17's own
+# docs/journal/2026-12-02-sglang-h200.md "Real SGLang on the H200"). Every flag is checked against SGLang 0.5.17's own
 # argument parser on a CPU (sglang-check.py); every mode below ran on the H200 on 2026-12-02 (docs:
 # "First runs on the H200", "Pairs, SSD, 8K recovery and the `l2` config").
 #

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Several runs of scripts/gpu/transfer.sh in one device call, each with its own settings, to tell
-# apart what holds the fetch back on the GPU machine's 16 cores (docs/benchmarks.md "On 16 cores",
+# apart what holds the fetch back on the GPU machine's 16 cores (docs/journal/2026-11-30-tcp-data-plane.md "On 16 cores",
 # "Reading ahead of the writer"). Every run prints its CPU lines (cores and s/GB per side, the
 # busiest CPUs with their softirq share) and the memory's copy rate. SWEEP lists the runs, separated
 # by spaces, each NAME:VAR=VALUE;VAR=VALUE… (a value may hold commas: x:SIZES=2MiB;CONNS=1,2,4);

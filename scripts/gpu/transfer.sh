@@ -1,7 +1,7 @@
 #!/bin/bash
 # The TCP transfer matrix (orbitkv bench transfer --netns --split-cpus) on the GPU machine's
 # 16 cores: each namespace gets 8, so each connection's check can run on a core of its own
-# (docs/benchmarks.md "Each namespace on its own cores"). Carry out/orbitkv.xz and out/netbin
+# (docs/journal/2026-11-30-tcp-data-plane.md "Each namespace on its own cores"). Carry out/orbitkv.xz and out/netbin
 # (Debian 12's iperf3 and ip with their libraries, for machines that lack them):
 #   mkdir -p out/netbin/lib && cp /usr/bin/iperf3 /usr/sbin/ip out/netbin/ &&
 #   for l in libiperf.so.0 libsctp.so.1 libbpf.so.1 libelf.so.1 libmnl.so.0 libbsd.so.0 libcap.so.2 libmd.so.0; do

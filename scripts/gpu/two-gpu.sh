@@ -1,5 +1,5 @@
 #!/bin/bash
-# The same-host GPU -> GPU handoff (issue 16; docs/benchmarks.md "Same-host handoff GPU to GPU"):
+# The same-host GPU -> GPU handoff (issue 16; docs/journal/2026-12-01-pd-handoff.md "Same-host handoff GPU to GPU"):
 # on the nvidia-h200-x2 kind the producer is on GPU 0 and the consumer on GPU 1 (NVLink); on one
 # GPU (nvidia-h200) the consumer is a second process on GPU 0 and every "GPU 1" below reads GPU 0
 # (HBM to HBM through the peer's stage). The script looks at nvidia-smi and says which it ran.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Real vLLM 0.26.0 driving OrbitKV on the H200 (docs/benchmarks.md "Real vLLM on the H200").
+# Real vLLM 0.26.0 driving OrbitKV on the H200 (docs/journal/2026-12-01-vllm-h200.md "Real vLLM on the H200").
 # vLLM travels as .gpucarry/ (scripts/gpu/vllm-bundle.sh on the development machine), in two
 # parts over two consecutive device calls; out/orbitkv(.xz) is the peer built with cgo
 # (CGO_ENABLED=1 go build -ldflags=-checklinkname=0 -o out/orbitkv ./cmd/orbitkv; xz -k out/orbitkv).

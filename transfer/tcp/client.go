@@ -65,7 +65,8 @@ const (
 	// On the GPU machine's 16 cores, in every call that measured both,
 	// one connection moved more checking inline (75–92% of iperf3 against
 	// 57–82% behind) and two checking behind (66–87% against 48–69%):
-	// docs/benchmarks.md, "A faster CRC-32C". On two cores the summer
+	// docs/journal/2026-11-30-tcp-data-plane.md, "A faster CRC-32C". On two
+	// cores the summer
 	// shares the reader's core and gains nothing.
 	VerifyAuto
 )

@@ -14,9 +14,10 @@ import (
 // writer, so that the copy finds them nearer. On the GPU machine's 16
 // cores this lifted one connection from 69–76% of iperf3 to 82–95%, and
 // two from 45–63% to 62–90%; on two cores, where the reads take the
-// writer's own core, it lost (84% against 91% in one run): docs/benchmarks.md,
-// "Reading ahead of the writer". So it is on by default only where the
-// process has cores to spare (spareCores).
+// writer's own core, it lost (84% against 91% in one run):
+// docs/journal/2026-11-30-tcp-data-plane.md, "Reading ahead of the writer".
+// So it is on by default only where the process has cores to spare
+// (spareCores).
 
 // DefaultPrefetchBytes is how far ahead of the writer the prefetcher reads
 // by default: eight 256-KiB pieces, the distance measured.

@@ -15,12 +15,13 @@ import (
 // verifier goroutine summing each read while the next one ran was slower
 // on two cores in every cell measured back to back, 6–10% with two
 // connections: its bytes came from the other core's cache and each piece
-// cost a handoff. docs/benchmarks.md, 2026-12-01 evening.) Where cores are
+// cost a handoff. docs/journal/2026-11-30-tcp-data-plane.md, "An interleaved
+// baseline, and the check on the reading goroutine".) Where cores are
 // free it does not always hold: Client.Verify (VerifyBehind, and
 // VerifyAuto, NewClient's choice from 4 cores, when another Fetch is under
 // way) sums on a goroutine of the Fetch's own (summer, below), and on the
 // GPU machine's 16 cores two connections moved more that way
-// (docs/benchmarks.md, "Reading ahead of the writer", "A faster CRC-32C").
+// (docs/journal/2026-11-30-tcp-data-plane.md, "Reading ahead of the writer", "A faster CRC-32C").
 
 // readHead reads a page's status and, if it is sent, its header, which
 // must name w; ok false means the server does not hold it.

@@ -19,7 +19,8 @@ import (
 // read the whole answer, and its segment acknowledges every byte before
 // the server's read returns. On the development machine, as a scratch
 // binary, this moved a fifth more with 256 KiB pages on one connection
-// and nothing with 2 MiB (docs/benchmarks.md, "… a splice send"); on the
+// and nothing with 2 MiB (docs/journal/2026-11-30-tcp-data-plane.md, "… a
+// splice send"); on the
 // GPU machine's 16 cores it halved the sender's CPU a byte, moved about a
 // fifth more with 2 MiB pages on one connection and less with 256 KiB
 // ("The splice send on the GPU machine"). Off by default: a page stays

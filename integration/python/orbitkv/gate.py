@@ -29,8 +29,8 @@ may hold admission at once as long as their prompts' blocks fit the cache
 together, so that with nothing else running every holder can still complete.
 Only a restore that would overfill that sum is deferred. The strict mode cost
 the seeds' workload on the H200 most of its restores' gain: each restore
-held off every arrival for its load plus one engine step (docs/benchmarks.md,
-"Real vLLM on the H200").
+held off every arrival for its load plus one engine step
+(docs/journal/2026-12-01-vllm-h200.md, "Real vLLM on the H200").
 
 A pure state machine: inputs are explicit (request ids, token counts, the
 time), no I/O and no threads; the connector's scheduler half drives it.

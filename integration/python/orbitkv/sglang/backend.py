@@ -82,8 +82,8 @@ def _log_prefetch_budget(tokens: int) -> None:
     started below it is taken whole), each counting its prompt's whole
     uncached tail, and revokes one the pool has no room for: a host pool
     small beside the prompts served at once leaves pages OrbitKV holds
-    recomputed (docs/benchmarks.md, "Pairs, SSD, 8K recovery and the `l2`
-    config")."""
+    recomputed (docs/journal/2026-12-02-sglang-h200.md, "Pairs, SSD, 8K
+    recovery and the `l2` config")."""
     if tokens > 0:
         log.info("orbitkv: SGLang's host pool holds %d tokens; SGLang starts no prefetch from OrbitKV while "
                  "those in flight hold %d tokens (half of it), and recomputes those prompts: size --hicache-size "
