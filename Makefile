@@ -158,7 +158,7 @@ bench: build
 	$(BIN) bench lookup
 
 # SGLang's HiCache L3 path through OrbitKV on a CPU beside a copy of the same bytes
-# (docs/benchmarks.md, "SGLang's path on a CPU").
+# (docs/journal/2026-12-02-sglang-h200.md, "SGLang's path on a CPU").
 bench-sglang: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_SGLANG_VENV=$(SGLANG_VENV) ./scripts/install-sglang.sh
 	PYTHONPATH=integration/python ORBITKV_BIN=$(CURDIR)/$(BIN) TORCH_EXTENSIONS_DIR=$(SGLANG_VENV)/torch_extensions \
