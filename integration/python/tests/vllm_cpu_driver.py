@@ -18,6 +18,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the orbitkv package
 
 
+def block_size() -> int:
+    """The smallest KV block vLLM's CPU attention takes: 16 on 0.26, 32 on 0.32 (a 16-token
+    block fails there: "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])")."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    size = CPUAttentionBackend.get_supported_kernel_block_sizes()[0]
+    return int(getattr(size, "base", size))
+
+
 def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -29,7 +38,7 @@ def main() -> None:
            "kv_load_failure_policy": "recompute",
            "kv_connector_extra_config": dict(json.loads(os.environ.get("ORBITKV_DRIVER_EXTRA", "{}")), socket=sock)}
     llm = LLM(model=os.path.join(HERE, "..", "..", "models", "qwen3-tiny"), load_format="dummy",
-              skip_tokenizer_init=True, dtype="float32", enforce_eager=True, block_size=16, max_model_len=2048,
+              skip_tokenizer_init=True, dtype="float32", enforce_eager=True, block_size=block_size(), max_model_len=2048,
               enable_prefix_caching=True, kv_transfer_config=kvt, seed=0)
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
