@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/bench/lookup"
+	"github.com/orbitkv/orbitkv/bench/restart"
 	"github.com/orbitkv/orbitkv/bench/ssd"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
@@ -66,4 +70,34 @@ func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {
 	}
 	cfg.PoolBytes, cfg.HostBytes = uint64(pool), uint64(host)
 	return benchGPU(ctx, out, cfg)
+}
+
+func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench restart", flag.ContinueOnError)
+	cfg := restart.DefaultConfig()
+	fs.StringVar(&cfg.Dir, "dir", "data/bench", "directory on the SSD to test (not tmpfs); its scratch directory is removed at the end")
+	sizes := fs.String("sizes", "1GiB,8GiB,32GiB", "SSD tier sizes, comma-separated (page files are preallocated: the disk needs the largest free)")
+	fs.Float64Var(&cfg.Fill, "fill", cfg.Fill, "fraction of each tier filled with saved pages (2 MiB each)")
+	fillMax, fileBytes := bytesize.Size(cfg.FillMax), bytesize.Size(cfg.FileBytes)
+	fs.Var(&fillMax, "fill-max", "at most this many bytes of saved pages per tier")
+	fs.Var(&fileBytes, "ssd-file-bytes", "size of each page file")
+	fs.IntVar(&cfg.Reps, "reps", cfg.Reps, "timed starts per case (median reported)")
+	fs.BoolVar(&cfg.Sparse, "sparse", false, "leave the page files sparse (serve --ssd-sparse): tiers larger than the free disk; the disk needs only the saved pages")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.FillMax, cfg.FileBytes, cfg.Sizes = uint64(fillMax), uint64(fileBytes), nil
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := bytesize.Parse(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("--sizes: %w", err)
+		}
+		cfg.Sizes = append(cfg.Sizes, uint64(n))
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg.Exe = exe
+	return restart.Run(ctx, cfg, out)
 }

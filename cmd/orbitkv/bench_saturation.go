@@ -48,13 +48,13 @@ type satBench struct {
 }
 
 func runBenchSaturation(ctx context.Context, args []string, out io.Writer) error {
-	b := satBench{flash: qwen3Flash(), dramBytes: 1 << 30, ssdBytes: 6 << 30}
+	b := satBench{flash: benchutil.Qwen3Flash(), dramBytes: 1 << 30, ssdBytes: 6 << 30}
 	fs := flag.NewFlagSet("bench saturation", flag.ContinueOnError)
 	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the peers' data and SSD tier, removed at the end")
 	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
 	fs.Var(&b.dramBytes, "dram-bytes", "DRAM pool of both peers")
 	fs.Var(&b.ssdBytes, "ssd-bytes", "SSD tier of peer B")
-	geometryFlags(fs, &b.flash)
+	benchutil.GeometryFlags(fs, &b.flash)
 	fs.Float64Var(&b.seconds, "seconds", 20, "seconds each peer is driven")
 	fs.IntVar(&b.streams, "streams", 4, "concurrent savers/loaders on the one engine session")
 	fs.IntVar(&b.batch, "batch", 8, "pages per save (one prompt's pages)")
@@ -90,8 +90,8 @@ func (b *satBench) validate() error {
 	if b.reuse < 0 || b.reuse > 1 {
 		errs = append(errs, fmt.Errorf("reuse %v, want 0..1", b.reuse))
 	}
-	if len(errs) == 0 && uint64(b.dramBytes) < 4*satSlotBytes(flashPageBytes(f)) {
-		errs = append(errs, fmt.Errorf("dram-bytes %v holds fewer than 4 pages of %v", b.dramBytes, bytesize.Size(flashPageBytes(f))))
+	if len(errs) == 0 && uint64(b.dramBytes) < 4*satSlotBytes(benchutil.FlashPageBytes(f)) {
+		errs = append(errs, fmt.Errorf("dram-bytes %v holds fewer than 4 pages of %v", b.dramBytes, bytesize.Size(benchutil.FlashPageBytes(f))))
 	}
 	if b.ssdBytes < ssd.RegionBytes {
 		errs = append(errs, fmt.Errorf("ssd-bytes %v is below one SSD region (%v)", b.ssdBytes, bytesize.Size(ssd.RegionBytes)))
@@ -109,7 +109,7 @@ func satSlotBytes(pageBytes uint64) uint64 { return (pageBytes + 4095) &^ 4095 }
 // as many as both of B's tiers hold, so some revisits find their prompt in
 // DRAM, some on SSD and some gone.
 func (b *satBench) satWindow() int {
-	prompt := uint64(b.batch) * flashPageBytes(b.flash)
+	prompt := uint64(b.batch) * benchutil.FlashPageBytes(b.flash)
 	return max(1, int((uint64(b.dramBytes)+uint64(b.ssdBytes))/prompt))
 }
 
@@ -123,7 +123,7 @@ func (b *satBench) run(ctx context.Context, out io.Writer) ([]satResult, error) 
 	defer cleanup()
 	b.scratch = scratch
 	b.flash.NumBlocks = 2 * b.streams * b.batch * (b.flash.PageTokens / b.flash.BlockTokens)
-	pageBytes := flashPageBytes(b.flash)
+	pageBytes := benchutil.FlashPageBytes(b.flash)
 	fmt.Fprintf(out, "orbitkv bench saturation: %d streams on one session, %d pages of %v per save, revisit probability %.2f among the last %d prompts, %vs per peer, seed %d\n",
 		b.streams, b.batch, bytesize.Size(pageBytes), b.reuse, b.satWindow(), b.seconds, b.seed)
 	fmt.Fprintf(out, "peers' data under %s (%s)\n\n", scratch, fsName(scratch))
@@ -196,14 +196,14 @@ func (b *satBench) drivePeer(ctx context.Context, label string, ssdBytes bytesiz
 	if err != nil {
 		return satResult{}, err
 	}
-	be, err := startBenchPeer(ctx, cfg, b.flash, filepath.Join(b.shmDir, "orbitkv-bench-sat-"+strconv.Itoa(os.Getpid())))
+	be, err := benchutil.StartPeer(ctx, cfg, b.flash, filepath.Join(b.shmDir, "orbitkv-bench-sat-"+strconv.Itoa(os.Getpid())))
 	if err != nil {
 		return satResult{}, err
 	}
-	defer func() { be.stop(); os.RemoveAll(cfg.DataDir) }() // B's SSD files: gigabytes
+	defer func() { be.Stop(); os.RemoveAll(cfg.DataDir) }() // B's SSD files: gigabytes
 	kctx, kcancel := context.WithCancel(ctx)
 	defer kcancel()
-	go be.e.KeepAlive(kctx, 2*time.Second)
+	go be.E.KeepAlive(kctx, 2*time.Second)
 	d := newSatDriver(b, be)
 	d.fill(b.seed)
 	before, err := d.observe(cfg.MetricsAddr)
@@ -218,18 +218,18 @@ func (b *satBench) drivePeer(ctx context.Context, label string, ssdBytes bytesiz
 	if err != nil {
 		return satResult{}, err
 	}
-	return satResult{label: label, ssd: ssdBytes > 0, elapsed: elapsed, pageBytes: be.e.PageBytes, tally: tally, peer: after.since(before)}, nil
+	return satResult{label: label, ssd: ssdBytes > 0, elapsed: elapsed, pageBytes: be.E.PageBytes, tally: tally, peer: after.since(before)}, nil
 }
 
 // satDriver drives one peer through the mix.
 type satDriver struct {
 	b   *satBench
-	be  *benchEngine
+	be  *benchutil.Engine
 	mix *satMix
 	per int // blocks per page
 }
 
-func newSatDriver(b *satBench, be *benchEngine) *satDriver {
+func newSatDriver(b *satBench, be *benchutil.Engine) *satDriver {
 	return &satDriver{b: b, be: be, mix: newSatMix(b.reuse, b.satWindow()), per: b.flash.PageTokens / b.flash.BlockTokens}
 }
 

@@ -88,7 +88,7 @@ func (d *satDriver) loadBlock(st, j int) int {
 func (d *satDriver) run(layer, plane, first int) []byte {
 	f := d.b.flash
 	at := f.BlockOffset(layer, plane, first)
-	return d.be.shm.Mem[at : at+d.per*f.BlockBytes()]
+	return d.be.Shm.Mem[at : at+d.per*f.BlockBytes()]
 }
 
 // fill writes the reference pages from seed and copies them to every
@@ -135,7 +135,7 @@ func (d *satDriver) save(ctx context.Context, st int, id int64, t *satSaves) err
 		copy(d.run(0, 0, d.stagingBlock(st, j)), r.Key)
 	}
 	t0 := time.Now()
-	res, err := d.be.e.Save(ctx, refs, pb.Durability_DURABILITY_DRAM)
+	res, err := d.be.E.Save(ctx, refs, pb.Durability_DURABILITY_DRAM)
 	if err != nil {
 		return fmt.Errorf("save: %w", err)
 	}
@@ -153,7 +153,7 @@ func (d *satDriver) load(ctx context.Context, st int, id int64, t *satTally) err
 	for j := range keys {
 		keys[j] = satKey(id, j)
 	}
-	lk, err := d.be.e.Lookup(ctx, keys, true)
+	lk, err := d.be.E.Lookup(ctx, keys, true)
 	if err != nil {
 		return fmt.Errorf("lookup: %w", err)
 	}
@@ -164,14 +164,14 @@ func (d *satDriver) load(ctx context.Context, st int, id int64, t *satTally) err
 		return nil
 	}
 	t0 := time.Now()
-	h, err := d.be.e.C.Load(ctx, &pb.LoadRequest{SessionId: d.be.e.Session, LeaseId: lk.LeaseId,
+	h, err := d.be.E.C.Load(ctx, &pb.LoadRequest{SessionId: d.be.E.Session, LeaseId: lk.LeaseId,
 		Pages: d.refs(st, id, int(lk.HitPages), true), Wait: true, EndLease: true})
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
 	res := h.Status
 	if !res.GetDone() {
-		if res, err = d.be.e.Wait(ctx, h.OpId); err != nil {
+		if res, err = d.be.E.Wait(ctx, h.OpId); err != nil {
 			return fmt.Errorf("load: %w", err)
 		}
 	}

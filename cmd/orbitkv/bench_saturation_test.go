@@ -143,7 +143,7 @@ func TestSatRefusesTmpfs(t *testing.T) {
 func TestSatCheckCatchesOtherBytes(t *testing.T) {
 	b := tinySatBench(t)
 	b.flash.NumBlocks = 2 * b.streams * b.batch * 4
-	d := &satDriver{b: b, be: &benchEngine{shm: &engineclient.Shm{Mem: make([]byte, b.flash.Size())}}, per: 4}
+	d := &satDriver{b: b, be: &benchutil.Engine{Shm: &engineclient.Shm{Mem: make([]byte, b.flash.Size())}}, per: 4}
 	d.fill(3)
 	key, other := satKey(5, 2), satKey(6, 2)
 	load := func() { // what a correct load of page 2 of prompt 5 into stream 1's page 2 writes

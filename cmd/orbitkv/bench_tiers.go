@@ -46,11 +46,11 @@ type tiersBench struct {
 }
 
 func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
-	b := tiersBench{flash: qwen3Flash()}
+	b := tiersBench{flash: benchutil.Qwen3Flash()}
 	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
 	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the run's scratch files, removed at the end")
 	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
-	geometryFlags(fs, &b.flash)
+	benchutil.GeometryFlags(fs, &b.flash)
 	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer, Redis and the peer systems")
 	fs.IntVar(&b.rounds, "rounds", 5, "rounds of the DRAM comparison (medians reported)")
 	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
@@ -143,17 +143,17 @@ func memcpyGBps(n int) float64 {
 
 // startPeer starts the DRAM-only peer of the DRAM comparison, its pool
 // sized for the run's pages, the engine buffer filled with random bytes.
-func (b *tiersBench) startPeer(ctx context.Context) (*benchEngine, error) {
+func (b *tiersBench) startPeer(ctx context.Context) (*benchutil.Engine, error) {
 	cfg := fabric.DefaultConfig()
 	cfg.DataDir, cfg.MetricsAddr, cfg.SSDBytes = filepath.Join(b.scratch, "peer"), "", 0
-	pageBytes := flashPageBytes(b.flash)
+	pageBytes := benchutil.FlashPageBytes(b.flash)
 	cfg.DRAMSlabBytes = bytesize.Size(max(64<<20, 4*((pageBytes+4095)&^4095)))
 	cfg.DRAMBytes = bytesize.Size(uint64(cfg.DRAMSlabBytes) * (uint64(b.pages)*pageBytes/uint64(cfg.DRAMSlabBytes) + 2))
-	be, err := startBenchPeer(ctx, cfg, b.flash, filepath.Join(b.shmDir, "orbitkv-bench-"+strconv.Itoa(os.Getpid())))
+	be, err := benchutil.StartPeer(ctx, cfg, b.flash, filepath.Join(b.shmDir, "orbitkv-bench-"+strconv.Itoa(os.Getpid())))
 	if err != nil {
 		return nil, err
 	}
-	rand.Read(be.shm.Mem)
+	rand.Read(be.Shm.Mem)
 	return be, nil
 }
 
@@ -167,20 +167,20 @@ func (b *tiersBench) dramRounds(ctx context.Context) ([]dramRound, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer be.stop()
+	defer be.Stop()
 	var out []dramRound
 	for r := 0; r < b.rounds; r++ {
 		save, load, err := b.peerRoundTrip(ctx, be)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, dramRound{save: save, load: load, memcpy: memcpyGBps(int(be.e.PageBytes) * b.pages)})
+		out = append(out, dramRound{save: save, load: load, memcpy: memcpyGBps(int(be.E.PageBytes) * b.pages)})
 		// Between rounds, outside the timing: let the sealer finish and
 		// empty the pool so every round saves into free slots.
-		if _, err := be.admin.Drain(ctx, &pb.DrainRequest{TimeoutMs: 30000}); err != nil {
+		if _, err := be.Admin.Drain(ctx, &pb.DrainRequest{TimeoutMs: 30000}); err != nil {
 			return nil, err
 		}
-		if _, err := be.admin.Evict(ctx, &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM}); err != nil {
+		if _, err := be.Admin.Evict(ctx, &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM}); err != nil {
 			return nil, err
 		}
 	}
@@ -189,7 +189,7 @@ func (b *tiersBench) dramRounds(ctx context.Context) ([]dramRound, error) {
 
 // peerRoundTrip saves b.pages fresh pages through the peer and loads them
 // back into other blocks, returning GB/s of each direction.
-func (b *tiersBench) peerRoundTrip(ctx context.Context, be *benchEngine) (save, load float64, err error) {
+func (b *tiersBench) peerRoundTrip(ctx context.Context, be *benchutil.Engine) (save, load float64, err error) {
 	per := b.flash.PageTokens / b.flash.BlockTokens
 	keys := make([][]byte, b.pages)
 	for i := range keys {
@@ -206,15 +206,15 @@ func (b *tiersBench) peerRoundTrip(ctx context.Context, be *benchEngine) (save, 
 		}
 		return out
 	}
-	total := float64(be.e.PageBytes) * float64(b.pages)
+	total := float64(be.E.PageBytes) * float64(b.pages)
 	dSave, err := b.timeBatches(ctx, refs(0), func(r []*pb.PageRef) (*pb.OpStatus, error) {
-		return be.e.Save(ctx, r, pb.Durability_DURABILITY_DRAM)
+		return be.E.Save(ctx, r, pb.Durability_DURABILITY_DRAM)
 	})
 	if err != nil {
 		return 0, 0, err
 	}
 	dLoad, err := b.timeBatches(ctx, refs(b.pages*per), func(r []*pb.PageRef) (*pb.OpStatus, error) {
-		return be.e.Load(ctx, r)
+		return be.E.Load(ctx, r)
 	})
 	if err != nil {
 		return 0, 0, err

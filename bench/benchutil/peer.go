@@ -1,4 +1,4 @@
-package main
+package benchutil
 
 import (
 	"context"
@@ -13,20 +13,20 @@ import (
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// benchEngine is an in-process peer plus an engine session over its socket.
-type benchEngine struct {
-	e     *engineclient.Engine
-	admin pb.AdminServiceClient
-	shm   *engineclient.Shm
-	stop  func()
+// Engine is an in-process peer plus an engine session over its socket.
+type Engine struct {
+	E     *engineclient.Engine  // the session, as an engine holds it
+	Admin pb.AdminServiceClient // the peer's admin API on the same connection
+	Shm   *engineclient.Shm     // the engine's KV buffer the peer maps
+	Stop  func()                // closes the connection, stops the peer, removes the buffer
 }
 
-// startBenchPeer starts a peer in-process from cfg (validated here; its
+// StartPeer starts a peer in-process from cfg (validated here; its
 // data directory is emptied first), creates the engine's shared-memory KV
 // buffer of flash's geometry at shmPath (zeroed: the caller fills it) and
 // opens one session over the peer's Unix socket, as an engine does. stop
 // closes the connection, stops the peer and removes the buffer.
-func startBenchPeer(ctx context.Context, cfg fabric.Config, flash engineclient.Flash, shmPath string) (*benchEngine, error) {
+func StartPeer(ctx context.Context, cfg fabric.Config, flash engineclient.Flash, shmPath string) (*Engine, error) {
 	os.RemoveAll(cfg.DataDir)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -59,23 +59,23 @@ func startBenchPeer(ctx context.Context, cfg fabric.Config, flash engineclient.F
 		shm.Close()
 		return nil, err
 	}
-	return &benchEngine{e: e, admin: pb.NewAdminServiceClient(conn), shm: shm, stop: func() { conn.Close(); stop(); shm.Close() }}, nil
+	return &Engine{E: e, Admin: pb.NewAdminServiceClient(conn), Shm: shm, Stop: func() { conn.Close(); stop(); shm.Close() }}, nil
 }
 
-// flashPageBytes is the bytes of one page of f's geometry: every layer's K
+// FlashPageBytes is the bytes of one page of f's geometry: every layer's K
 // and V blocks of the page's tokens.
-func flashPageBytes(f engineclient.Flash) uint64 {
+func FlashPageBytes(f engineclient.Flash) uint64 {
 	return uint64(f.Layers) * 2 * uint64(f.BlockBytes()) * uint64(f.PageTokens/f.BlockTokens)
 }
 
-// qwen3Flash is the benches' default page geometry: Qwen3-8B (36 layers, 8
+// Qwen3Flash is the benches' default page geometry: Qwen3-8B (36 layers, 8
 // KV heads of 128, bf16) in 16-token blocks, 64-token (9 MiB) pages.
-func qwen3Flash() engineclient.Flash {
+func Qwen3Flash() engineclient.Flash {
 	return engineclient.Flash{Layers: 36, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2}
 }
 
-// geometryFlags lets --layers, --kv-heads and --head-dim change f.
-func geometryFlags(fs *flag.FlagSet, f *engineclient.Flash) {
+// GeometryFlags lets --layers, --kv-heads and --head-dim change f.
+func GeometryFlags(fs *flag.FlagSet, f *engineclient.Flash) {
 	fs.IntVar(&f.Layers, "layers", f.Layers, "layers of the page geometry (default: Qwen3-8B)")
 	fs.IntVar(&f.KVHeads, "kv-heads", f.KVHeads, "KV heads")
 	fs.IntVar(&f.HeadDim, "head-dim", f.HeadDim, "head dimension")

@@ -1,10 +1,19 @@
-package main
+// Package restart is `orbitkv bench restart`: it times a peer's start to
+// serving. A child `orbitkv serve` is started over a data directory and timed until its socket
+// answers a Status call. For each SSD tier size the tier is first filled to
+// a fraction with pages saved durably (through an in-process peer), then
+// timed after a clean stop (SIGTERM) and after a kill -9, beside a peer
+// with no SSD tier; the ratio is to that baseline.
+//
+// It measures the peer from outside, through its public surface: the
+// `orbitkv serve` command line, the admin Status RPC, and the engine API
+// (through an in-process fabric peer) for the fill.
+package restart
 
 import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -27,13 +36,6 @@ import (
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// `orbitkv bench restart` times a peer's start to serving: a child `orbitkv
-// serve` is started over a data directory and timed until its socket
-// answers a Status call. For each SSD tier size the tier is first filled to
-// a fraction with pages saved durably (through an in-process peer), then
-// timed after a clean stop (SIGTERM) and after a kill -9, beside a peer
-// with no SSD tier; the ratio is to that baseline.
-
 type restartBench struct {
 	exe      string
 	dir      string
@@ -45,34 +47,28 @@ type restartBench struct {
 	sparse   bool // page files sparse (--ssd-sparse): tiers larger than the free disk
 }
 
-func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("bench restart", flag.ContinueOnError)
-	dir := fs.String("dir", "data/bench", "directory on the SSD to test (not tmpfs); its scratch directory is removed at the end")
-	sizes := fs.String("sizes", "1GiB,8GiB,32GiB", "SSD tier sizes, comma-separated (page files are preallocated: the disk needs the largest free)")
-	fill := fs.Float64("fill", 0.05, "fraction of each tier filled with saved pages (2 MiB each)")
-	fillMax := bytesize.Size(1 << 30)
-	fs.Var(&fillMax, "fill-max", "at most this many bytes of saved pages per tier")
-	fileBytes := bytesize.Size(1 << 30)
-	fs.Var(&fileBytes, "ssd-file-bytes", "size of each page file")
-	reps := fs.Int("reps", 3, "timed starts per case (median reported)")
-	sparse := fs.Bool("sparse", false, "leave the page files sparse (serve --ssd-sparse): tiers larger than the free disk; the disk needs only the saved pages")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	b := restartBench{fill: *fill, fillMax: uint64(fillMax), fileSize: uint64(fileBytes), reps: max(1, *reps), sparse: *sparse}
-	for _, s := range strings.Split(*sizes, ",") {
-		n, err := bytesize.Parse(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("--sizes: %w", err)
-		}
-		b.sizes = append(b.sizes, uint64(n))
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	b.exe = exe
-	scratch, cleanup, err := benchutil.ScratchDir(*dir, "restart")
+// Config is a restart bench's run.
+type Config struct {
+	Exe       string   // the orbitkv binary whose `serve` is timed
+	Dir       string   // directory on the SSD to test; a scratch directory under it is removed at the end
+	Sizes     []uint64 // SSD tier sizes, bytes (page files are preallocated unless Sparse)
+	Fill      float64  // fraction of each tier filled with saved pages (2 MiB each)
+	FillMax   uint64   // at most this many bytes of saved pages per tier
+	FileBytes uint64   // size of each page file, bytes
+	Reps      int      // timed starts per case (median reported)
+	Sparse    bool     // page files sparse (serve --ssd-sparse): tiers larger than the free disk
+}
+
+// DefaultConfig is `orbitkv bench restart`'s default run (Exe and Dir left to the caller).
+func DefaultConfig() Config {
+	return Config{Sizes: []uint64{1 << 30, 8 << 30, 32 << 30}, Fill: 0.05, FillMax: 1 << 30, FileBytes: 1 << 30, Reps: 3}
+}
+
+// Run times the starts of cfg.Exe's peer over each tier size and prints
+// the table with its no-SSD baseline and the ratios.
+func Run(ctx context.Context, cfg Config, out io.Writer) error {
+	b := restartBench{exe: cfg.Exe, sizes: cfg.Sizes, fill: cfg.Fill, fillMax: cfg.FillMax, fileSize: cfg.FileBytes, reps: max(1, cfg.Reps), sparse: cfg.Sparse}
+	scratch, cleanup, err := benchutil.ScratchDir(cfg.Dir, "restart")
 	if err != nil {
 		return err
 	}
@@ -126,7 +122,7 @@ func restartMs(d time.Duration) float64 { return float64(d.Microseconds()) / 100
 // restartFlash is the fill's geometry: 2 MiB pages, 16 pages a batch.
 var restartFlash = engineclient.Flash{Layers: 8, NumBlocks: 64, BlockTokens: 16, PageTokens: 64, KVHeads: 8, HeadDim: 128, ElemBytes: 2}
 
-var restartPageBytes = flashPageBytes(restartFlash)
+var restartPageBytes = benchutil.FlashPageBytes(restartFlash)
 
 func (b *restartBench) config(dir string, ssdBytes uint64) fabric.Config {
 	cfg := fabric.DefaultConfig()
@@ -144,12 +140,12 @@ func (b *restartBench) config(dir string, ssdBytes uint64) fabric.Config {
 func (b *restartBench) fillTier(ctx context.Context, dir string, size uint64) (int, error) {
 	n := int(min(uint64(b.fill*float64(size)), b.fillMax) / restartPageBytes)
 	cfg := b.config(dir, size)
-	be, err := startBenchPeer(ctx, cfg, restartFlash, filepath.Join(b.dir, "kv"))
+	be, err := benchutil.StartPeer(ctx, cfg, restartFlash, filepath.Join(b.dir, "kv"))
 	if err != nil {
 		return 0, err
 	}
-	defer be.stop()
-	rand.Read(be.shm.Mem)
+	defer be.Stop()
+	rand.Read(be.Shm.Mem)
 	per := restartFlash.PageTokens / restartFlash.BlockTokens
 	batch := restartFlash.NumBlocks / per
 	for done := 0; done < n; {
@@ -162,7 +158,7 @@ func (b *restartBench) fillTier(ctx context.Context, dir string, size uint64) (i
 			}
 			refs = append(refs, r)
 		}
-		st, err := be.e.Save(ctx, refs, pb.Durability_DURABILITY_SSD)
+		st, err := be.E.Save(ctx, refs, pb.Durability_DURABILITY_SSD)
 		if err != nil {
 			return done, err
 		}
