@@ -23,6 +23,12 @@ type engineProc struct {
 
 func openEngine(t *testing.T, p *proc, shm *engineclient.Shm) *engineProc {
 	t.Helper()
+	return openEngineAs(t, p, shm, flash)
+}
+
+// openEngineAs opens an engine session with layout fl on shm.
+func openEngineAs(t *testing.T, p *proc, shm *engineclient.Shm, fl engineclient.Flash) *engineProc {
+	t.Helper()
 	conn, err := engineclient.Dial(p.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +36,7 @@ func openEngine(t *testing.T, p *proc, shm *engineclient.Shm) *engineProc {
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e, err := engineclient.Open(ctx, conn, flash.OpenRequest("e2e", shm.Path))
+	e, err := engineclient.Open(ctx, conn, fl.OpenRequest("e2e", shm.Path))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,12 +44,17 @@ func openEngine(t *testing.T, p *proc, shm *engineclient.Shm) *engineProc {
 }
 
 func pageBytes(shm *engineclient.Shm, blocks []uint32) []byte {
+	return pageBytesAs(shm, blocks, flash)
+}
+
+// pageBytesAs is a page's bytes in shm laid out as fl.
+func pageBytesAs(shm *engineclient.Shm, blocks []uint32, fl engineclient.Flash) []byte {
 	var out []byte
-	for l := 0; l < flash.Layers; l++ {
+	for l := 0; l < fl.Layers; l++ {
 		for pl := 0; pl < 2; pl++ {
 			for _, b := range blocks {
-				off := flash.BlockOffset(l, pl, int(b))
-				out = append(out, shm.Mem[off:off+flash.BlockBytes()]...)
+				off := fl.BlockOffset(l, pl, int(b))
+				out = append(out, shm.Mem[off:off+fl.BlockBytes()]...)
 			}
 		}
 	}

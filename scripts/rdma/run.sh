@@ -8,7 +8,10 @@
 #     transfer contract and two peers in one process (fabric) through the
 #     real binding, then `orbitkv serve` saving pages for guest b;
 #   guest b (192.168.78.2, rxe0): `orbitkv serve` joining a over mutual TLS,
-#     loading a's pages by RDMA READ, every byte checked.
+#     loading a's pages by RDMA READ, every byte checked; then the faults,
+#     driven from b through a control port of a's half: a's link down while
+#     b READs, then back (the lane reconnects, RDMA READ works again), and
+#     a's peer SIGKILLed while b READs. Both peers must log a RoCE v2 GID.
 #
 # Each guest boots once (scripts/rdma/guest.sh builds and caches it) and runs
 # all its payloads (scripts/rdma/payload.sh) from a disk made here, which
@@ -146,6 +149,6 @@ for role in a b; do
     done
   fi
 done
-grep -h -E 'host-b loaded|--- (PASS|FAIL|SKIP): TestRealVerbs|--- (PASS|FAIL): Test(Contract|ClusterExchanges)' "$out"/*/*.log 2>/dev/null | sed 's/^ */  /' || true
+grep -h -E 'host-b loaded|uses GID|--- (PASS|FAIL|SKIP): TestRealVerbs|--- (PASS|FAIL): Test(Contract|ClusterExchanges|TwoGuests)' "$out"/*/*.log 2>/dev/null | sed 's/^ */  /' || true
 echo "test-rdma: $([ $status = 0 ] && echo PASS || echo FAIL) in $((SECONDS - start)) s; logs in $out"
 exit $status
