@@ -20,8 +20,9 @@
 //     (served.go).
 //   - The data plane is chosen per member (transport.go, pure): RDMA only
 //     when both ends opened a device and their ConnInfo exchange over the
-//     peer service succeeded; TCP otherwise, and for good after the
-//     member's lane went down. A connection ID is accepted only from the
+//     peer service succeeded; TCP otherwise, and after the member's lane
+//     went down until a fresh connection is dialed (5 s later; the old one
+//     is closed on both sides). A connection ID is accepted only from the
 //     member that first sent it (rdma.go).
 //   - With mutual TLS, membership needs the data plane's identity (auth.go):
 //     memberlist's AliveDelegate lets a node into the view only when its
