@@ -202,7 +202,8 @@ func TestCatalogLookupKeysMatchPython(t *testing.T) {
 }
 
 // TestCatalogLookupWouldThisPromptHit: an engine saves a prompt's first
-// two pages; catalog lookup of the prompt's tokens reports those two.
+// two pages; catalog lookup of the prompt's tokens reports those two, and
+// route ranks the peer with its run of two DRAM pages.
 func TestCatalogLookupWouldThisPromptHit(t *testing.T) {
 	dir := t.TempDir()
 	sock := startCLIPeer(t, dir)
@@ -246,5 +247,20 @@ func TestCatalogLookupWouldThisPromptHit(t *testing.T) {
 	if !strings.Contains(out.String(), "50 tokens: 3 whole pages of 16 (the last 2 tokens") || !strings.Contains(out.String(), "\nhit 2 of 3 pages\n") ||
 		!strings.Contains(out.String(), "   0 "+keys[0]+" dram\n") {
 		t.Fatalf("lookup:\n%s", out.String())
+	}
+	// orbitkv route ranks this standalone peer alone, with its two pages.
+	out.Reset()
+	if err := runRoute(ctx, []string{"--socket", sock, "--layout", layout, "--tokens", pyTokens()}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "3 pages; 1 hosts hold a leading run\n") || !strings.Contains(out.String(), " 1 (self) ") || !strings.Contains(out.String(), " alive       2 pages  dram:2  confirmed\n") {
+		t.Fatalf("route:\n%s", out.String())
+	}
+	out.Reset()
+	if err := runRoute(ctx, []string{"--socket", sock, "--json", keys[0], keys[1], keys[2]}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"prompt_pages": 3`) || !strings.Contains(out.String(), `"tier": "dram"`) {
+		t.Fatalf("route --json:\n%s", out.String())
 	}
 }

@@ -4,6 +4,7 @@
 //	orbitkv config print     the effective configuration and where each value came from
 //	orbitkv status           report a running peer's health and tiers
 //	orbitkv catalog lookup   look up a chain of page keys
+//	orbitkv route            rank the hosts by the leading pages of a prompt they hold
 //	orbitkv bench tiers      DRAM, SSD and Redis comparisons
 //	orbitkv bench lookup     catalog lookup latency with many entries
 //	orbitkv bench ssd        the SSD tier beside fio
@@ -35,6 +36,7 @@ func commands() []command {
 		{"status", "report a running peer's health and tiers", runStatus},
 		{"catalog", "catalog lookup: would this prompt hit? (page keys, or token ids and a layout)", runCatalog},
 		{"peers", "list the cluster's members as the local peer sees them", runPeers},
+		{"route", "route: which hosts hold how many leading pages of a prompt, best first", runRoute},
 		{"pki", "pki init | pki issue: make the cluster's CA, gossip key and peer certificates", runPKI},
 		{"bench", "bench tiers|lookup|ssd: benchmarks with their baselines", runBench},
 		{"sim", "sim --trace PATH: replay a request trace against the tiers in virtual time", runSim},

@@ -753,6 +753,275 @@ func (x *PeersResponse) GetPeers() []*PeerInfo {
 	return nil
 }
 
+// RouteRequest names a prompt by its page keys, or by its token ids and the
+// layout the peer chains them with (full pages only: a partial last page
+// has no key).
+type RouteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          [][]byte               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`             // page keys, 16 bytes each, in chain order
+	Layout        *Layout                `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`         // with tokens: the layout fingerprint's inputs
+	Tokens        []uint32               `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"` // with layout: the prompt's token ids
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteRequest) Reset() {
+	*x = RouteRequest{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteRequest) ProtoMessage() {}
+
+func (x *RouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteRequest.ProtoReflect.Descriptor instead.
+func (*RouteRequest) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RouteRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *RouteRequest) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *RouteRequest) GetTokens() []uint32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// RouteRun is a stretch of consecutive leading pages a host holds in one tier.
+type RouteRun struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          Tier                   `protobuf:"varint,1,opt,name=tier,proto3,enum=orbitkv.v1.Tier" json:"tier,omitempty"` // TIER_UNSPECIFIED: the host did not confirm (gossip only)
+	Pages         uint32                 `protobuf:"varint,2,opt,name=pages,proto3" json:"pages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteRun) Reset() {
+	*x = RouteRun{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteRun) ProtoMessage() {}
+
+func (x *RouteRun) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteRun.ProtoReflect.Descriptor instead.
+func (*RouteRun) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RouteRun) GetTier() Tier {
+	if x != nil {
+		return x.Tier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *RouteRun) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+// HostRoute is one host holding a leading run of the prompt.
+type HostRoute struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`                         // the member's name (serve --node-name)
+	Self          bool                   `protobuf:"varint,2,opt,name=self,proto3" json:"self,omitempty"`                        // the peer that answered
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`                       // alive, suspect
+	Pages         uint32                 `protobuf:"varint,4,opt,name=pages,proto3" json:"pages,omitempty"`                      // leading pages it holds: pages 0..pages-1
+	Runs          []*RouteRun            `protobuf:"bytes,5,rep,name=runs,proto3" json:"runs,omitempty"`                         // those pages by tier, in order
+	Confirmed     bool                   `protobuf:"varint,6,opt,name=confirmed,proto3" json:"confirmed,omitempty"`              // the host itself said so (false: this peer's gossiped index only)
+	PeerAddr      string                 `protobuf:"bytes,7,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"` // its peer service
+	DataAddr      string                 `protobuf:"bytes,8,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"` // its data plane
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostRoute) Reset() {
+	*x = HostRoute{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostRoute) ProtoMessage() {}
+
+func (x *HostRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostRoute.ProtoReflect.Descriptor instead.
+func (*HostRoute) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *HostRoute) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HostRoute) GetSelf() bool {
+	if x != nil {
+		return x.Self
+	}
+	return false
+}
+
+func (x *HostRoute) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *HostRoute) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *HostRoute) GetRuns() []*RouteRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *HostRoute) GetConfirmed() bool {
+	if x != nil {
+		return x.Confirmed
+	}
+	return false
+}
+
+func (x *HostRoute) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
+func (x *HostRoute) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+type RouteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PromptPages   uint32                 `protobuf:"varint,1,opt,name=prompt_pages,json=promptPages,proto3" json:"prompt_pages,omitempty"` // pages in the prompt's chain
+	Hosts         []*HostRoute           `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`                                 // hosts with at least one leading page, best first
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteResponse) Reset() {
+	*x = RouteResponse{}
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteResponse) ProtoMessage() {}
+
+func (x *RouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteResponse.ProtoReflect.Descriptor instead.
+func (*RouteResponse) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RouteResponse) GetPromptPages() uint32 {
+	if x != nil {
+		return x.PromptPages
+	}
+	return 0
+}
+
+func (x *RouteResponse) GetHosts() []*HostRoute {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
 var File_orbitkv_v1_admin_proto protoreflect.FileDescriptor
 
 const file_orbitkv_v1_admin_proto_rawDesc = "" +
@@ -813,13 +1082,33 @@ const file_orbitkv_v1_admin_proto_rawDesc = "" +
 	"\rPeersResponse\x12\x1c\n" +
 	"\tclustered\x18\x01 \x01(\bR\tclustered\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12*\n" +
-	"\x05peers\x18\x03 \x03(\v2\x14.orbitkv.v1.PeerInfoR\x05peers2\xdf\x02\n" +
+	"\x05peers\x18\x03 \x03(\v2\x14.orbitkv.v1.PeerInfoR\x05peers\"f\n" +
+	"\fRouteRequest\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\fR\x04keys\x12*\n" +
+	"\x06layout\x18\x02 \x01(\v2\x12.orbitkv.v1.LayoutR\x06layout\x12\x16\n" +
+	"\x06tokens\x18\x03 \x03(\rR\x06tokens\"F\n" +
+	"\bRouteRun\x12$\n" +
+	"\x04tier\x18\x01 \x01(\x0e2\x10.orbitkv.v1.TierR\x04tier\x12\x14\n" +
+	"\x05pages\x18\x02 \x01(\rR\x05pages\"\xe1\x01\n" +
+	"\tHostRoute\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04self\x18\x02 \x01(\bR\x04self\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x14\n" +
+	"\x05pages\x18\x04 \x01(\rR\x05pages\x12(\n" +
+	"\x04runs\x18\x05 \x03(\v2\x14.orbitkv.v1.RouteRunR\x04runs\x12\x1c\n" +
+	"\tconfirmed\x18\x06 \x01(\bR\tconfirmed\x12\x1b\n" +
+	"\tpeer_addr\x18\a \x01(\tR\bpeerAddr\x12\x1b\n" +
+	"\tdata_addr\x18\b \x01(\tR\bdataAddr\"_\n" +
+	"\rRouteResponse\x12!\n" +
+	"\fprompt_pages\x18\x01 \x01(\rR\vpromptPages\x12+\n" +
+	"\x05hosts\x18\x02 \x03(\v2\x15.orbitkv.v1.HostRouteR\x05hosts2\x9d\x03\n" +
 	"\fAdminService\x12?\n" +
 	"\x06Status\x12\x19.orbitkv.v1.StatusRequest\x1a\x1a.orbitkv.v1.StatusResponse\x12<\n" +
 	"\x05Peers\x12\x18.orbitkv.v1.PeersRequest\x1a\x19.orbitkv.v1.PeersResponse\x12T\n" +
 	"\rCatalogLookup\x12 .orbitkv.v1.CatalogLookupRequest\x1a!.orbitkv.v1.CatalogLookupResponse\x12<\n" +
 	"\x05Evict\x12\x18.orbitkv.v1.EvictRequest\x1a\x19.orbitkv.v1.EvictResponse\x12<\n" +
-	"\x05Drain\x12\x18.orbitkv.v1.DrainRequest\x1a\x19.orbitkv.v1.DrainResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
+	"\x05Drain\x12\x18.orbitkv.v1.DrainRequest\x1a\x19.orbitkv.v1.DrainResponse\x12<\n" +
+	"\x05Route\x12\x18.orbitkv.v1.RouteRequest\x1a\x19.orbitkv.v1.RouteResponseB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
 
 var (
 	file_orbitkv_v1_admin_proto_rawDescOnce sync.Once
@@ -833,7 +1122,7 @@ func file_orbitkv_v1_admin_proto_rawDescGZIP() []byte {
 	return file_orbitkv_v1_admin_proto_rawDescData
 }
 
-var file_orbitkv_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_orbitkv_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_orbitkv_v1_admin_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 0: orbitkv.v1.StatusRequest
 	(*TierStatus)(nil),            // 1: orbitkv.v1.TierStatus
@@ -847,29 +1136,40 @@ var file_orbitkv_v1_admin_proto_goTypes = []any{
 	(*PeersRequest)(nil),          // 9: orbitkv.v1.PeersRequest
 	(*PeerInfo)(nil),              // 10: orbitkv.v1.PeerInfo
 	(*PeersResponse)(nil),         // 11: orbitkv.v1.PeersResponse
-	(Tier)(0),                     // 12: orbitkv.v1.Tier
+	(*RouteRequest)(nil),          // 12: orbitkv.v1.RouteRequest
+	(*RouteRun)(nil),              // 13: orbitkv.v1.RouteRun
+	(*HostRoute)(nil),             // 14: orbitkv.v1.HostRoute
+	(*RouteResponse)(nil),         // 15: orbitkv.v1.RouteResponse
+	(Tier)(0),                     // 16: orbitkv.v1.Tier
+	(*Layout)(nil),                // 17: orbitkv.v1.Layout
 }
 var file_orbitkv_v1_admin_proto_depIdxs = []int32{
-	12, // 0: orbitkv.v1.TierStatus.tier:type_name -> orbitkv.v1.Tier
+	16, // 0: orbitkv.v1.TierStatus.tier:type_name -> orbitkv.v1.Tier
 	1,  // 1: orbitkv.v1.StatusResponse.tiers:type_name -> orbitkv.v1.TierStatus
-	12, // 2: orbitkv.v1.CatalogLookupResponse.tiers:type_name -> orbitkv.v1.Tier
-	12, // 3: orbitkv.v1.EvictRequest.tier:type_name -> orbitkv.v1.Tier
+	16, // 2: orbitkv.v1.CatalogLookupResponse.tiers:type_name -> orbitkv.v1.Tier
+	16, // 3: orbitkv.v1.EvictRequest.tier:type_name -> orbitkv.v1.Tier
 	10, // 4: orbitkv.v1.PeersResponse.peers:type_name -> orbitkv.v1.PeerInfo
-	0,  // 5: orbitkv.v1.AdminService.Status:input_type -> orbitkv.v1.StatusRequest
-	9,  // 6: orbitkv.v1.AdminService.Peers:input_type -> orbitkv.v1.PeersRequest
-	3,  // 7: orbitkv.v1.AdminService.CatalogLookup:input_type -> orbitkv.v1.CatalogLookupRequest
-	5,  // 8: orbitkv.v1.AdminService.Evict:input_type -> orbitkv.v1.EvictRequest
-	7,  // 9: orbitkv.v1.AdminService.Drain:input_type -> orbitkv.v1.DrainRequest
-	2,  // 10: orbitkv.v1.AdminService.Status:output_type -> orbitkv.v1.StatusResponse
-	11, // 11: orbitkv.v1.AdminService.Peers:output_type -> orbitkv.v1.PeersResponse
-	4,  // 12: orbitkv.v1.AdminService.CatalogLookup:output_type -> orbitkv.v1.CatalogLookupResponse
-	6,  // 13: orbitkv.v1.AdminService.Evict:output_type -> orbitkv.v1.EvictResponse
-	8,  // 14: orbitkv.v1.AdminService.Drain:output_type -> orbitkv.v1.DrainResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	17, // 5: orbitkv.v1.RouteRequest.layout:type_name -> orbitkv.v1.Layout
+	16, // 6: orbitkv.v1.RouteRun.tier:type_name -> orbitkv.v1.Tier
+	13, // 7: orbitkv.v1.HostRoute.runs:type_name -> orbitkv.v1.RouteRun
+	14, // 8: orbitkv.v1.RouteResponse.hosts:type_name -> orbitkv.v1.HostRoute
+	0,  // 9: orbitkv.v1.AdminService.Status:input_type -> orbitkv.v1.StatusRequest
+	9,  // 10: orbitkv.v1.AdminService.Peers:input_type -> orbitkv.v1.PeersRequest
+	3,  // 11: orbitkv.v1.AdminService.CatalogLookup:input_type -> orbitkv.v1.CatalogLookupRequest
+	5,  // 12: orbitkv.v1.AdminService.Evict:input_type -> orbitkv.v1.EvictRequest
+	7,  // 13: orbitkv.v1.AdminService.Drain:input_type -> orbitkv.v1.DrainRequest
+	12, // 14: orbitkv.v1.AdminService.Route:input_type -> orbitkv.v1.RouteRequest
+	2,  // 15: orbitkv.v1.AdminService.Status:output_type -> orbitkv.v1.StatusResponse
+	11, // 16: orbitkv.v1.AdminService.Peers:output_type -> orbitkv.v1.PeersResponse
+	4,  // 17: orbitkv.v1.AdminService.CatalogLookup:output_type -> orbitkv.v1.CatalogLookupResponse
+	6,  // 18: orbitkv.v1.AdminService.Evict:output_type -> orbitkv.v1.EvictResponse
+	8,  // 19: orbitkv.v1.AdminService.Drain:output_type -> orbitkv.v1.DrainResponse
+	15, // 20: orbitkv.v1.AdminService.Route:output_type -> orbitkv.v1.RouteResponse
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_orbitkv_v1_admin_proto_init() }
@@ -884,7 +1184,7 @@ func file_orbitkv_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_orbitkv_v1_admin_proto_rawDesc), len(file_orbitkv_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

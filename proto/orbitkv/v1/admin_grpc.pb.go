@@ -26,6 +26,7 @@ const (
 	AdminService_CatalogLookup_FullMethodName = "/orbitkv.v1.AdminService/CatalogLookup"
 	AdminService_Evict_FullMethodName         = "/orbitkv.v1.AdminService/Evict"
 	AdminService_Drain_FullMethodName         = "/orbitkv.v1.AdminService/Drain"
+	AdminService_Route_FullMethodName         = "/orbitkv.v1.AdminService/Route"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -42,6 +43,9 @@ type AdminServiceClient interface {
 	Evict(ctx context.Context, in *EvictRequest, opts ...grpc.CallOption) (*EvictResponse, error)
 	// Drain waits until no copy, SSD I/O or lease is outstanding.
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
+	// Route ranks the cluster's hosts by how many leading pages of a prompt
+	// each holds (docs/cluster.md, "Routing by where KV lives").
+	Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error)
 }
 
 type adminServiceClient struct {
@@ -102,6 +106,16 @@ func (c *adminServiceClient) Drain(ctx context.Context, in *DrainRequest, opts .
 	return out, nil
 }
 
+func (c *adminServiceClient) Route(ctx context.Context, in *RouteRequest, opts ...grpc.CallOption) (*RouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RouteResponse)
+	err := c.cc.Invoke(ctx, AdminService_Route_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -116,6 +130,9 @@ type AdminServiceServer interface {
 	Evict(context.Context, *EvictRequest) (*EvictResponse, error)
 	// Drain waits until no copy, SSD I/O or lease is outstanding.
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
+	// Route ranks the cluster's hosts by how many leading pages of a prompt
+	// each holds (docs/cluster.md, "Routing by where KV lives").
+	Route(context.Context, *RouteRequest) (*RouteResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -140,6 +157,9 @@ func (UnimplementedAdminServiceServer) Evict(context.Context, *EvictRequest) (*E
 }
 func (UnimplementedAdminServiceServer) Drain(context.Context, *DrainRequest) (*DrainResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedAdminServiceServer) Route(context.Context, *RouteRequest) (*RouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Route not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -252,6 +272,24 @@ func _AdminService_Drain_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Route_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Route(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Route_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Route(ctx, req.(*RouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -278,6 +316,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Drain",
 			Handler:    _AdminService_Drain_Handler,
+		},
+		{
+			MethodName: "Route",
+			Handler:    _AdminService_Route_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

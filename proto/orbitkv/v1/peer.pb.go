@@ -25,6 +25,94 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type HoldsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []byte                 `protobuf:"bytes,1,opt,name=keys,proto3" json:"keys,omitempty"` // page keys, packed: 16 bytes each, in chain order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldsRequest) Reset() {
+	*x = HoldsRequest{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldsRequest) ProtoMessage() {}
+
+func (x *HoldsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldsRequest.ProtoReflect.Descriptor instead.
+func (*HoldsRequest) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *HoldsRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type HoldsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tiers         []Tier                 `protobuf:"varint,1,rep,packed,name=tiers,proto3,enum=orbitkv.v1.Tier" json:"tiers,omitempty"` // per leading held page: the fastest tier holding it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldsReply) Reset() {
+	*x = HoldsReply{}
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldsReply) ProtoMessage() {}
+
+func (x *HoldsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldsReply.ProtoReflect.Descriptor instead.
+func (*HoldsReply) Descriptor() ([]byte, []int) {
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HoldsReply) GetTiers() []Tier {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
 type PlaceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`                       // the asking member's name (without mutual TLS)
@@ -38,7 +126,7 @@ type PlaceRequest struct {
 
 func (x *PlaceRequest) Reset() {
 	*x = PlaceRequest{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +138,7 @@ func (x *PlaceRequest) String() string {
 func (*PlaceRequest) ProtoMessage() {}
 
 func (x *PlaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[0]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +151,7 @@ func (x *PlaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceRequest.ProtoReflect.Descriptor instead.
 func (*PlaceRequest) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PlaceRequest) GetFrom() string {
@@ -115,7 +203,7 @@ type PagePlacement struct {
 
 func (x *PagePlacement) Reset() {
 	*x = PagePlacement{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -127,7 +215,7 @@ func (x *PagePlacement) String() string {
 func (*PagePlacement) ProtoMessage() {}
 
 func (x *PagePlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[1]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -140,7 +228,7 @@ func (x *PagePlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PagePlacement.ProtoReflect.Descriptor instead.
 func (*PagePlacement) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PagePlacement) GetInDram() bool {
@@ -196,7 +284,7 @@ type PlaceReply struct {
 
 func (x *PlaceReply) Reset() {
 	*x = PlaceReply{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +296,7 @@ func (x *PlaceReply) String() string {
 func (*PlaceReply) ProtoMessage() {}
 
 func (x *PlaceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[2]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +309,7 @@ func (x *PlaceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReply.ProtoReflect.Descriptor instead.
 func (*PlaceReply) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PlaceReply) GetLease() uint64 {
@@ -255,7 +343,7 @@ type ReleasePlacementsRequest struct {
 
 func (x *ReleasePlacementsRequest) Reset() {
 	*x = ReleasePlacementsRequest{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[3]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -267,7 +355,7 @@ func (x *ReleasePlacementsRequest) String() string {
 func (*ReleasePlacementsRequest) ProtoMessage() {}
 
 func (x *ReleasePlacementsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[3]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -280,7 +368,7 @@ func (x *ReleasePlacementsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePlacementsRequest.ProtoReflect.Descriptor instead.
 func (*ReleasePlacementsRequest) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleasePlacementsRequest) GetFrom() string {
@@ -306,7 +394,7 @@ type ReleasePlacementsReply struct {
 
 func (x *ReleasePlacementsReply) Reset() {
 	*x = ReleasePlacementsReply{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[4]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +406,7 @@ func (x *ReleasePlacementsReply) String() string {
 func (*ReleasePlacementsReply) ProtoMessage() {}
 
 func (x *ReleasePlacementsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[4]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +419,7 @@ func (x *ReleasePlacementsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePlacementsReply.ProtoReflect.Descriptor instead.
 func (*ReleasePlacementsReply) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleasePlacementsReply) GetReleased() bool {
@@ -351,7 +439,7 @@ type RDMAExchange struct {
 
 func (x *RDMAExchange) Reset() {
 	*x = RDMAExchange{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[5]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +451,7 @@ func (x *RDMAExchange) String() string {
 func (*RDMAExchange) ProtoMessage() {}
 
 func (x *RDMAExchange) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[5]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +464,7 @@ func (x *RDMAExchange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RDMAExchange.ProtoReflect.Descriptor instead.
 func (*RDMAExchange) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RDMAExchange) GetFrom() string {
@@ -402,7 +490,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[6]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +502,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[6]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,7 +515,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SnapshotRequest) GetFrom() string {
@@ -453,7 +541,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[7]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +553,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_orbitkv_v1_peer_proto_msgTypes[7]
+	mi := &file_orbitkv_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +566,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_orbitkv_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SnapshotChunk) GetOrigin() string {
@@ -514,7 +602,12 @@ var File_orbitkv_v1_peer_proto protoreflect.FileDescriptor
 const file_orbitkv_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x15orbitkv/v1/peer.proto\x12\n" +
-	"orbitkv.v1\"}\n" +
+	"orbitkv.v1\x1a\x17orbitkv/v1/engine.proto\"\"\n" +
+	"\fHoldsRequest\x12\x12\n" +
+	"\x04keys\x18\x01 \x01(\fR\x04keys\"4\n" +
+	"\n" +
+	"HoldsReply\x12&\n" +
+	"\x05tiers\x18\x01 \x03(\x0e2\x10.orbitkv.v1.TierR\x05tiers\"}\n" +
 	"\fPlaceRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\fR\x06layout\x12\x12\n" +
@@ -549,13 +642,14 @@ const file_orbitkv_v1_peer_proto_rawDesc = "" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x18\n" +
-	"\aentries\x18\x04 \x01(\fR\aentries2\xb6\x02\n" +
+	"\aentries\x18\x04 \x01(\fR\aentries2\xf1\x02\n" +
 	"\vPeerService\x12D\n" +
 	"\bSnapshot\x12\x1b.orbitkv.v1.SnapshotRequest\x1a\x19.orbitkv.v1.SnapshotChunk0\x01\x12B\n" +
 	"\fExchangeRDMA\x12\x18.orbitkv.v1.RDMAExchange\x1a\x18.orbitkv.v1.RDMAExchange\x12>\n" +
 	"\n" +
 	"PlacePages\x12\x18.orbitkv.v1.PlaceRequest\x1a\x16.orbitkv.v1.PlaceReply\x12]\n" +
-	"\x11ReleasePlacements\x12$.orbitkv.v1.ReleasePlacementsRequest\x1a\".orbitkv.v1.ReleasePlacementsReplyB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
+	"\x11ReleasePlacements\x12$.orbitkv.v1.ReleasePlacementsRequest\x1a\".orbitkv.v1.ReleasePlacementsReply\x129\n" +
+	"\x05Holds\x12\x18.orbitkv.v1.HoldsRequest\x1a\x16.orbitkv.v1.HoldsReplyB7Z5github.com/orbitkv/orbitkv/proto/orbitkv/v1;orbitkvv1b\x06proto3"
 
 var (
 	file_orbitkv_v1_peer_proto_rawDescOnce sync.Once
@@ -569,32 +663,38 @@ func file_orbitkv_v1_peer_proto_rawDescGZIP() []byte {
 	return file_orbitkv_v1_peer_proto_rawDescData
 }
 
-var file_orbitkv_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_orbitkv_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_orbitkv_v1_peer_proto_goTypes = []any{
-	(*PlaceRequest)(nil),             // 0: orbitkv.v1.PlaceRequest
-	(*PagePlacement)(nil),            // 1: orbitkv.v1.PagePlacement
-	(*PlaceReply)(nil),               // 2: orbitkv.v1.PlaceReply
-	(*ReleasePlacementsRequest)(nil), // 3: orbitkv.v1.ReleasePlacementsRequest
-	(*ReleasePlacementsReply)(nil),   // 4: orbitkv.v1.ReleasePlacementsReply
-	(*RDMAExchange)(nil),             // 5: orbitkv.v1.RDMAExchange
-	(*SnapshotRequest)(nil),          // 6: orbitkv.v1.SnapshotRequest
-	(*SnapshotChunk)(nil),            // 7: orbitkv.v1.SnapshotChunk
+	(*HoldsRequest)(nil),             // 0: orbitkv.v1.HoldsRequest
+	(*HoldsReply)(nil),               // 1: orbitkv.v1.HoldsReply
+	(*PlaceRequest)(nil),             // 2: orbitkv.v1.PlaceRequest
+	(*PagePlacement)(nil),            // 3: orbitkv.v1.PagePlacement
+	(*PlaceReply)(nil),               // 4: orbitkv.v1.PlaceReply
+	(*ReleasePlacementsRequest)(nil), // 5: orbitkv.v1.ReleasePlacementsRequest
+	(*ReleasePlacementsReply)(nil),   // 6: orbitkv.v1.ReleasePlacementsReply
+	(*RDMAExchange)(nil),             // 7: orbitkv.v1.RDMAExchange
+	(*SnapshotRequest)(nil),          // 8: orbitkv.v1.SnapshotRequest
+	(*SnapshotChunk)(nil),            // 9: orbitkv.v1.SnapshotChunk
+	(Tier)(0),                        // 10: orbitkv.v1.Tier
 }
 var file_orbitkv_v1_peer_proto_depIdxs = []int32{
-	1, // 0: orbitkv.v1.PlaceReply.pages:type_name -> orbitkv.v1.PagePlacement
-	6, // 1: orbitkv.v1.PeerService.Snapshot:input_type -> orbitkv.v1.SnapshotRequest
-	5, // 2: orbitkv.v1.PeerService.ExchangeRDMA:input_type -> orbitkv.v1.RDMAExchange
-	0, // 3: orbitkv.v1.PeerService.PlacePages:input_type -> orbitkv.v1.PlaceRequest
-	3, // 4: orbitkv.v1.PeerService.ReleasePlacements:input_type -> orbitkv.v1.ReleasePlacementsRequest
-	7, // 5: orbitkv.v1.PeerService.Snapshot:output_type -> orbitkv.v1.SnapshotChunk
-	5, // 6: orbitkv.v1.PeerService.ExchangeRDMA:output_type -> orbitkv.v1.RDMAExchange
-	2, // 7: orbitkv.v1.PeerService.PlacePages:output_type -> orbitkv.v1.PlaceReply
-	4, // 8: orbitkv.v1.PeerService.ReleasePlacements:output_type -> orbitkv.v1.ReleasePlacementsReply
-	5, // [5:9] is the sub-list for method output_type
-	1, // [1:5] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	10, // 0: orbitkv.v1.HoldsReply.tiers:type_name -> orbitkv.v1.Tier
+	3,  // 1: orbitkv.v1.PlaceReply.pages:type_name -> orbitkv.v1.PagePlacement
+	8,  // 2: orbitkv.v1.PeerService.Snapshot:input_type -> orbitkv.v1.SnapshotRequest
+	7,  // 3: orbitkv.v1.PeerService.ExchangeRDMA:input_type -> orbitkv.v1.RDMAExchange
+	2,  // 4: orbitkv.v1.PeerService.PlacePages:input_type -> orbitkv.v1.PlaceRequest
+	5,  // 5: orbitkv.v1.PeerService.ReleasePlacements:input_type -> orbitkv.v1.ReleasePlacementsRequest
+	0,  // 6: orbitkv.v1.PeerService.Holds:input_type -> orbitkv.v1.HoldsRequest
+	9,  // 7: orbitkv.v1.PeerService.Snapshot:output_type -> orbitkv.v1.SnapshotChunk
+	7,  // 8: orbitkv.v1.PeerService.ExchangeRDMA:output_type -> orbitkv.v1.RDMAExchange
+	4,  // 9: orbitkv.v1.PeerService.PlacePages:output_type -> orbitkv.v1.PlaceReply
+	6,  // 10: orbitkv.v1.PeerService.ReleasePlacements:output_type -> orbitkv.v1.ReleasePlacementsReply
+	1,  // 11: orbitkv.v1.PeerService.Holds:output_type -> orbitkv.v1.HoldsReply
+	7,  // [7:12] is the sub-list for method output_type
+	2,  // [2:7] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_orbitkv_v1_peer_proto_init() }
@@ -602,13 +702,14 @@ func file_orbitkv_v1_peer_proto_init() {
 	if File_orbitkv_v1_peer_proto != nil {
 		return
 	}
+	file_orbitkv_v1_engine_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_orbitkv_v1_peer_proto_rawDesc), len(file_orbitkv_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

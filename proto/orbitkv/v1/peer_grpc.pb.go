@@ -27,6 +27,7 @@ const (
 	PeerService_ExchangeRDMA_FullMethodName      = "/orbitkv.v1.PeerService/ExchangeRDMA"
 	PeerService_PlacePages_FullMethodName        = "/orbitkv.v1.PeerService/PlacePages"
 	PeerService_ReleasePlacements_FullMethodName = "/orbitkv.v1.PeerService/ReleasePlacements"
+	PeerService_Holds_FullMethodName             = "/orbitkv.v1.PeerService/Holds"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -55,6 +56,10 @@ type PeerServiceClient interface {
 	// ReleasePlacements ends a lease PlacePages gave (only the member it was
 	// given to may end it); an unknown or expired lease is not an error.
 	ReleasePlacements(ctx context.Context, in *ReleasePlacementsRequest, opts ...grpc.CallOption) (*ReleasePlacementsReply, error)
+	// Holds answers the tier of each leading asked page this peer holds (it
+	// stops at the first it does not), without a lease and without counting
+	// a hit: a member's route query confirming what gossip told it.
+	Holds(ctx context.Context, in *HoldsRequest, opts ...grpc.CallOption) (*HoldsReply, error)
 }
 
 type peerServiceClient struct {
@@ -114,6 +119,16 @@ func (c *peerServiceClient) ReleasePlacements(ctx context.Context, in *ReleasePl
 	return out, nil
 }
 
+func (c *peerServiceClient) Holds(ctx context.Context, in *HoldsRequest, opts ...grpc.CallOption) (*HoldsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HoldsReply)
+	err := c.cc.Invoke(ctx, PeerService_Holds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -140,6 +155,10 @@ type PeerServiceServer interface {
 	// ReleasePlacements ends a lease PlacePages gave (only the member it was
 	// given to may end it); an unknown or expired lease is not an error.
 	ReleasePlacements(context.Context, *ReleasePlacementsRequest) (*ReleasePlacementsReply, error)
+	// Holds answers the tier of each leading asked page this peer holds (it
+	// stops at the first it does not), without a lease and without counting
+	// a hit: a member's route query confirming what gossip told it.
+	Holds(context.Context, *HoldsRequest) (*HoldsReply, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -161,6 +180,9 @@ func (UnimplementedPeerServiceServer) PlacePages(context.Context, *PlaceRequest)
 }
 func (UnimplementedPeerServiceServer) ReleasePlacements(context.Context, *ReleasePlacementsRequest) (*ReleasePlacementsReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleasePlacements not implemented")
+}
+func (UnimplementedPeerServiceServer) Holds(context.Context, *HoldsRequest) (*HoldsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Holds not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -248,6 +270,24 @@ func _PeerService_ReleasePlacements_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_Holds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HoldsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Holds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Holds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Holds(ctx, req.(*HoldsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -266,6 +306,10 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleasePlacements",
 			Handler:    _PeerService_ReleasePlacements_Handler,
+		},
+		{
+			MethodName: "Holds",
+			Handler:    _PeerService_Holds_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

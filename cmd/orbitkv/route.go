@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/orbitkv/orbitkv/fabric"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
+)
+
+// runRoute asks the local peer which hosts hold how many leading pages of a
+// prompt (the admin service's Route): "where should this request go?".
+func runRoute(ctx context.Context, args []string, out io.Writer) error {
+	var d dialFlags
+	fs := flag.NewFlagSet("route", flag.ContinueOnError)
+	d.register(fs)
+	layoutArg := fs.String("layout", "", "the engine's layout: JSON (the fields of orbitkv.keys.Layout) or a file holding it")
+	tokensArg := fs.String("tokens", "", "the prompt's token ids, comma- or space-separated (needs --layout)")
+	tokensFile := fs.String("tokens-file", "", "a file of token ids; - reads stdin (needs --layout)")
+	asJSON := fs.Bool("json", false, "print the answer as POST /v1/route answers it")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: orbitkv route [flags] KEY...\n       orbitkv route [flags] --layout JSON|FILE --tokens IDS|--tokens-file FILE")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	info := io.Discard
+	if !*asJSON {
+		info = out
+	}
+	keys, err := lookupKeys(fs.Args(), *layoutArg, *tokensArg, *tokensFile, info, false)
+	if err != nil {
+		return err
+	}
+	c, cctx, done, err := d.admin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	res, err := c.Route(cctx, &pb.RouteRequest{Keys: keys})
+	if err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(fabric.RouteAnswerOf(res))
+	}
+	printRoute(out, res)
+	return nil
+}
+
+func printRoute(out io.Writer, res *pb.RouteResponse) {
+	fmt.Fprintf(out, "%d pages; %d hosts hold a leading run\n", res.PromptPages, len(res.Hosts))
+	for i, h := range res.Hosts {
+		var runs []string
+		for _, r := range h.Runs {
+			t := tierName(r.Tier)
+			if r.Tier == pb.Tier_TIER_UNSPECIFIED {
+				t = "unknown"
+			}
+			runs = append(runs, fmt.Sprintf("%s:%d", t, r.Pages))
+		}
+		name := h.Name
+		if h.Self {
+			name = strings.TrimSpace(name + " (self)")
+		}
+		confirmed := "confirmed"
+		if !h.Confirmed {
+			confirmed = "gossip only"
+		}
+		fmt.Fprintf(out, "%2d %-24s %-7s %5d pages  %s  %s\n", i+1, name, h.State, h.Pages, strings.Join(runs, " "), confirmed)
+	}
+}
