@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/orbitkv/orbitkv/bench/benchutil"
+	"github.com/orbitkv/orbitkv/bench/cluster"
 	"github.com/orbitkv/orbitkv/bench/lookup"
 	"github.com/orbitkv/orbitkv/bench/restart"
 	"github.com/orbitkv/orbitkv/bench/ssd"
@@ -100,4 +102,29 @@ func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {
 	}
 	cfg.Exe = exe
 	return restart.Run(ctx, cfg, out)
+}
+
+func runBenchCluster(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench cluster", flag.ContinueOnError)
+	sockets := fs.String("sockets", "", "engine sockets of the peers, comma-separated; the first saves the pages")
+	metrics := fs.String("metrics", "", "metrics addresses (host:port) of the same peers, comma-separated")
+	pids := fs.String("pids", "", "process ids of the same peers, comma-separated (device counters from /proc/PID/net/dev, RSS)")
+	cfg := cluster.DefaultConfig()
+	fs.IntVar(&cfg.Pages, "pages", cfg.Pages, "pages announced")
+	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "pages per save")
+	fs.DurationVar(&cfg.Idle, "idle", cfg.Idle, "how long the idle cluster's traffic is measured first")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "give up when the pages are not all visible by then")
+	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "where the engine buffer file goes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Sockets, cfg.Metrics = splitList(*sockets), splitList(*metrics)
+	for _, p := range splitList(*pids) {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return fmt.Errorf("bench cluster: --pids: %q is not a process id", p)
+		}
+		cfg.PIDs = append(cfg.PIDs, n)
+	}
+	return cluster.Run(ctx, cfg, out)
 }

@@ -7,7 +7,7 @@ import (
 	"io"
 	"path/filepath"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/report"
+	"github.com/orbitkv/orbitkv/bench/report"
 )
 
 const benchReportUsage = `usage: orbitkv bench report [flags] RUN_DIR...

@@ -2,10 +2,8 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -15,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -61,7 +59,7 @@ var satBlockedIn = map[string][]string{
 }
 
 func (d *satDriver) observe(metricsAddr string) (satPeer, error) {
-	m, err := scrapeAll(metricsAddr)
+	m, err := benchutil.ScrapeAll(metricsAddr)
 	if err != nil {
 		return satPeer{}, err
 	}
@@ -86,15 +84,6 @@ func (p satPeer) since(before satPeer) satPeer {
 		out.metrics[k] = v - before.metrics[k]
 	}
 	return out
-}
-
-// scrapeAll reads every sample of a peer's /metrics, keyed by the series
-// as exposed (name{labels}), with bench serving's scraper.
-func scrapeAll(addr string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	sample, err := serving.Scrape(ctx, http.DefaultClient, "http://"+addr+"/metrics")
-	return sample.Values, err
 }
 
 // selfWriteBytes is /proc/self/io's write_bytes: what this process caused

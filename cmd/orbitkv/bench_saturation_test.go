@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/orbitkv/orbitkv/bench/benchutil"
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/serving"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
 )
 

@@ -12,12 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/sim"
+	"github.com/orbitkv/orbitkv/bench/sim"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
 // runSim replays a Mooncake-format trace against the catalog and the tier
-// eviction code in virtual time (package cmd/orbitkv/internal/sim) and prints what it hit,
+// eviction code in virtual time (package bench/sim) and prints what it hit,
 // moved and saved.
 func runSim(_ context.Context, args []string, out io.Writer) error {
 	cfg := sim.DefaultConfig()

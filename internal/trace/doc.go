@@ -7,7 +7,7 @@
 // or a float), input_length the prompt in tokens, output_length the decode
 // length (optional, 0 when absent), hash_ids one id per BlockTokens block of
 // the prompt: equal ids at equal positions are equal tokens. It is the one
-// parser of `orbitkv sim` (cmd/orbitkv/internal/sim) and `orbitkv bench serving --workload
+// parser of `orbitkv sim` (bench/sim) and `orbitkv bench serving --workload
 // trace`, so a trace one accepts the other accepts.
 //
 // Invariants of a parsed trace:

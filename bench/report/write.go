@@ -7,7 +7,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/serving"
 )
 
 // plot writes the PNGs and records their names.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/sim"
+	"github.com/orbitkv/orbitkv/bench/sim"
 	"github.com/orbitkv/orbitkv/internal/trace"
 )
 

@@ -1,11 +1,22 @@
-package main
+// Package cluster is `orbitkv bench cluster`: catalog convergence (DESIGN.md §6 "catalog"). Pages saved
+// on the first peer are announced to the others; it measures how long
+// until every other peer's remote index holds all of them (and its lookups
+// find them), the bytes the peers sent on their network devices meanwhile
+// (less the idle cluster's rate, measured first), the others' resident
+// memory per remote page, and the in-memory size of one remote-index entry.
+// The peers run as separate processes, each in its own network namespace
+// (scripts/bench-cluster-netns.sh), so their device counters hold only the
+// cluster's traffic.
+//
+// It reaches the peers through their public surfaces only: the engine API
+// on their sockets, /metrics, and /proc for their device counters and RSS.
+package cluster
 
 import (
 	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,69 +26,51 @@ import (
 	"strings"
 	"time"
 
+	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/engineclient"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// bench cluster: catalog convergence (DESIGN.md §6 "catalog"). Pages saved
-// on the first peer are announced to the others; it measures how long
-// until every other peer's remote index holds all of them (and its lookups
-// find them), the bytes the peers sent on their network devices meanwhile
-// (less the idle cluster's rate, measured first), the others' resident
-// memory per remote page, and the in-memory size of one remote-index entry.
-// The peers run as separate processes, each in its own network namespace
-// (scripts/bench-cluster-netns.sh), so their device counters hold only the
-// cluster's traffic.
-
 // benchClusterFlash is a 4 KiB page (one layer, K and V of 16 tokens × 64 bf16).
 var benchClusterFlash = engineclient.Flash{Layers: 1, NumBlocks: 64, BlockTokens: 16, PageTokens: 16, KVHeads: 1, HeadDim: 64, ElemBytes: 2}
 
-type benchClusterConfig struct {
-	sockets, metrics []string
-	pids             []int
-	pages, batch     int
-	idle, timeout    time.Duration
-	shmDir           string
+// Config is a cluster bench's run against peers already started.
+type Config struct {
+	Sockets []string      // engine sockets of the peers; the first saves the pages
+	Metrics []string      // metrics addresses (host:port) of the same peers
+	PIDs    []int         // process ids of the same peers (device counters, RSS)
+	Pages   int           // pages announced
+	Batch   int           // pages per save
+	Idle    time.Duration // how long the idle cluster's traffic is measured first
+	Timeout time.Duration // give up when the pages are not all visible by then
+	ShmDir  string        // where the engine buffer file goes
 }
 
-func runBenchCluster(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("bench cluster", flag.ContinueOnError)
-	sockets := fs.String("sockets", "", "engine sockets of the peers, comma-separated; the first saves the pages")
-	metrics := fs.String("metrics", "", "metrics addresses (host:port) of the same peers, comma-separated")
-	pids := fs.String("pids", "", "process ids of the same peers, comma-separated (device counters from /proc/PID/net/dev, RSS)")
-	var cfg benchClusterConfig
-	fs.IntVar(&cfg.pages, "pages", 100_000, "pages announced")
-	fs.IntVar(&cfg.batch, "batch", 512, "pages per save")
-	fs.DurationVar(&cfg.idle, "idle", 3*time.Second, "how long the idle cluster's traffic is measured first")
-	fs.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "give up when the pages are not all visible by then")
-	fs.StringVar(&cfg.shmDir, "shm-dir", "/dev/shm", "where the engine buffer file goes")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	cfg.sockets, cfg.metrics = splitList(*sockets), splitList(*metrics)
-	for _, p := range splitList(*pids) {
-		n, err := strconv.Atoi(p)
-		if err != nil {
-			return fmt.Errorf("bench cluster: --pids: %q is not a process id", p)
-		}
-		cfg.pids = append(cfg.pids, n)
-	}
-	if err := cfg.validate(); err != nil {
+// DefaultConfig is `orbitkv bench cluster`'s default run (the peers left to the caller).
+func DefaultConfig() Config {
+	return Config{Pages: 100_000, Batch: 512, Idle: 3 * time.Second, Timeout: 5 * time.Minute, ShmDir: "/dev/shm"}
+}
+
+// Run validates cfg and measures the peers' convergence.
+func Run(ctx context.Context, cfg Config, out io.Writer) error {
+	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	return benchCluster(ctx, out, cfg)
 }
 
-func (c benchClusterConfig) validate() error {
-	n := len(c.sockets)
+// Validate checks that cfg names at least two peers, each with its socket,
+// metrics address and pid, and a positive page count and batch.
+func (c Config) Validate() error {
+	n := len(c.Sockets)
 	switch {
 	case n < 2:
 		return errors.New("bench cluster: --sockets needs at least two peers")
-	case len(c.metrics) != n || len(c.pids) != n:
-		return fmt.Errorf("bench cluster: %d sockets, %d metrics addresses and %d pids: give one of each per peer", n, len(c.metrics), len(c.pids))
-	case c.pages <= 0 || c.batch <= 0:
+	case len(c.Metrics) != n || len(c.PIDs) != n:
+		return fmt.Errorf("bench cluster: %d sockets, %d metrics addresses and %d pids: give one of each per peer", n, len(c.Metrics), len(c.PIDs))
+	case c.Pages <= 0 || c.Batch <= 0:
 		return errors.New("bench cluster: --pages and --batch must be positive")
 	}
 	return nil
@@ -91,9 +84,9 @@ type clusterSample struct {
 	remote []float64
 }
 
-func sampleCluster(c benchClusterConfig) (clusterSample, error) {
+func sampleCluster(c Config) (clusterSample, error) {
 	s := clusterSample{at: time.Now()}
-	for i, pid := range c.pids {
+	for i, pid := range c.PIDs {
 		tx, err := deviceTxBytes(pid)
 		if err != nil {
 			return s, err
@@ -102,7 +95,7 @@ func sampleCluster(c benchClusterConfig) (clusterSample, error) {
 		if err != nil {
 			return s, err
 		}
-		r, err := scrapeMetric(c.metrics[i], "orbitkv_cluster_remote_pages")
+		r, err := scrapeMetric(c.Metrics[i], "orbitkv_cluster_remote_pages")
 		if err != nil {
 			return s, err
 		}
@@ -113,7 +106,7 @@ func sampleCluster(c benchClusterConfig) (clusterSample, error) {
 	return s, nil
 }
 
-func benchCluster(ctx context.Context, out io.Writer, c benchClusterConfig) error {
+func benchCluster(ctx context.Context, out io.Writer, c Config) error {
 	if err := waitClusterFormed(ctx, c, 30*time.Second); err != nil {
 		return err
 	}
@@ -124,7 +117,7 @@ func benchCluster(ctx context.Context, out io.Writer, c benchClusterConfig) erro
 	select { // the idle cluster's own traffic: probes, heartbeats, push/pull
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(c.idle):
+	case <-time.After(c.Idle):
 	}
 	idle, err := sampleCluster(c)
 	if err != nil {
@@ -132,22 +125,22 @@ func benchCluster(ctx context.Context, out io.Writer, c benchClusterConfig) erro
 	}
 	idleRate := float64(idle.txSum-before.txSum) / idle.at.Sub(before.at).Seconds()
 
-	eng, closeEng, err := benchClusterEngine(ctx, c.sockets[0], c.shmDir)
+	eng, closeEng, err := benchClusterEngine(ctx, c.Sockets[0], c.ShmDir)
 	if err != nil {
 		return err
 	}
 	defer closeEng()
-	keys := make([][]byte, c.pages)
+	keys := make([][]byte, c.Pages)
 	for i := range keys {
 		keys[i] = make([]byte, 16)
 		rand.Read(keys[i])
 	}
 	start := idle
-	saved, err := benchClusterSave(ctx, eng, keys, c.batch)
+	saved, err := benchClusterSave(ctx, eng, keys, c.Batch)
 	if err != nil {
 		return err
 	}
-	visible, err := waitVisible(ctx, c, idle, start.at.Add(c.timeout))
+	visible, err := waitVisible(ctx, c, idle, start.at.Add(c.Timeout))
 	if err != nil {
 		return err
 	}
@@ -158,19 +151,19 @@ func benchCluster(ctx context.Context, out io.Writer, c benchClusterConfig) erro
 }
 
 // waitClusterFormed waits until every peer counts every peer a member.
-func waitClusterFormed(ctx context.Context, c benchClusterConfig, d time.Duration) error {
+func waitClusterFormed(ctx context.Context, c Config, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		formed := true
-		for _, m := range c.metrics {
+		for _, m := range c.Metrics {
 			n, err := scrapeMetric(m, "orbitkv_cluster_members")
-			formed = formed && err == nil && int(n) == len(c.metrics)
+			formed = formed && err == nil && int(n) == len(c.Metrics)
 		}
 		if formed {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("bench cluster: the %d peers did not all see each other within %v", len(c.metrics), d)
+			return fmt.Errorf("bench cluster: the %d peers did not all see each other within %v", len(c.Metrics), d)
 		}
 		select {
 		case <-ctx.Done():
@@ -234,21 +227,21 @@ func benchClusterSave(ctx context.Context, eng *engineclient.Engine, keys [][]by
 
 // waitVisible polls the other peers' remote index sizes until each has
 // grown by the pages announced.
-func waitVisible(ctx context.Context, c benchClusterConfig, base clusterSample, deadline time.Time) (clusterSample, error) {
+func waitVisible(ctx context.Context, c Config, base clusterSample, deadline time.Time) (clusterSample, error) {
 	for {
 		s, err := sampleCluster(c)
 		if err != nil {
 			return s, err
 		}
 		done := true
-		for i := 1; i < len(c.sockets); i++ {
-			done = done && s.remote[i]-base.remote[i] >= float64(c.pages)
+		for i := 1; i < len(c.Sockets); i++ {
+			done = done && s.remote[i]-base.remote[i] >= float64(c.Pages)
 		}
 		if done {
 			return s, nil
 		}
 		if s.at.After(deadline) {
-			return s, fmt.Errorf("bench cluster: after %v the peers' remote indexes grew by %v of %d pages", c.timeout, s.remote[1:], c.pages)
+			return s, fmt.Errorf("bench cluster: after %v the peers' remote indexes grew by %v of %d pages", c.Timeout, s.remote[1:], c.Pages)
 		}
 		select {
 		case <-ctx.Done():
@@ -259,9 +252,9 @@ func waitVisible(ctx context.Context, c benchClusterConfig, base clusterSample, 
 }
 
 // lookupAll checks that every other peer's lookups find every page.
-func lookupAll(ctx context.Context, c benchClusterConfig, keys [][]byte) error {
-	for _, sock := range c.sockets[1:] {
-		eng, closeEng, err := benchClusterEngine(ctx, sock, c.shmDir)
+func lookupAll(ctx context.Context, c Config, keys [][]byte) error {
+	for _, sock := range c.Sockets[1:] {
+		eng, closeEng, err := benchClusterEngine(ctx, sock, c.ShmDir)
 		if err != nil {
 			return err
 		}
@@ -283,21 +276,21 @@ func lookupAll(ctx context.Context, c benchClusterConfig, keys [][]byte) error {
 	return nil
 }
 
-func reportCluster(out io.Writer, c benchClusterConfig, start clusterSample, saved time.Time, end clusterSample, idleRate float64) error {
+func reportCluster(out io.Writer, c Config, start clusterSample, saved time.Time, end clusterSample, idleRate float64) error {
 	took := end.at.Sub(start.at)
 	wire := float64(end.txSum - start.txSum)
 	announce := max(0, wire-idleRate*took.Seconds())
-	perEntry, err := remoteEntryBytes(c.pages)
+	perEntry, err := remoteEntryBytes(c.Pages)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "%d pages saved on peer 1 of %d in %v; visible in every other peer's remote index %v after the first save (%v after the last was acknowledged); every lookup found them\n",
-		c.pages, len(c.sockets), saved.Sub(start.at).Round(time.Millisecond), took.Round(time.Millisecond), end.at.Sub(saved).Round(time.Millisecond))
+		c.Pages, len(c.Sockets), saved.Sub(start.at).Round(time.Millisecond), took.Round(time.Millisecond), end.at.Sub(saved).Round(time.Millisecond))
 	fmt.Fprintf(out, "bytes the peers sent meanwhile: %.1f MB (%.0f B/s idle cluster baseline); for the announcements: %.1f MB, %.1f B per page per receiving peer, %.2f MB/s\n",
-		wire/1e6, idleRate, announce/1e6, announce/float64(c.pages)/float64(len(c.sockets)-1), announce/1e6/took.Seconds())
-	for i := 1; i < len(c.sockets); i++ {
+		wire/1e6, idleRate, announce/1e6, announce/float64(c.Pages)/float64(len(c.Sockets)-1), announce/1e6/took.Seconds())
+	for i := 1; i < len(c.Sockets); i++ {
 		d := float64(end.rss[i]) - float64(start.rss[i])
-		fmt.Fprintf(out, "peer %d: resident memory +%.1f MB, %.0f B per remote page\n", i+1, d/1e6, d/float64(c.pages))
+		fmt.Fprintf(out, "peer %d: resident memory +%.1f MB, %.0f B per remote page\n", i+1, d/1e6, d/float64(c.Pages))
 	}
 	fmt.Fprintf(out, "remote index entry (catalog.Remote, in this process): %.0f B per page\n", perEntry)
 	return nil
@@ -370,7 +363,7 @@ func residentBytes(pid int) (uint64, error) {
 
 // scrapeMetric reads one unlabelled sample from a peer's metrics.
 func scrapeMetric(addr, name string) (float64, error) {
-	m, err := scrapeAll(addr)
+	m, err := benchutil.ScrapeAll(addr)
 	if err != nil {
 		return 0, fmt.Errorf("bench cluster: %w", err)
 	}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/serving"
 )
 
 // engine is a minimal SSE completion server; delay slows every request.

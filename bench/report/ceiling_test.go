@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/serving"
 )
 
 func fakeRun(cfg, pair string, rps float64) *Run {

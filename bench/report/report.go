@@ -9,7 +9,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/serving"
 )
 
 // Options of one report.

@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/orbitkv/orbitkv/cmd/orbitkv/internal/serving"
+	"github.com/orbitkv/orbitkv/bench/serving"
 )
 
 // Run is one loaded run directory.
