@@ -5,12 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 
 	"github.com/orbitkv/orbitkv/bench/report"
 )
 
-const benchReportUsage = `usage: orbitkv bench report [flags] RUN_DIR...
+func runBenchReport(ctx context.Context, args []string, out io.Writer) error {
+	const usage = `usage: orbitkv bench report [flags] RUN_DIR...
 
 Validates 'bench serving' run directories and compares their configurations.
 A run is rejected (non-zero exit, no report) when it failed (status, request
@@ -28,10 +28,8 @@ geometric mean of per-pair ratios with a bootstrap interval over pairs
 
 flags:
 `
-
-func runBenchReport(_ context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench report", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), benchReportUsage); fs.PrintDefaults() }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
 	opt := report.Options{Command: append([]string{"orbitkv", "bench", "report"}, args...)}
 	fs.StringVar(&opt.Output, "output", "", "directory for report.md and the PNG plots (default: DIR/report next to the first run)")
 	fs.StringVar(&opt.Baseline, "baseline", "", "baseline config label (default: native if present, else the first)")
@@ -54,23 +52,5 @@ func runBenchReport(_ context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return fmt.Errorf("bench report: no run directories")
 	}
-	if opt.Output == "" {
-		opt.Output = filepath.Join(filepath.Dir(filepath.Clean(dirs[0])), "report")
-	}
-	rep, err := report.Build(dirs, opt)
-	if err != nil {
-		return err
-	}
-	if nd := rep.Nondeterministic(); len(nd) > 0 {
-		fmt.Fprintf(out, "bench report: NOT DETERMINISTIC: %d of %d runs labelled --deterministic=false; their outputs are not checked against references\n", len(nd), len(rep.Runs))
-	}
-	fmt.Fprintf(out, "bench report: %d runs accepted, configurations %v → %s\n", len(rep.Runs), rep.Configs, filepath.Join(opt.Output, "report.md"))
-	for _, c := range rep.Comparisons {
-		fmt.Fprintf(out, "  %-16s %s/%s = %.3f  (%.0f%% CI %s, %d pairs)\n", c.Metric.Name, c.Candidate, c.Baseline,
-			c.Ratio.Est, opt.Level*100, c.Ratio.CIText(3), c.Ratio.N)
-	}
-	for _, r := range rep.Recovered {
-		fmt.Fprintf(out, "  recovered        %s: %.3f of the ceiling (per pair %v)\n", r.Config, r.Fraction, r.PerPair)
-	}
-	return nil
+	return report.Compare(ctx, dirs, opt, out)
 }
