@@ -5,6 +5,7 @@
 //	orbitkv status           report a running peer's health and tiers
 //	orbitkv catalog lookup   look up a chain of page keys
 //	orbitkv route            rank the hosts by the leading pages of a prompt they hold
+//	orbitkv route-proxy      the reference router in front of several engines
 //	orbitkv bench tiers      DRAM, SSD and Redis comparisons
 //	orbitkv bench lookup     catalog lookup latency with many entries
 //	orbitkv bench ssd        the SSD tier beside fio
@@ -37,6 +38,7 @@ func commands() []command {
 		{"catalog", "catalog lookup: would this prompt hit? (page keys, or token ids and a layout)", runCatalog},
 		{"peers", "list the cluster's members as the local peer sees them", runPeers},
 		{"route", "route: which hosts hold how many leading pages of a prompt, best first", runRoute},
+		{"route-proxy", "route-proxy: the reference router, an HTTP proxy that sends each completion to the host holding its prefix", runRouteProxy},
 		{"pki", "pki init | pki issue: make the cluster's CA, gossip key and peer certificates", runPKI},
 		{"bench", "bench tiers|lookup|ssd: benchmarks with their baselines", runBench},
 		{"sim", "sim --trace PATH: replay a request trace against the tiers in virtual time", runSim},

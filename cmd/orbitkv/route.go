@@ -3,12 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
+	"time"
 
 	"github.com/orbitkv/orbitkv/fabric"
+	"github.com/orbitkv/orbitkv/internal/router"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -76,4 +81,54 @@ func printRoute(out io.Writer, res *pb.RouteResponse) {
 		}
 		fmt.Fprintf(out, "%2d %-24s %-7s %5d pages  %s  %s\n", i+1, name, h.State, h.Pages, strings.Join(runs, " "), confirmed)
 	}
+}
+
+// runRouteProxy runs the reference router (internal/router) until ctx ends.
+func runRouteProxy(ctx context.Context, args []string, out io.Writer) error {
+	var cfg router.Config
+	fs := flag.NewFlagSet("route-proxy", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8100", "address the router serves POST /v1/completions on")
+	fs.StringVar(&cfg.Peer, "peer", "127.0.0.1:9464", "the local peer's metrics address (POST /v1/route)")
+	layoutArg := fs.String("layout", "", "the engines' layout: JSON (the fields of orbitkv.keys.Layout) or a file holding it")
+	fs.DurationVar(&cfg.RouteTimeout, "route-timeout", 200*time.Millisecond, "deadline of one route query")
+	engines := map[string]string{}
+	fs.Func("engine", "NAME=URL: the engine on the host whose peer is named NAME (repeat)", func(s string) error {
+		name, url, ok := strings.Cut(s, "=")
+		if !ok || name == "" || url == "" {
+			return fmt.Errorf("want NAME=URL, got %q", s)
+		}
+		engines[name] = strings.TrimSuffix(url, "/")
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	layout, err := parseLayout(*layoutArg)
+	if err != nil {
+		return err
+	}
+	cfg.Engines = engines
+	if cfg.Layout, err = json.Marshal(layout); err != nil {
+		return err
+	}
+	rt, err := router.New(cfg)
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("route-proxy: %w", err)
+	}
+	fmt.Fprintf(out, "route-proxy listening on http://%s\n", lis.Addr())
+	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }

@@ -10,7 +10,9 @@ import (
 
 func TestRank(t *testing.T) {
 	dram := func(n int) []catalog.Run { return []catalog.Run{{Tier: catalog.TierDRAM, Pages: n}} }
-	ssdFirst := func(n int) []catalog.Run { return []catalog.Run{{Tier: catalog.TierSSD, Pages: 1}, {Tier: catalog.TierDRAM, Pages: n - 1}} }
+	ssdFirst := func(n int) []catalog.Run {
+		return []catalog.Run{{Tier: catalog.TierSSD, Pages: 1}, {Tier: catalog.TierDRAM, Pages: n - 1}}
+	}
 	tests := []struct {
 		name string
 		in   []Holder

@@ -1,0 +1,91 @@
+package router
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPick(t *testing.T) {
+	engines := map[string]string{"a": "", "b": "", "c": ""}
+	names := []string{"a", "b", "c"}
+	tests := []struct {
+		name      string
+		ans       Answer
+		rr        uint64
+		want      string
+		wantPages int
+	}{
+		{"nobody holds a page: round robin", Answer{}, 4, "b", 0},
+		{"the best host", Answer{Hosts: []Host{{"c", "alive", 5}, {"a", "alive", 2}}}, 0, "c", 5},
+		{"a host without an engine here is skipped", Answer{Hosts: []Host{{"x", "alive", 9}, {"a", "alive", 2}}}, 0, "a", 2},
+		{"a suspect host is skipped", Answer{Hosts: []Host{{"c", "suspect", 9}, {"b", "alive", 1}}}, 0, "b", 1},
+		{"only unusable hosts: round robin", Answer{Hosts: []Host{{"x", "alive", 9}, {"c", "suspect", 3}}}, 2, "c", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, pages := pick(tt.ans, engines, names, tt.rr)
+			if got != tt.want || pages != tt.wantPages {
+				t.Errorf("pick = %s %d, want %s %d", got, pages, tt.want, tt.wantPages)
+			}
+		})
+	}
+}
+
+// TestRouterForwards: a token prompt goes where the peer says; a text
+// prompt, and a prompt while the peer does not answer, go round robin.
+func TestRouterForwards(t *testing.T) {
+	engine := func(name string) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, `{"engine":"`+name+`"}`)
+		}))
+	}
+	ea, eb := engine("a"), engine("b")
+	defer ea.Close()
+	defer eb.Close()
+	var asked map[string]any
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewDecoder(r.Body).Decode(&asked)
+		io.WriteString(w, `{"prompt_pages":2,"hosts":[{"name":"b","state":"alive","pages":2,"runs":[{"tier":"dram","pages":2}]}]}`)
+	}))
+	rt, err := New(Config{Peer: strings.TrimPrefix(peer.URL, "http://"), Engines: map[string]string{"a": ea.URL, "b": eb.URL},
+		Layout: json.RawMessage(`{"model":"m"}`), RouteTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(rt)
+	defer front.Close()
+	post := func(body string) (string, string) {
+		resp, err := http.Post(front.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.Header.Get(HeaderEngine), resp.Header.Get(HeaderRoute)
+	}
+	if e, r := post(`{"prompt":[1,2,3],"max_tokens":1}`); e != "b" || r != "routed 2" {
+		t.Errorf("token prompt went to %s (%s), want b routed", e, r)
+	}
+	if asked["layout"].(map[string]any)["model"] != "m" || len(asked["tokens"].([]any)) != 3 {
+		t.Errorf("route query %v", asked)
+	}
+	if e, r := post(`{"prompt":"hello"}`); r != "round-robin" || e == "" {
+		t.Errorf("text prompt went to %s (%s), want round robin", e, r)
+	}
+	peer.Close()
+	seen := map[string]bool{}
+	for range 2 {
+		e, r := post(`{"prompt":[1,2,3]}`)
+		if r != "round-robin" {
+			t.Errorf("with the peer down: %s", r)
+		}
+		seen[e] = true
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Errorf("round robin reached %v, want both engines", seen)
+	}
+}
