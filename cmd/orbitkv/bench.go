@@ -13,6 +13,7 @@ import (
 	"github.com/orbitkv/orbitkv/bench/cluster"
 	"github.com/orbitkv/orbitkv/bench/lookup"
 	"github.com/orbitkv/orbitkv/bench/restart"
+	"github.com/orbitkv/orbitkv/bench/saturation"
 	"github.com/orbitkv/orbitkv/bench/ssd"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
@@ -127,4 +128,23 @@ func runBenchCluster(ctx context.Context, args []string, out io.Writer) error {
 		cfg.PIDs = append(cfg.PIDs, n)
 	}
 	return cluster.Run(ctx, cfg, out)
+}
+
+func runBenchSaturation(ctx context.Context, args []string, out io.Writer) error {
+	cfg := saturation.DefaultConfig()
+	fs := flag.NewFlagSet("bench saturation", flag.ContinueOnError)
+	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "directory on the SSD (not tmpfs) for the peers' data and SSD tier, removed at the end")
+	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "directory for the engine's shared-memory KV buffer")
+	fs.Var(&cfg.DRAMBytes, "dram-bytes", "DRAM pool of both peers")
+	fs.Var(&cfg.SSDBytes, "ssd-bytes", "SSD tier of peer B")
+	benchutil.GeometryFlags(fs, &cfg.Flash)
+	fs.Float64Var(&cfg.Seconds, "seconds", cfg.Seconds, "seconds each peer is driven")
+	fs.IntVar(&cfg.Streams, "streams", cfg.Streams, "concurrent savers/loaders on the one engine session")
+	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "pages per save (one prompt's pages)")
+	fs.Float64Var(&cfg.Reuse, "reuse", cfg.Reuse, "probability that a step revisits an earlier prompt: looks up and loads its first half, saves all of it again")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the mix and of the page bytes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return saturation.Run(ctx, cfg, out)
 }

@@ -1,4 +1,4 @@
-package main
+package saturation
 
 import (
 	"bytes"
@@ -297,4 +297,18 @@ func TestBenchSaturationSmoke(t *testing.T) {
 	if _, err := os.Stat(b.scratch); !os.IsNotExist(err) {
 		t.Errorf("scratch %s still there: %v", b.scratch, err)
 	}
+}
+
+// entries lists dir's names.
+func entries(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
 }

@@ -1,9 +1,19 @@
-package main
+// Package saturation is `orbitkv bench saturation`: engine saves offered faster than the disk writes, the
+// way the H200's SSD configuration saw them (docs/benchmarks.md, "Saves
+// faster than the disk"). Two fresh in-process peers in one run: (A) DRAM
+// only, the baseline; (B) the same DRAM and an SSD tier under --dir. The
+// same load drives both: --streams goroutines on one engine session (as
+// the vLLM connector's save and load threads share one), each looping over
+// steps of the mix (satMix) for --seconds.
+//
+// It drives the peers through the engine API (benchutil.StartPeer) and reads
+// their /metrics, /proc/self/io and a block profile of this process; it
+// reaches nothing below fabric's public surface.
+package saturation
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -22,15 +32,7 @@ import (
 	"github.com/orbitkv/orbitkv/tiers/ssd"
 )
 
-// bench saturation: engine saves offered faster than the disk writes, the
-// way the H200's SSD configuration saw them (docs/benchmarks.md, "Saves
-// faster than the disk"). Two fresh in-process peers in one run: (A) DRAM
-// only, the baseline; (B) the same DRAM and an SSD tier under --dir. The
-// same load drives both: --streams goroutines on one engine session (as
-// the vLLM connector's save and load threads share one), each looping over
-// steps of the mix (satMix) for --seconds.
-
-// satBench is the config of `bench saturation`.
+// satBench is a run of the bench, Config with its working state.
 type satBench struct {
 	dir, shmDir string
 	flash       engineclient.Flash
@@ -47,22 +49,31 @@ type satBench struct {
 	scratch       string // under dir, made by run and removed when it returns
 }
 
-func runBenchSaturation(ctx context.Context, args []string, out io.Writer) error {
-	b := satBench{flash: benchutil.Qwen3Flash(), dramBytes: 1 << 30, ssdBytes: 6 << 30}
-	fs := flag.NewFlagSet("bench saturation", flag.ContinueOnError)
-	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the peers' data and SSD tier, removed at the end")
-	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
-	fs.Var(&b.dramBytes, "dram-bytes", "DRAM pool of both peers")
-	fs.Var(&b.ssdBytes, "ssd-bytes", "SSD tier of peer B")
-	benchutil.GeometryFlags(fs, &b.flash)
-	fs.Float64Var(&b.seconds, "seconds", 20, "seconds each peer is driven")
-	fs.IntVar(&b.streams, "streams", 4, "concurrent savers/loaders on the one engine session")
-	fs.IntVar(&b.batch, "batch", 8, "pages per save (one prompt's pages)")
-	fs.Float64Var(&b.reuse, "reuse", 0.5, "probability that a step revisits an earlier prompt: looks up and loads its first half, saves all of it again")
-	fs.Uint64Var(&b.seed, "seed", 1, "seed of the mix and of the page bytes")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+// Config is a saturation bench's run (units in each field).
+type Config struct {
+	Dir       string             // directory on the SSD (not tmpfs) for the peers' data and SSD tier; a scratch directory under it is removed at the end
+	ShmDir    string             // directory for the engine's shared-memory KV buffer
+	Flash     engineclient.Flash // page geometry
+	DRAMBytes bytesize.Size      // DRAM pool of both peers
+	SSDBytes  bytesize.Size      // SSD tier of peer B
+	Seconds   float64            // seconds each peer is driven
+	Streams   int                // concurrent savers/loaders on the one engine session
+	Batch     int                // pages per save (one prompt's pages)
+	Reuse     float64            // probability that a step revisits an earlier prompt
+	Seed      uint64             // seed of the mix and of the page bytes
+}
+
+// DefaultConfig is `orbitkv bench saturation`'s default run.
+func DefaultConfig() Config {
+	return Config{Dir: "data/bench", ShmDir: "/dev/shm", Flash: benchutil.Qwen3Flash(), DRAMBytes: 1 << 30, SSDBytes: 6 << 30,
+		Seconds: 20, Streams: 4, Batch: 8, Reuse: 0.5, Seed: 1}
+}
+
+// Run validates cfg, drives peer A (DRAM only), then peer B (DRAM and an
+// SSD tier), then fio, and prints the table.
+func Run(ctx context.Context, cfg Config, out io.Writer) error {
+	b := satBench{dir: cfg.Dir, shmDir: cfg.ShmDir, flash: cfg.Flash, dramBytes: cfg.DRAMBytes, ssdBytes: cfg.SSDBytes,
+		seconds: cfg.Seconds, streams: cfg.Streams, batch: cfg.Batch, reuse: cfg.Reuse, seed: cfg.Seed}
 	if err := b.validate(); err != nil {
 		return err
 	}
