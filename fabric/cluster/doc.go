@@ -24,6 +24,11 @@
 //     went down until a fresh connection is dialed (5 s later; the old one
 //     is closed on both sides). A connection ID is accepted only from the
 //     member that first sent it (rdma.go).
+//   - A route (route.go) ranks members by the leading pages of a chain the
+//     gossiped index says each holds, and has each candidate confirm its
+//     run and tiers (Holds: catalog.Peek, no lease, no hit counted); a
+//     candidate that does not answer in the deadline stays in the answer,
+//     unconfirmed and suspect. Gossip carries no tier.
 //   - With mutual TLS, membership needs the data plane's identity (auth.go):
 //     memberlist's AliveDelegate lets a node into the view only when its
 //     metadata carries a signature, by the key of a certificate that chains
