@@ -15,6 +15,7 @@ import (
 	"github.com/orbitkv/orbitkv/bench/restart"
 	"github.com/orbitkv/orbitkv/bench/saturation"
 	"github.com/orbitkv/orbitkv/bench/ssd"
+	"github.com/orbitkv/orbitkv/bench/tiers"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -147,4 +148,30 @@ func runBenchSaturation(ctx context.Context, args []string, out io.Writer) error
 		return err
 	}
 	return saturation.Run(ctx, cfg, out)
+}
+
+func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
+	home, _ := os.UserHomeDir()
+	cfg := tiers.DefaultConfig(home)
+	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
+	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "directory on the SSD (not tmpfs) for the run's scratch files, removed at the end")
+	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "directory for the engine's shared-memory KV buffer")
+	benchutil.GeometryFlags(fs, &cfg.Flash)
+	fs.IntVar(&cfg.Pages, "pages", cfg.Pages, "pages saved and loaded through the peer, Redis and the peer systems")
+	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds of the DRAM comparison (medians reported)")
+	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "pages per save/load request")
+	fs.IntVar(&cfg.SSDPages, "ssd-pages", cfg.SSDPages, "pages for the SSD-versus-fio comparison")
+	fs.IntVar(&cfg.SSDDepth, "ssd-depth", cfg.SSDDepth, "SSD queue depth (fio iodepth)")
+	fs.StringVar(&cfg.RedisServer, "redis-server", cfg.RedisServer, "redis-server binary for the Redis baseline; empty skips it")
+	fs.StringVar(&cfg.MooncakeVenv, "mooncake-venv", cfg.MooncakeVenv,
+		"Mooncake Store's environment (scripts/install-mooncake.sh) for the peer-system comparison; empty skips it")
+	fs.StringVar(&cfg.LMCacheVenv, "lmcache-venv", cfg.LMCacheVenv,
+		"LMCache's environment (scripts/install-lmcache.sh) for the lmcache_server comparison; empty skips it")
+	fs.StringVar(&cfg.DriverDir, "driver-dir", "", "directory of the peer systems' driver scripts (default: "+tiers.DriverDirRel+" beside the binary's repository)")
+	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the pages the peer systems' drivers generate")
+	fs.BoolVar(&cfg.SkipSSD, "skip-ssd", false, "skip the SSD-versus-fio comparison")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return tiers.Run(ctx, cfg, out)
 }

@@ -1,4 +1,4 @@
-package main
+package tiers
 
 import (
 	"context"
@@ -119,9 +119,9 @@ func TestBenchTiersPeerSystems(t *testing.T) {
 		name, env, version string
 		want               []string
 	}{
-		{"mooncake", "ORBITKV_MOONCAKE_VENV", mooncakeVersion, []string{"save vs Mooncake put", "load vs Mooncake get",
+		{"mooncake", "ORBITKV_MOONCAKE_VENV", MooncakeVersion, []string{"save vs Mooncake put", "load vs Mooncake get",
 			"same process, memcpy", "segment in a 2nd process, TCP", "batch_put_from_multi_buffers"}},
-		{"lmcache", "ORBITKV_LMCACHE_VENV", lmcacheVersion, []string{"save vs LMCache put", "load vs LMCache get", "lmcache_server, TCP"}},
+		{"lmcache", "ORBITKV_LMCACHE_VENV", LMCacheVersion, []string{"save vs LMCache put", "load vs LMCache get", "lmcache_server, TCP"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			venv := os.Getenv(tc.env)
@@ -135,7 +135,7 @@ func TestBenchTiersPeerSystems(t *testing.T) {
 				t.Skipf("no %s environment at %s (scripts/install-%s.sh builds it)", tc.name, venv, tc.name)
 			}
 			b, _, _ := tinyTiersBench(t)
-			b.skipSSD, b.driverDir = true, filepath.Join(wd, "../..", driverDirRel)
+			b.skipSSD, b.driverDir = true, filepath.Join(wd, "../..", DriverDirRel)
 			if tc.name == "mooncake" {
 				b.mooncakeVenv = venv
 			} else {

@@ -1,4 +1,4 @@
-package main
+package tiers
 
 import (
 	"bytes"
@@ -20,13 +20,13 @@ import (
 // The releases scripts/install-mooncake.sh and scripts/install-lmcache.sh
 // pin; their environments are where bench tiers looks by default.
 const (
-	mooncakeVersion = "0.3.13.post1"
-	lmcacheVersion  = "0.5.6"
+	MooncakeVersion = "0.3.13.post1"
+	LMCacheVersion  = "0.5.6"
 )
 
-// driverDirRel is where the peer systems' drivers are, relative to the
+// DriverDirRel is where the peer systems' drivers are, relative to the
 // repository root.
-const driverDirRel = "integration/python/orbitkv/bench"
+const DriverDirRel = "integration/python/orbitkv/bench"
 
 // peerSystem is a KV store bench tiers runs beside OrbitKV: a driver script
 // run by the Python of the system's own environment, once per placement.
@@ -116,12 +116,12 @@ func (p peerSystem) setup(driverDir string) (python, driver, reason string) {
 // (bin/orbitkv → ../integration/...), then under the working directory.
 func findDriverDir() string {
 	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "..", driverDirRel)
+		p := filepath.Join(filepath.Dir(exe), "..", DriverDirRel)
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
 	}
-	return driverDirRel
+	return DriverDirRel
 }
 
 // runDriver runs a driver for one placement with the run's geometry, page

@@ -1,10 +1,14 @@
-package main
+// Package tiers is `orbitkv bench tiers`: the peer's DRAM tier through the
+// engine API (an in-process peer over its socket, as an engine reaches it)
+// beside a single-thread memcpy and Redis, the SSD tier beside fio
+// (bench/ssd), and the peer systems Mooncake Store and LMCache through
+// their own Python drivers. It uses nothing below the peer's engine API.
+package tiers
 
 import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +27,7 @@ import (
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// tiersBench is the config of `bench tiers`.
+// tiersBench is a run of the bench, Config with its working state.
 type tiersBench struct {
 	dir         string
 	shmDir      string
@@ -45,29 +49,38 @@ type tiersBench struct {
 	scratch      string // under dir, made by run and removed when it returns
 }
 
-func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
-	b := tiersBench{flash: benchutil.Qwen3Flash()}
-	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
-	fs.StringVar(&b.dir, "dir", "data/bench", "directory on the SSD (not tmpfs) for the run's scratch files, removed at the end")
-	fs.StringVar(&b.shmDir, "shm-dir", "/dev/shm", "directory for the engine's shared-memory KV buffer")
-	benchutil.GeometryFlags(fs, &b.flash)
-	fs.IntVar(&b.pages, "pages", 96, "pages saved and loaded through the peer, Redis and the peer systems")
-	fs.IntVar(&b.rounds, "rounds", 5, "rounds of the DRAM comparison (medians reported)")
-	fs.IntVar(&b.batch, "batch", 32, "pages per save/load request")
-	fs.IntVar(&b.ssdPages, "ssd-pages", 256, "pages for the SSD-versus-fio comparison")
-	fs.IntVar(&b.ssdDepth, "ssd-depth", 32, "SSD queue depth (fio iodepth)")
-	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis baseline; empty skips it")
-	home, _ := os.UserHomeDir()
-	fs.StringVar(&b.mooncakeVenv, "mooncake-venv", filepath.Join(home, ".cache/orbitkv/mooncake-"+mooncakeVersion),
-		"Mooncake Store's environment (scripts/install-mooncake.sh) for the peer-system comparison; empty skips it")
-	fs.StringVar(&b.lmcacheVenv, "lmcache-venv", filepath.Join(home, ".cache/orbitkv/lmcache-"+lmcacheVersion),
-		"LMCache's environment (scripts/install-lmcache.sh) for the lmcache_server comparison; empty skips it")
-	fs.StringVar(&b.driverDir, "driver-dir", "", "directory of the peer systems' driver scripts (default: "+driverDirRel+" beside the binary's repository)")
-	fs.Int64Var(&b.seed, "seed", 1, "seed of the pages the peer systems' drivers generate")
-	fs.BoolVar(&b.skipSSD, "skip-ssd", false, "skip the SSD-versus-fio comparison")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+// Config is a tiers bench's run.
+type Config struct {
+	Dir          string             // directory on the SSD (not tmpfs) for the run's scratch files, removed at the end
+	ShmDir       string             // directory for the engine's shared-memory KV buffer
+	Flash        engineclient.Flash // page geometry
+	Pages        int                // pages saved and loaded through the peer, Redis and the peer systems
+	Rounds       int                // rounds of the DRAM comparison (medians reported)
+	Batch        int                // pages per save/load request
+	SSDPages     int                // pages for the SSD-versus-fio comparison
+	SSDDepth     int                // SSD queue depth (fio iodepth)
+	RedisServer  string             // redis-server binary for the Redis baseline; empty skips it
+	MooncakeVenv string             // Mooncake Store's environment (scripts/install-mooncake.sh); empty skips it
+	LMCacheVenv  string             // LMCache's environment (scripts/install-lmcache.sh); empty skips it
+	DriverDir    string             // the peer systems' driver scripts; empty: DriverDirRel beside the binary's repository
+	Seed         int64              // seed of the pages the peer systems' drivers generate
+	SkipSSD      bool               // skip the SSD-versus-fio comparison
+}
+
+// DefaultConfig is `orbitkv bench tiers`'s default run, the peer systems'
+// environments where their install scripts put them under home.
+func DefaultConfig(home string) Config {
+	return Config{Dir: "data/bench", ShmDir: "/dev/shm", Flash: benchutil.Qwen3Flash(), Pages: 96, Rounds: 5, Batch: 32,
+		SSDPages: 256, SSDDepth: 32, RedisServer: "redis-server",
+		MooncakeVenv: filepath.Join(home, ".cache/orbitkv/mooncake-"+MooncakeVersion),
+		LMCacheVenv:  filepath.Join(home, ".cache/orbitkv/lmcache-"+LMCacheVersion), Seed: 1}
+}
+
+// Run measures the tiers and the baselines and prints the tables.
+func Run(ctx context.Context, cfg Config, out io.Writer) error {
+	b := tiersBench{dir: cfg.Dir, shmDir: cfg.ShmDir, flash: cfg.Flash, pages: cfg.Pages, batch: cfg.Batch, rounds: cfg.Rounds,
+		ssdPages: cfg.SSDPages, ssdDepth: cfg.SSDDepth, redisServer: cfg.RedisServer, mooncakeVenv: cfg.MooncakeVenv,
+		lmcacheVenv: cfg.LMCacheVenv, driverDir: cfg.DriverDir, seed: cfg.Seed, skipSSD: cfg.SkipSSD}
 	b.flash.NumBlocks = 2 * b.pages * (b.flash.PageTokens / b.flash.BlockTokens)
 	return b.run(ctx, out)
 }
