@@ -6,18 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/orbitkv/orbitkv/bench/serving"
 )
 
-const benchServingUsage = `usage: orbitkv bench serving --endpoint URL --output DIR [flags]
+func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
+	const usage = `usage: orbitkv bench serving --endpoint URL --output DIR [flags]
 
 Drives an OpenAI-compatible /v1/completions endpoint with streaming and writes
 a run directory (manifest.json, requests.jsonl, metrics.json, drain.json,
@@ -42,11 +36,9 @@ Example (reference engine on CPU, one process pair of docs/benchmarks.md):
 
 flags:
 `
-
-func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
 	cfg := serving.DefaultConfig()
 	fs := flag.NewFlagSet("bench serving", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), benchServingUsage); fs.PrintDefaults() }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
 	labels := labelFlag{}
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	deterministic := fs.Bool("deterministic", true, "the engine is batch invariant, so every reused prompt must match its serial reference; "+
@@ -63,14 +55,14 @@ func runBenchServing(ctx context.Context, args []string, out io.Writer) error {
 	}
 	m := serving.Manifest{Command: append([]string{"orbitkv", "bench", "serving"}, args...),
 		Version: version(), Labels: labels, Deterministic: deterministic}
-	m.GitRevision, m.GitDirty = gitRevision(ctx)
+	m.GitRevision, m.GitDirty = serving.GitRevision(ctx)
 	opt := serving.Options{}
 	if !*quiet {
-		opt.Progress, opt.ProgressTTY = os.Stderr, isTerminal(os.Stderr)
+		opt.Progress, opt.ProgressTTY = os.Stderr, serving.IsTerminal(os.Stderr)
 	}
 	sum, err := serving.Run(ctx, cfg, m, opt)
 	if sum.Status != "" {
-		printServingSummary(out, cfg, sum)
+		serving.PrintSummary(out, cfg, sum)
 	}
 	return err
 }
@@ -107,101 +99,4 @@ func registerServingFlags(fs *flag.FlagSet, c *serving.Config, labels labelFlag)
 	fs.Var((*durationFlag)(&c.SampleEvery), "sample-every", "peer gauge sampling period during the window")
 	fs.BoolVar(&c.RequireMatch, "require-match", c.RequireMatch, "fail the run when a reused prompt's output differs from its reference")
 	fs.Var(labels, "label", "KEY=VALUE recorded in the manifest (repeatable); bench report uses config=, pair=, order=")
-}
-
-func printServingSummary(out io.Writer, c serving.Config, s serving.Summary) {
-	fmt.Fprintf(out, "bench serving %s → %s: %s\n", c.Workload, c.Output, s.Status)
-	fmt.Fprintf(out, "  requests   %d completed, %d failed, %d reused, %d output mismatches\n", s.Completed, s.Failed, s.Reused, s.Mismatches)
-	fmt.Fprintf(out, "  window     %.2f s (admission %.2f s)   throughput %.2f req/s, %.0f output tok/s\n", s.WindowS, s.AdmissionS, s.ThroughputRPS, s.OutputTokPS)
-	fmt.Fprintf(out, "  TTFT ms    p50 %.1f  p90 %.1f  p99 %.1f\n", s.TTFTMS.P50, s.TTFTMS.P90, s.TTFTMS.P99)
-	fmt.Fprintf(out, "  ITL ms     p50 %.2f  p90 %.2f  p99 %.2f\n", s.ITLMS.P50, s.ITLMS.P90, s.ITLMS.P99)
-	fmt.Fprintf(out, "  latency ms p50 %.1f  p90 %.1f  p99 %.1f\n", s.LatencyMS.P50, s.LatencyMS.P90, s.LatencyMS.P99)
-	for _, ph := range []string{serving.PhaseCold, serving.PhaseResident, serving.PhaseEvicted, serving.PhaseRestart} {
-		if st, ok := s.Phases[ph]; ok {
-			fmt.Fprintf(out, "  probe %-9s TTFT ms p50 %.1f (n=%d)\n", ph, st.P50, st.N)
-		}
-	}
-	if s.Drained != nil {
-		fmt.Fprintf(out, "  peer gauges drained: %v\n", *s.Drained)
-	}
-	for _, r := range s.Reasons {
-		fmt.Fprintf(out, "  FAILED: %s\n", r)
-	}
-	for _, n := range s.Notes {
-		fmt.Fprintf(out, "  note: %s\n", n)
-	}
-}
-
-// gitRevision is HEAD of the repository the binary was built in (bin/orbitkv
-// in a checkout), else of the working directory's, else "unknown".
-func gitRevision(ctx context.Context) (rev string, dirty bool) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	dirs := []string{"."}
-	if exe, err := os.Executable(); err == nil {
-		dirs = append([]string{filepath.Dir(exe)}, dirs...)
-	}
-	for _, d := range dirs {
-		b, err := exec.CommandContext(ctx, "git", "-C", d, "rev-parse", "HEAD").Output()
-		if err != nil {
-			continue
-		}
-		st, err := exec.CommandContext(ctx, "git", "-C", d, "status", "--porcelain", "--untracked-files=no").Output()
-		return strings.TrimSpace(string(b)), err == nil && len(strings.TrimSpace(string(st))) > 0
-	}
-	return "unknown", false
-}
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
-
-// labelFlag collects repeated KEY=VALUE flags.
-type labelFlag map[string]string
-
-func (l labelFlag) String() string { return fmt.Sprint(map[string]string(l)) }
-
-func (l labelFlag) Set(s string) error {
-	k, v, ok := strings.Cut(s, "=")
-	if !ok || k == "" {
-		return fmt.Errorf("label %q: want KEY=VALUE", s)
-	}
-	l[k] = v
-	return nil
-}
-
-// intsFlag is a comma-separated list of integers.
-type intsFlag []int
-
-func (f *intsFlag) String() string {
-	s := make([]string, len(*f))
-	for i, v := range *f {
-		s[i] = strconv.Itoa(v)
-	}
-	return strings.Join(s, ",")
-}
-
-func (f *intsFlag) Set(s string) error {
-	var out []int
-	for _, p := range strings.Split(s, ",") {
-		v, err := strconv.Atoi(strings.TrimSpace(p))
-		if err != nil {
-			return fmt.Errorf("%q: want comma-separated integers", s)
-		}
-		out = append(out, v)
-	}
-	*f = out
-	return nil
-}
-
-// durationFlag is a serving.Duration flag.
-type durationFlag serving.Duration
-
-func (d *durationFlag) String() string { return time.Duration(*d).String() }
-
-func (d *durationFlag) Set(s string) error {
-	v, err := time.ParseDuration(s)
-	*d = durationFlag(v)
-	return err
 }
