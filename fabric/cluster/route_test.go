@@ -1,11 +1,18 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
 func TestRank(t *testing.T) {
@@ -35,5 +42,55 @@ func TestRank(t *testing.T) {
 				t.Errorf("Rank = %q, want %q (%v)", got, tt.want, fmt.Sprint(tt.in))
 			}
 		})
+	}
+}
+
+// fakeHolds is a member's peer service that answers Holds with tiers.
+type fakeHolds struct {
+	pb.UnimplementedPeerServiceServer
+	tiers []pb.Tier
+}
+
+func (f *fakeHolds) Holds(context.Context, *pb.HoldsRequest) (*pb.HoldsReply, error) {
+	return &pb.HoldsReply{Tiers: f.tiers}, nil
+}
+
+// TestHoldersConfirm: a member's own answer replaces what gossip said of it
+// (fewer pages, their tiers); a member that does not answer keeps the
+// gossiped count, unconfirmed and suspect; a member that left is not asked.
+func TestHoldersConfirm(t *testing.T) {
+	c, b := testCluster(t)
+	c.conns = map[string]*grpc.ClientConn{}
+	b.peerAddr = "127.0.0.1:1" // nothing listens: b cannot confirm
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pb.RegisterPeerServiceServer(srv, &fakeHolds{tiers: []pb.Tier{pb.Tier_TIER_DRAM, pb.Tier_TIER_SSD}})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c.origins["c"] = &origin{name: "c", id: 4, state: stateAlive, synced: true, current: true, peerAddr: lis.Addr().String()}
+	c.origins["d"] = &origin{name: "d", id: 5, state: stateLeft}
+	keys := make([]pagekey.Key, 5)
+	for i := range keys {
+		keys[i] = pagekey.Key{byte(i + 1)}
+		for o, n := range map[int]int{3: 4, 4: 3, 5: 5} {
+			if i < n {
+				if err := c.remote.Add(o, keys[i], pagekey.Fingerprint{1}, 64); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got []string
+	for _, h := range Rank(c.Holders(ctx, keys)) {
+		got = append(got, fmt.Sprintf("%s %s %d %v %v", h.Name, h.State, h.Pages, h.Runs, h.Confirmed))
+	}
+	want := []string{"b suspect 4 [{none 4}] false", "c alive 2 [{dram 1} {ssd 1}] true"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("Holders = %q, want %q", got, want)
 	}
 }
