@@ -11,6 +11,7 @@ import (
 
 	"github.com/orbitkv/orbitkv/bench/benchutil"
 	"github.com/orbitkv/orbitkv/bench/cluster"
+	"github.com/orbitkv/orbitkv/bench/gpu"
 	"github.com/orbitkv/orbitkv/bench/lookup"
 	"github.com/orbitkv/orbitkv/bench/restart"
 	"github.com/orbitkv/orbitkv/bench/saturation"
@@ -60,7 +61,7 @@ func runBenchLookup(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {
-	var cfg benchGPUConfig
+	var cfg gpu.Config
 	fs := flag.NewFlagSet("bench gpu", flag.ContinueOnError)
 	fs.IntVar(&cfg.Device, "device", 0, "CUDA device ordinal")
 	pool := bytesize.Size(16 << 30)
@@ -68,12 +69,12 @@ func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {
 	fs.Var(&pool, "pool-bytes", "device pool standing in for the engine's KV blocks")
 	fs.Var(&host, "host-bytes", "pinned host pool standing in for the DRAM tier")
 	fs.IntVar(&cfg.Reps, "reps", 20, "timed batches per method and direction (median reported)")
-	registerGPUBenchFlags(fs, &cfg) // --pages, --skip-methods, the through-the-peer rows (bench_gpu_peer.go)
+	gpu.RegisterFlags(fs, &cfg) // --pages, --skip-methods, the through-the-peer rows
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.PoolBytes, cfg.HostBytes = uint64(pool), uint64(host)
-	return benchGPU(ctx, out, cfg)
+	return gpu.Run(ctx, cfg, out)
 }
 
 func runBenchRestart(ctx context.Context, args []string, out io.Writer) error {

@@ -1,4 +1,11 @@
-package main
+// Package gpu is `orbitkv bench gpu`: restore (host → device) and save
+// (device → host) of scattered Qwen3-8B pages with every copy method of the
+// cuda package, beside a contiguous pinned copy of the same bytes, then the
+// same through the peer (an in-process fabric peer and an engine process
+// holding its KV blocks on the GPU, over the engine API). The method tables
+// call the cuda package directly: they measure its copy methods, the layer
+// the peer's GPU path is built on, so they reach below fabric on purpose.
+package gpu
 
 import (
 	"bytes"
@@ -29,8 +36,8 @@ const (
 	gpuPageBytes  = gpuPlanes * gpuSegBytes                     // 9 MiB
 )
 
-// benchGPUConfig configures `orbitkv bench gpu`.
-type benchGPUConfig struct {
+// Config configures `orbitkv bench gpu`; zero fields take their defaults.
+type Config struct {
 	Device    int    // CUDA ordinal
 	Pages     []int  // pages per batch, one table each (default 32 and 128: 2K and 8K tokens)
 	PoolBytes uint64 // device pool standing in for the engine's KV blocks, bytes (default 16 GiB)
@@ -41,11 +48,11 @@ type benchGPUConfig struct {
 	Sets      int    // random page placements rotated through (default 8)
 	Seed      uint64 // placement and data seed
 
-	SkipTables bool             // skip the copy-method tables
-	Peer       *peerBenchConfig // the through-the-peer rows (bench_gpu_peer.go); nil skips them
+	SkipTables bool        // skip the copy-method tables
+	Peer       *PeerConfig // the through-the-peer rows (peer.go); nil skips them
 }
 
-func (c *benchGPUConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if len(c.Pages) == 0 {
 		c.Pages = []int{32, 128}
 	}
@@ -73,7 +80,7 @@ func (c *benchGPUConfig) setDefaults() {
 // [plane][block] segments, a pinned host pool of page slots, and a small
 // pinned scratch region for the correctness check of each method.
 type gpuBench struct {
-	cfg     benchGPUConfig
+	cfg     Config
 	d       *cuda.Device
 	pool    *cuda.DeviceMem
 	host    *cuda.HostRegion
@@ -83,10 +90,10 @@ type gpuBench struct {
 	rng     *rand.Rand
 }
 
-// benchGPU measures restore (host → device) and save (device → host) of
+// Run measures restore (host → device) and save (device → host) of
 // scattered Qwen3-8B pages with every copy method, next to a contiguous
 // pinned copy of the same bytes, and prints one table per batch size.
-func benchGPU(ctx context.Context, w io.Writer, cfg benchGPUConfig) error {
+func Run(ctx context.Context, cfg Config, w io.Writer) error {
 	cfg.setDefaults()
 	if cfg.Peer != nil && cfg.Peer.child != "" {
 		return peerGPUEngineChild(cfg.Peer.child, cfg.Device, os.Stdin, w)
@@ -116,7 +123,7 @@ func benchGPU(ctx context.Context, w io.Writer, cfg benchGPUConfig) error {
 	return nil
 }
 
-func newGPUBench(cfg benchGPUConfig) (*gpuBench, error) {
+func newGPUBench(cfg Config) (*gpuBench, error) {
 	if err := cuda.Init(); err != nil {
 		return nil, err
 	}

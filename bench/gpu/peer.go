@@ -1,4 +1,4 @@
-package main
+package gpu
 
 import (
 	"bufio"
@@ -31,12 +31,12 @@ import (
 	"github.com/orbitkv/orbitkv/transfer"
 )
 
-// peerBenchConfig configures the part of `orbitkv bench gpu` that moves
+// PeerConfig configures the part of `orbitkv bench gpu` that moves
 // pages through the peer API: an in-process peer (DRAM pool pinned and
 // mapped), an engine process holding Qwen3-8B KV blocks in GPU memory
 // (this binary, re-run with --engine-child), one CUDA session over its IPC
 // handle, and timed Save/Load operations of randomly scattered blocks.
-type peerBenchConfig struct {
+type PeerConfig struct {
 	Enabled     bool
 	DRAM        bytesize.Size // peer DRAM pool
 	EngineBytes bytesize.Size // engine KV allocation on the GPU
@@ -47,9 +47,9 @@ type peerBenchConfig struct {
 	child       string        // internal: run as the engine process ("BYTES")
 }
 
-// registerGPUBenchFlags adds the flags of `bench gpu` beyond the basic ones:
+// RegisterFlags adds the flags of `bench gpu` beyond the basic ones:
 // batch sizes, whether to print the copy-method tables, and the peer rows.
-func registerGPUBenchFlags(fs *flag.FlagSet, g *benchGPUConfig) {
+func RegisterFlags(fs *flag.FlagSet, g *Config) {
 	fs.Func("pages", "pages per batch, comma separated (default 32,128)", func(s string) error {
 		g.Pages = nil
 		for _, f := range strings.Split(s, ",") {
@@ -62,11 +62,11 @@ func registerGPUBenchFlags(fs *flag.FlagSet, g *benchGPUConfig) {
 		return nil
 	})
 	fs.BoolVar(&g.SkipTables, "skip-methods", false, "skip the copy-method tables (print only the peer rows)")
-	g.Peer = registerPeerBenchFlags(fs)
+	g.Peer = registerPeerFlags(fs)
 }
 
-func registerPeerBenchFlags(fs *flag.FlagSet) *peerBenchConfig {
-	c := &peerBenchConfig{DRAM: 12 << 30, EngineBytes: 16 << 30}
+func registerPeerFlags(fs *flag.FlagSet) *PeerConfig {
+	c := &PeerConfig{DRAM: 12 << 30, EngineBytes: 16 << 30}
 	fs.BoolVar(&c.Enabled, "peer", true, "also measure save/restore through an in-process peer and a CUDA session")
 	fs.Var(&c.DRAM, "peer-dram-bytes", "peer DRAM pool for the through-the-peer rows")
 	fs.Var(&c.EngineBytes, "engine-bytes", "GPU memory of the engine process's KV blocks")
@@ -129,7 +129,7 @@ func peerGPUEngineChild(spec string, device int, in io.Reader, out io.Writer) er
 
 // peerBench is one run of the through-the-peer rows.
 type peerBench struct {
-	cfg    peerBenchConfig
+	cfg    PeerConfig
 	b      *gpuBench
 	peer   *fabric.Peer
 	conn   *grpc.ClientConn
@@ -137,7 +137,7 @@ type peerBench struct {
 	rng    *mrand.Rand
 }
 
-func (b *gpuBench) peerTables(ctx context.Context, w io.Writer, pc peerBenchConfig) error {
+func (b *gpuBench) peerTables(ctx context.Context, w io.Writer, pc PeerConfig) error {
 	if len(pc.BlockTokens) == 0 {
 		pc.BlockTokens = []int{64, 16}
 	}
