@@ -48,7 +48,7 @@
 // copies of whole pages 96–97% both ways (a later session). MethodAuto takes
 // pitched copies for a batch that folds (at least 4 segments per 2D copy),
 // else the kernel, and cuMemcpyBatchAsync where the kernel cannot run.
-// `orbitkv bench gpu` (cmd/orbitkv/bench_gpu.go) measures it again.
+// `orbitkv bench gpu` (bench/gpu) measures it again.
 //
 // # Memory ownership
 //

@@ -17,6 +17,7 @@ import (
 	"github.com/orbitkv/orbitkv/bench/saturation"
 	"github.com/orbitkv/orbitkv/bench/ssd"
 	"github.com/orbitkv/orbitkv/bench/tiers"
+	"github.com/orbitkv/orbitkv/bench/transfer"
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
@@ -24,7 +25,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
 		"ssd":   runBenchSSD,
 		"tiers": runBenchTiers, "saturation": runBenchSaturation,
-		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer, "cluster": runBenchCluster,
+		"lookup": runBenchLookup, "fabric": transfer.FabricMain, "transfer": transfer.Main, "cluster": runBenchCluster,
 		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport, "restart": runBenchRestart,
 	})
 }
@@ -121,8 +122,8 @@ func runBenchCluster(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.Sockets, cfg.Metrics = splitList(*sockets), splitList(*metrics)
-	for _, p := range splitList(*pids) {
+	cfg.Sockets, cfg.Metrics = benchutil.SplitList(*sockets), benchutil.SplitList(*metrics)
+	for _, p := range benchutil.SplitList(*pids) {
 		n, err := strconv.Atoi(p)
 		if err != nil {
 			return fmt.Errorf("bench cluster: --pids: %q is not a process id", p)

@@ -29,9 +29,3 @@ func TestBenchClusterRefusesBadFlags(t *testing.T) {
 		})
 	}
 }
-
-func TestSplitList(t *testing.T) {
-	if got := splitList(" a, ,b ,"); len(got) != 2 || got[0] != "a" || got[1] != "b" {
-		t.Fatalf("splitList: %q", got)
-	}
-}

@@ -1,4 +1,4 @@
-package main
+package transfer
 
 import (
 	"bytes"
@@ -253,7 +253,7 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 		lis.Close()
 		srvCtx, stopSrv := context.WithCancel(ctx)
 		served := make(chan error, 1)
-		go func() { served <- runBenchTransfer(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
+		go func() { served <- Main(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
 		var out bytes.Buffer
 		for err := errors.New("not yet"); err != nil; {
 			select {
@@ -265,7 +265,7 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 				t.Fatalf("client: %v\n%s", err, out.String())
 			}
 			out.Reset()
-			if err = runBenchTransfer(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
+			if err = Main(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
 				t.Fatalf("client: %v\n%s", err, out.String())
 			}
 		}
@@ -348,7 +348,7 @@ func TestNetnsFlagsNeedNetns(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if err := runBenchTransfer(context.Background(), []string{"--client", "127.0.0.1:1", "--rps"}, &out); err == nil || !strings.Contains(err.Error(), "--netns") {
+	if err := Main(context.Background(), []string{"--client", "127.0.0.1:1", "--rps"}, &out); err == nil || !strings.Contains(err.Error(), "--netns") {
 		t.Errorf("--client with --rps: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package transfer
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 )
 
 // Which CPUs a TCP cell keeps busy, and in what: the processes' own CPU
-// time (bench_transfer_cpu.go) cannot show a CPU that is full while its
+// time (cpu.go) cannot show a CPU that is full while its
 // process's total looks light, nor time spent in softirq (on veth the
 // receiver's TCP processing runs there, on the sender's CPU) or stolen by
 // the hypervisor. So each cell also reads the machine's per-CPU times

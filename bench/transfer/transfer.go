@@ -1,4 +1,4 @@
-package main
+package transfer
 
 import (
 	"context"
@@ -47,7 +47,7 @@ type transferBench struct {
 	PoolBytes  uint64 // bytes of pages each side holds per size
 	RDMA       rdma.Config
 	// Baseline, if set, runs one iperf3 round; each TCP READ cell then
-	// interleaves its rounds with the baseline's (bench_transfer_baseline.go).
+	// interleaves its rounds with the baseline's (baseline.go).
 	Baseline iperfRunner
 	// PrefetchBytes is the serve side's tcp.Server.PrefetchBytes; negative
 	// leaves the server's own default.
@@ -55,16 +55,20 @@ type transferBench struct {
 	// Splice is the serve side's tcp.Server.Splice.
 	Splice bool
 	// ServePID, if set, is the --serve process on this machine, whose CPU
-	// time each TCP cell reports beside the client's (bench_transfer_cpu.go).
+	// time each TCP cell reports beside the client's (cpu.go).
 	ServePID int
 	// Streams adds plain TCP streams to each TCP READ cell, served at
-	// StreamAddr (bench_transfer_stream.go; the client's default: the
+	// StreamAddr (stream.go; the client's default: the
 	// fetch's host, the next port).
 	Streams    bool
 	StreamAddr string
 }
 
-func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
+// Main is `orbitkv bench transfer` with its command line args: it parses
+// the matrix flags itself, because --netns runs both sides as this binary
+// again (`orbitkv bench transfer --serve|--client` with the same matrix
+// flags), so the flags are the bench's own wire format between its sides.
+func Main(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
 	netns := fs.Bool("netns", false, "make two network namespaces joined by a veth pair, run both sides and iperf3 in them, remove them at the end (root)")
 	splitCPUs := fs.Bool("split-cpus", false, "with --netns: run each namespace's processes (OrbitKV's and iperf3's) on its own half of the CPUs, as two hosts would; default: both share every CPU")
@@ -159,7 +163,7 @@ func profiled(prefix, name string, side func() error) error {
 }
 
 func (b *transferBench) parse(transports, ops, sizes, conns string) error {
-	b.Transports, b.Ops = splitList(transports), splitList(ops)
+	b.Transports, b.Ops = benchutil.SplitList(transports), benchutil.SplitList(ops)
 	for _, t := range b.Transports {
 		if t != "tcp" && t != "rdma" {
 			return fmt.Errorf("bench transfer: unknown transport %q (tcp, rdma)", t)
@@ -170,14 +174,14 @@ func (b *transferBench) parse(transports, ops, sizes, conns string) error {
 			return fmt.Errorf("bench transfer: unknown op %q (read, write)", o)
 		}
 	}
-	for _, s := range splitList(sizes) {
+	for _, s := range benchutil.SplitList(sizes) {
 		n, err := bytesize.Parse(s)
 		if err != nil || n == 0 || uint64(n) > tcp.MaxPageBytes {
 			return fmt.Errorf("bench transfer: size %q: want 1 B … 1 GiB", s)
 		}
 		b.Sizes = append(b.Sizes, uint64(n))
 	}
-	for _, s := range splitList(conns) {
+	for _, s := range benchutil.SplitList(conns) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 64 {
 			return fmt.Errorf("bench transfer: conns %q: want 1…64", s)
@@ -194,7 +198,7 @@ func (b *transferBench) parse(transports, ops, sizes, conns string) error {
 // parseVerify sets the TCP verify modes of the matrix.
 func (b *transferBench) parseVerify(modes string) error {
 	b.Verify = nil
-	for _, m := range splitList(modes) {
+	for _, m := range benchutil.SplitList(modes) {
 		if m == "default" { // the mode a client here chooses itself
 			m = tcp.NewClient(nil).Verify.String()
 		}
@@ -246,16 +250,6 @@ func (b *transferBench) checkWholeSeconds() error {
 		return fmt.Errorf("bench transfer: --seconds %g: want whole seconds beside iperf3 (-t takes whole seconds)", b.Seconds)
 	}
 	return nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // pagesPer is how many pages of size the serve side holds (the client
@@ -387,7 +381,7 @@ type cell struct {
 	baseCPU       []iperfCPU              // cores iperf3 reported per variant
 	cpuClient     cpuUse                  // TCP: this process's CPU in the measured rounds
 	cpuServer     cpuUse                  // TCP: the --serve process's, if its pid is known
-	cpusFetch     cpuSpan                 // TCP: every CPU's times in the measured rounds (bench_transfer_cpus.go)
+	cpusFetch     cpuSpan                 // TCP: every CPU's times in the measured rounds (cpus.go)
 	cpusBase      []cpuSpan               // the same in each iperf3 variant's rounds
 	streams       [streamKinds]streamRuns // --streams: the plain streams' rounds
 }

@@ -1,4 +1,4 @@
-package main
+package transfer
 
 import (
 	"context"
@@ -23,9 +23,11 @@ import (
 // (network namespaces on one machine, scripts/bench-fabric-netns.sh), from
 // one DRAM pool into another, beside iperf3 on the same link in the same
 // run, its rounds interleaved with ours as in bench transfer
-// (bench_transfer_baseline.go: -R, -P = streams and one process per
+// (baseline.go: -R, -P = streams and one process per
 // stream, default and page-sized writes, the best median the baseline).
-func runBenchFabric(ctx context.Context, args []string, out io.Writer) error {
+// FabricMain is `orbitkv bench fabric` with its command line args (its
+// flags are parsed here, like Main's: the netns script runs both sides).
+func FabricMain(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench fabric", flag.ContinueOnError)
 	serve := fs.String("serve", "", "serve synthetic pages on this address until interrupted")
 	fetch := fs.String("fetch", "", "fetch pages from a --serve side at this address")
