@@ -8,7 +8,7 @@
 // (cpu.go, cpus.go), plain TCP streams into the same memory (stream.go) and
 // the client's memory copy rate (mem.go). bench fabric fetches pages from
 // one DRAM pool into another over the TCP data plane, beside iperf3 on the
-// same link (fabric.go).
+// same link (fabric.go, RunFabric).
 //
 // It drives the transfer packages' own client and server (transfer/tcp,
 // rdma) and a DRAM pool (tiers/dram) directly, not a peer: what it measures

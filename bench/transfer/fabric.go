@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,38 +18,42 @@ import (
 	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
-// bench fabric: page fetches over the TCP data plane between two hosts
-// (network namespaces on one machine, scripts/bench-fabric-netns.sh), from
-// one DRAM pool into another, beside iperf3 on the same link in the same
-// run, its rounds interleaved with ours as in bench transfer
-// (baseline.go: -R, -P = streams and one process per
+// FabricConfig is a `bench fabric` run: page fetches over the TCP data
+// plane between two hosts (network namespaces on one machine,
+// scripts/bench-fabric-netns.sh), from one DRAM pool into another, beside
+// iperf3 on the same link in the same run, its rounds interleaved with ours
+// as in bench transfer (baseline.go: -R, -P = streams and one process per
 // stream, default and page-sized writes, the best median the baseline).
-// FabricMain is `orbitkv bench fabric` with its command line args (its
-// flags are parsed here, like Main's: the netns script runs both sides).
-func FabricMain(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("bench fabric", flag.ContinueOnError)
-	serve := fs.String("serve", "", "serve synthetic pages on this address until interrupted")
-	fetch := fs.String("fetch", "", "fetch pages from a --serve side at this address")
-	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (empty: none)")
-	iperfPort := fs.Int("iperf3-port", 5201, "first port of the iperf3 servers (one per stream: port, port+1, …)")
-	pageBytes := fs.Uint64("page-bytes", 2<<20, "page data bytes (Qwen3-8B, 64 tokens: 9437184)")
-	pages := fs.Int("pages", 256, "pages the server holds")
-	batch := fs.Int("batch", 32, "pages per fetch request")
-	streams := fs.Int("streams", 1, "fetches in flight (connections)")
-	rounds := fs.Int("rounds", 5, "measured rounds of --seconds each")
-	seconds := fs.Float64("seconds", 2, "length of a round")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+type FabricConfig struct {
+	Serve     string  // serve synthetic pages on this address until interrupted
+	Fetch     string  // fetch pages from a Serve side at this address
+	Iperf3    string  // iperf3 server host for the baseline (empty: none)
+	IperfPort int     // first port of the iperf3 servers (one per stream)
+	PageBytes uint64  // page data bytes
+	Pages     int     // pages the server holds
+	Batch     int     // pages per fetch request
+	Streams   int     // fetches in flight (connections)
+	Rounds    int     // measured rounds
+	Seconds   float64 // length of a round, seconds (whole beside iperf3)
+}
+
+// DefaultFabricConfig is `orbitkv bench fabric`'s default run (the side left to the caller).
+func DefaultFabricConfig() FabricConfig {
+	return FabricConfig{IperfPort: 5201, PageBytes: 2 << 20, Pages: 256, Batch: 32, Streams: 1, Rounds: 5, Seconds: 2}
+}
+
+// RunFabric runs cfg's side: the serve side until ctx ends, or the fetch
+// side's rounds and table.
+func RunFabric(ctx context.Context, cfg FabricConfig, out io.Writer) error {
 	switch {
-	case *serve != "":
-		return benchFabricServe(ctx, out, *serve, *pageBytes, *pages)
-	case *fetch != "":
-		if *iperf != "" && *seconds != float64(int(*seconds)) {
+	case cfg.Serve != "":
+		return benchFabricServe(ctx, out, cfg.Serve, cfg.PageBytes, cfg.Pages)
+	case cfg.Fetch != "":
+		if cfg.Iperf3 != "" && cfg.Seconds != float64(int(cfg.Seconds)) {
 			return errors.New("bench fabric: --seconds must be whole beside iperf3 (its -t takes whole seconds)")
 		}
-		base := baseline{host: *iperf, port: *iperfPort}
-		return benchFabricFetch(ctx, out, *fetch, base, *pageBytes, *pages, *batch, *streams, *rounds, time.Duration(*seconds*float64(time.Second)))
+		base := baseline{host: cfg.Iperf3, port: cfg.IperfPort}
+		return benchFabricFetch(ctx, out, cfg.Fetch, base, cfg.PageBytes, cfg.Pages, cfg.Batch, cfg.Streams, cfg.Rounds, time.Duration(cfg.Seconds*float64(time.Second)))
 	}
 	return errors.New("bench fabric: give --serve ADDR or --fetch ADDR")
 }

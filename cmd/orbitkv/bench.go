@@ -25,7 +25,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
 		"ssd":   runBenchSSD,
 		"tiers": runBenchTiers, "saturation": runBenchSaturation,
-		"lookup": runBenchLookup, "fabric": transfer.FabricMain, "transfer": transfer.Main, "cluster": runBenchCluster,
+		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": transfer.Main, "cluster": runBenchCluster,
 		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport, "restart": runBenchRestart,
 	})
 }
@@ -176,4 +176,23 @@ func runBenchTiers(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	return tiers.Run(ctx, cfg, out)
+}
+
+func runBenchFabric(ctx context.Context, args []string, out io.Writer) error {
+	cfg := transfer.DefaultFabricConfig()
+	fs := flag.NewFlagSet("bench fabric", flag.ContinueOnError)
+	fs.StringVar(&cfg.Serve, "serve", "", "serve synthetic pages on this address until interrupted")
+	fs.StringVar(&cfg.Fetch, "fetch", "", "fetch pages from a --serve side at this address")
+	fs.StringVar(&cfg.Iperf3, "iperf3", "", "iperf3 server host for the baseline (empty: none)")
+	fs.IntVar(&cfg.IperfPort, "iperf3-port", cfg.IperfPort, "first port of the iperf3 servers (one per stream: port, port+1, …)")
+	fs.Uint64Var(&cfg.PageBytes, "page-bytes", cfg.PageBytes, "page data bytes (Qwen3-8B, 64 tokens: 9437184)")
+	fs.IntVar(&cfg.Pages, "pages", cfg.Pages, "pages the server holds")
+	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "pages per fetch request")
+	fs.IntVar(&cfg.Streams, "streams", cfg.Streams, "fetches in flight (connections)")
+	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "measured rounds of --seconds each")
+	fs.Float64Var(&cfg.Seconds, "seconds", cfg.Seconds, "length of a round")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return transfer.RunFabric(ctx, cfg, out)
 }
