@@ -1,5 +1,6 @@
-// Package transfer is `orbitkv bench transfer` and `orbitkv bench fabric`:
-// page moves over the data planes beside their baselines in the same run.
+// Package transfer is `orbitkv bench transfer` (Config, Run) and `orbitkv
+// bench fabric` (FabricConfig, RunFabric): page moves over the data planes
+// beside their baselines in the same run.
 //
 // bench transfer measures a matrix of transports (TCP, RDMA), operations,
 // page sizes and connections between a --serve side and a --client side

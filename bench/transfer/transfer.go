@@ -64,65 +64,93 @@ type transferBench struct {
 	StreamAddr string
 }
 
-// Main is `orbitkv bench transfer` with its command line args: it parses
-// the matrix flags itself, because --netns runs both sides as this binary
-// again (`orbitkv bench transfer --serve|--client` with the same matrix
-// flags), so the flags are the bench's own wire format between its sides.
-func Main(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
-	netns := fs.Bool("netns", false, "make two network namespaces joined by a veth pair, run both sides and iperf3 in them, remove them at the end (root)")
-	splitCPUs := fs.Bool("split-cpus", false, "with --netns: run each namespace's processes (OrbitKV's and iperf3's) on its own half of the CPUs, as two hosts would; default: both share every CPU")
-	rps := fs.Bool("rps", false, "with --netns --split-cpus: process each veth's received packets on its own namespace's CPUs (rps_cpus), as two hosts would; default: on the sending CPU, as veth does")
-	serve := fs.String("serve", "", "serve the matrix's pages over TCP on this address until interrupted")
-	client := fs.String("client", "", "run the matrix against a --serve side at this address")
-	iperf := fs.String("iperf3", "", "iperf3 server host for the baseline (with --client; --netns starts its own)")
-	iperfPort := fs.Int("iperf3-port", 5201, "first port of the iperf3 servers (one per connection of the largest --conns: port, port+1, …)")
-	transports := fs.String("transports", "tcp,rdma", "transports to measure")
-	ops := fs.String("ops", "read,write", "operations to measure")
-	sizes := fs.String("sizes", "256KiB,2MiB", "payload (page) sizes")
-	conns := fs.String("conns", "1,2", "connections (parallel streams; iperf3 -P)")
-	verify := fs.String("verify", "default", "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads), auto (behind while another fetch is under way, else inline), default (the client's own choice: auto with 4 or more cores, else inline); several: inline,behind,auto")
-	profile := fs.String("cpuprofile", "", "write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof (with --netns: both sides')")
-	b := transferBench{}
-	fs.Float64Var(&b.Seconds, "seconds", 1, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
-	fs.IntVar(&b.Rounds, "rounds", 3, "measured rounds per cell (median reported)")
-	fs.IntVar(&b.PrefetchBytes, "serve-prefetch", -1, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
-	fs.BoolVar(&b.Streams, "streams", false, "beside each TCP READ cell's rounds, plain TCP streams on the next port (one page written again and again, read into the cell's destination and into one buffer; no header, no check): what the link moves into that memory")
-	fs.BoolVar(&b.Splice, "serve-splice", false, "the serve side writes page bytes by reference (vmsplice and splice), each answer's pages held until the client's next request (tcp.Server.Splice)")
-	fs.IntVar(&b.ServePID, "serve-pid", 0, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
-	batch, pool := bytesize.Size(16<<20), bytesize.Size(64<<20)
-	fs.Var(&batch, "batch-bytes", "bytes per request")
-	fs.Var(&pool, "pool-bytes", "bytes of pages the serve side holds per size (4 to 4096 pages)")
-	b.RDMA.GIDIndex = -1
-	b.RDMA.RegisterFlags(fs) // --rdma-devices (the NIC allowlist), --rdma-gid-index, …
-	if err := fs.Parse(args); err != nil {
+// Config is a `bench transfer` run: the side (Netns, or Serve and Client
+// by hand) and the matrix. The lists are comma-separated, as the flags give
+// them; Run parses and checks them.
+type Config struct {
+	Netns      bool   // make two network namespaces and run both sides and iperf3 in them (root)
+	SplitCPUs  bool   // with Netns: each namespace's processes on its own half of the CPUs
+	RPS        bool   // with Netns and SplitCPUs: each veth's received packets on its namespace's CPUs
+	Serve      string // serve the matrix's pages over TCP on this address until ctx ends
+	Client     string // run the matrix against a Serve side at this address
+	Iperf3     string // iperf3 server host for the baseline (with Client; Netns starts its own)
+	Iperf3Port int    // first port of the iperf3 servers (one per connection)
+	Transports string // transports to measure: tcp, rdma
+	Ops        string // operations to measure: read, write
+	Sizes      string // payload (page) sizes
+	Conns      string // connections (parallel streams; iperf3 -P)
+	Verify     string // where the TCP client checksums each page: inline, behind, auto, default
+	CPUProfile string // write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof
+	// Args is the command line: under Netns both sides run `orbitkv bench
+	// transfer` again with its matrix flags, so the flags are the bench's
+	// wire format between its sides.
+	Args []string
+	transferBench
+}
+
+// DefaultConfig is `orbitkv bench transfer`'s default matrix (the side left to the caller).
+func DefaultConfig() Config {
+	c := Config{Iperf3Port: 5201, Transports: "tcp,rdma", Ops: "read,write", Sizes: "256KiB,2MiB", Conns: "1,2", Verify: "default"}
+	c.Seconds, c.Rounds, c.PrefetchBytes = 1, 3, -1
+	c.BatchBytes, c.PoolBytes = 16<<20, 64<<20
+	c.RDMA.GIDIndex = -1
+	return c
+}
+
+// RegisterFlags registers the bench's flags on fs, into c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.Netns, "netns", c.Netns, "make two network namespaces joined by a veth pair, run both sides and iperf3 in them, remove them at the end (root)")
+	fs.BoolVar(&c.SplitCPUs, "split-cpus", c.SplitCPUs, "with --netns: run each namespace's processes (OrbitKV's and iperf3's) on its own half of the CPUs, as two hosts would; default: both share every CPU")
+	fs.BoolVar(&c.RPS, "rps", c.RPS, "with --netns --split-cpus: process each veth's received packets on its own namespace's CPUs (rps_cpus), as two hosts would; default: on the sending CPU, as veth does")
+	fs.StringVar(&c.Serve, "serve", c.Serve, "serve the matrix's pages over TCP on this address until interrupted")
+	fs.StringVar(&c.Client, "client", c.Client, "run the matrix against a --serve side at this address")
+	fs.StringVar(&c.Iperf3, "iperf3", c.Iperf3, "iperf3 server host for the baseline (with --client; --netns starts its own)")
+	fs.IntVar(&c.Iperf3Port, "iperf3-port", c.Iperf3Port, "first port of the iperf3 servers (one per connection of the largest --conns: port, port+1, …)")
+	fs.StringVar(&c.Transports, "transports", c.Transports, "transports to measure")
+	fs.StringVar(&c.Ops, "ops", c.Ops, "operations to measure")
+	fs.StringVar(&c.Sizes, "sizes", c.Sizes, "payload (page) sizes")
+	fs.StringVar(&c.Conns, "conns", c.Conns, "connections (parallel streams; iperf3 -P)")
+	fs.StringVar(&c.Verify, "verify", c.Verify, "where the TCP client checksums each page: inline (the reading goroutine, after each read), behind (a goroutine of its own, behind the reads), auto (behind while another fetch is under way, else inline), default (the client's own choice: auto with 4 or more cores, else inline); several: inline,behind,auto")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write each side's Go CPU profile to PREFIX.serve.pprof and PREFIX.client.pprof (with --netns: both sides')")
+	fs.Float64Var(&c.Seconds, "seconds", c.Seconds, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
+	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "measured rounds per cell (median reported)")
+	fs.IntVar(&c.PrefetchBytes, "serve-prefetch", c.PrefetchBytes, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
+	fs.BoolVar(&c.Streams, "streams", c.Streams, "beside each TCP READ cell's rounds, plain TCP streams on the next port (one page written again and again, read into the cell's destination and into one buffer; no header, no check): what the link moves into that memory")
+	fs.BoolVar(&c.Splice, "serve-splice", c.Splice, "the serve side writes page bytes by reference (vmsplice and splice), each answer's pages held until the client's next request (tcp.Server.Splice)")
+	fs.IntVar(&c.ServePID, "serve-pid", c.ServePID, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
+	fs.Var((*bytesize.Size)(&c.BatchBytes), "batch-bytes", "bytes per request")
+	fs.Var((*bytesize.Size)(&c.PoolBytes), "pool-bytes", "bytes of pages the serve side holds per size (4 to 4096 pages)")
+	c.RDMA.RegisterFlags(fs) // --rdma-devices (the NIC allowlist), --rdma-gid-index, …
+}
+
+// Run checks cfg and runs its side: both in namespaces (Netns), the serve
+// side until ctx ends, or the client's matrix and tables.
+func Run(ctx context.Context, cfg Config, out io.Writer) error {
+	b := cfg.transferBench
+	if err := b.parse(cfg.Transports, cfg.Ops, cfg.Sizes, cfg.Conns); err != nil {
 		return err
 	}
-	b.BatchBytes, b.PoolBytes = uint64(batch), uint64(pool)
-	if err := b.parse(*transports, *ops, *sizes, *conns); err != nil {
+	if err := b.parseVerify(cfg.Verify); err != nil {
 		return err
 	}
-	if err := b.parseVerify(*verify); err != nil {
+	if err := checkNetnsFlags(cfg.Netns, cfg.SplitCPUs, cfg.RPS); err != nil {
 		return err
 	}
-	if err := checkNetnsFlags(*netns, *splitCPUs, *rps); err != nil {
-		return err
-	}
-	if *netns || *iperf != "" {
+	if cfg.Netns || cfg.Iperf3 != "" {
 		if err := b.checkWholeSeconds(); err != nil {
 			return err
 		}
 	}
 	switch {
-	case *netns:
-		return benchTransferNetns(ctx, out, args, slices.Max(b.Conns), *iperfPort, *splitCPUs, *rps)
-	case *serve != "":
-		return profiled(*profile, "serve", func() error { return b.serve(ctx, out, *serve) })
-	case *client != "":
-		if *iperf != "" {
-			b.Baseline = iperf3Against(*iperf, *iperfPort)
+	case cfg.Netns:
+		return benchTransferNetns(ctx, out, cfg.Args, slices.Max(b.Conns), cfg.Iperf3Port, cfg.SplitCPUs, cfg.RPS)
+	case cfg.Serve != "":
+		return profiled(cfg.CPUProfile, "serve", func() error { return b.serve(ctx, out, cfg.Serve) })
+	case cfg.Client != "":
+		if cfg.Iperf3 != "" {
+			b.Baseline = iperf3Against(cfg.Iperf3, cfg.Iperf3Port)
 		}
-		return profiled(*profile, "client", func() error { return b.client(ctx, out, *client) })
+		return profiled(cfg.CPUProfile, "client", func() error { return b.client(ctx, out, cfg.Client) })
 	}
 	return errors.New("bench transfer: give --netns, or --serve ADDR and --client ADDR")
 }

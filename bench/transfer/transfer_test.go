@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/big"
@@ -253,7 +254,7 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 		lis.Close()
 		srvCtx, stopSrv := context.WithCancel(ctx)
 		served := make(chan error, 1)
-		go func() { served <- Main(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
+		go func() { served <- runArgs(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
 		var out bytes.Buffer
 		for err := errors.New("not yet"); err != nil; {
 			select {
@@ -265,7 +266,7 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 				t.Fatalf("client: %v\n%s", err, out.String())
 			}
 			out.Reset()
-			if err = Main(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
+			if err = runArgs(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
 				t.Fatalf("client: %v\n%s", err, out.String())
 			}
 		}
@@ -348,7 +349,7 @@ func TestNetnsFlagsNeedNetns(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if err := Main(context.Background(), []string{"--client", "127.0.0.1:1", "--rps"}, &out); err == nil || !strings.Contains(err.Error(), "--netns") {
+	if err := runArgs(context.Background(), []string{"--client", "127.0.0.1:1", "--rps"}, &out); err == nil || !strings.Contains(err.Error(), "--netns") {
 		t.Errorf("--client with --rps: %v", err)
 	}
 }
@@ -404,4 +405,16 @@ func maskValue(t *testing.T, s string) *big.Int {
 		t.Fatalf("not a CPU mask: %q", s)
 	}
 	return v
+}
+
+// runArgs is `orbitkv bench transfer ARGS` as cmd/orbitkv wires it.
+func runArgs(ctx context.Context, args []string, out io.Writer) error {
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Args = args
+	return Run(ctx, cfg, out)
 }

@@ -25,7 +25,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand(ctx, "bench", args, out, map[string]func(context.Context, []string, io.Writer) error{
 		"ssd":   runBenchSSD,
 		"tiers": runBenchTiers, "saturation": runBenchSaturation,
-		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": transfer.Main, "cluster": runBenchCluster,
+		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer, "cluster": runBenchCluster,
 		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport, "restart": runBenchRestart,
 	})
 }
@@ -195,4 +195,15 @@ func runBenchFabric(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	return transfer.RunFabric(ctx, cfg, out)
+}
+
+func runBenchTransfer(ctx context.Context, args []string, out io.Writer) error {
+	cfg := transfer.DefaultConfig()
+	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Args = args // --netns runs both sides with the same matrix flags
+	return transfer.Run(ctx, cfg, out)
 }
