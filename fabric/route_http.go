@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -23,23 +24,9 @@ const routeBodyLimit = 16 << 20
 
 // RouteQuery is the body of POST /v1/route: keys, or layout and tokens.
 type RouteQuery struct {
-	Keys   []string     `json:"keys,omitempty"` // page keys, 32 hex digits each, in chain order
-	Layout *RouteLayout `json:"layout,omitempty"`
-	Tokens []uint32     `json:"tokens,omitempty"`
-}
-
-// RouteLayout is the layout fingerprint's inputs (engine.proto's Layout).
-type RouteLayout struct {
-	Model      string `json:"model"`
-	Revision   string `json:"revision"`
-	DType      string `json:"dtype"`
-	NumLayers  uint32 `json:"num_layers"`
-	KVHeads    uint32 `json:"kv_heads"`
-	HeadDim    uint32 `json:"head_dim"`
-	TPRank     uint32 `json:"tp_rank"`
-	TPSize     uint32 `json:"tp_size"`
-	PageTokens uint32 `json:"page_tokens"`
-	ByteLayout string `json:"byte_layout"`
+	Keys   []string        `json:"keys,omitempty"`   // page keys, 32 hex digits each, in chain order
+	Layout *pagekey.Layout `json:"layout,omitempty"` // the layout fingerprint's inputs
+	Tokens []uint32        `json:"tokens,omitempty"`
 }
 
 // RouteAnswer is the answer: hosts with a leading run, best first.
