@@ -39,6 +39,11 @@ class AdminServiceStub(object):
                 request_serializer=orbitkv_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
                 response_deserializer=orbitkv_dot_v1_dot_admin__pb2.DrainResponse.FromString,
                 )
+        self.Route = channel.unary_unary(
+                '/orbitkv.v1.AdminService/Route',
+                request_serializer=orbitkv_dot_v1_dot_admin__pb2.RouteRequest.SerializeToString,
+                response_deserializer=orbitkv_dot_v1_dot_admin__pb2.RouteResponse.FromString,
+                )
 
 
 class AdminServiceServicer(object):
@@ -79,6 +84,14 @@ class AdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Route(self, request, context):
+        """Route ranks the cluster's hosts by how many leading pages of a prompt
+        each holds (docs/cluster.md, "Routing by where KV lives").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +119,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=orbitkv_dot_v1_dot_admin__pb2.DrainRequest.FromString,
                     response_serializer=orbitkv_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
+            ),
+            'Route': grpc.unary_unary_rpc_method_handler(
+                    servicer.Route,
+                    request_deserializer=orbitkv_dot_v1_dot_admin__pb2.RouteRequest.FromString,
+                    response_serializer=orbitkv_dot_v1_dot_admin__pb2.RouteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -199,5 +217,22 @@ class AdminService(object):
         return grpc.experimental.unary_unary(request, target, '/orbitkv.v1.AdminService/Drain',
             orbitkv_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
             orbitkv_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Route(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/orbitkv.v1.AdminService/Route',
+            orbitkv_dot_v1_dot_admin__pb2.RouteRequest.SerializeToString,
+            orbitkv_dot_v1_dot_admin__pb2.RouteResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
