@@ -761,10 +761,13 @@ def _hold_saves(h: Harness):
         return run_save(spec, ready)
 
     def spying_begin(meta):
-        if meta.flush:
-            flushed.append(list(meta.flush))
-            release.set()
-        return begin(meta)
+        if not meta.flush:
+            return begin(meta)
+        release.set()
+        begin(meta)
+        with w._lock:  # what the step may write only once the flush returned: every save of those requests ended
+            ended = all(f.done() for r in meta.flush for f in w._saves.get(r, ()))
+        flushed.append((list(meta.flush), ended))
 
     w._run_save, w.begin_step = held_save, spying_begin
     return release, flushed
@@ -799,7 +802,8 @@ def test_early_free_reuses_a_block_only_after_its_save_read_it(real_peer):
         release.set()
         h.run(max_steps=1000)
         assert set(h.finished) == {"a", "b"}
-        assert flushed and "a" in flushed[0], "b's step reused a's blocks without waiting for a's saves"
+        assert flushed and "a" in flushed[0][0], "b's step reused a's blocks without waiting for a's saves"
+        assert all(ended for _, ended in flushed), "a flush returned before the saves it waits for ended"
         assert fences.fenced_blocks == 0, "the workers' SavesDone reports end every fence"
         assert h.connector.scheduler.frees_total["early_frees"] >= 1
         assert h.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 21 - 1

@@ -487,9 +487,11 @@ class SchedulerHalf:
             self._preempted(rid)
         self._unreported.append(({sp.req_id for sp in meta.loads if sp.sync}, self._after_step))
         self._after_step = []
-        while len(self._unreported) > _MAX_UNREPORTED:  # a step built and never reported: its leases go
-            for lk in self._unreported.popleft()[1]:
+        while len(self._unreported) > _MAX_UNREPORTED:  # a step built and never reported: its loads and leases go
+            ran, leases = self._unreported.popleft()
+            for lk in leases:
                 self._release(lk)
+            self._pending = {r: sp for r, sp in self._pending.items() if not (sp.sync and r in ran)}
         if self.cfg.early_free:
             meta.released, meta.flush = self.fences.step(handed_blocks(scheduler_output, meta.loads))
             self._count_free("flushes", len(meta.flush))
