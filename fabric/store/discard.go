@@ -188,7 +188,8 @@ func (s *Store) discardSSD(out outsidePages, stray []string) error {
 			return err
 		}
 	}
-	if s.ssd == nil {
+	if s.ssd == nil { // no tier left: its generation limit bounds no header
+		_ = os.Remove(filepath.Join(s.opts.SSDDir, genLimitName))
 		_ = os.Remove(s.opts.SSDDir) // only if empty
 	}
 	s.log.Warn().Int("discarded_pages", len(out.keys)).Strs("removed_files", stray).

@@ -39,6 +39,10 @@ import (
 // genLimitName is the limit's file in the SSD directory.
 const genLimitName = "generation-limit"
 
+// genRetryEvery is how many generations pass between tries to record a
+// limit after a failed write.
+const genRetryEvery = 1024
+
 // genBlock is how many generations one durable write of the limit covers:
 // one small file synced, renamed and its directory synced, under the
 // store's lock, per 65,536 generations handed out (saves to DRAM count).
@@ -102,7 +106,7 @@ func (s *Store) nextGen() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.gen++
-	if s.mu.gen > s.mu.genLimit {
+	if s.mu.gen > s.mu.genLimit && s.mu.gen >= s.mu.genLimitRetry {
 		s.raiseGenLimitLocked()
 	}
 	return s.mu.gen
@@ -110,7 +114,8 @@ func (s *Store) nextGen() uint64 {
 
 // raiseGenLimitLocked records genBlock generations past the one being
 // handed out. Without an SSD tier no header needs bounding; a failed write
-// is logged once and retried at the next generation.
+// is logged once and tried again genRetryEvery generations later (a failing
+// disk must not add a synced write to every save under the store lock).
 func (s *Store) raiseGenLimitLocked() {
 	if s.ssd == nil || s.opts.SSDDir == "" {
 		s.mu.genLimit = ^uint64(0)
@@ -121,7 +126,7 @@ func (s *Store) raiseGenLimitLocked() {
 		if !s.mu.genLimitFailed {
 			s.log.Warn().Err(err).Msg("generation limit not recorded: after a crash, pages written meanwhile that the catalog does not name are dropped, not rebuilt; retrying")
 		}
-		s.mu.genLimitFailed = true
+		s.mu.genLimitFailed, s.mu.genLimitRetry = true, s.mu.gen+genRetryEvery
 		return
 	}
 	s.mu.genLimit, s.mu.genLimitFailed = limit, false

@@ -84,6 +84,7 @@ type Store struct {
 		// genLimitFailed, that the last write of a higher one failed.
 		genLimit       uint64
 		genLimitFailed bool
+		genLimitRetry  uint64 // after a failed write, the generation from which it is tried again
 	}
 }
 
