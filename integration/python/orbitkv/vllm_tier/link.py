@@ -262,7 +262,10 @@ class Link:
         self._client = Client(self.cfg.socket, timeout=self.cfg.rpc_timeout_s,
                               connect_timeout=self.cfg.connect_timeout_s, lazy=True)
         for lane in self._distinct_lanes():
-            self._open(lane)
+            try:
+                self._open(lane)
+            except Exception:  # e.g. the staging file cannot be made: the lane stays closed (misses)
+                log.exception("orbitkv tier: opening a lane failed; it stays closed and its jobs end as misses")
         while True:
             busy = self._inflight or self._unsettled or self._jobs
             try:
