@@ -282,9 +282,9 @@ func (p *Peer) serveMetrics(wg *sync.WaitGroup, errc chan<- error) (string, func
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(p.m.reg, promhttp.HandlerOpts{}))
-	p.handleProbes(mux)                                     // /healthz, /readyz (probes.go)
-	mux.Handle("POST /v1/route", routeHandler(p.api.Route)) // route_http.go
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	p.handleProbes(mux)                                                                                 // /healthz, /readyz (probes.go)
+	mux.Handle("POST /v1/route", routeHandler(p.api.Route))                                             // route_http.go
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second} // a route body is read by then
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -120,7 +120,7 @@ func runRouteProxy(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("route-proxy: %w", err)
 	}
 	fmt.Fprintf(out, "route-proxy listening on http://%s\n", lis.Addr())
-	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 60 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
