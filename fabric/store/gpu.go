@@ -40,14 +40,6 @@ type DeviceCopier interface {
 // overlap). A save into DRAM only is one group: its pages are sealed later.
 const saveGroupBytes = 64 << 20
 
-// gpuChunk is how many pages one device batch of a CUDA session's save or
-// load moves: a quarter of the DRAM pool's slots (not saveChunk's 16: every
-// device batch has a fixed cost, and an 8K-token restore is 128 pages).
-func (s *Store) gpuChunk(pageBytes uint64) int {
-	slots := s.pool.Stats().CapacityBytes / dram.SlotBytes(pageBytes)
-	return int(max(1, slots/4))
-}
-
 // descBufs recycles the descriptor lists of device batches: an 8K-token
 // operation plans 9,216 descriptors (36,864 with 16-token blocks), and
 // growing a fresh list each time cost more CPU than planning it (GC,

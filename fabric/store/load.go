@@ -30,13 +30,10 @@ type pinRef struct{ ssd bool }
 // Load copies pages from the tiers into the session's buffers: DRAM pages
 // directly, SSD pages through a DRAM slot (read, verified, promoted), all
 // SSD reads of the request in one batch.
-// It works in chunks (see saveChunk) so a request larger than the DRAM pool
+// It works in chunks (chunkPages) so a request larger than the DRAM pool
 // still goes through.
 func (s *Store) Load(ctx context.Context, sess *Engine, reqs []PageReq, res []Result) {
-	chunk := s.saveChunk(sess.PageBytes)
-	if sess.GPU != nil {
-		chunk = s.gpuChunk(sess.PageBytes)
-	}
+	chunk := s.chunkPages(sess)
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
 		s.loadChunk(ctx, sess, reqs[lo:hi], res[lo:hi])

@@ -41,10 +41,7 @@ type saveItem struct {
 // is gathered, so a request larger than the DRAM pool still goes through.
 // res receives one result per page.
 func (s *Store) Save(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) {
-	chunk := s.saveChunk(sess.PageBytes)
-	if sess.GPU != nil {
-		chunk = s.gpuChunk(sess.PageBytes)
-	}
+	chunk := s.chunkPages(sess)
 	for lo := 0; lo < len(reqs); lo += chunk {
 		hi := min(lo+chunk, len(reqs))
 		if sess.GPU != nil {
@@ -75,10 +72,16 @@ func (s *Store) touchTailFirst(reqs []PageReq) {
 	}
 }
 
-// saveChunk is how many pages one save commits at a time: a quarter of the
-// DRAM pool's slots, between 1 and 16.
-func (s *Store) saveChunk(pageBytes uint64) int {
-	slots := s.pool.Stats().CapacityBytes / dram.SlotBytes(pageBytes)
+// chunkPages is how many pages one save or load of sess commits at a
+// time: a quarter of the DRAM pool's slots, at least 1, and for a session
+// without a GPU at most 16. A CUDA session's chunk is one device batch,
+// not capped: every device batch has a fixed cost, and an 8K-token
+// restore is 128 pages.
+func (s *Store) chunkPages(sess *Engine) int {
+	slots := s.pool.Stats().CapacityBytes / dram.SlotBytes(sess.PageBytes)
+	if sess.GPU != nil {
+		return int(max(1, slots/4))
+	}
 	return int(max(1, min(16, slots/4)))
 }
 
