@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/orbitkv/orbitkv/catalog"
@@ -133,15 +132,6 @@ func (s *Store) gatherGPU(ctx context.Context, sess *Engine, reqs []PageReq, ite
 	return out
 }
 
-// gatherFailed is the result of a page whose copy failed: the error, or for
-// a readmitted page, still stored on SSD, OK there.
-func (s *Store) gatherFailed(it *saveItem, err error) Result {
-	if it.readmit {
-		return okResult(it.prior.Tier())
-	}
-	return FailResult(err)
-}
-
 // splitReadmits separates a save's readmitted pages from the others.
 func splitReadmits(items []*saveItem) (plain, readmits []*saveItem) {
 	for _, it := range items {
@@ -170,7 +160,7 @@ func (s *Store) gatherSummed(ctx context.Context, sess *Engine, reqs []PageReq, 
 			return sess.Geom.Gather(dst, sess.Bufs, reqs[it.i].Blocks, s.dramR, s.pool.Offset(it.slot))
 		})
 		if err != nil {
-			res[it.i] = s.gatherFailed(it, fmt.Errorf("gather page: %w", err))
+			res[it.i] = s.saveFailed(it, fmt.Errorf("gather page: %w", err))
 			s.freeDRAM(it.slot)
 			continue
 		}
@@ -189,17 +179,16 @@ func (s *Store) gatherSummed(ctx context.Context, sess *Engine, reqs []PageReq, 
 		groups[g] = (*buf)[lo:hi]
 	}
 	clk.lap(phasePlan)
+	padded := s.clearPadding(sess, planned)
 	copied, err := s.copySums(ctx, sess, groups, members, len(reqs))
+	padded()
 	clk.lap(phaseCopy)
+	stuck := errors.Is(err, transfer.ErrStuck)
 	var out []*saveItem
 	for _, it := range planned {
 		if !copied[it.i] {
-			res[it.i] = s.gatherFailed(it, fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
-			if errors.Is(err, transfer.ErrStuck) {
-				s.quarantineSlot(sess.PageBytes) // the device may still write it
-			} else {
-				s.freeDRAM(it.slot)
-			}
+			res[it.i] = s.saveFailed(it, fmt.Errorf("gather page over cuda: %w", errors.Join(err, errors.New("page not copied"))))
+			s.dropCopySlot(it.slot, stuck, sess.PageBytes)
 			continue
 		}
 		it.entry = s.dramEntry(it.key, sess.FP, sess.PageBytes, it.entry.Checksum, it.slot)
@@ -222,23 +211,30 @@ func (s *Store) gatherStream(ctx context.Context, sess *Engine, reqs []PageReq, 
 	out := items[:0]
 	for j, it := range items {
 		switch {
-		case planErr[j] != nil:
-			res[it.i] = FailResult(fmt.Errorf("gather page: %w", planErr[j]))
+		case planErr[j] != nil: // never handed to the device
+			res[it.i] = s.saveFailed(it, fmt.Errorf("gather page: %w", planErr[j]))
+			s.freeDRAM(it.slot)
 		case err != nil:
-			res[it.i] = FailResult(fmt.Errorf("gather page over cuda: %w", err))
-			if stuck {
-				s.quarantineSlot(sess.PageBytes) // the device may still write it
-				continue
-			}
+			res[it.i] = s.saveFailed(it, fmt.Errorf("gather page over cuda: %w", err))
+			s.dropCopySlot(it.slot, stuck, sess.PageBytes)
 		default:
 			it.entry = s.dramEntry(it.key, sess.FP, sess.PageBytes, 0, it.slot)
 			it.unsealed = true
 			out = append(out, it)
-			continue
 		}
-		s.freeDRAM(it.slot)
 	}
 	return out
+}
+
+// dropCopySlot gives back the DRAM slot of a page a failed device copy
+// did not bring: freed, or when the copy got stuck (the device may still
+// write it) quarantined.
+func (s *Store) dropCopySlot(slot dram.Slot, stuck bool, pageBytes uint64) {
+	if stuck {
+		s.quarantineSlot(pageBytes)
+		return
+	}
+	s.freeDRAM(slot)
 }
 
 // clearPadding zeroes the slot padding of the items' DRAM slots (O_DIRECT
@@ -256,35 +252,22 @@ func (s *Store) clearPadding(sess *Engine, items []*saveItem) func() {
 	return pad.Wait
 }
 
-// allocSaves takes a fresh DRAM slot for every page not stored already.
+// allocSaves takes a fresh DRAM slot for every page not stored already
+// (admitSave, as every save does).
 func (s *Store) allocSaves(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) []*saveItem {
 	items := make([]*saveItem, 0, len(reqs))
 	for i, r := range reqs {
-		e, stored := s.storedFor(r.Key, toSSD)
-		if ans, ok := s.storedAnswer(e, stored, toSSD, r.Key, sess.PageBytes); ok {
-			res[i] = ans
-			continue
+		if it := s.admitSave(ctx, sess, i, r, toSSD, res); it != nil {
+			items = append(items, it)
 		}
-		slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, stored)
-		switch {
-		case err != nil && stored:
-			res[i] = s.readmitFailed(e, err)
-			continue
-		case err != nil:
-			res[i] = FailResult(fmt.Errorf("dram slot: %w", err))
-			continue
-		}
-		items = append(items, &saveItem{i: i, key: r.Key, slot: slot, readmit: stored, prior: e})
 	}
 	return items
 }
 
 // copySums runs an SSD-bound save's device copy in groups and reports which
 // pages landed, with their checksums in entry.Checksum, each group summed
-// while the next copies. Slot padding (O_DIRECT writes it too) is cleared
-// while the device copies.
+// while the next copies.
 func (s *Store) copySums(ctx context.Context, sess *Engine, groups [][]transfer.Desc, members [][]*saveItem, n int) ([]bool, error) {
-	padded := s.clearPadding(sess, slices.Concat(members...))
 	copied := make([]bool, n) // by request index
 	s.copying.Add(1)          // the sealer waits (seal.go)
 	defer s.copying.Add(-1)
@@ -297,7 +280,6 @@ func (s *Store) copySums(ctx context.Context, sess *Engine, groups [][]transfer.
 			copied[it.i] = true
 		}
 	})
-	padded()
 	return copied, err
 }
 

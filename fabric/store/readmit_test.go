@@ -167,11 +167,14 @@ func TestReadmitWithOtherBytes(t *testing.T) {
 		{"demoted while a durable save of it was in flight: kept", func(t *testing.T, ps *Store, e *testEngine, k pagekey.Key) {
 			saveOne(t, ps, e, k, false)
 			r := reqs([]pagekey.Key{k}, 0)[0]
-			it, err := ps.gather(testCtx(t), e.Engine, r, true, true) // the durable save, up to its commit
-			if err != nil {
+			res := make([]Result, 1)
+			it := ps.admitSave(testCtx(t), e.Engine, 0, r, true, res) // the durable save, up to its commit
+			if it == nil {
+				t.Fatalf("durable save took no slot: %+v", res[0])
+			}
+			if err := ps.gather(testCtx(t), e.Engine, r, it, true); err != nil {
 				t.Fatal(err)
 			}
-			res := make([]Result, 1)
 			items := ps.writeThrough(testCtx(t), []*saveItem{it}, res)
 			demoteOut(t, ps, k) // meanwhile the flusher demotes the cache fill
 			ps.commitSaves(items, res)

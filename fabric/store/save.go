@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -88,34 +89,51 @@ func (s *Store) chunkPages(sess *Engine) int {
 func (s *Store) saveChunkOf(ctx context.Context, sess *Engine, reqs []PageReq, toSSD bool, res []Result) {
 	gathered := make([]*saveItem, len(reqs))
 	parallel(len(reqs), func(i int) {
-		r := reqs[i]
-		e, stored := s.storedFor(r.Key, toSSD)
-		if ans, ok := s.storedAnswer(e, stored, toSSD, r.Key, sess.PageBytes); ok {
-			res[i] = ans
+		it := s.admitSave(ctx, sess, i, reqs[i], toSSD, res)
+		if it == nil {
 			return
 		}
-		it, err := s.gather(ctx, sess, r, toSSD, stored)
-		switch {
-		case err != nil && stored:
-			res[i] = s.readmitFailed(e, err)
-			return
-		case err != nil:
-			res[i] = FailResult(err)
+		if err := s.gather(ctx, sess, reqs[i], it, toSSD); err != nil {
+			res[i] = s.saveFailed(it, err)
 			return
 		}
-		it.i, it.readmit, it.prior = i, stored, e
 		gathered[i] = it
 	})
-	var items []*saveItem
-	for _, it := range gathered {
-		if it != nil {
-			items = append(items, it)
-		}
-	}
+	items := slices.DeleteFunc(gathered, func(it *saveItem) bool { return it == nil })
 	if toSSD && len(items) > 0 {
 		items = s.writeThrough(ctx, items, res)
 	}
 	s.commitSaves(items, res)
+}
+
+// admitSave is the first step of every save's page i (CPU and CUDA): a
+// page stored already for the save's purpose, or a readmission refused, is
+// answered at once; any other takes the DRAM slot its bytes are copied
+// into (allocSave). nil: res[i] is set, nothing held.
+func (s *Store) admitSave(ctx context.Context, sess *Engine, i int, r PageReq, toSSD bool, res []Result) *saveItem {
+	e, stored := s.storedFor(r.Key, toSSD)
+	if ans, ok := s.storedAnswer(e, stored, toSSD, r.Key, sess.PageBytes); ok {
+		res[i] = ans
+		return nil
+	}
+	it := &saveItem{i: i, key: r.Key, readmit: stored, prior: e}
+	slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, stored)
+	if err != nil {
+		res[i] = s.saveFailed(it, fmt.Errorf("dram slot: %w", err))
+		return nil
+	}
+	it.slot = slot
+	return it
+}
+
+// saveFailed is the result of a page whose save got no copy into DRAM (no
+// slot, or the copy failed): the error, or for a readmission the page as
+// stored, on SSD (readmitFailed). The caller releases any slot it took.
+func (s *Store) saveFailed(it *saveItem, err error) Result {
+	if it.readmit {
+		return s.readmitFailed(it.prior, err)
+	}
+	return FailResult(err)
 }
 
 // storedFor returns the entry of a page a save names when it is stored
@@ -142,20 +160,16 @@ func (s *Store) storedFor(k pagekey.Key, toSSD bool) (catalog.Entry, bool) {
 	return e, true
 }
 
-// gather copies one page into a fresh DRAM slot; a save that must reach
+// gather copies one page into its item's DRAM slot; a save that must reach
 // SSD, or a readmission, checksums the page while copying, any other is
-// sealed later, off the engine's path (seal.go).
-func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, toSSD, readmit bool) (*saveItem, error) {
-	sum := toSSD || readmit
-	slot, err := s.allocSave(ctx, sess.PageBytes, toSSD, readmit)
-	if err != nil {
-		return nil, fmt.Errorf("dram slot: %w", err)
-	}
+// sealed later, off the engine's path (seal.go). On error the slot is freed.
+func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, it *saveItem, toSSD bool) error {
+	sum := toSSD || it.readmit
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
 	s.copying.Add(1)
 	defer s.copying.Add(-1)
-	descs, err := sess.Geom.Gather(nil, sess.Bufs, r.Blocks, s.dramR, s.pool.Offset(slot))
+	descs, err := sess.Geom.Gather(nil, sess.Bufs, r.Blocks, s.dramR, s.pool.Offset(it.slot))
 	var crc uint32
 	switch {
 	case err == nil && sum:
@@ -164,14 +178,14 @@ func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, toSSD, read
 		err = s.local.Copy(ctx, descs)
 	}
 	if err != nil {
-		s.freeDRAM(slot)
+		s.freeDRAM(it.slot)
 		s.noteCopyFault(err)
-		return nil, fmt.Errorf("gather page: %w", err)
+		return fmt.Errorf("gather page: %w", err)
 	}
-	buf := s.pool.Bytes(slot)
+	buf := s.pool.Bytes(it.slot)
 	clear(buf[sess.PageBytes:]) // O_DIRECT writes the padding too
-	e := s.dramEntry(r.Key, sess.FP, sess.PageBytes, crc, slot)
-	return &saveItem{key: r.Key, slot: slot, entry: e, unsealed: !sum}, nil
+	it.entry, it.unsealed = s.dramEntry(r.Key, sess.FP, sess.PageBytes, crc, it.slot), !sum
+	return nil
 }
 
 // dramEntry is the catalog entry of a page just copied into a DRAM slot:
