@@ -50,3 +50,12 @@ def test_the_blocks_a_step_hands_out():
     assert handed_blocks(so, [load]) == {1, 2, 3, 4, 5, 6}
     older = types.SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=[types.SimpleNamespace(new_block_ids=[7])])
     assert handed_blocks(older, []) == {7}
+
+
+def test_a_new_requests_prefix_cache_hits_are_not_handed_out():
+    """vLLM's own prefix-cache hits (num_computed_tokens, 16-token blocks)
+    are read, not written: a fence on them needs no flush."""
+    new = [types.SimpleNamespace(block_ids=([1, 2, 3, 4],), num_computed_tokens=32)]
+    so = types.SimpleNamespace(scheduled_new_reqs=new, scheduled_cached_reqs=None)
+    assert handed_blocks(so, [], block_size=16) == {3, 4}
+    assert handed_blocks(so, []) == {1, 2, 3, 4}  # block size unknown: every block counts

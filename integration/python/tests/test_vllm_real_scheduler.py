@@ -773,16 +773,19 @@ def _hold_saves(h: Harness):
     return release, flushed
 
 
-def test_early_free_reuses_a_block_only_after_its_save_read_it(real_peer):
+@pytest.mark.parametrize("zero_new_blocks", [False, True], ids=["plain", "zeroing"])
+def test_early_free_reuses_a_block_only_after_its_save_read_it(real_peer, zero_new_blocks):
     """Request a's two pages are saved while the saves are held; a finishes
     and, with early_free, vLLM frees its blocks at once; b is big enough to
     be given them. The step that gives them out must wait for a's saves
     (flush) before b writes, so the pages a fresh engine restores for a's
     prompt hold a's KV (the harness checks every restored token's bytes).
     Without the flush the held saves run only after b's first step wrote
-    the blocks, and the restore check fails."""
+    the blocks, and the restore check fails. "zeroing": the engine zeroes
+    new blocks before bind_connector_metadata (vLLM does where its backend
+    needs it), so the flush must already have run in handle_preemptions."""
     a_prompt, b_prompt = _prompt(70, 128), _prompt(71, 300)
-    h = Harness(real_peer.socket, num_blocks=21, extra={"early_free": True})
+    h = Harness(real_peer.socket, num_blocks=21, extra={"early_free": True}, zero_new_blocks=zero_new_blocks)
     release, flushed = _hold_saves(h)
     try:
         h.add("a", a_prompt, max_tokens=2)

@@ -71,8 +71,12 @@ class Harness:
 
     def __init__(self, socket: str, *, num_blocks: int, block_size: int = 16, max_batched: int = 16384,
                  max_seqs: int = 16, policy: str = "fcfs", connector: bool = True, extra: Optional[dict] = None,
-                 failure_policy: str = "recompute") -> None:
+                 failure_policy: str = "recompute", zero_new_blocks: bool = False) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
+        # vLLM zeroes a step's newly allocated blocks (in _update_states, after
+        # handle_preemptions and before bind_connector_metadata) for backends
+        # that need it (Scheduler.needs_kv_cache_zeroing): the harness can too.
+        self.zero_new_blocks = zero_new_blocks
         self.vllm_config = _vllm_config(socket, block_size, max_batched, max_seqs, policy, connector, extra or {},
                                         failure_policy)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
@@ -186,6 +190,8 @@ class Harness:
         loads_first = getattr(so, "has_sync_kv_loads", True)
         if w is not None:
             w.handle_preemptions(meta)
+            if self.zero_new_blocks:
+                self._zero_new_blocks(so)
             w.bind_connector_metadata(meta)
             if loads_first:
                 w.start_load_kv(None)
@@ -276,6 +282,19 @@ class Harness:
                 self._blocks.setdefault(rid, []).extend(new[0])
         for rid in so.finished_req_ids:
             self._blocks.pop(rid, None)
+
+    def _zero_new_blocks(self, so: Any) -> None:
+        """Zero the blocks the step newly allocates, as vLLM's runner does
+        where the backend needs it: a new request's blocks past its own
+        prefix-cache hits, and a running request's new blocks."""
+        ids: list[int] = []
+        for nr in so.scheduled_new_reqs:
+            ids += list(nr.block_ids[0])[int(nr.num_computed_tokens) // self.block_size:]
+        for new in getattr(so.scheduled_cached_reqs, "new_block_ids", None) or ():
+            if new is not None:
+                ids += list(new[0])
+        if ids:
+            self.phys[:, torch.tensor(ids, dtype=torch.long)] = 0
 
     def _forward(self, so: Any) -> dict[str, list[int]]:
         sampled: dict[str, list[int]] = {}

@@ -34,11 +34,11 @@ Extra-config keys (all optional except ``socket``):
                     request_finished's delayed free). A block handed out again before its
                     save ended is waited for before the step that writes it (orbitkv.vllm.fences:
                     a flush on reuse, bounded by save_deadline_ms). P/D handoffs keep the
-                    delayed free. Experimental, for measurement: vLLM's runner zeroes or
-                    copies some newly handed-out blocks (Mamba / mixed-precision zeroing,
-                    copy-on-write) before bind_connector_metadata, where the flush waits;
-                    with those features a save could read their bytes. Plain attention
-                    models only, TP only (the fence counts tp_size workers; not PP).
+                    delayed free. Experimental, for measurement: the flush runs in
+                    handle_preemptions, before vLLM's runner zeroes or copies a new block
+                    (vLLM >= 0.26 passes the step's metadata there; older ones flush at
+                    bind_connector_metadata, after those writes). TP only (the fence
+                    counts tp_size workers; not PP).
   durability        "dram" (default): a save is acknowledged once the page is in
                     the peer's DRAM pool (it reaches SSD only when demoted, and a
                     peer restart loses it until then); "ssd": acknowledged once

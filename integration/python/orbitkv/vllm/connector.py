@@ -281,6 +281,11 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return self._worker.take_saves_done() if self._worker is not None else None
 
     def handle_preemptions(self, kv_connector_metadata: Any = None) -> None:
+        """vLLM (0.26+) calls this with the step's metadata before it zeroes
+        or copies any new block: the flush on reuse (begin_step) runs here
+        first; bind_connector_metadata repeats it for vLLMs that do not."""
+        if self._worker is not None and isinstance(kv_connector_metadata, OrbitKVMetadata):
+            self._worker.begin_step(kv_connector_metadata)
         ids = getattr(kv_connector_metadata, "preempted", kv_connector_metadata) or ()
         self.worker.handle_preemptions(list(ids))
 

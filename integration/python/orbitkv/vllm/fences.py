@@ -9,7 +9,9 @@ When vLLM hands a fenced block out again — to a request it schedules or to
 a load the connector plans — the step's metadata names the released
 requests whose saves read it (``flush``), and each worker waits for those
 saves before anything in the step writes a block (``WorkerHalf.begin_step``,
-bounded by the save deadline, as a delayed free is). A freed block goes to
+from ``handle_preemptions``, which vLLM calls before it zeroes or copies a
+new block, and again at bind; bounded by the save deadline, as a delayed free
+is). A freed block goes to
 the back of vLLM's free queue, so a fence is rarely met: the saves have
 mostly ended before their blocks come round again.
 
@@ -99,12 +101,16 @@ class SaveFences:
         return len(self._fence)
 
 
-def handed_blocks(scheduler_output: Any, loads: Iterable[Any]) -> set[int]:
-    """Blocks a step gives out: those of the requests it schedules (new ones,
-    and the new blocks of running ones) and those its planned loads write."""
+def handed_blocks(scheduler_output: Any, loads: Iterable[Any], block_size: int = 0) -> set[int]:
+    """Blocks a step may write: the new blocks of the requests it schedules
+    and those its planned loads write. A new request's leading blocks that
+    vLLM's own prefix cache already holds (``num_computed_tokens`` of them,
+    ``block_size`` tokens a block) are read, never written: not counted."""
     out: set[int] = set()
     for nr in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
-        out.update(block_ids_of(nr.block_ids))
+        ids = block_ids_of(nr.block_ids)
+        hit = int(getattr(nr, "num_computed_tokens", 0) or 0) // block_size if block_size > 0 else 0
+        out.update(ids[hit:])
     cr = getattr(scheduler_output, "scheduled_cached_reqs", None)
     if isinstance(cr, list):  # older vLLM: one object per request
         for c in cr:

@@ -493,7 +493,7 @@ class SchedulerHalf:
                 self._release(lk)
             self._pending = {r: sp for r, sp in self._pending.items() if not (sp.sync and r in ran)}
         if self.cfg.early_free:
-            meta.released, meta.flush = self.fences.step(handed_blocks(scheduler_output, meta.loads))
+            meta.released, meta.flush = self.fences.step(handed_blocks(scheduler_output, meta.loads, self.cfg.block_tokens))
             self._count_free("flushes", len(meta.flush))
         return meta
 
