@@ -90,28 +90,14 @@ func (s *Store) discardPending() bool {
 	return err == nil && string(b) == s.discardMarkerBody()
 }
 
-// beginDiscard writes the marker durably: a temporary file synced, renamed
-// into place, the directory synced.
+// beginDiscard writes the marker durably (writeDurably).
 func (s *Store) beginDiscard() error {
 	dir := s.opts.SSDDir
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("discard marker: %w", err)
-	}
-	tmp := filepath.Join(dir, discardMarkerName+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("discard marker: %w", err)
-	}
-	_, err = f.WriteString(s.discardMarkerBody())
-	err = errors.Join(err, f.Sync(), f.Close())
+	err := os.MkdirAll(dir, 0o700)
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, discardMarkerName))
-	}
-	if err == nil {
-		err = syncDir(dir)
+		err = writeDurably(dir, discardMarkerName, s.discardMarkerBody())
 	}
 	if err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("discard marker: %w", err)
 	}
 	return nil

@@ -66,29 +66,37 @@ func readGenLimit(dir string) (limit uint64, ok bool) {
 	return limit, true
 }
 
-// writeGenLimit records limit in dir durably: a temporary file synced,
-// renamed into place, the directory synced.
+// writeGenLimit records limit in dir durably (writeDurably).
 func writeGenLimit(dir string, limit uint64) error {
 	body := fmt.Sprintf(genLimitFormat, limit)
 	body += fmt.Sprintf("crc %08x\n", crc32.ChecksumIEEE([]byte(body)))
-	tmp := filepath.Join(dir, genLimitName+".tmp")
+	if err := writeDurably(dir, genLimitName, body); err != nil {
+		return fmt.Errorf("record generation limit: %w", err)
+	}
+	return nil
+}
+
+// writeDurably writes body as dir/name: a temporary file synced, renamed
+// into place, the directory synced. A reader sees the old file or the
+// whole new one; on error the temporary file is removed.
+func writeDurably(dir, name, body string) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("record generation limit: %w", err)
+		return err
 	}
 	_, err = f.WriteString(body)
 	err = errors.Join(err, f.Sync(), f.Close())
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, genLimitName))
+		err = os.Rename(tmp, filepath.Join(dir, name))
 	}
 	if err == nil {
 		err = syncDir(dir)
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("record generation limit: %w", err)
 	}
-	return nil
+	return err
 }
 
 // syncDir makes dir's entries (a rename, a removal) durable.
