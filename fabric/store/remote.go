@@ -195,18 +195,9 @@ func (s *Store) failFetch(origin int, addr string, it *saveItem, err error, res 
 // bytes; release unpins them.
 func (s *Store) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, func()) {
 	res := make([]Result, len(wants))
-	items := s.pinForServe(wants, res)
+	items := s.pinWants(wants, false, res)
 	s.readFromSSD(ctx, nil, items, res)
-	var dramIdx []int
-	var entries []catalog.Entry
-	for j, it := range items {
-		if res[it.i].Code == CodePending && it.tier == catalog.TierDRAM {
-			dramIdx, entries = append(dramIdx, j), append(entries, it.entry)
-		}
-	}
-	for k, e := range s.sealForWrite(entries) {
-		items[dramIdx[k]].entry.Checksum = e.Checksum
-	}
+	s.sealPinned(items, res)
 	pages := make([]tcp.Page, len(wants))
 	for _, it := range items {
 		if res[it.i].Code != CodePending {
@@ -217,22 +208,42 @@ func (s *Store) Open(ctx context.Context, wants []tcp.Want) ([]tcp.Page, func())
 	return pages, func() { s.unpinLoads(items) }
 }
 
-// pinForServe pins the pages of wants held here as asked, like pinForLoad.
-func (s *Store) pinForServe(wants []tcp.Want, res []Result) []*loadItem {
+// pinWants pins the pages of wants held here with the asked layout and
+// size, like pinForLoad, for a member to read (Open, PlaceDRAM); with
+// dramOnly, only pages that have a DRAM copy.
+func (s *Store) pinWants(wants []tcp.Want, dramOnly bool, res []Result) []*loadItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	items := make([]*loadItem, 0, len(wants))
 	for i, w := range wants {
 		e, ok := s.cat.Get(w.Key)
-		if !ok || e.Layout != w.Layout || e.Size != w.Size {
+		switch {
+		case !ok || e.Layout != w.Layout || e.Size != w.Size:
 			res[i] = notFound("page %s", w.Key)
-			continue
+		case dramOnly && e.DRAMSlot < 0:
+			res[i] = notFound("page %s not in dram", w.Key)
+		default:
+			it := &loadItem{i: i, req: PageReq{Key: w.Key}, entry: e, tier: e.Tier()}
+			s.pinItemLocked(it)
+			items = append(items, it)
 		}
-		it := &loadItem{i: i, req: PageReq{Key: w.Key}, entry: e, tier: e.Tier()}
-		s.pinItemLocked(it)
-		items = append(items, it)
 	}
 	return items
+}
+
+// sealPinned gives the pinned items read from DRAM and still pending their
+// checksums (sealForWrite): a page sent to a member carries its sum.
+func (s *Store) sealPinned(items []*loadItem, res []Result) {
+	var idx []int
+	var entries []catalog.Entry
+	for j, it := range items {
+		if res[it.i].Code == CodePending && it.tier == catalog.TierDRAM {
+			idx, entries = append(idx, j), append(entries, it.entry)
+		}
+	}
+	for k, e := range s.sealForWrite(entries) {
+		items[idx[k]].entry.Checksum = e.Checksum
+	}
 }
 
 // pickUsable returns the lowest holder in h that usable accepts, or -1.
