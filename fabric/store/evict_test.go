@@ -153,18 +153,13 @@ func TestRestoredPagesOutliveAStreamOfNewSaves(t *testing.T) {
 	ps := testStore(t, 0) // no SSD: a DRAM eviction drops the page
 	e := newTestEngine(t)
 	hot := randKeys(t, 4)
+	saveAll(t, "save hot", ps, e, reqs(hot, 0))
 	res := make([]Result, len(hot))
-	ps.Save(testCtx(t), e.Engine, reqs(hot, 0), false, res)
-	mustAllOK(t, "save hot", res)
-	res = make([]Result, len(hot))
 	ps.Load(testCtx(t), e.Engine, reqs(hot, 32), res)
 	mustAllOK(t, "restore hot", res)
 	slots := int(ps.pool.Stats().CapacityBytes / dram.SlotBytes(e.PageBytes))
 	for saved := 0; saved < 3*slots; saved += 16 {
-		keys := randKeys(t, 16)
-		out := make([]Result, len(keys))
-		ps.Save(testCtx(t), e.Engine, reqs(keys, 0), false, out)
-		mustAllOK(t, "save stream", out)
+		saveAll(t, "save stream", ps, e, reqs(randKeys(t, 16), 0))
 	}
 	if ev := counterValue(t, ps.m.evictedPages.WithLabelValues("dram")); ev < float64(slots) {
 		t.Fatalf("only %v pages evicted from a pool of %d slots: the stream did not cycle the pool", ev, slots)

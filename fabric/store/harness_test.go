@@ -121,6 +121,24 @@ func testCtx(t testing.TB) context.Context {
 	return c
 }
 
+// saveAll saves src as a cache fill and fails the test unless every page
+// saved.
+func saveAll(t testing.TB, what string, ps *Store, e *testEngine, src []PageReq) {
+	t.Helper()
+	res := make([]Result, len(src))
+	ps.Save(testCtx(t), e.Engine, src, false, res)
+	mustAllOK(t, what, res)
+}
+
+// unseal makes k's entry look as if the sealer had not got to it yet: no
+// checksum, and pending (no sealer runs in these tests).
+func unseal(ps *Store, k pagekey.Key) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.cat.Update(k, func(c *catalog.Entry) bool { c.Checksum = 0; return true })
+	ps.mu.unsealed[k] = struct{}{}
+}
+
 // mustAllOK fails the test unless every result is OK.
 func mustAllOK(t testing.TB, what string, res []Result) {
 	t.Helper()

@@ -18,13 +18,8 @@ func TestPlaceDRAMPinsWhatIsInDRAM(t *testing.T) {
 	e := newTestEngine(t)
 	keys := randKeys(t, 3)
 	src := reqs(keys, 0)
-	res := make([]Result, len(keys))
-	ps.Save(testCtx(t), e.Engine, src, false, res)
-	mustAllOK(t, "save", res)
-	ps.mu.Lock() // page 0 as if the sealer had not got to it
-	ps.cat.Update(keys[0], func(c *catalog.Entry) bool { c.Checksum = 0; return true })
-	ps.mu.unsealed[keys[0]] = struct{}{}
-	ps.mu.Unlock()
+	saveAll(t, "save", ps, e, src)
+	unseal(ps, keys[0])
 	if _, err := ps.Evict(testCtx(t), catalog.TierDRAM, keys[2:]); err != nil { // page 2: SSD only
 		t.Fatal(err)
 	}

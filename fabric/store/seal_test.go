@@ -16,13 +16,8 @@ func TestDemotionSealsInline(t *testing.T) {
 	e := newTestEngine(t)
 	k := randKey(t)
 	src := reqs([]pagekey.Key{k}, 0)
-	res := make([]Result, 1)
-	ps.Save(testCtx(t), e.Engine, src, false, res)
-	mustAllOK(t, "save", res)
-	ps.mu.Lock() // pretend the sealer has not got to it (no sealer runs here)
-	ps.cat.Update(k, func(c *catalog.Entry) bool { c.Checksum = 0; return true })
-	ps.mu.unsealed[k] = struct{}{}
-	ps.mu.Unlock()
+	saveAll(t, "save", ps, e, src)
+	unseal(ps, k)
 	if _, err := ps.Evict(testCtx(t), catalog.TierDRAM, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +26,7 @@ func TestDemotionSealsInline(t *testing.T) {
 		t.Fatalf("after demotion: on ssd %v, checksum %08x, want %08x", ent.OnSSD, ent.Checksum, want)
 	}
 	dst := reqs([]pagekey.Key{k}, 32)
-	res = make([]Result, 1)
+	res := make([]Result, 1)
 	ps.Load(testCtx(t), e.Engine, dst, res)
 	mustAllOK(t, "load", res)
 }
@@ -44,9 +39,7 @@ func TestDemotionTakesASumSealedMeanwhile(t *testing.T) {
 	e := newTestEngine(t)
 	keys := randKeys(t, 2)
 	src := reqs(keys, 0)
-	res := make([]Result, len(keys))
-	ps.Save(testCtx(t), e.Engine, src, false, res)
-	mustAllOK(t, "save", res)
+	saveAll(t, "save", ps, e, src)
 	for ps.sealSome(testCtx(t)) > 0 { // the sealer's work, done here
 	}
 	var picked []catalog.Entry // as pickVictimsLocked copied them, before the sealer ran
@@ -62,7 +55,7 @@ func TestDemotionTakesASumSealedMeanwhile(t *testing.T) {
 		t.Fatalf("demoted %d pages, want 2", n)
 	}
 	dst := reqs(keys, 32)
-	res = make([]Result, len(keys))
+	res := make([]Result, len(keys))
 	ps.Load(testCtx(t), e.Engine, dst, res)
 	mustAllOK(t, "load", res)
 	for i := range dst {
@@ -80,9 +73,7 @@ func TestSealerLeavesCopiesAloneWhilePoolFills(t *testing.T) {
 	ps := testStore(t, 0)
 	e := newTestEngine(t)
 	keys := randKeys(t, 8)
-	res := make([]Result, len(keys))
-	ps.Save(testCtx(t), e.Engine, reqs(keys, 0), false, res)
-	mustAllOK(t, "save", res)
+	saveAll(t, "save", ps, e, reqs(keys, 0))
 	slots := ps.pool.Stats().Slots
 	ps.mu.Lock()
 	for len(ps.mu.unsealed) < slots/2 { // half the pool unsealed

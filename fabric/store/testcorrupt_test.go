@@ -14,9 +14,7 @@ func TestCorruptHookFlipsOneBitOfEveryNthLoad(t *testing.T) {
 	e := newTestEngine(t)
 	keys := randKeys(t, 2)
 	src := reqs(keys, 0)
-	res := make([]Result, len(src))
-	ps.Save(testCtx(t), e.Engine, src, false, res)
-	mustAllOK(t, "save", res)
+	saveAll(t, "save", ps, e, src)
 	want := [][]byte{e.page(src[0].Blocks), e.page(src[1].Blocks)}
 	load := func() [][]byte {
 		t.Helper()
