@@ -113,6 +113,9 @@ func runBenchCluster(ctx context.Context, args []string, out io.Writer) error {
 	sockets := fs.String("sockets", "", "engine sockets of the peers, comma-separated; the first saves the pages")
 	metrics := fs.String("metrics", "", "metrics addresses (host:port) of the same peers, comma-separated")
 	pids := fs.String("pids", "", "process ids of the same peers, comma-separated (device counters from /proc/PID/net/dev, RSS)")
+	scale := fs.Bool("scale", false, "the catalog's cost curve: in-process members on loopback as hosts and pages grow (--scale-*), with a fitted model")
+	sc := cluster.DefaultScaleConfig()
+	sc.RegisterFlags(fs)
 	cfg := cluster.DefaultConfig()
 	fs.IntVar(&cfg.Pages, "pages", cfg.Pages, "pages announced")
 	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "pages per save")
@@ -121,6 +124,9 @@ func runBenchCluster(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "where the engine buffer file goes")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *scale {
+		return cluster.RunScale(ctx, sc, out)
 	}
 	cfg.Sockets, cfg.Metrics = benchutil.SplitList(*sockets), benchutil.SplitList(*metrics)
 	for _, p := range benchutil.SplitList(*pids) {
