@@ -33,7 +33,7 @@ func TestFailedDemotionFailsFast(t *testing.T) {
 			break
 		}
 		k := randKey(t)
-		if err := ps.cat.Put(catalog.Entry{Key: k, Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: now()}); err != nil {
+		if err := ps.cat.Put(catalog.Entry{Key: k, Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: ps.now().UnixNano()}); err != nil {
 			t.Fatal(err)
 		}
 		ps.mu.dram.Touch(k)
@@ -64,9 +64,9 @@ func TestCacheFillDropsInsteadOfDemoting(t *testing.T) {
 		if err != nil {
 			break
 		}
-		used := now()
+		used := ps.now().UnixNano()
 		if i == 0 {
-			used = time.Now().Add(-time.Minute).UnixNano() // the only page not used lately
+			used = ps.now().Add(-time.Minute).UnixNano() // the only page not used lately
 		}
 		e := catalog.Entry{Key: randKey(t), Size: page, Generation: uint64(i + 1), DRAMSlot: int64(sl), LastAccess: used}
 		if err := ps.cat.Put(e); err != nil {
@@ -183,7 +183,7 @@ func fillDRAM(t *testing.T, ps *Store, size uint64) []catalog.Entry {
 		if err != nil {
 			return out
 		}
-		e := catalog.Entry{Key: randKey(t), Size: size, Generation: uint64(1000 + i), DRAMSlot: int64(sl), LastAccess: now()}
+		e := catalog.Entry{Key: randKey(t), Size: size, Generation: uint64(1000 + i), DRAMSlot: int64(sl), LastAccess: ps.now().UnixNano()}
 		if err := ps.cat.Put(e); err != nil {
 			t.Fatal(err)
 		}
@@ -281,4 +281,42 @@ func TestNoWriteOnTheEnginesPathForACopyTheSSDHas(t *testing.T) {
 		t.Fatal("the stale fresh page should have been dropped for the cache fill")
 	}
 	freshKept("cache fill with the disk behind, no clean copy", 2)
+}
+
+// TestFillProtectReadsTheStoresClock: a page's last use, stamped when it is
+// saved, and a cache fill's judgement of it (fillProtect) read the same
+// clock, the store's (Options.Now; here a fake one, away from the wall
+// clock). With the disk behind and the pool full, a DRAM-only page saved
+// just now is demoted, not dropped; unused past fillProtect by that clock,
+// it is dropped.
+func TestFillProtectReadsTheStoresClock(t *testing.T) {
+	ps := testStore(t, 64<<20)
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ps.opts.Now = func() time.Time { return clock }
+	e := newTestEngine(t)
+	slots := int(ps.pool.Stats().CapacityBytes / dram.SlotBytes(e.PageBytes))
+	for n := 0; n < slots; n += 16 { // the engine holds 16 pages
+		saveAll(t, "fill the pool", ps, e, reqs(randKeys(t, min(16, slots-n)), 0))
+	}
+	fillBehind := func(what string) {
+		t.Helper()
+		ps.fillWaits.add(ps.now(), 2*fillWaitLimit) // the disk behind
+		if _, err := ps.allocCacheFill(testCtx(t), e.PageBytes); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		for ps.pool.CanAlloc(e.PageBytes) { // full again: slots no page holds
+			if _, err := ps.pool.Alloc(e.PageBytes); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fillBehind("pages saved just now")
+	if d, m := counterValue(t, ps.m.unflushedDrops), counterValue(t, ps.m.demotedPages); d != 0 || m == 0 {
+		t.Fatalf("pages saved just now: %v unflushed drops, %v demoted; want none dropped, some demoted", d, m)
+	}
+	clock = clock.Add(fillProtect + time.Second)
+	fillBehind("pages unused past fillProtect")
+	if d := counterValue(t, ps.m.unflushedDrops); d != 1 {
+		t.Fatalf("pages unused past fillProtect by the store's clock: %v unflushed drops, want 1", d)
+	}
 }

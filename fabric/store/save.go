@@ -189,10 +189,11 @@ func (s *Store) gather(ctx context.Context, sess *Engine, r PageReq, it *saveIte
 }
 
 // dramEntry is the catalog entry of a page just copied into a DRAM slot:
-// a fresh generation, used now; crc 0 while its checksum is pending (the
-// sealer's, seal.go).
+// a fresh generation, used now by the store's clock (which fillProtect
+// judges it by); crc 0 while its checksum is pending (the sealer's,
+// seal.go).
 func (s *Store) dramEntry(k pagekey.Key, fp pagekey.Fingerprint, size uint64, crc uint32, slot dram.Slot) catalog.Entry {
-	return catalog.Entry{Key: k, Layout: fp, Size: size, Checksum: crc, Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: now()}
+	return catalog.Entry{Key: k, Layout: fp, Size: size, Checksum: crc, Generation: s.nextGen(), DRAMSlot: int64(slot), LastAccess: s.now().UnixNano()}
 }
 
 // writeThrough makes every item durable on SSD with one batched write; items

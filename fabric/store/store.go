@@ -187,8 +187,6 @@ type partialSeal struct {
 	crc  uint32
 }
 
-func now() int64 { return time.Now().UnixNano() }
-
 // now is the time of a decision (Options.Now).
 func (s *Store) now() time.Time { return s.opts.Now() }
 
