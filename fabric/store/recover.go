@@ -225,6 +225,9 @@ func contradicting(entries []catalog.Entry, found []ssd.Found, limit uint64) ([]
 // recorded, nothing is).
 func aboveLimit(f ssd.Found, limit uint64) bool { return limit > 0 && f.Header.Generation > limit }
 
+// entryOfFound is the catalog entry a slot's header describes: the page on
+// SSD at the slot, with no DRAM copy (the one constructor of an entry from
+// a header: recovery's candidates, the discard's view of the files).
 func entryOfFound(f ssd.Found) catalog.Entry {
 	h := f.Header
 	return catalog.Entry{Key: h.Key, Layout: h.Layout, Size: h.Length, Checksum: h.Checksum,
