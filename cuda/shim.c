@@ -118,6 +118,13 @@ static copy2d_fn p_copy2d;
 static value32_fn p_wait32, p_write32;
 static int memops_kind;
 
+// cuMemGetHandleForAddressRange(handle, dptr, size, handleType, flags)
+// (optional, CUDA 11.7+): with CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (1)
+// handle is an int, a dmabuf file descriptor the caller then owns.
+typedef CUresult (*range_handle_fn)(void *, CUdeviceptr, size_t, int, unsigned long long);
+static range_handle_fn p_range_handle;
+enum { OKV_RANGE_HANDLE_DMA_BUF_FD = 1 };
+
 static void *sym(const char *name, const char *alt) {
 	void *p = dlsym(lib, name);
 	if (p == NULL && alt != NULL) p = dlsym(lib, alt);
@@ -202,6 +209,7 @@ int okv_load(const char *path, char *err, size_t errlen) {
 	*(void **)(&p_batch_v2) = dlsym(lib, "cuMemcpyBatchAsync_v2");
 	if (p_batch_v2 == NULL) *(void **)(&p_batch_v1) = dlsym(lib, "cuMemcpyBatchAsync");
 	*(void **)(&p_copy2d) = dlsym(lib, "cuMemcpy2DAsync_v2");
+	*(void **)(&p_range_handle) = dlsym(lib, "cuMemGetHandleForAddressRange");
 	*(void **)(&p_wait32) = dlsym(lib, "cuStreamWaitValue32_v2");
 	*(void **)(&p_write32) = dlsym(lib, "cuStreamWriteValue32_v2");
 	memops_kind = 2;
@@ -321,6 +329,13 @@ CUresult okv_ipc_get(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p) { SETCTX(c
 CUresult okv_ipc_open(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h) { SETCTX(ctx); return p_cuIpcOpenMemHandle(p, *h, 1); }
 CUresult okv_ipc_close(CUcontext ctx, CUdeviceptr p) { SETCTX(ctx); return p_cuIpcCloseMemHandle(p); }
 CUresult okv_mem_address_range(CUcontext ctx, CUdeviceptr *base, size_t *size, CUdeviceptr p) { SETCTX(ctx); return p_cuMemGetAddressRange(base, size, p); }
+
+int okv_has_dmabuf(void) { return p_range_handle != NULL; }
+CUresult okv_mem_dmabuf_fd(CUcontext ctx, int *fd, CUdeviceptr p, size_t n) {
+	SETCTX(ctx);
+	*fd = -1;
+	return p_range_handle(fd, p, n, OKV_RANGE_HANDLE_DMA_BUF_FD, 0);
+}
 
 CUresult okv_module_load(CUcontext ctx, CUmodule *m, const char *image, char *log, size_t loglen) {
 	SETCTX(ctx);

@@ -103,6 +103,12 @@ CUresult okv_ipc_open(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h);
 CUresult okv_ipc_close(CUcontext ctx, CUdeviceptr p);
 // The base and size of the allocation (or IPC mapping) that contains p.
 CUresult okv_mem_address_range(CUcontext ctx, CUdeviceptr *base, size_t *size, CUdeviceptr p);
+// Whether the driver exports cuMemGetHandleForAddressRange (CUDA 11.7+).
+int okv_has_dmabuf(void);
+// Exports n bytes of device memory at p as a dmabuf file descriptor
+// (cuMemGetHandleForAddressRange, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags
+// 0); on success *fd is the caller's to close. okv_has_dmabuf must be true.
+CUresult okv_mem_dmabuf_fd(CUcontext ctx, int *fd, CUdeviceptr p, size_t n);
 CUresult okv_module_load(CUcontext ctx, CUmodule *m, const char *image, char *log, size_t loglen);
 CUresult okv_module_unload(CUcontext ctx, CUmodule m);
 CUresult okv_module_function(CUcontext ctx, CUfunction *f, CUmodule m, const char *name);

@@ -51,6 +51,12 @@ func (*Device) AddressRange(DevicePtr) (DevicePtr, uint64, error) {
 }
 func (*Device) NewCopier(CopierConfig) (*Copier, error) { return nil, ErrNotSupported }
 
+// DmabufSupported returns false.
+func (*Device) DmabufSupported() bool { return false }
+
+// ExportDmabuf returns ErrNotSupported.
+func (*Device) ExportDmabuf(DevicePtr, uint64) (int, error) { return -1, ErrNotSupported }
+
 // Stream is a CUDA stream; unavailable in this build.
 type Stream struct{}
 

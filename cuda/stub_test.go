@@ -17,4 +17,8 @@ func TestStubsReportNotSupported(t *testing.T) {
 	if _, err := Devices(); !errors.Is(err, ErrNotSupported) {
 		t.Fatalf("Devices = %v, want ErrNotSupported", err)
 	}
+	var d Device
+	if _, err := d.ExportDmabuf(0, 4096); !errors.Is(err, ErrNotSupported) || d.DmabufSupported() {
+		t.Fatalf("ExportDmabuf = %v, DmabufSupported %v; want ErrNotSupported, false", err, d.DmabufSupported())
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/cuda"
+	"github.com/orbitkv/orbitkv/rdma"
 	"github.com/orbitkv/orbitkv/tiers/hbm"
 	"github.com/orbitkv/orbitkv/transfer"
 )
@@ -37,6 +38,10 @@ type gpuState struct {
 		sync.Mutex
 		devs map[int]*gpuDevice
 	}
+
+	// verbs registers sessions' buffers for GPUDirect (the cluster; nil on
+	// a standalone peer). Set once, before the engine API serves.
+	verbs hbmRegistrar
 }
 
 type gpuDevice struct {
@@ -221,6 +226,34 @@ func (g *gpuState) Copier(ordinal int) (store.DeviceCopier, error) {
 		return nil, err
 	}
 	return gd.xfer, nil
+}
+
+// RegisterHBM registers a session's buffers on device ordinal with the RDMA
+// engine where the device and the cluster can (engineapi.GPU; gpudirect.go),
+// and logs which path the buffers take.
+func (g *gpuState) RegisterHBM(ordinal int, bufs []*transfer.Region) func() {
+	if g.verbs == nil {
+		return func() {}
+	}
+	gd, err := g.device(ordinal)
+	var release func() error
+	if err == nil {
+		release, err = registerHBM(g.verbs, gd.d, bufs)
+	}
+	if err != nil {
+		ev := g.log.Info()
+		if errors.Is(err, rdma.ErrNoDevice) { // no NIC: the usual case, said once at start
+			ev = g.log.Debug()
+		}
+		ev.Int("device", ordinal).Str("reason", err.Error()).Msg("gpudirect: engine buffers not registered for RDMA; remote pages stage through DRAM")
+		return func() {}
+	}
+	g.log.Info().Int("device", ordinal).Int("buffers", len(bufs)).Msg("gpudirect: engine buffers registered with the RDMA engine (dmabuf)")
+	return func() {
+		if err := release(); err != nil {
+			g.log.Warn().Err(err).Int("device", ordinal).Msg("gpudirect: deregister engine buffers")
+		}
+	}
 }
 
 // Import maps an engine's CUDA IPC allocation on device ordinal

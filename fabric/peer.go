@@ -111,6 +111,9 @@ func New(cfg Config, log zerolog.Logger) (*Peer, error) {
 		return nil, err
 	}
 	p.gpu = gpu
+	if gpu != nil && p.cluster != nil { // a nil *cluster.Cluster must not become a non-nil registrar
+		gpu.verbs = p.cluster
+	}
 	mode, why := startScan(p.cat, p.ssd, marker, marked, existing) // cleanstop.go
 	sc, err := p.pages.ScanSSD(filepath.Join(cfg.DataDir, "ssd"), mode)
 	if err != nil {

@@ -1,6 +1,9 @@
 package cluster
 
 import (
+	"fmt"
+	"sync"
+
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 	ibv "github.com/orbitkv/orbitkv/rdma"
@@ -78,4 +81,33 @@ func (c *Cluster) RDMAStats() (ibv.Stats, bool) {
 		return ibv.Stats{}, false
 	}
 	return c.rd.eng.Stats(), true
+}
+
+// RegisterDevice registers engine HBM with the RDMA engine for GPUDirect:
+// region (a transfer.Device region, an engine buffer the peer imported)
+// through export, a dmabuf of that memory (cuda.Device.ExportDmabuf), as a
+// destination of this peer's own READs only (rdma.LocalOnly: never offered
+// to members), recorded with the RDMA transport so that descriptors may
+// name it. Without an engine the error wraps rdma.ErrNoDevice. release
+// forgets and deregisters it; it is idempotent and runs before the memory
+// is unmapped.
+func (c *Cluster) RegisterDevice(region *transfer.Region, export ibv.DmabufExporter) (release func() error, err error) {
+	e := c.rd.live.Load()
+	if e == nil {
+		return nil, fmt.Errorf("register %s: %w", region.Name, ibv.ErrNoDevice)
+	}
+	mr, err := e.RegisterDevice(region.Name, region.Device, region.Size, ibv.LocalOnly, export)
+	if err != nil {
+		return nil, err
+	}
+	c.rd.regs.Add(region, mr)
+	var once sync.Once
+	var derr error
+	return func() error {
+		once.Do(func() {
+			c.rd.regs.Remove(region)
+			derr = mr.Deregister()
+		})
+		return derr
+	}, nil
 }

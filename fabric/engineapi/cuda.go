@@ -19,6 +19,11 @@ type GPU interface {
 	// Stage returns device ordinal's HBM stage, nil when the peer keeps
 	// none (fabric/store/hbmstage.go).
 	Stage(ordinal int) *store.HBMStage
+	// RegisterHBM registers a session's imported buffers on device ordinal
+	// with the RDMA engine for GPUDirect where it can (else they stay on
+	// the DRAM staging path, and nothing is registered). The returned
+	// release, never nil, undoes it; it runs before the buffers close.
+	RegisterHBM(ordinal int, bufs []*transfer.Region) (release func())
 }
 
 // importCUDA maps a session's CUDA buffers; all of them must live on one
@@ -37,6 +42,7 @@ func (p *API) importCUDA(s *session, specs []cudaSpec) error {
 	if err != nil {
 		return err
 	}
+	var regions []*transfer.Region
 	for i, b := range specs {
 		buf, err := p.gpu.Import(dev, b.handle, b.offset, b.size)
 		if err != nil {
@@ -44,9 +50,11 @@ func (p *API) importCUDA(s *session, specs []cudaSpec) error {
 			return fmt.Errorf("buffer %d: %w", i, err)
 		}
 		s.gpuBufs = append(s.gpuBufs, buf)
-		s.Bufs = append(s.Bufs, &transfer.Region{Name: fmt.Sprintf("cuda%d/buffer%d", dev, i), Kind: transfer.Device,
+		regions = append(regions, &transfer.Region{Name: fmt.Sprintf("cuda%d/buffer%d", dev, i), Kind: transfer.Device,
 			Device: uint64(buf.Ptr), Ordinal: dev, Size: buf.Size})
 	}
+	s.Bufs = append(s.Bufs, regions...)
+	s.hbmRelease = p.gpu.RegisterHBM(dev, regions)
 	s.GPU = copier
 	s.Stage = p.gpu.Stage(dev)
 	p.openMarks(s)

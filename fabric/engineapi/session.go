@@ -35,6 +35,9 @@ type session struct {
 	gpuBufs   []*hbm.GPUBuffer // CUDA sessions: the imported IPC buffers
 	keepalive time.Duration
 	recompute float64 // the engine's prefill tokens/s; 0 = unknown (ssdrate.go)
+
+	// hbmRelease undoes GPU.RegisterHBM (CUDA sessions; nil otherwise).
+	hbmRelease func()
 	// faulted: the session's buffer fault was logged (once per session).
 	faulted atomic.Bool
 
@@ -231,6 +234,10 @@ func (s *session) unmap() {
 		_ = m.Close()
 	}
 	s.mapped = nil
+	if s.hbmRelease != nil { // the RDMA registrations go before the memory they pin
+		s.hbmRelease()
+		s.hbmRelease = nil
+	}
 	for _, b := range s.gpuBufs {
 		_ = b.Close()
 	}
