@@ -4,6 +4,7 @@ package fabric
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -120,6 +121,108 @@ func clusterOverStandIn(t *testing.T) {
 	t.Run("ssd-only pages go by tcp", func(t *testing.T) { standInSSDOnly(t, a, b) })
 	t.Run("corrupt in the member's dram", func(t *testing.T) { standInCorrupt(t, a, b) })
 	t.Run("lease expiry unpins", func(t *testing.T) { standInLeaseExpiry(t, a, b, creds) })
+	t.Run("qp in error", func(t *testing.T) { standInQPError(t, a, b) })
+}
+
+// standInQPError: b's QPs to a are moved to the error state behind the
+// engine's back, as a NIC does on a fatal error. The next load ends by its
+// deadline, every page right (the lane found down, the same call carries
+// them over TCP) or failed, none wrong; a's leases are released; once b
+// has dialed a fresh connection (5 s after the lane went down) or the
+// engine reconnected the lanes, a load moves every page by RDMA READ
+// again, a's TCP data plane serving none of them.
+func standInQPError(t *testing.T, a, b *testPeer) {
+	ea, eb := a.engine(tinyFlash), b.engine(tinyFlash)
+	keys := randKeys(4)
+	src := refs(keys, 0, 4)
+	okOp(t)(ea.Save(ctx(t), src, pb.Durability_DURABILITY_DRAM))
+	waitRemote(t, eb, keys, 4)
+	aName := a.p.cluster.Name()
+	n, err := b.p.cluster.FailRDMAQPs(aName)
+	if err != nil || n == 0 {
+		t.Fatalf("b's QPs to a into ERR: %d moved, %v", n, err)
+	}
+	before, served := rdmaStats(t, b), metricNum(t, a, "orbitkv_cluster_served_pages_total")
+	lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dst := refs(keys, 16, 4)
+	start := time.Now()
+	st, err := eb.Load(lctx, dst)
+	if err != nil {
+		t.Fatalf("load over QPs in error: %v", err)
+	}
+	ok := 0
+	for i, pg := range st.Pages {
+		if pg.Code != pb.PageCode_PAGE_OK {
+			t.Logf("page %d: %v %s", i, pg.Code, pg.Message)
+			continue
+		}
+		if !bytes.Equal(ea.page(src[i].Blocks), eb.page(dst[i].Blocks)) {
+			t.Fatalf("page %d answered OK with wrong bytes after the QPs failed", i)
+		}
+		ok++
+	}
+	after := rdmaStats(t, b)
+	t.Logf("%d QPs in ERR: the load took %v, %d of 4 pages right, none wrong; a served %v pages over TCP; b's engine %+v → %+v; lane fallbacks %v",
+		n, time.Since(start).Round(time.Millisecond), ok, metricNum(t, a, "orbitkv_cluster_served_pages_total")-served,
+		before, after, metricNum(t, b, "orbitkv_cluster_transport_fallbacks_total"))
+	if after.BytesRead != before.BytesRead {
+		t.Fatalf("READs on QPs in error moved %d bytes", after.BytesRead-before.BytesRead)
+	}
+	waitFor(t, "a's leases released", 10*time.Second, func() bool { return metricNum(t, a, "orbitkv_cluster_placement_leases_held") == 0 })
+	standInAllByRDMA(t, a, b, ea, eb, keys, src)
+}
+
+// standInAllByRDMA loads keys (dropped from b first) until every page
+// arrives by RDMA READ, right (a few loads: a lane left broken reconnects
+// on the next batch; one marked down is redialed 5 s later), none over
+// a's TCP data plane.
+func standInAllByRDMA(t *testing.T, a, b *testPeer, ea, eb *engine, keys [][]byte, src []*pb.PageRef) {
+	t.Helper()
+	pageBytes := wantsOf(t, a, keys[:1])[0].Size
+	for try := 0; ; try++ {
+		if _, err := b.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_DRAM, Keys: keys}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.admin.Evict(ctx(t), &pb.EvictRequest{Tier: pb.Tier_TIER_SSD, Keys: keys}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "a over rdma in b's peers", 15*time.Second, func() bool {
+			return metricNum(t, b, `orbitkv_cluster_member_transport{member="`+a.p.cluster.Name()+`",transport="rdma"}`) == 1
+		})
+		before, served := rdmaStats(t, b), metricNum(t, a, "orbitkv_cluster_served_pages_total")
+		dst := refs(keys, 32, 4)
+		st, err := eb.Load(ctx(t), dst)
+		read := rdmaStats(t, b).BytesRead - before.BytesRead
+		right := 0
+		for i := range keys {
+			if err == nil && st.Pages[i].Code == pb.PageCode_PAGE_OK && bytes.Equal(ea.page(src[i].Blocks), eb.page(dst[i].Blocks)) {
+				right++
+			}
+		}
+		t.Logf("reload %d: %d of %d pages right, %d bytes by RDMA READ, a served %v over TCP; b's engine %+v (%v)",
+			try, right, len(keys), read, metricNum(t, a, "orbitkv_cluster_served_pages_total")-served, rdmaStats(t, b), err)
+		if right == len(keys) && read == uint64(len(keys))*pageBytes && metricNum(t, a, "orbitkv_cluster_served_pages_total") == served {
+			return
+		}
+		if try == 4 {
+			t.Fatalf("the lane did not carry the pages by RDMA READ again in %d loads", try+1)
+		}
+	}
+}
+
+// metricNum is the value of one of tp's series (-1 when it has none).
+func metricNum(t *testing.T, tp *testPeer, series string) float64 {
+	t.Helper()
+	f := strings.Fields(tp.metric(series))
+	var v float64
+	if len(f) != 2 || f[0] != series {
+		return -1
+	}
+	if _, err := fmt.Sscan(f[1], &v); err != nil {
+		t.Fatalf("%s: %q", series, f[1])
+	}
+	return v
 }
 
 // rdmaStats is tp's RDMA engine's counters.
