@@ -19,8 +19,8 @@ import (
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// The faults of TestTwoGuestsOverRealVerbs, after its clean load: the link
-// of host-a (the holder) goes down while host-b READs its pages and comes
+// The faults of TestTwoGuestsOverRealVerbs, after its clean load: the links
+// of host-a (the holder) go down while host-b READs its pages and come
 // back; then host-a's peer is SIGKILLed while host-b READs. host-b drives;
 // host-a's half of the test serves a small control API on the link
 // (guestControl) that triggers each fault at the moment a placement lease
@@ -34,7 +34,7 @@ const guestControl = ":7960"
 // found (reported by the test's goroutine, not theirs).
 type holderControl struct {
 	p    *proc
-	dev  string // the netdev under rxe0
+	devs []string // the netdevs under rxe0 and rxe1
 	done chan struct{}
 
 	mu struct {
@@ -63,7 +63,7 @@ func (h *holderControl) errorf(format string, args ...any) {
 // peer; each once a placement lease is held), /leases (none held, within
 // 30 s), /counters.
 func serveControl(t *testing.T, p *proc, within time.Duration) {
-	h := &holderControl{p: p, dev: "eth0", done: make(chan struct{})}
+	h := &holderControl{p: p, devs: []string{"eth0", "eth1"}, done: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/clean", h.clean)
 	mux.HandleFunc("/fault", h.fault)
@@ -123,16 +123,21 @@ func (h *holderControl) fault(w http.ResponseWriter, r *http.Request) {
 			h.logf("kill: the peer is gone")
 			return
 		}
-		h.logf("link: host-b's READ is under way: %s down for %v", h.dev, down)
-		if out, err := exec.Command("ip", "link", "set", h.dev, "down").CombinedOutput(); err != nil {
-			h.errorf("ip link set %s down: %v %s", h.dev, err, out)
-		}
+		h.logf("link: host-b's READ is under way: %v down for %v", h.devs, down)
+		h.setLinks("down")
 		time.Sleep(down) // the outage itself, not a wait for a condition
-		if out, err := exec.Command("ip", "link", "set", h.dev, "up").CombinedOutput(); err != nil {
-			h.errorf("ip link set %s up: %v %s", h.dev, err, out)
-		}
-		h.logf("link: %s up", h.dev)
+		h.setLinks("up")
+		h.logf("link: %v up", h.devs)
 	}()
+}
+
+// setLinks sets every netdev under host-a's rxe devices down or up.
+func (h *holderControl) setLinks(state string) {
+	for _, dev := range h.devs {
+		if out, err := exec.Command("ip", "link", "set", dev, state).CombinedOutput(); err != nil {
+			h.errorf("ip link set %s %s: %v %s", dev, state, err, out)
+		}
+	}
 }
 
 // rxeSentPackets is rxe0's count of packets sent: on host-a, which never

@@ -18,12 +18,16 @@ import (
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
-// The two guests of scripts/rdma/run.sh: their addresses on the qemu socket
-// link, the pages host-a saves and host-b loads (8 MiB: a READ long enough
-// under TCG, about a second, for a fault to land in it), and the engine
-// layout that holds them twice.
+// The two guests of scripts/rdma/run.sh: their addresses on the first qemu
+// socket link (rxe0's segment; rxe1 is on the second), their rxe devices'
+// MTUs (run.sh gives a's netdevs 9000 bytes, b's 1500), the pages host-a
+// saves and host-b loads (8 MiB: a READ long enough under TCG, about a
+// second, for a fault to land in it), and the engine layout that holds
+// them twice.
 var (
 	guestAddr  = [2]string{"192.168.78.1", "192.168.78.2"}
+	guestMTU   = [2]int{4096, 1024}
+	guestRXE   = []string{"rxe0", "rxe1"}
 	guestPages = 64
 	guestFlash = func() engineclient.Flash {
 		f := flash
@@ -36,13 +40,16 @@ var (
 // verbs stack: it runs inside the Soft-RoCE guests scripts/rdma/run.sh boots
 // (`make test-rdma`), one per guest, ORBITKV_RXE_ROLE naming the half, and
 // skips anywhere else. Each guest runs `orbitkv serve` with --rdma-devices
-// rxe0 and the cluster's credentials (mutual TLS, made on the host). host-a
-// saves guestPages pages of 128 KiB into DRAM; host-b sees RDMA chosen for
-// host-a in `orbitkv peers`, loads them by RDMA READ and checks every byte
-// against the same seeded generator, with no page carried over TCP; host-a
+// rxe0,rxe1:1 (two devices, on two links) and the cluster's credentials
+// (mutual TLS, made on the host); each checks it chose RoCE v2 GIDs and
+// that its lanes run at the smaller end's MTU (the two guests' differ).
+// host-a saves guestPages pages of 128 KiB into DRAM; host-b sees RDMA
+// chosen for host-a in `orbitkv peers`, loads them by RDMA READ striped
+// over both devices (each device's received packets move) and checks every
+// byte against the same seeded generator, with no page carried over TCP; host-a
 // checks that it placed the pages for host-b and released the leases, and
 // that its TCP data plane served nothing. Then the faults over real verbs
-// (rxe_faults_test.go): host-a's link down mid-READ and back, host-a's peer
+// (rxe_faults_test.go): host-a's links down mid-READ and back, host-a's peer
 // SIGKILLed mid-READ. Both peers log the GID they chose: a RoCE v2 one.
 func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	role := os.Getenv("ORBITKV_RXE_ROLE")
@@ -52,7 +59,7 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	me := int(role[0] - 'a')
 	certs := os.Getenv("ORBITKV_RXE_CERTS")
 	name := hostName(me)
-	args := []string{"--cluster-addr", guestAddr[me] + ":7946", "--node-name", name, "--rdma-devices", "rxe0",
+	args := []string{"--cluster-addr", guestAddr[me] + ":7946", "--node-name", name, "--rdma-devices", "rxe0,rxe1:1",
 		"--cluster-key-file", filepath.Join(certs, "gossip.key"), "--tls-ca", filepath.Join(certs, "ca.pem"),
 		"--tls-cert", filepath.Join(certs, name+".pem"), "--tls-key", filepath.Join(certs, name+"-key.pem")}
 	if me == 1 {
@@ -70,7 +77,7 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 		t.Fatalf("%s did not open rxe0: %v", name, p.log.withPrefix("rdma: "))
 	} else {
 		t.Logf("%s: rdma devices open: %v", name, nics["nics"])
-		checkRoCEv2(t, name, nics["nics"])
+		checkRoCEv2(t, name, me, nics["nics"])
 	}
 	shm, err := engineclient.CreateShm(filepath.Join(t.TempDir(), "kv"), guestFlash.Size())
 	if err != nil {
@@ -78,6 +85,7 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	}
 	t.Cleanup(func() { shm.Close() })
 	e := openEngineAs(t, p, shm, guestFlash)
+	keepAlive(t, e)
 	other := hostName(1 - me)
 	waitFor(t, other+" over rdma in "+name+"'s peers", 5*time.Minute, func() bool {
 		out, err := p.cli(t, "peers")
@@ -85,6 +93,7 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	})
 	out, _ := p.cli(t, "peers")
 	t.Logf("%s's peers:\n%s", name, out)
+	checkLanes(t, p, name, me)
 	if me == 0 {
 		guestSave(t, p, e, shm)
 		serveControl(t, p, 8*time.Minute)
@@ -98,21 +107,59 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	p.stop(t)
 }
 
-// checkRoCEv2 fails unless every NIC of the start's log line names the RoCE
-// v2 GID the default chose (rxe's table holds each address as v1 and v2).
-func checkRoCEv2(t *testing.T, name string, nics any) {
+// checkRoCEv2 fails unless the start's log line names both rxe devices,
+// each with the RoCE v2 GID the default chose (rxe's table holds each
+// address as v1 and v2) and this guest's MTU.
+func checkRoCEv2(t *testing.T, name string, me int, nics any) {
 	t.Helper()
 	list, _ := nics.([]any)
-	if len(list) == 0 {
-		t.Fatalf("%s: no NIC in the start's log line: %v", name, nics)
+	if len(list) != len(guestRXE) {
+		t.Fatalf("%s: want %v in the start's log line: %v", name, guestRXE, nics)
 	}
-	for _, n := range list {
+	for i, n := range list {
 		m, _ := n.(map[string]any)
-		if m["GIDType"] != "RoCE v2" || m["GID"] == nil {
-			t.Fatalf("%s: %v chose GID %v (index %v, %v), want a RoCE v2 one", name, m["Name"], m["GID"], m["GIDIndex"], m["GIDType"])
+		if m["Name"] != guestRXE[i] || m["GIDType"] != "RoCE v2" || m["GID"] == nil {
+			t.Fatalf("%s: %v chose GID %v (index %v, %v), want %s with a RoCE v2 one", name, m["Name"], m["GID"], m["GIDIndex"], m["GIDType"], guestRXE[i])
 		}
-		t.Logf("%s: %v uses GID %v, index %v (%v)", name, m["Name"], m["GID"], m["GIDIndex"], m["GIDType"])
+		t.Logf("%s: %v uses GID %v, index %v (%v), MTU %v", name, m["Name"], m["GID"], m["GIDIndex"], m["GIDType"], m["ActiveMTU"])
+		if mtu, _ := m["ActiveMTU"].(float64); int(mtu) != guestMTU[me] {
+			t.Fatalf("%s: %v's MTU is %v, want %d (run.sh sets this guest's netdevs' MTU)", name, m["Name"], m["ActiveMTU"], guestMTU[me])
+		}
 	}
+}
+
+// checkLanes fails unless the connection this peer dialed has one lane per
+// device, each to the same device on the member (the same link), up, at
+// the smaller end's MTU: the ends' MTUs differ, and a lane run at the
+// larger would lose every full-size packet the smaller end sends or gets.
+func checkLanes(t *testing.T, p *proc, name string, me int) {
+	t.Helper()
+	line, ok := p.log.find("rdma: connected; member reached over RDMA")
+	if !ok {
+		t.Fatalf("%s logged no RDMA connection: %v", name, p.log.withPrefix("rdma: "))
+	}
+	lanes, _ := line["lanes"].([]any)
+	want := min(guestMTU[0], guestMTU[1])
+	if len(lanes) != len(guestRXE) {
+		t.Fatalf("%s: lanes %v, want one per device %v", name, line["lanes"], guestRXE)
+	}
+	for i, l := range lanes {
+		m, _ := l.(map[string]any)
+		mtu, _ := m["MTU"].(float64)
+		t.Logf("%s: lane %d %v → %v, path MTU %v (this end %d, the other %d)", name, i, m["NIC"], m["PeerNIC"], m["MTU"], guestMTU[me], guestMTU[1-me])
+		if m["NIC"] != guestRXE[i] || m["PeerNIC"] != guestRXE[i] || m["Up"] != true || int(mtu) != want {
+			t.Fatalf("%s: lane %d is %v, want %s to %s, up, at MTU %d", name, i, m, guestRXE[i], guestRXE[i], want)
+		}
+	}
+}
+
+// keepAlive keeps e's session open while the test runs (the peer closes a
+// session silent for its keepalive, 10 s: the faults' waits are longer).
+func keepAlive(t *testing.T, e *engineProc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.KeepAlive(ctx, 2*time.Second) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // guestKeys are the pages' keys and their source blocks, the same in both
@@ -161,9 +208,17 @@ func guestLoad(t *testing.T, p *proc, e *engineProc, shm *engineclient.Shm) *loa
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	rcvd := rxeReceived(t)
 	start := time.Now()
 	mustAllOK(t)(e.Load(ctx, dst))
 	took := time.Since(start)
+	after := rxeReceived(t)
+	for i, dev := range guestRXE {
+		t.Logf("host-b: striped: %s received %d packets for the load", dev, after[i]-rcvd[i])
+		if after[i] == rcvd[i] {
+			t.Errorf("host-b: %s received nothing: the READ was not striped over %v", dev, guestRXE)
+		}
+	}
 	want, err := engineclient.CreateShm(filepath.Join(t.TempDir(), "want"), guestFlash.Size())
 	if err != nil {
 		t.Fatal(err)
@@ -186,6 +241,21 @@ func guestLoad(t *testing.T, p *proc, e *engineProc, shm *engineclient.Shm) *loa
 		t.Fatalf("host-b: %d wrong pages, %v pages over TCP, %v lane fallbacks (want 0, 0, 0)", wrong, overTCP, fallbacks)
 	}
 	return newLoader(t, p, e, shm, keys, dst, wantPages)
+}
+
+// rxeReceived is each rxe device's count of packets received (the kernel's
+// hw_counters/rcvd_pkts), in guestRXE's order.
+func rxeReceived(t *testing.T) []uint64 {
+	t.Helper()
+	out := make([]uint64, len(guestRXE))
+	for i, dev := range guestRXE {
+		n, err := readCounter("/sys/class/infiniband/" + dev + "/ports/1/hw_counters/rcvd_pkts")
+		if err != nil {
+			t.Fatalf("%s's received packets: %v", dev, err)
+		}
+		out[i] = n
+	}
+	return out
 }
 
 // clusterSeries is the peer's orbitkv_cluster_ series, for the log.

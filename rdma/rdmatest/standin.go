@@ -4,10 +4,13 @@
 // libibverbs does, refuses what a NIC refuses and copies with memcpy
 // between registered ranges. NOT HARDWARE: its rates mean nothing, and a
 // test passing over it says the code above the verbs calls is right, not
-// that a NIC agrees (docs/rdma.md).
+// that a NIC agrees (docs/rdma.md). With -rdmatest.library=system the same
+// scenarios run over the real libibverbs and its devices instead (make
+// test-rdma runs them so on Soft-RoCE).
 package rdmatest
 
 import (
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,26 +19,48 @@ import (
 	"testing"
 )
 
-// childEnv marks the child process OverStandIn starts.
-const childEnv = "ORBITKV_RDMA_STANDIN"
+// library is the explicit switch between the stand-in and the real
+// libibverbs (docs/rdma.md): "" (the default) builds the stand-in and runs
+// each scenario in a child over it; "standin" is that child (the parent
+// passes it, with ORBITKV_LIBIBVERBS naming the library it built);
+// "system" runs each scenario in this process over the system's
+// libibverbs and its devices (the Soft-RoCE guests of make test-rdma).
+var library = flag.String("rdmatest.library", "",
+	`run the stand-in scenarios over "system" (the real libibverbs and its devices, in this process); "standin" marks the child the default starts`)
 
 // OverStandIn runs child over the stand-in library: it builds the library
 // with cc, then runs the calling test again in a child process of the test
 // binary (a process holds one libibverbs) whose rdma.Open loads it, and
 // there calls child. The parent fails unless the child passed, and logs the
 // child's output. Without cc or libibverbs-dev's header the test skips,
-// saying so, or fails under ORBITKV_REQUIRE=verbs-headers. Call it from a
-// top-level test, first thing.
+// saying so, or fails under ORBITKV_REQUIRE=verbs-headers. With
+// -rdmatest.library=system it calls child in this process over the real
+// libibverbs instead. Call it from a top-level test, first thing.
 func OverStandIn(t *testing.T, child func(t *testing.T)) {
 	t.Helper()
-	if os.Getenv(childEnv) != "" {
+	lib := os.Getenv("ORBITKV_LIBIBVERBS")
+	switch *library {
+	case "system":
+		if lib != "" {
+			t.Fatalf("-rdmatest.library=system, but ORBITKV_LIBIBVERBS names %s", lib)
+		}
+		t.Log("over the system's libibverbs and its devices (-rdmatest.library=system)")
 		child(t)
 		return
+	case "standin":
+		if lib == "" {
+			t.Fatal("-rdmatest.library=standin (the stand-in's child) without ORBITKV_LIBIBVERBS")
+		}
+		child(t)
+		return
+	case "":
+	default:
+		t.Fatalf("-rdmatest.library=%q: want system, standin or nothing", *library)
 	}
-	lib := Build(t)
+	lib = Build(t)
 	name := t.Name()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "ORBITKV_LIBIBVERBS="+lib)
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1", "-rdmatest.library=standin")
+	cmd.Env = append(os.Environ(), "ORBITKV_LIBIBVERBS="+lib)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+name) {
 		t.Fatalf("child over the stand-in: %v\n%s", err, out)

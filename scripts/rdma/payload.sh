@@ -5,7 +5,7 @@
 # Every payload has its own deadline; each one's exit code goes to
 # /mnt/results/summary as "name rc seconds", and the script fails if one did.
 cd /mnt/payload
-export ORBITKV_REQUIRE=rdma ORBITKV_RDMA_DEVICES=rxe0 ORBITKV_BIN=/mnt/payload/orbitkv
+export ORBITKV_REQUIRE=rdma ORBITKV_RDMA_DEVICES=rxe0,rxe1 ORBITKV_BIN=/mnt/payload/orbitkv
 export ORBITKV_RXE_CERTS=/mnt/payload/certs
 failed=0
 
@@ -24,19 +24,19 @@ run() {
 
 case "$1" in
 a)
-  # One guest, one rxe device in loopback: the rdma package's tests
-  # (TestRealVerbsLoopback: two engines on rxe0), then transfer/rdma's
-  # contract through the real binding. ORBITKV_RDMA_STANDIN=1 without
-  # ORBITKV_LIBIBVERBS runs a stand-in scenario's child directly, which then
-  # loads the real libibverbs (issue 36 asks for an explicit switch).
+  # One guest, its two rxe devices in loopback: the rdma package's tests
+  # (TestRealVerbsLoopback: two engines striping over rxe0 and rxe1), then transfer/rdma's
+  # contract through the real binding: -rdmatest.library=system runs a
+  # stand-in scenario in the test's process over the real libibverbs.
   run rdma 300 ./rdma.test -test.v -test.count=1 -test.timeout=280s
-  run transfer-rdma-contract 300 env ORBITKV_RDMA_STANDIN=1 ./transfer-rdma.test -test.v -test.count=1 \
+  run transfer-rdma-contract 300 ./transfer-rdma.test -rdmatest.library=system -test.v -test.count=1 \
     -test.timeout=280s -test.run '^TestContractOverStandIn$'
-  # Two peers in one process (fabric), over rxe0 in loopback: the exchange
-  # over mutual TLS, a load placed by PlacePages and moved by RDMA READ, SSD
-  # pages over TCP, a page corrupted in the member's DRAM rejected, a lease
-  # never released ending at its deadline.
-  run fabric-cluster 300 env ORBITKV_RDMA_STANDIN=1 ./fabric.test -test.v -test.count=1 \
+  # Two peers in one process (fabric), over rxe0 and rxe1 in loopback: the
+  # exchange over mutual TLS, a load placed by PlacePages and moved by RDMA
+  # READ, SSD pages over TCP, a page corrupted in the member's DRAM
+  # rejected, a lease never released ending at its deadline, QPs forced
+  # into the error state (TCP in the same call, then RDMA again).
+  run fabric-cluster 300 ./fabric.test -rdmatest.library=system -test.v -test.count=1 \
     -test.timeout=280s -test.run '^TestClusterExchangesRDMAOverStandIn$'
   run two-guests 600 env ORBITKV_RXE_ROLE=a ./e2e.test -test.v -test.count=1 -test.timeout=580s \
     -test.run '^TestTwoGuestsOverRealVerbs$'

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # OrbitKV over a real verbs stack: the kernel's Soft-RoCE driver (rdma_rxe)
-# and rdma-core's libibverbs, in two qemu guests joined by a qemu socket link
-# (`make test-rdma`; docs/rdma.md, "What has run, and where").
+# and rdma-core's libibverbs, in two qemu guests joined by two qemu socket
+# links, as two hosts with two NICs each on two segments would be
+# (`make test-rdma`; docs/rdma.md, "What has run, and where"). Each guest
+# has rxe0 on eth0 (192.168.78.x) and rxe1 on eth1 (192.168.79.x); guest a's
+# netdevs have an MTU of 9000 (rxe: 4096), guest b's 1500 (rxe: 1024), so
+# the two ends of every connection differ.
 #
-#   guest a (192.168.78.1, rxe0): the rdma package's tests with
-#     ORBITKV_REQUIRE=rdma (TestRealVerbsLoopback: two engines on rxe0), the
-#     transfer contract and two peers in one process (fabric) through the
-#     real binding, then `orbitkv serve` saving pages for guest b;
-#   guest b (192.168.78.2, rxe0): `orbitkv serve` joining a over mutual TLS,
-#     loading a's pages by RDMA READ, every byte checked; then the faults,
-#     driven from b through a control port of a's half: a's link down while
-#     b READs, then back (the lane reconnects, RDMA READ works again), and
-#     a's peer SIGKILLed while b READs. Both peers must log a RoCE v2 GID.
+#   guest a (.1): the rdma package's tests with ORBITKV_REQUIRE=rdma
+#     (TestRealVerbsLoopback: two engines striping over rxe0 and rxe1), the
+#     transfer contract and two peers in one process (fabric; a QP forced
+#     into the error state, a page corrupted in the member's DRAM) through
+#     the real binding, then `orbitkv serve` saving pages for guest b;
+#   guest b (.2): `orbitkv serve` joining a over mutual TLS, loading a's
+#     pages by RDMA READ striped over both devices, every byte checked;
+#     then the faults, driven from b through a control port of a's half:
+#     a's links down while b READs, then back (the lane reconnects, RDMA
+#     READ works again), and a's peer SIGKILLed while b READs. Both peers
+#     must log a RoCE v2 GID and a path MTU of 1024 (the smaller end's).
 #
 # Each guest boots once (scripts/rdma/guest.sh builds and caches it) and runs
 # all its payloads (scripts/rdma/payload.sh) from a disk made here, which
@@ -85,30 +91,33 @@ disk() {
   mkfs.ext4 -q -F -d "$work/root" -L "orbitkv-$1" "$work/$1.img"
 }
 
-# boot ROLE IP NETDEV: one guest under TCG, its console in $work/ROLE.console.
+# boot ROLE N MTU NETDEV0 NETDEV1: one guest under TCG, host N (1 or 2) of
+# both segments, its console in $work/ROLE.console.
 boot() {
-  local role=$1 ip=$2 netdev=$3 mac
-  mac="52:54:00:78:00:0$((${#pids[@]} + 1))"
+  local role=$1 n=$2 mtu=$3
   qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1024 \
     -display none -monitor none -no-reboot -serial "file:$work/$role.console" \
     -kernel "$guest/vmlinuz" -initrd "$guest/initrd.gz" \
-    -append "console=ttyS0 panic=-1 loglevel=4 orbitkv.ip=$ip/24 orbitkv.role=$role" \
+    -append "console=ttyS0 panic=-1 loglevel=4 orbitkv.ip0=192.168.78.$n/24 orbitkv.ip1=192.168.79.$n/24 orbitkv.mtu=$mtu orbitkv.role=$role" \
     -drive "file=$work/$role.img,if=virtio,format=raw" \
-    -netdev "socket,id=n0,$netdev" -device "virtio-net-pci,netdev=n0,mac=$mac" &
+    -netdev "socket,id=n0,$4" -device "virtio-net-pci,netdev=n0,mac=52:54:00:78:00:0$n" \
+    -netdev "socket,id=n1,$5" -device "virtio-net-pci,netdev=n1,mac=52:54:00:79:00:0$n" &
   pids+=($!)
 }
 
 disk a
 disk b
 port=$((20000 + RANDOM % 20000))
-boot a 192.168.78.1 "listen=127.0.0.1:$port"
-# b connects once a's end listens (a probe would take the link's one connection).
-for _ in $(seq 100); do
-  ss -Hltn "sport = :$port" | grep -q . && break
-  sleep 0.1
+boot a 1 9000 "listen=127.0.0.1:$port" "listen=127.0.0.1:$((port + 1))"
+# b connects once a's ends listen (a probe would take a link's one connection).
+for p in $port $((port + 1)); do
+  for _ in $(seq 100); do
+    ss -Hltn "sport = :$p" | grep -q . && break
+    sleep 0.1
+  done
 done
-boot b 192.168.78.2 "connect=127.0.0.1:$port"
-echo "test-rdma: guests booting (link on 127.0.0.1:$port, deadline ${deadline} s)"
+boot b 2 1500 "connect=127.0.0.1:$port" "connect=127.0.0.1:$((port + 1))"
+echo "test-rdma: guests booting (links on 127.0.0.1:$port and $((port + 1)), deadline ${deadline} s)"
 
 # Each guest powers off when its payloads end; one still running at the
 # deadline is killed.
@@ -149,6 +158,6 @@ for role in a b; do
     done
   fi
 done
-grep -h -E 'host-b loaded|uses GID|--- (PASS|FAIL|SKIP): TestRealVerbs|--- (PASS|FAIL): Test(Contract|ClusterExchanges|TwoGuests)' "$out"/*/*.log 2>/dev/null | sed 's/^ */  /' || true
+grep -h -E 'host-b loaded|uses GID|path MTU|striped|--- (PASS|FAIL|SKIP): TestRealVerbs|--- (PASS|FAIL): Test(Contract|ClusterExchanges|TwoGuests)' "$out"/*/*.log 2>/dev/null | sed 's/^ */  /' || true
 echo "test-rdma: $([ $status = 0 ] && echo PASS || echo FAIL) in $((SECONDS - start)) s; logs in $out"
 exit $status
