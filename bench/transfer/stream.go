@@ -16,26 +16,25 @@ import (
 	"github.com/orbitkv/orbitkv/internal/bytesize"
 )
 
-// Plain TCP streams beside the fetch (--streams): what any data plane
-// could move on this link into this client's memory, to tell the cost of
-// the destination from the fetch's own (its headers, its checks, its
-// scheduling). Per TCP READ cell and measured round, after the fetch's
-// round, the serve side writes one page of the cell's size again and again
-// (its bytes stay in the sender's caches, as iperf3's buffer does; writes
-// of up to iperfMaxLen, as iperf3's -l) on the cell's number of
-// connections, and the client reads the stream
-//   - into the cell's destinations, page after page (streamPool: the memory
-//     the fetch writes, out of the caches as the peer's pool is), and
-//   - into one buffer of up to iperfMaxLen a connection (streamHot: what
-//     iperf3 receives into).
+// Plain TCP streams beside the fetch (--streams, on by default): the bar
+// of the TCP data plane. Per TCP READ cell and round, after the fetch's
+// round, the serve side writes on the cell's number of connections (writes
+// of up to iperfMaxLen, as iperf3's -l) and the client reads
+//   - the cell's pages in turn, from the memory the fetch serves them from,
+//     into the cell's destinations, page after page (streamPool: the same
+//     source and destination memory as the fetch, out of the caches as the
+//     peer's pool is; the fetch is judged against this one), and
+//   - page 0's first chunk again and again into one buffer of up to
+//     iperfMaxLen a connection (streamHot: both ends in the caches, as
+//     iperf3 sends and receives: what the link itself moves).
 // Nothing is framed or checked: these are ceilings, not transfers.
 
 // streamKind is where a stream's client reads the bytes into.
 type streamKind byte
 
 const (
-	streamPool streamKind = iota // the cell's destinations, page after page
-	streamHot                    // one buffer a connection, again and again
+	streamPool streamKind = iota // every page in turn, into the cell's destinations
+	streamHot                    // page 0's first chunk, into one buffer a connection
 	streamKinds
 )
 
@@ -97,8 +96,8 @@ func (b *transferBench) listenStreams(ctx context.Context, out io.Writer, p *tra
 }
 
 // serveStreams answers stream connections on lis until ctx ends or lis
-// fails: each names a page size in 8 bytes and is then written page 0 of
-// that size until it goes away.
+// fails: each names a page size and a streamKind (streamRequest) and is then
+// written that size's pages until it goes away.
 func (p *transferPages) serveStreams(ctx context.Context, lis net.Listener) error {
 	go func() { <-ctx.Done(); lis.Close() }()
 	var wg sync.WaitGroup
@@ -120,25 +119,49 @@ func (p *transferPages) serveStreams(ctx context.Context, lis net.Listener) erro
 	}
 }
 
-// stream writes one connection's stream; a size it does not serve ends
-// the connection at once.
+// streamRequest is what a stream's client sends first: the page size
+// (8 bytes, little-endian), then the streamKind (1 byte).
+const streamRequest = 9
+
+// stream writes one connection's stream: each page of the size in turn
+// (streamPool), or page 0's first chunk again and again (streamHot). A size
+// it does not serve, or an unknown kind, ends the connection at once.
 func (p *transferPages) stream(conn net.Conn) {
-	var req [8]byte
+	var req [streamRequest]byte
 	conn.SetReadDeadline(time.Now().Add(streamRequestTimeout))
 	if _, err := io.ReadFull(conn, req[:]); err != nil {
 		return
 	}
-	size := binary.LittleEndian.Uint64(req[:])
-	src, ok := p.data[transferKey(size, 0)]
-	if !ok || uint64(len(src)) != size {
+	size, kind := binary.LittleEndian.Uint64(req[:8]), streamKind(req[8])
+	pages := p.pagesOf(size)
+	if len(pages) == 0 || kind >= streamKinds {
 		return
 	}
-	src = src[:streamChunk(size)]
-	for {
-		conn.SetWriteDeadline(time.Now().Add(streamRequestTimeout))
-		if _, err := conn.Write(src); err != nil {
-			return // the client is done (or gone)
+	chunk := streamChunk(size)
+	if kind == streamHot {
+		pages = [][]byte{pages[0][:chunk]}
+	}
+	for i := 0; ; i++ {
+		src := pages[i%len(pages)]
+		for off := uint64(0); off < uint64(len(src)); off += chunk {
+			conn.SetWriteDeadline(time.Now().Add(streamRequestTimeout))
+			if _, err := conn.Write(src[off:min(off+chunk, uint64(len(src)))]); err != nil {
+				return // the client is done (or gone)
+			}
 		}
+	}
+}
+
+// pagesOf returns the held pages of size in index order (what the fetch
+// serves them from); none if the size is not held.
+func (p *transferPages) pagesOf(size uint64) [][]byte {
+	var out [][]byte
+	for i := 0; ; i++ {
+		d, ok := p.data[transferKey(size, i)]
+		if !ok || uint64(len(d)) != size {
+			return out
+		}
+		out = append(out, d)
 	}
 }
 
@@ -165,7 +188,7 @@ func (b *transferBench) streamRound(ctx context.Context, addr string, c *cell, k
 	return benchutil.Gbps(read.Load(), elapsed), read.Load(), nil
 }
 
-// readStream dials one stream of size's page and reads it into dst (each
+// readStream dials one stream of size's pages and reads it into dst (each
 // page in turn, or dst[0]'s first streamChunk bytes again and again) until
 // end; it returns the bytes read.
 func readStream(ctx context.Context, addr string, size uint64, kind streamKind, dst [][]byte, end time.Time) (uint64, error) {
@@ -180,8 +203,9 @@ func readStream(ctx context.Context, addr string, size uint64, kind streamKind, 
 	stop := context.AfterFunc(dctx, func() { conn.Close() })
 	defer stop()
 	conn.SetDeadline(end.Add(streamRequestTimeout))
-	var req [8]byte
-	binary.LittleEndian.PutUint64(req[:], size)
+	var req [streamRequest]byte
+	binary.LittleEndian.PutUint64(req[:8], size)
+	req[8] = byte(kind)
 	if _, err := conn.Write(req[:]); err != nil {
 		return 0, err
 	}

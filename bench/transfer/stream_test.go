@@ -68,6 +68,35 @@ func TestStreamsBesideTheFetch(t *testing.T) {
 	if want := len(b.Sizes) * len(b.Conns) * int(streamKinds); n != want {
 		t.Fatalf("%d stream lines, want %d (each cell, each kind):\n%s", n, want, out.String())
 	}
+	checkStreamBar(t, out.String(), len(b.Sizes)*len(b.Conns))
+}
+
+// checkStreamBar checks that each of the want TCP READ rows of a matrix's
+// table gives the stream into the destination (Gbit/s) and the fetch's
+// share of it: the bar, as the row shows it.
+func checkStreamBar(t *testing.T, out string, want int) {
+	t.Helper()
+	row := regexp.MustCompile(`^tcp\s+READ\s+\S+\s+\d+\s+\S+\s+[0-9.]+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9]+)%\s`)
+	n := 0
+	for _, l := range strings.Split(out, "\n") {
+		m := row.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		n++
+		fetch, _ := strconv.ParseFloat(m[1], 64)
+		stream, _ := strconv.ParseFloat(m[2], 64)
+		pct, _ := strconv.Atoi(m[3])
+		if stream <= 0 {
+			t.Errorf("row without a stream rate: %q", l)
+		}
+		if got := int(100*fetch/stream + 0.5); got < pct-2 || got > pct+2 { // both printed rounded
+			t.Errorf("row %q: vs stream %d%%, its rates give %d%%", l, pct, got)
+		}
+	}
+	if n != want {
+		t.Fatalf("%d TCP READ rows with the stream bar, want %d:\n%s", n, want, out)
+	}
 }
 
 // TestStreamOfAnUnservedSizeFails: a stream of a page size the serve side
@@ -86,24 +115,29 @@ func TestStreamOfAnUnservedSizeFails(t *testing.T) {
 	}
 }
 
-// TestStreamReadsIntoEachPage: a stream into the destination fills every
-// page in turn with the served page's bytes; into one buffer, only the
-// first page's first chunk.
+// TestStreamReadsIntoEachPage: a stream into the destination fills page i
+// with the served page i (the pages the fetch serves, from the same
+// memory); into one buffer, only the first page's first chunk, with page 0.
 func TestStreamReadsIntoEachPage(t *testing.T) {
 	b := smallTransferBench(t)
 	p := b.pages(true)
 	addr := serveStreamsFor(t, p)
 	size := uint64(16 << 10)
-	want := p.data[transferKey(size, 0)]
 	for _, kind := range []streamKind{streamPool, streamHot} {
-		dst := [][]byte{make([]byte, size), make([]byte, size), make([]byte, size)}
+		dst := make([][]byte, b.pagesPer(size)) // as many as served: page i always lands in dst[i]
+		for i := range dst {
+			dst[i] = make([]byte, size)
+		}
 		if _, err := readStream(context.Background(), addr, size, kind, dst, time.Now().Add(300*time.Millisecond)); err != nil {
 			t.Fatalf("%s: %v", kind, err)
 		}
 		for i, d := range dst {
-			filled := bytes.Equal(d, want)
-			if wantFilled := kind == streamPool || i == 0; filled != wantFilled {
-				t.Errorf("%s: page %d filled with the served page: %v, want %v", kind, i, filled, wantFilled)
+			want, wantFilled := p.data[transferKey(size, i)], kind == streamPool
+			if kind == streamHot {
+				want, wantFilled = p.data[transferKey(size, 0)], i == 0
+			}
+			if filled := bytes.Equal(d, want); filled != wantFilled {
+				t.Errorf("%s: page %d holds the served page %d: %v, want %v", kind, i, i, filled, wantFilled)
 			}
 		}
 	}

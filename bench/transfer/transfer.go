@@ -58,8 +58,8 @@ type transferBench struct {
 	// time each TCP cell reports beside the client's (cpu.go).
 	ServePID int
 	// Streams adds plain TCP streams to each TCP READ cell, served at
-	// StreamAddr (stream.go; the client's default: the
-	// fetch's host, the next port).
+	// StreamAddr (stream.go; the client's default: the fetch's host, the
+	// next port): the one into the destination is the cell's bar.
 	Streams    bool
 	StreamAddr string
 }
@@ -91,7 +91,7 @@ type Config struct {
 // DefaultConfig is `orbitkv bench transfer`'s default matrix (the side left to the caller).
 func DefaultConfig() Config {
 	c := Config{Iperf3Port: 5201, Transports: "tcp,rdma", Ops: "read,write", Sizes: "256KiB,2MiB", Conns: "1,2", Verify: "default"}
-	c.Seconds, c.Rounds, c.PrefetchBytes = 1, 3, -1
+	c.Seconds, c.Rounds, c.PrefetchBytes, c.Streams = 1, 3, -1, true
 	c.BatchBytes, c.PoolBytes = 16<<20, 64<<20
 	c.RDMA.GIDIndex = -1
 	return c
@@ -115,7 +115,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Seconds, "seconds", c.Seconds, "length of one measured round (whole seconds with an iperf3 baseline: iperf3 -t takes whole seconds)")
 	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "measured rounds per cell (median reported)")
 	fs.IntVar(&c.PrefetchBytes, "serve-prefetch", c.PrefetchBytes, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
-	fs.BoolVar(&c.Streams, "streams", c.Streams, "beside each TCP READ cell's rounds, plain TCP streams on the next port (one page written again and again, read into the cell's destination and into one buffer; no header, no check): what the link moves into that memory")
+	fs.BoolVar(&c.Streams, "streams", c.Streams, "beside each TCP READ cell's rounds, bare TCP streams on the next port (no header, no check): the cell's pages from the memory the fetch serves them from into its destinations, the bar the fetch is judged against (vs stream); and one page's chunk into one buffer, as iperf3 moves it")
 	fs.BoolVar(&c.Splice, "serve-splice", c.Splice, "the serve side writes page bytes by reference (vmsplice and splice), each answer's pages held until the client's next request (tcp.Server.Splice)")
 	fs.IntVar(&c.ServePID, "serve-pid", c.ServePID, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	fs.Var((*bytesize.Size)(&c.BatchBytes), "batch-bytes", "bytes per request")
@@ -434,11 +434,14 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) 
 	fmt.Fprintf(out, "bench transfer: sizes %v, conns %v, %d rounds of %gs per cell (median), %s per request, %s of pages per size served, GOMAXPROCS %d%s\n",
 		fmtSizes(b.Sizes), b.Conns, b.Rounds, b.Seconds, bytesize.Size(b.BatchBytes), bytesize.Size(b.PoolBytes), runtime.GOMAXPROCS(0), b.experiments())
 	printMemCopy(out, min(8, max(4, slices.Max(b.Conns))))
+	if b.Streams {
+		fmt.Fprintln(out, "stream: a bare TCP stream per round after the fetch's, of the cell's pages from the same memory into the same destinations (no header, no check); vs stream is the bar: the fetch at 90% of it or more")
+	}
 	if b.Baseline != nil {
 		fmt.Fprintln(out, "iperf3 (-R, same link) per cell, its rounds interleaved with the cell's; baseline = the variant with the best median")
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "transport\top\tsize\tconns\tverify\tGB/s\tGbit/s\tiperf3 Gbit/s\tvs iperf3\tpages verified\t")
+	fmt.Fprintln(tw, "transport\top\tsize\tconns\tverify\tGB/s\tGbit/s\tstream Gbit/s\tvs stream\tiperf3 Gbit/s\tvs iperf3\tpages verified\t")
 	var rdmaWhy string
 	if contains(b.Transports, "rdma") {
 		rdmaWhy = b.rdmaSkipReason()
@@ -469,14 +472,27 @@ func (b *transferBench) client(ctx context.Context, out io.Writer, addr string) 
 
 func printCell(w io.Writer, c cell) {
 	if c.skip != "" {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\tskipped\t\t\t\t%s\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.verifyLabel(), c.skip)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\tskipped\t\t\t\t\t\t%s\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.verifyLabel(), c.skip)
 		return
 	}
-	ratio, b := "", ""
-	if _, base := bestBaseline(c.baseRates); base > 0 {
-		ratio, b = fmt.Sprintf("%.0f%%", 100*c.gbps*8/base), fmt.Sprintf("%.1f", base)
+	var bar float64
+	if r := c.streams[streamPool].rates; len(r) > 0 {
+		bar = benchutil.Median(r)
 	}
-	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%.2f\t%.1f\t%s\t%s\t%d\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.verifyLabel(), c.gbps, c.gbps*8, b, ratio, c.pages)
+	stream, streamRatio := ratioTo(c.gbps*8, bar)
+	_, base := bestBaseline(c.baseRates)
+	iperf, iperfRatio := ratioTo(c.gbps*8, base)
+	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%.2f\t%.1f\t%s\t%s\t%s\t%s\t%d\t\n", c.transport, strings.ToUpper(c.op), bytesize.Size(c.size), c.conns, c.verifyLabel(),
+		c.gbps, c.gbps*8, stream, streamRatio, iperf, iperfRatio, c.pages)
+}
+
+// ratioTo formats a baseline's rate and gbps's share of it (both Gbit/s);
+// empty without a baseline.
+func ratioTo(gbps, base float64) (string, string) {
+	if base <= 0 {
+		return "", ""
+	}
+	return fmt.Sprintf("%.1f", base), fmt.Sprintf("%.0f%%", 100*gbps/base)
 }
 
 // printBaselines lists, per cell with a baseline, every iperf3 variant's
