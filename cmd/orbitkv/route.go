@@ -91,8 +91,9 @@ func runRouteProxy(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&cfg.Peer, "peer", "127.0.0.1:9464", "the local peer's metrics address (POST /v1/route)")
 	layoutArg := fs.String("layout", "", "the engines' layout: JSON (the fields of orbitkv.keys.Layout) or a file holding it")
 	fs.DurationVar(&cfg.RouteTimeout, "route-timeout", 200*time.Millisecond, "deadline of one route query")
+	fs.BoolVar(&cfg.RoundRobin, "round-robin", false, "never ask the peer: send requests to the engines in turn (the baseline; several engines of one host)")
 	engines := map[string]string{}
-	fs.Func("engine", "NAME=URL: the engine on the host whose peer is named NAME (repeat)", func(s string) error {
+	fs.Func("engine", "NAME=URL: the engine on the host whose peer is named NAME (repeat; with -round-robin any name)", func(s string) error {
 		name, url, ok := strings.Cut(s, "=")
 		if !ok || name == "" || url == "" {
 			return fmt.Errorf("want NAME=URL, got %q", s)
@@ -103,13 +104,15 @@ func runRouteProxy(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	layout, err := parseLayout(*layoutArg)
-	if err != nil {
-		return err
-	}
 	cfg.Engines = engines
-	if cfg.Layout, err = json.Marshal(layout); err != nil {
-		return err
+	if !cfg.RoundRobin {
+		layout, err := parseLayout(*layoutArg)
+		if err != nil {
+			return err
+		}
+		if cfg.Layout, err = json.Marshal(layout); err != nil {
+			return err
+		}
 	}
 	rt, err := router.New(cfg)
 	if err != nil {

@@ -18,16 +18,22 @@ type Config struct {
 	Engines      map[string]string // engine base URL by the peer member name of its host (serve --node-name)
 	Layout       json.RawMessage   // the engines' layout, as /v1/route takes it (the fields of orbitkv.keys.Layout)
 	RouteTimeout time.Duration     // deadline of one route query (0: 200 ms)
+	// RoundRobin sends every request round robin and never asks the peer:
+	// the baseline a routed run is measured against, and the proxy in front
+	// of several engines of one host (their names are then only labels).
+	RoundRobin bool
 }
 
 // Validate checks the config.
 func (c *Config) Validate() error {
 	var l map[string]any
 	switch {
-	case c.Peer == "":
-		return errors.New("router: the peer's metrics address is required")
 	case len(c.Engines) == 0:
 		return errors.New("router: at least one engine is required")
+	case c.RoundRobin:
+		return nil
+	case c.Peer == "":
+		return errors.New("router: the peer's metrics address is required")
 	case json.Unmarshal(c.Layout, &l) != nil:
 		return errors.New("router: the layout must be a JSON object")
 	}
@@ -85,7 +91,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	var tokens []uint32
 	_ = json.Unmarshal(prompt.Prompt, &tokens) // text prompts are not keyed: round robin
 	var ans Answer
-	if len(tokens) > 0 {
+	if len(tokens) > 0 && !r.cfg.RoundRobin {
 		ans, _ = r.route(req.Context(), tokens)
 	}
 	name, pages := pick(ans, r.cfg.Engines, r.names, r.rr.Add(1)-1)
@@ -116,5 +122,27 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, name string, 
 		w.Header().Set(HeaderRoute, "round-robin")
 	}
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	copyFlushing(w, resp.Body)
+}
+
+// copyFlushing copies an engine's answer as it comes: a streamed completion
+// (server-sent events) reaches the client token by token, so its time to
+// first token and inter-token latency are the engine's, not the proxy's buffer's.
+func copyFlushing(w http.ResponseWriter, body io.Reader) {
+	f, _ := w.(http.Flusher)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			if f != nil {
+				f.Flush()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
