@@ -96,13 +96,15 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	checkLanes(t, p, name, me)
 	if me == 0 {
 		guestSave(t, p, e, shm)
-		serveControl(t, p, 8*time.Minute)
+		_, refs := guestKeys()
+		serveControl(t, p, func(i int) []byte { return pageBytesAs(shm, refs[i].Blocks, guestFlash) }, 8*time.Minute)
 		return
 	}
 	defer control(t, "/done") // host-a's half ends with host-b's
 	l := guestLoad(t, p, e, shm)
 	control(t, "/clean")
 	t.Run("link down mid-READ", l.linkDownMidRead)
+	t.Run("corrupt in the holder's DRAM", l.corruptInHolderDRAM)
 	t.Run("holder killed mid-READ", l.holderKilledMidRead)
 	p.stop(t)
 }
