@@ -34,6 +34,7 @@ type ScaleConfig struct {
 	Lookups    int           // lookups timed per kind
 	Chain      int           // pages per lookup chain
 	Timeout    time.Duration // a point's cluster must form and converge by then
+	Compact    bool          // members publish compact summaries (fabric/cluster Config.CompactCatalog)
 	// The model's point: hosts, pages per host, churn (changes/s/host).
 	ModelHosts, ModelPages, ModelChurn int
 }
@@ -95,6 +96,9 @@ func RunScale(ctx context.Context, cfg ScaleConfig, out io.Writer) error {
 	}
 	sink := installGossipCounter()
 	design := "exact index (every page announced to every member)"
+	if cfg.Compact {
+		design = "compact catalog (a filter per member, claims confirmed by Holds)"
+	}
 	fmt.Fprintf(out, "catalog cost curve: %s; %d cores; churn %d changes/s/host, window %v\n", design, runtime.GOMAXPROCS(0), cfg.Churn, cfg.Window)
 	var pts []scalePoint
 	for _, p := range cfg.Pages {
@@ -132,6 +136,7 @@ func (c *ScaleConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Probes, "scale-probes", c.Probes, "announcements timed until every member has them")
 	fs.IntVar(&c.Lookups, "scale-lookups", c.Lookups, "lookups timed per kind")
 	fs.DurationVar(&c.Timeout, "scale-timeout", c.Timeout, "a point's cluster must form and converge by then")
+	fs.BoolVar(&c.Compact, "scale-compact", c.Compact, "members publish compact summaries (--cluster-compact-catalog)")
 	fs.IntVar(&c.ModelHosts, "model-hosts", c.ModelHosts, "the model's cluster size")
 	fs.IntVar(&c.ModelPages, "model-pages", c.ModelPages, "the model's pages per host")
 	fs.IntVar(&c.ModelChurn, "model-churn", c.ModelChurn, "the model's page changes per second per host")

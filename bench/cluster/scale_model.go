@@ -20,6 +20,8 @@ type scaleModel struct {
 	reachA, reachB   float64
 	maxA, maxB       float64
 	localP99, remote time.Duration
+	again            time.Duration
+	falseRate        float64 // compact: false claims per confirmation
 }
 
 // fitLine returns the least-squares a, b of y = a + b·x (b = 0 when every x
@@ -40,20 +42,25 @@ func fitModel(pts []scalePoint) scaleModel {
 	var m scaleModel
 	var num, den float64
 	var xs, idle, reach, worst []float64
-	var local, remote time.Duration
+	var local, remote, again time.Duration
+	var held, falseClaims float64
 	for _, p := range pts {
 		e := float64((p.hosts - 1) * p.pages)
 		num, den = num+p.remoteBytes*e, den+e*e
 		xs = append(xs, float64(p.hosts-1))
 		idle, reach, worst = append(idle, p.idleBps), append(reach, p.reachP50.Seconds()), append(worst, p.reachMax.Seconds())
 		m.perChange += p.changeBytes / float64(len(pts))
-		local, remote = local+p.localP99, remote+p.remoteP99
+		local, remote, again = local+p.localP99, remote+p.remoteP99, again+p.againP99
+		held, falseClaims = held+p.claims[0], falseClaims+p.claims[1]
 	}
 	m.perEntry = num / den
 	m.idleA, m.idleB = fitLine(xs, idle)
 	m.reachA, m.reachB = fitLine(xs, reach)
 	m.maxA, m.maxB = fitLine(xs, worst)
-	m.localP99, m.remote = local/time.Duration(len(pts)), remote/time.Duration(len(pts))
+	m.localP99, m.remote, m.again = local/time.Duration(len(pts)), remote/time.Duration(len(pts)), again/time.Duration(len(pts))
+	if held+falseClaims > 0 {
+		m.falseRate = falseClaims / (held + falseClaims)
+	}
 	return m
 }
 
@@ -75,12 +82,12 @@ func printCurve(out io.Writer, cfg ScaleConfig, pts []scalePoint, m scaleModel) 
 	fmt.Fprintf(out, "\nmodel: remote index %.1f B/page; gossip idle %.0f + %.1f B/s per member, %.2f B per change per member; reach p50 %.2f + %.3f ms per member\n",
 		m.perEntry, m.idleA, m.idleB, m.perChange, m.reachA*1e3, m.reachB*1e3)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "hosts\tpages/host\tindex MiB/peer\tmodel\tgossip KB/s/peer\tmodel\treach p50 ms\tmodel\treach max ms\tmodel\tlookup p99 local µs\tremote µs\t")
+	fmt.Fprintln(w, "hosts\tpages/host\tindex MiB/peer\tmodel\tgossip KB/s/peer\tmodel\treach p50 ms\tmodel\treach max ms\tmodel\tlookup p99 local µs\tremote µs\tagain µs\tclaims held/false\t")
 	for _, p := range pts {
 		p50, worst := m.reach(p.hosts)
-		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", p.hosts, p.pages,
+		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f/%.0f\t\n", p.hosts, p.pages,
 			p.remoteBytes/(1<<20), m.memory(p.hosts, p.pages)/(1<<20), p.churnBps/1e3, m.gossip(p.hosts, cfg.Churn)/1e3,
-			ms(p.reachP50), ms(p50), ms(p.reachMax), ms(worst), us(p.localP99), us(p.remoteP99))
+			ms(p.reachP50), ms(p50), ms(p.reachMax), ms(worst), us(p.localP99), us(p.remoteP99), us(p.againP99), p.claims[0], p.claims[1])
 	}
 	w.Flush()
 	n, pg, churn := cfg.ModelHosts, cfg.ModelPages, cfg.ModelChurn
@@ -90,7 +97,9 @@ func printCurve(out io.Writer, cfg ScaleConfig, pts []scalePoint, m scaleModel) 
 	fmt.Fprintf(out, "  remote index   %8.1f MiB/peer   (target ≤ 64 MiB: %s)\n", mem/(1<<20), verdict(mem <= 64<<20))
 	fmt.Fprintf(out, "  gossip         %8.3f MB/s/peer  (target ≤ 1 MB/s: %s)\n", gos/1e6, verdict(gos <= 1e6))
 	fmt.Fprintf(out, "  reach all      p50 %v, max %v\n", p50.Round(time.Millisecond), worst.Round(time.Millisecond))
-	fmt.Fprintf(out, "  lookup p99     local hit %v, remote extension %v (mean of the points)\n", m.localP99.Round(time.Microsecond), m.remote.Round(time.Microsecond))
+	fmt.Fprintf(out, "  lookup p99     local hit %v, remote extension %v, again %v (mean of the points)\n", m.localP99.Round(time.Microsecond),
+		m.remote.Round(time.Microsecond), m.again.Round(time.Microsecond))
+	fmt.Fprintf(out, "  false claims   %.1f%% of confirmations (each one Holds RPC, never a page)\n", 100*m.falseRate)
 }
 
 func verdict(ok bool) string {

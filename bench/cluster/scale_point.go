@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,13 +30,15 @@ type scalePoint struct {
 	localP99     time.Duration // a lookup of a chain this peer holds
 	remoteP99    time.Duration // extending a lookup with a chain another member holds
 	remoteFound  int           // pages of that chain the extension found
+	againP99     time.Duration // the same chains looked up again (compact: confirmed before, no question)
+	claims       [2]float64    // compact: claims confirmed held, false (one Holds each)
 	chain        int           // of the chain's pages
 }
 
 func (p scalePoint) String() string {
-	return fmt.Sprintf("%d hosts × %d pages: remote index %.1f MiB/peer, gossip idle %.1f KB/s, churn %.1f KB/s (%.1f B/change/receiver), reach p50 %v max %v, lookup p99 local %v remote %v (%d/%d found)",
+	return fmt.Sprintf("%d hosts × %d pages: remote index %.1f MiB/peer, gossip idle %.1f KB/s, churn %.1f KB/s (%.1f B/change/receiver), reach p50 %v max %v, lookup p99 local %v remote %v again %v (%d/%d found), claims confirmed %.0f held %.0f false",
 		p.hosts, p.pages, p.remoteBytes/(1<<20), p.idleBps/1e3, p.churnBps/1e3, p.changeBytes, p.reachP50.Round(100*time.Microsecond),
-		p.reachMax.Round(100*time.Microsecond), p.localP99.Round(time.Microsecond), p.remoteP99.Round(time.Microsecond), p.remoteFound, p.chain)
+		p.reachMax.Round(100*time.Microsecond), p.localP99.Round(time.Microsecond), p.remoteP99.Round(time.Microsecond), p.againP99.Round(time.Microsecond), p.remoteFound, p.chain, p.claims[0], p.claims[1])
 }
 
 // benchLayout and benchPageBytes are every bench page's layout and size.
@@ -47,6 +50,7 @@ const benchPageBytes = 4096
 type scaleMember struct {
 	c    *fc.Cluster
 	cat  *catalog.Catalog
+	reg  *prometheus.Registry
 	keys []pagekey.Key // its pages, oldest first
 	slot int64
 }
@@ -71,13 +75,17 @@ func (m *scaleMember) drop(n int) error {
 }
 
 // startMembers starts n members on loopback, all joining the first.
-func startMembers(ctx context.Context, n int) ([]*scaleMember, func(), error) {
+func startMembers(ctx context.Context, n int, compact bool) ([]*scaleMember, func(), error) {
 	var ms []*scaleMember
 	var stops []func()
 	stopAll := func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
+		// In parallel: each leave waits up to a second for its broadcast.
+		var wg sync.WaitGroup
+		for _, stop := range stops {
+			wg.Add(1)
+			go func() { defer wg.Done(); stop() }()
 		}
+		wg.Wait()
 		for _, m := range ms {
 			m.cat.Close()
 		}
@@ -85,8 +93,10 @@ func startMembers(ctx context.Context, n int) ([]*scaleMember, func(), error) {
 	join := ""
 	for i := range n {
 		cfg := fc.Config{ClusterAddr: "127.0.0.1:0", PeerAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0",
-			NodeName: fmt.Sprintf("h%03d", i), ClusterJoin: join, ClusterInsecure: true, RDMA: ibv.Config{Off: true}}
-		c, err := fc.New(cfg, "", prometheus.NewRegistry(), zerolog.Nop())
+			NodeName: fmt.Sprintf("h%03d", i), ClusterJoin: join, ClusterInsecure: true, RDMA: ibv.Config{Off: true},
+			CompactCatalog: compact}
+		reg := prometheus.NewRegistry()
+		c, err := fc.New(cfg, "", reg, zerolog.Nop())
 		if err != nil {
 			stopAll()
 			return nil, nil, err
@@ -96,7 +106,7 @@ func startMembers(ctx context.Context, n int) ([]*scaleMember, func(), error) {
 			stopAll()
 			return nil, nil, err
 		}
-		ms = append(ms, &scaleMember{c: c, cat: cat})
+		ms = append(ms, &scaleMember{c: c, cat: cat, reg: reg})
 		stop, err := c.Start(ctx, cat, nil)
 		if err != nil {
 			stopAll()
@@ -112,19 +122,23 @@ func startMembers(ctx context.Context, n int) ([]*scaleMember, func(), error) {
 
 // converged says whether every member's index of every other member is
 // complete and holds its last change.
-func converged(ms []*scaleMember) bool {
+func converged(ms []*scaleMember) bool { return behind(ms) == 0 }
+
+// behind counts the (member, other member) pairs where the member's index
+// of the other is incomplete or lacks its last change.
+func behind(ms []*scaleMember) int {
+	n := 0
 	for _, a := range ms {
 		for _, b := range ms {
 			if a == b {
 				continue
 			}
-			got, ok := a.c.Applied(b.c.Name())
-			if !ok || got < b.c.Sequence() {
-				return false
+			if got, ok := a.c.Applied(b.c.Name()); !ok || got < b.c.Sequence() {
+				n++
 			}
 		}
 	}
-	return true
+	return n
 }
 
 // waitFor polls cond every step until it holds or ctx ends.
@@ -147,8 +161,9 @@ func heapAfterGC() float64 {
 }
 
 // localBytes is the heap of one member's own catalog of pages pages and its
-// key list, measured alone (subtracted from the heap of the whole cluster).
-func localBytes(pages int) (float64, error) {
+// key list (compact: and its own summary, a count per bit and its keys),
+// measured alone (subtracted from the heap of the whole cluster).
+func localBytes(pages int, compact bool) (float64, error) {
 	before := heapAfterGC()
 	cat, err := catalog.Open(catalog.Options{})
 	if err != nil {
@@ -160,8 +175,19 @@ func localBytes(pages int) (float64, error) {
 			return 0, err
 		}
 	}
+	var own *catalog.Summary
+	keys := map[pagekey.Key]struct{}{}
+	if compact {
+		own = catalog.NewSummary(pages * 5 / 4)
+		for _, k := range m.keys {
+			own.Add(k, nil)
+			keys[k] = struct{}{}
+		}
+	}
 	after := heapAfterGC()
 	runtime.KeepAlive(m)
+	runtime.KeepAlive(own)
+	runtime.KeepAlive(keys)
 	cat.Close()
 	return after - before, nil
 }
@@ -172,17 +198,17 @@ func measurePoint(ctx context.Context, cfg ScaleConfig, sink *gossipCounter, hos
 	pt := scalePoint{hosts: hosts, pages: pages}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	local, err := localBytes(pages)
+	local, err := localBytes(pages, cfg.Compact)
 	if err != nil {
 		return pt, err
 	}
-	ms, stop, err := startMembers(ctx, hosts)
+	ms, stop, err := startMembers(ctx, hosts, cfg.Compact)
 	if err != nil {
 		return pt, err
 	}
 	defer stop()
 	if err := waitFor(ctx, "the cluster to form", 50*time.Millisecond, func() bool { return converged(ms) }); err != nil {
-		return pt, err
+		return pt, fmt.Errorf("%w (%d of %d member pairs incomplete)", err, behind(ms), hosts*(hosts-1))
 	}
 	empty := heapAfterGC()
 	for _, m := range ms {
@@ -275,22 +301,65 @@ func measureReach(ctx context.Context, cfg ScaleConfig, ms []*scaleMember, pt *s
 }
 
 // measureLookups times lookups on the first member: a chain of its own
-// pages (a local hit: the cluster is not asked) and a chain of the second
-// member's (the extension of a lookup by other members' pages).
+// pages (a local hit: the cluster is not asked), chains of the second
+// member's (the extension of a lookup by other members' pages: with the
+// compact catalog, one Holds question each), and the same chains again
+// (compact: confirmed before, no question).
 func measureLookups(cfg ScaleConfig, ms []*scaleMember, pt *scalePoint) {
 	a, b := ms[0], ms[1]
-	own, other := a.keys[len(a.keys)-cfg.Chain:], b.keys[len(b.keys)-cfg.Chain:]
+	own := a.keys[len(a.keys)-cfg.Chain:]
+	chains := len(b.keys) / cfg.Chain
 	local := make([]time.Duration, cfg.Lookups)
-	remote := make([]time.Duration, cfg.Lookups)
+	first := make([]time.Duration, 0, cfg.Lookups)
+	again := make([]time.Duration, cfg.Lookups)
+	before := claimCounts(a.reg)
 	for i := range cfg.Lookups {
 		t := time.Now()
 		a.cat.Lookup(own, t.UnixNano())
 		local[i] = time.Since(t)
+		other := b.keys[(i%chains)*cfg.Chain:][:cfg.Chain]
 		t = time.Now()
 		pt.remoteFound = a.c.Extend(other, benchLayout, benchPageBytes)
-		remote[i] = time.Since(t)
+		if i < chains {
+			first = append(first, time.Since(t))
+		} else {
+			again[i] = time.Since(t)
+		}
 	}
-	pt.localP99, pt.remoteP99 = p99(local), p99(remote)
+	for i := range min(chains, cfg.Lookups) {
+		other := b.keys[i*cfg.Chain:][:cfg.Chain]
+		t := time.Now()
+		a.c.Extend(other, benchLayout, benchPageBytes)
+		again[i] = time.Since(t)
+	}
+	after := claimCounts(a.reg)
+	pt.claims = [2]float64{after[0] - before[0], after[1] - before[1]}
+	pt.localP99, pt.remoteP99, pt.againP99 = p99(local), p99(first), p99(again)
+}
+
+// claimCounts reads orbitkv_cluster_summary_claims_total{result="held","false"}.
+func claimCounts(reg *prometheus.Registry) [2]float64 {
+	var out [2]float64
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "orbitkv_cluster_summary_claims_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				switch {
+				case l.GetName() == "result" && l.GetValue() == "held":
+					out[0] = m.GetCounter().GetValue()
+				case l.GetName() == "result" && l.GetValue() == "false":
+					out[1] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
 }
 
 func p99(ds []time.Duration) time.Duration {

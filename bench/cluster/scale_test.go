@@ -11,16 +11,18 @@ import (
 // TestRunScaleTiny: a tiny curve of real members on loopback converges,
 // finds the other member's chain, and prints the model beside it.
 func TestRunScaleTiny(t *testing.T) {
-	cfg := DefaultScaleConfig()
-	cfg.Hosts, cfg.Pages = []int{2, 3}, []int{64}
-	cfg.Window, cfg.Probes, cfg.Lookups, cfg.Churn = 200*time.Millisecond, 2, 10, 4
-	var out bytes.Buffer
-	if err := RunScale(context.Background(), cfg, &out); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	for _, want := range []string{"3 hosts × 64 pages", "(32/32 found)", "model at 1000 hosts × 100000 pages"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+	for _, compact := range []bool{false, true} {
+		cfg := DefaultScaleConfig()
+		cfg.Hosts, cfg.Pages, cfg.Compact = []int{2, 3}, []int{64}, compact
+		cfg.Window, cfg.Probes, cfg.Lookups, cfg.Churn = 200*time.Millisecond, 2, 10, 4
+		var out bytes.Buffer
+		if err := RunScale(context.Background(), cfg, &out); err != nil {
+			t.Fatalf("compact %v: %v\n%s", compact, err, out.String())
+		}
+		for _, want := range []string{"3 hosts × 64 pages", "(32/32 found)", "model at 1000 hosts × 100000 pages"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("compact %v: output lacks %q:\n%s", compact, want, out.String())
+			}
 		}
 	}
 }

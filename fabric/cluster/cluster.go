@@ -63,7 +63,7 @@ type Cluster struct {
 	log         zerolog.Logger
 	logLimit    logLimit // gossip's warnings and errors (loglimit.go)
 	cat         *catalog.Catalog
-	remote      *catalog.Remote
+	remote      *index // members' pages: announced, or summarized (index.go)
 	m           *clusterMetrics
 	tls         *pki.Configs // nil: plain TCP
 	auth        *auth        // nil without mutual TLS: membership is not authenticated (auth.go)
@@ -85,6 +85,7 @@ type Cluster struct {
 		seq     uint64 // last sequence number given
 		sent    uint64 // last sequence number sent
 		pending []announcement
+		own     *ownSummary // with Config.CompactCatalog: this peer's filter (summary.go); nil before Start
 	}
 	wake chan struct{}
 
@@ -121,6 +122,7 @@ type origin struct {
 	peerAddr, dataAddr string
 	state              memberState
 	rdma               bool      // it advertised a usable RDMA device
+	compact            bool      // it publishes a compact summary, not every page (summary.go)
 	cert               *[32]byte // the fingerprint of the certificate its metadata proves (with mutual TLS)
 
 	applied     uint64                  // every announcement ≤ applied is in the index
@@ -140,6 +142,10 @@ type origin struct {
 // it for the sender. It runs under the catalog's writer lock and never
 // blocks.
 func (c *Cluster) Announce(e catalog.Entry, ch catalog.Change) {
+	if c.cfg.CompactCatalog {
+		c.announceSummary(e, ch)
+		return
+	}
 	a, ok := announceOf(e, ch)
 	if !ok {
 		return
@@ -193,7 +199,11 @@ func (c *Cluster) sendPending() {
 	if len(anns) == 0 {
 		return
 	}
-	msgs := encodeAnnouncements(c.name, c.incarnation, first, anns)
+	encode := encodeAnnouncements
+	if c.cfg.CompactCatalog {
+		encode = encodeFlips
+	}
+	msgs := encode(c.name, c.incarnation, first, anns)
 	c.broadcast(msgs)
 	c.m.announced.Add(float64(len(anns)))
 }
@@ -238,8 +248,12 @@ func (c *Cluster) receive(msg []byte) {
 		return
 	}
 	var anns []announcement
-	if h.kind == msgAnnounce {
-		if anns, err = decodeAnnouncements(body); err != nil {
+	if h.kind == msgAnnounce || h.kind == msgFlips {
+		decode := decodeAnnouncements
+		if h.kind == msgFlips {
+			decode = decodeFlips
+		}
+		if anns, err = decode(body); err != nil {
 			c.logLimit.event(c.log, zerolog.WarnLevel).Err(err).Str("from", h.name).Msg("gossip message dropped")
 			c.m.badMessages.Inc()
 			return
@@ -288,6 +302,11 @@ func (c *Cluster) admitLocked(o *origin, seq uint64, a announcement) {
 }
 
 func (c *Cluster) applyLocked(o *origin, a announcement) {
+	switch a.op {
+	case opSet, opClear, opReset:
+		c.applyFlipLocked(o, a)
+		return
+	}
 	if a.op == opHave {
 		if err := c.remote.Add(o.id, a.key, a.layout, a.size); err != nil {
 			c.log.Warn().Err(err).Str("origin", o.name).Msg("announcement not indexed")
@@ -424,13 +443,21 @@ func (c *Cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr 
 	if first.Origin != o.name || first.Incarnation != inc {
 		return 0, 0, fmt.Errorf("snapshot from %s is of %s/%d, want %s/%d", addr, first.Origin, first.Incarnation, o.name, inc)
 	}
+	c.mu.Lock()
+	compact := o.compact
+	c.mu.Unlock()
 	var all []announcement
+	var words []byte // compact: the member's filter
 	for chunk := first; ; {
-		anns, err := decodeSnapshotEntries(chunk.Entries)
-		if err != nil {
-			return 0, 0, err
+		if compact {
+			words = append(words, chunk.Entries...)
+		} else {
+			anns, err := decodeSnapshotEntries(chunk.Entries)
+			if err != nil {
+				return 0, 0, err
+			}
+			all = append(all, anns...)
 		}
-		all = append(all, anns...)
 		if chunk, err = stream.Recv(); err != nil {
 			if errors.Is(err, io.EOF) {
 				break
@@ -444,6 +471,10 @@ func (c *Cluster) pullSnapshot(ctx context.Context, o *origin, inc uint64, addr 
 	defer c.mu.Unlock()
 	if c.origins[o.name] != o || o.incarnation != inc {
 		return 0, 0, fmt.Errorf("snapshot from %s: the member left or restarted meanwhile", addr)
+	}
+	if compact {
+		n, err := c.installSummary(o, words)
+		return first.Seq, n, err
 	}
 	c.remote.DropOrigin(o.id)
 	for _, a := range all {
@@ -487,7 +518,7 @@ func (c *Cluster) memberUp(n *memberlist.Node) {
 		o.gapSince, o.behindSince, o.nextTry, o.failures = time.Time{}, time.Time{}, time.Time{}, 0
 	}
 	o.gossipAddr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-	o.peerAddr, o.dataAddr, o.state, o.rdma = meta.peerAddr, meta.dataAddr, stateAlive, meta.rdma
+	o.peerAddr, o.dataAddr, o.state, o.rdma, o.compact = meta.peerAddr, meta.dataAddr, stateAlive, meta.rdma, meta.compact
 	o.cert = nil
 	if meta.proof != nil {
 		o.cert = &meta.proof.fpr
@@ -582,6 +613,7 @@ type meta struct {
 	incarnation        uint64
 	peerAddr, dataAddr string
 	rdma               bool // a usable RDMA device (a flags byte after the addresses; older peers send none)
+	compact            bool // it publishes a compact summary (the flags byte's metaCompact)
 	// proof, after the flags, proves the member holds a certificate of the
 	// cluster CA (auth.go); signed is the metadata before it, which it signs.
 	proof  *proof
@@ -599,11 +631,18 @@ func (m meta) encode() []byte {
 	if m.rdma {
 		flags |= metaRDMA
 	}
+	if m.compact {
+		flags |= metaCompact
+	}
 	return append(b, flags)
 }
 
-// metaRDMA is the metadata flag of a member with a usable RDMA device.
-const metaRDMA = 1
+// Metadata flags: a member with a usable RDMA device; one that publishes a
+// compact summary of its pages.
+const (
+	metaRDMA    = 1
+	metaCompact = 2
+)
 
 func decodeMeta(b []byte) (meta, error) {
 	var m meta
@@ -625,6 +664,7 @@ func decodeMeta(b []byte) (meta, error) {
 	}
 	m.peerAddr, m.dataAddr = addrs[0], addrs[1]
 	m.rdma = len(b) > 0 && b[0]&metaRDMA != 0
+	m.compact = len(b) > 0 && b[0]&metaCompact != 0
 	if len(b) > 0 {
 		b = b[1:]
 	}
@@ -687,4 +727,75 @@ func (c *Cluster) Peers(ownPages uint64) []Member {
 	out = append(out, infos...)
 	slices.SortFunc(out[1:], func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// announceSummary is Announce with the compact catalog: the bits a page's
+// arrival or departure changed are queued as announcements.
+func (c *Cluster) announceSummary(e catalog.Entry, ch catalog.Change) {
+	if ch != catalog.Added && ch != catalog.Deleted {
+		return
+	}
+	c.out.Lock()
+	own := c.out.own
+	if own == nil {
+		c.out.Unlock()
+		return // before Start: startSummary reads the catalog
+	}
+	var anns []announcement
+	if ch == catalog.Deleted {
+		anns = flipAnnouncements(own.remove(e.Key))
+	} else if flips, grown := own.add(e.Key); grown {
+		anns = []announcement{{op: opReset}}
+	} else {
+		anns = flipAnnouncements(flips)
+	}
+	c.queueLocked(anns)
+	c.out.Unlock()
+	if len(anns) > 0 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// queueLocked numbers anns and queues them for the sender; c.out is held.
+func (c *Cluster) queueLocked(anns []announcement) {
+	if len(anns) == 0 {
+		return
+	}
+	c.out.seq += uint64(len(anns))
+	if len(c.out.pending)+len(anns) > maxPendingOut {
+		// The sender fell far behind: drop the oldest (members see the hole
+		// and take a snapshot).
+		c.out.pending = slices.Delete(c.out.pending, 0, len(c.out.pending)/2)
+	}
+	c.out.pending = append(c.out.pending, anns...)
+}
+
+// applyFlipLocked applies one change of o's filter.
+func (c *Cluster) applyFlipLocked(o *origin, a announcement) {
+	if a.op == opReset || !o.compact {
+		o.synced = false // a snapshot brings the rebuilt filter (or sorts out a confused member)
+		return
+	}
+	if err := c.remote.sums.Apply(o.id, []catalog.Flip{{Bit: a.bit, Set: a.op == opSet}}); err != nil {
+		c.logLimit.event(c.log, zerolog.WarnLevel).Err(err).Str("origin", o.name).Msg("summary change does not fit; taking a snapshot")
+		o.synced = false
+	}
+}
+
+// installSummary replaces o's part of the index by the filter of a
+// snapshot; it returns how many pages the filter holds (an estimate).
+// c.mu is held.
+func (c *Cluster) installSummary(o *origin, b []byte) (int, error) {
+	f, err := decodeFilter(b)
+	if err != nil {
+		return 0, err
+	}
+	c.remote.DropOrigin(o.id)
+	if err := c.remote.sums.Replace(o.id, f); err != nil {
+		return 0, fmt.Errorf("summary of %s: %w", o.name, err)
+	}
+	return f.Pages(), nil
 }

@@ -26,6 +26,10 @@ type Config struct {
 	// ClusterInsecure allows a cluster without mutual TLS or without a gossip
 	// key: anyone who reaches the ports can then read pages or join.
 	ClusterInsecure bool
+	// CompactCatalog gossips a filter of this peer's page keys (a few bits
+	// a page, changed bit by bit) instead of every page; members confirm a
+	// claim with Holds before they count it (summary.go, index.go).
+	CompactCatalog bool
 	// RDMA is the RDMA data plane (--rdma-devices …): opened at Start; a
 	// peer without a usable device uses TCP (rdma.go, transport.go).
 	RDMA rdma.Config
@@ -44,6 +48,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "private key of --tls-cert (PEM)")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "cluster CA certificate (PEM)")
 	c.RDMA.RegisterFlags(fs) // --rdma-devices (empty: auto-detect; none: off), --rdma-gid-index, …
+	fs.BoolVar(&c.CompactCatalog, "cluster-compact-catalog", c.CompactCatalog, "gossip a compact filter of this peer's pages instead of every page (large clusters; a claim is confirmed with its holder before a lookup counts it)")
 	fs.BoolVar(&c.ClusterInsecure, "cluster-insecure", c.ClusterInsecure, "allow a cluster without mutual TLS or gossip encryption (trusted test networks only)")
 }
 

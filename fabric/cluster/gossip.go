@@ -32,11 +32,23 @@ const (
 	maxNameLen       = 200
 )
 
+const (
+	msgFlips = 'F'
+
+	opSet   = 3 // a bit of the summary became set
+	opClear = 4 // a bit became clear
+	opReset = 5 // the summary was rebuilt (another size): take a snapshot
+
+	flipSet   = 1 << 31
+	flipReset = 0xFFFFFFFF
+)
+
 var errGossip = errors.New("malformed gossip message")
 
 // announcement is one have/drop of a page.
 type announcement struct {
 	op     uint8
+	bit    uint32 // opSet, opClear: the summary's bit
 	key    pagekey.Key
 	layout pagekey.Fingerprint
 	size   uint64
@@ -110,7 +122,7 @@ func decodeHead(b []byte) (gossipHead, []byte, error) {
 	if len(b) < 3 {
 		return h, nil, fmt.Errorf("%w: %d bytes", errGossip, len(b))
 	}
-	if b[0] != msgAnnounce && b[0] != msgState || b[1] != gossipV1 {
+	if b[0] != msgAnnounce && b[0] != msgState && b[0] != msgFlips || b[1] != gossipV1 {
 		return h, nil, fmt.Errorf("%w: kind %q version %d", errGossip, b[0], b[1])
 	}
 	h.kind = b[0]

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
@@ -58,7 +57,7 @@ func TestAnnouncementsRoundTrip(t *testing.T) {
 
 // testCluster is a cluster with one member, "b", and no network.
 func testCluster(t *testing.T) (*Cluster, *origin) {
-	c := &Cluster{name: "a", log: zerolog.Nop(), remote: catalog.NewRemote(), origins: map[string]*origin{}}
+	c := &Cluster{name: "a", log: zerolog.Nop(), remote: newIndex(), origins: map[string]*origin{}}
 	c.m = newClusterMetrics(prometheus.NewRegistry(), c.remote)
 	o := &origin{name: "b", id: 3, incarnation: 11, state: stateAlive, synced: true}
 	c.origins["b"] = o

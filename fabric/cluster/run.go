@@ -28,6 +28,7 @@ import (
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/crc32c"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
 	"github.com/orbitkv/orbitkv/internal/pki"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 	ibv "github.com/orbitkv/orbitkv/rdma"
@@ -43,9 +44,10 @@ type clusterMetrics struct {
 	syncs                           *prometheus.CounterVec
 	fetchPages                      *prometheus.CounterVec
 	fetchBytes                      prometheus.Counter
+	claims                          *prometheus.CounterVec // compact catalog: confirmations of filter claims, by result
 }
 
-func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *clusterMetrics {
+func newClusterMetrics(reg *prometheus.Registry, remote *index) *clusterMetrics {
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: "orbitkv", Subsystem: "cluster", Name: name, Help: help}
 	}
@@ -63,10 +65,15 @@ func newClusterMetrics(reg *prometheus.Registry, remote *catalog.Remote) *cluste
 		fetchPages: prometheus.NewCounterVec(prometheus.CounterOpts(opts("fetched_pages_total", "Pages fetched from members for loads, by result.")),
 			[]string{"result"}),
 		fetchBytes: prometheus.NewCounter(prometheus.CounterOpts(opts("fetched_bytes_total", "Page bytes fetched from members and verified."))),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts(opts("summary_claims_total",
+			"Runs of pages a member's compact summary claimed that a lookup had the member confirm, by result: held (all of it), false (a false positive: fewer pages, one RPC spent).")),
+			[]string{"result"}),
 	}
-	reg.MustRegister(m.members, m.announced, m.received, m.sendErrors, m.badMessages, m.rejected, m.syncs, m.fetchPages, m.fetchBytes,
+	reg.MustRegister(m.members, m.announced, m.received, m.sendErrors, m.badMessages, m.rejected, m.syncs, m.fetchPages, m.fetchBytes, m.claims,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("remote_pages", "Pages other members announced (distinct keys).")),
-			func() float64 { return float64(remote.Len()) }))
+			func() float64 { return float64(remote.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("summary_bytes", "Memory of the compact summaries (filters) members published, in bytes.")),
+			func() float64 { return float64(remote.Summarized()) }))
 	m.initLabels()
 	return m
 }
@@ -84,6 +91,9 @@ func (m *clusterMetrics) initLabels() {
 	for _, result := range []string{"ok", "missing", "corrupt", "failed"} {
 		m.fetchPages.WithLabelValues(result)
 	}
+	for _, result := range []string{"held", "false"} {
+		m.claims.WithLabelValues(result)
+	}
 }
 
 // New prepares the cluster state before the catalog opens (the catalog's
@@ -96,7 +106,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 	}
 	c := &Cluster{
 		cfg: cfg, name: name, incarnation: newIncarnation(), log: log.With().Str("node", name).Logger(),
-		remote: catalog.NewRemote(), origins: map[string]*origin{}, conns: map[string]*grpc.ClientConn{},
+		remote: newIndex(), origins: map[string]*origin{}, conns: map[string]*grpc.ClientConn{},
 		wake: make(chan struct{}, 1), syncs: make(chan struct{}, maxSyncs),
 	}
 	if cfg.TLSCert != "" {
@@ -110,6 +120,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 		}
 	}
 	c.m = newClusterMetrics(reg, c.remote)
+	c.remote.members = c
 	c.served.register(reg)
 	c.m.members.Set(1)
 	c.data = tcp.NewClient(c.clientTLS())
@@ -143,6 +154,9 @@ func nodeName(cfg Config, dataDir string) (string, error) {
 func (c *Cluster) Start(ctx context.Context, cat *catalog.Catalog, src tcp.Source) (stop func(), err error) {
 	cfg := c.cfg
 	c.cat = cat
+	if cfg.CompactCatalog {
+		c.startSummary()
+	}
 	peerLis, err := net.Listen("tcp", cfg.PeerAddr)
 	if err != nil {
 		return nil, fmt.Errorf("peer listener: %w", err)
@@ -389,7 +403,8 @@ type mlDelegate struct{ c *Cluster }
 func (d *mlDelegate) NodeMeta(limit int) []byte {
 	d.c.mu.Lock()
 	defer d.c.mu.Unlock()
-	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr, rdma: d.c.rd.local() == ""}.encode()
+	b := meta{incarnation: d.c.incarnation, peerAddr: d.c.peerAddr, dataAddr: d.c.dataAddr, rdma: d.c.rd.local() == "",
+		compact: d.c.cfg.CompactCatalog}.encode()
 	if d.c.auth != nil && d.c.gossipAddr != "" { // "": inside memberlist.Create, before any join (createMemberlist republishes)
 		signed, err := d.c.auth.sign(d.c.name, d.c.gossipAddr, b)
 		if err != nil {
@@ -437,6 +452,9 @@ type peerServer struct {
 // may be too; their announcements apply on top idempotently).
 func (s *peerServer) Snapshot(req *pb.SnapshotRequest, stream pb.PeerService_SnapshotServer) error {
 	c := s.c
+	if c.cfg.CompactCatalog {
+		return s.snapshotSummary(stream)
+	}
 	chunk := &pb.SnapshotChunk{Origin: c.name, Incarnation: c.incarnation, Seq: c.currentSeq()}
 	buf := make([]byte, 0, snapshotChunk*snapshotEntrySize)
 	var sendErr error
@@ -716,4 +734,54 @@ func (c *Cluster) checkNode(n *memberlist.Node) (reason string, fetch *certFetch
 		return rejectBadProof, nil, err
 	}
 	return c.auth.check(n, md.proof, md.signed, md.peerAddr)
+}
+
+// startSummary builds this peer's filter from its catalog (Start; changes
+// before it were not counted: the catalog has them).
+func (c *Cluster) startSummary() {
+	keys := map[pagekey.Key]struct{}{}
+	c.out.Lock()
+	defer c.out.Unlock()
+	c.cat.Range(func(e catalog.Entry) bool {
+		if e.Tier() != catalog.TierNone {
+			keys[e.Key] = struct{}{}
+		}
+		return true
+	})
+	c.out.own = newOwnSummary(keys)
+}
+
+// snapshotSummary serves this peer's filter, with the sequence number of
+// the last change it includes.
+func (s *peerServer) snapshotSummary(stream pb.PeerService_SnapshotServer) error {
+	c := s.c
+	c.out.Lock()
+	seq := c.out.seq
+	var f catalog.Filter
+	if c.out.own != nil {
+		f = c.out.own.s.Filter()
+	}
+	c.out.Unlock()
+	const wordsPerChunk = snapshotChunk * snapshotEntrySize / 8
+	chunk := &pb.SnapshotChunk{Origin: c.name, Incarnation: c.incarnation, Seq: seq}
+	for {
+		n := min(len(f), wordsPerChunk)
+		chunk.Entries, f = appendFilter(make([]byte, 0, 8*n), f[:n]), f[n:]
+		if err := stream.Send(chunk); err != nil {
+			return err
+		}
+		if len(f) == 0 {
+			return nil
+		}
+		chunk = &pb.SnapshotChunk{}
+	}
+}
+
+// noteClaim counts a confirmed claim.
+func (c *Cluster) noteClaim(falseClaim bool) {
+	result := "held"
+	if falseClaim {
+		result = "false"
+	}
+	c.m.claims.WithLabelValues(result).Inc()
 }

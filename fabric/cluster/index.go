@@ -1,0 +1,278 @@
+package cluster
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/orbitkv/orbitkv/catalog"
+	"github.com/orbitkv/orbitkv/internal/pagekey"
+)
+
+// index is this peer's view of the members' pages: the exact index of the
+// members that announce every page (catalog.Remote), and the filters of
+// those that publish compact summaries (catalog.Summaries, Config.
+// CompactCatalog). A filter's claim is never acted on unasked: Extend has
+// the member confirm the run it claims (Holds) before the lookup counts
+// it, and remembers the answer (confirmed: what a load then fetches;
+// refuted: claims not asked again for refuteTTL). Route's confirmation
+// is its own (route.go).
+type index struct {
+	exact *catalog.Remote
+	sums  catalog.Summaries
+	// members answers for claims; nil: no claim counts (tests of the
+	// exact index).
+	members claimAsker
+
+	mu        sync.Mutex
+	confirmed map[pagekey.Key]catalog.RemotePage // pages members confirmed, with the asking session's layout and size
+	refuted   map[refutation]time.Time           // claims members denied, until when
+}
+
+// claimAsker is what the index asks of the cluster (*Cluster).
+type claimAsker interface {
+	// askHolds returns how many leading pages of keys origin holds (Holds).
+	askHolds(origin int, keys []pagekey.Key) (int, error)
+	// noteClaim counts a confirmation, and whether it found the claim false.
+	noteClaim(falseClaim bool)
+}
+
+type refutation struct {
+	origin int
+	key    pagekey.Key
+}
+
+const (
+	maxConfirmed = 1 << 16         // confirmed pages kept (all forgotten when full)
+	maxRefuted   = 1 << 16         // refuted claims kept (all forgotten when full)
+	refuteTTL    = 5 * time.Second // a denied claim is not asked again for this long
+	maxAsks      = 3               // confirmations one Extend asks at most
+	maxClaimers  = 8               // filter claimants a route confirms at most
+)
+
+func newIndex() *index {
+	return &index{exact: catalog.NewRemote(), confirmed: map[pagekey.Key]catalog.RemotePage{}, refuted: map[refutation]time.Time{}}
+}
+
+// Add records an exact announcement.
+func (x *index) Add(origin int, k pagekey.Key, layout pagekey.Fingerprint, size uint64) error {
+	return x.exact.Add(origin, k, layout, size)
+}
+
+// Remove records that origin no longer holds k: an exact drop, or a page
+// it was asked for and did not have (its filter's claim is refuted).
+func (x *index) Remove(origin int, k pagekey.Key) {
+	x.exact.Remove(origin, k)
+	if !x.sums.Has(origin) {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.unconfirmLocked(origin, k)
+	x.refuteLocked(origin, k, time.Now())
+}
+
+// DropOrigin forgets everything of origin; it returns how many exact pages.
+func (x *index) DropOrigin(origin int) int {
+	n := x.exact.DropOrigin(origin)
+	x.sums.Drop(origin)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k := range x.confirmed {
+		x.unconfirmLocked(origin, k)
+	}
+	for r := range x.refuted {
+		if r.origin == origin {
+			delete(x.refuted, r)
+		}
+	}
+	return n
+}
+
+// Get returns the holders of k: those that announced it, and those that
+// confirmed it to a lookup.
+func (x *index) Get(k pagekey.Key) (catalog.RemotePage, bool) {
+	p, ok := x.exact.Get(k)
+	x.mu.Lock()
+	c, cok := x.confirmed[k]
+	x.mu.Unlock()
+	switch {
+	case !cok:
+		return p, ok
+	case !ok || p.Layout != c.Layout || p.Size != c.Size:
+		return c, true
+	}
+	for o := c.Holders.First(); o >= 0; o = c.Holders.Next(o) {
+		p.Holders[o>>6] |= 1 << (o & 63)
+	}
+	return p, true
+}
+
+// Len is how many distinct pages members announced (filters' pages are not
+// counted: see Summarized).
+func (x *index) Len() int { return x.exact.Len() }
+
+// Count is how many pages origin announced, or its filter holds (an
+// estimate).
+func (x *index) Count(origin int) int {
+	if x.sums.Has(origin) {
+		return x.sums.Pages(origin)
+	}
+	return x.exact.Count(origin)
+}
+
+// Summarized is the memory of the filters held, in bytes.
+func (x *index) Summarized() int { return x.sums.Bytes() }
+
+// Leading returns every origin's leading run of keys: announced, or claimed
+// by its filter (at most maxClaimers claimants, the longest claims; claims
+// refuted lately left out). Route confirms each.
+func (x *index) Leading(keys []pagekey.Key) []catalog.Held {
+	out := x.exact.Leading(keys)
+	claims := x.sums.Leading(keys, x.isRefuted)
+	sortClaims(claims)
+	return append(out, claims[:min(len(claims), maxClaimers)]...)
+}
+
+// Extend returns the origin to fetch each leading page of keys from (see
+// catalog.Remote.Extend): the exact index's run, then runs members'
+// filters claim, the longest claim first, each counted only as far as its
+// member confirms it (at most maxAsks questions; a member that does not
+// answer counts nothing).
+func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint64, usable func(int) bool) []int {
+	from := x.exact.Extend(keys, layout, size, usable)
+	for asks := 0; len(from) < len(keys) && asks < maxAsks; {
+		rest := keys[len(from):]
+		if o, n := x.fromConfirmed(rest, layout, size, usable); n > 0 {
+			for range n {
+				from = append(from, o)
+			}
+			continue
+		}
+		claims := x.sums.Leading(rest, x.isRefuted)
+		claims = slices.DeleteFunc(claims, func(h catalog.Held) bool { return usable != nil && !usable(h.Origin) })
+		sortClaims(claims)
+		got, origin := 0, -1
+		for _, cl := range claims {
+			if asks == maxAsks {
+				break
+			}
+			asks++
+			if got = x.confirm(cl, rest, layout, size); got > 0 {
+				origin = cl.Origin
+				break
+			}
+		}
+		if origin < 0 {
+			break
+		}
+		for range got {
+			from = append(from, origin)
+		}
+	}
+	return from
+}
+
+// confirm asks cl's origin for the run its filter claims of keys and
+// records the answer; it returns how many pages the origin holds.
+func (x *index) confirm(cl catalog.Held, keys []pagekey.Key, layout pagekey.Fingerprint, size uint64) int {
+	if x.members == nil {
+		return 0
+	}
+	n, err := x.members.askHolds(cl.Origin, keys[:cl.Pages])
+	if err != nil {
+		return 0
+	}
+	n = min(n, cl.Pages)
+	x.members.noteClaim(n < cl.Pages)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(x.confirmed)+n > maxConfirmed {
+		clear(x.confirmed)
+	}
+	for _, k := range keys[:n] {
+		p, ok := x.confirmed[k]
+		if !ok || p.Layout != layout || p.Size != size {
+			p = catalog.RemotePage{Layout: layout, Size: size}
+		}
+		p.Holders[cl.Origin>>6] |= 1 << (cl.Origin & 63)
+		x.confirmed[k] = p
+	}
+	if n < cl.Pages {
+		x.refuteLocked(cl.Origin, keys[n], time.Now())
+	}
+	return n
+}
+
+func (x *index) isRefuted(origin int, k pagekey.Key) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	until, ok := x.refuted[refutation{origin, k}]
+	if ok && time.Now().After(until) {
+		delete(x.refuted, refutation{origin, k})
+		return false
+	}
+	return ok
+}
+
+func (x *index) refuteLocked(origin int, k pagekey.Key, now time.Time) {
+	if len(x.refuted) >= maxRefuted {
+		clear(x.refuted)
+	}
+	x.refuted[refutation{origin, k}] = now.Add(refuteTTL)
+}
+
+func (x *index) unconfirmLocked(origin int, k pagekey.Key) {
+	p, ok := x.confirmed[k]
+	if !ok || !p.Holders.Has(origin) {
+		return
+	}
+	p.Holders[origin>>6] &^= 1 << (origin & 63)
+	if p.Holders.Empty() {
+		delete(x.confirmed, k)
+		return
+	}
+	x.confirmed[k] = p
+}
+
+// sortClaims orders claims longest first, then by origin.
+func sortClaims(hs []catalog.Held) {
+	slices.SortFunc(hs, func(a, b catalog.Held) int {
+		if c := cmp.Compare(b.Pages, a.Pages); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Origin, b.Origin)
+	})
+}
+
+// fromConfirmed returns the leading run of keys one usable member confirmed
+// before and its filter still claims (a page it dropped since has left the
+// filter): no question asked.
+func (x *index) fromConfirmed(keys []pagekey.Key, layout pagekey.Fingerprint, size uint64, usable func(int) bool) (origin, n int) {
+	pages := make([]catalog.RemotePage, 0, len(keys))
+	x.mu.Lock()
+	for _, k := range keys {
+		p, ok := x.confirmed[k]
+		if !ok || p.Layout != layout || p.Size != size {
+			break
+		}
+		pages = append(pages, p)
+	}
+	x.mu.Unlock()
+	if len(pages) == 0 {
+		return -1, 0
+	}
+	for o := pages[0].Holders.First(); o >= 0; o = pages[0].Holders.Next(o) {
+		if usable != nil && !usable(o) {
+			continue
+		}
+		for n < len(pages) && pages[n].Holders.Has(o) && x.sums.Claims(o, keys[n]) {
+			n++
+		}
+		if n > 0 {
+			return o, n
+		}
+	}
+	return -1, 0
+}
