@@ -28,6 +28,10 @@
 #               with vLLM's start: run corrupt in a call of its own)
 #   corrupt     the control for invariant: a DRAM run (batch-invariant) whose peer flips one bit of every
 #               20th restore (ORBITKV_TEST_CORRUPT_LOADS, a test-only hook): its reused prompts must mismatch
+#   two         two engines on the one GPU (each --gpu-memory-utilization 0.42, HBM capped as in
+#               sustained) behind `orbitkv route-proxy --round-robin`, the seeds' workload; per config
+#               in TWO_SEQ (default "offload dram"): offload = vLLM's own CPU offloading, 8 GiB in each
+#               engine (16 in all); dram = one shared OrbitKV peer with 16 GiB
 #   report      bench report over every run so far
 # CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
 # kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
@@ -46,9 +50,19 @@ ROOT=$(pwd)
 S=$O/summary.txt
 say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 MODEL=$ROOT/integration/models/qwen3-8b
-VLLM_PID="" PEER_PID="" CFG_FLAGS=""
+VLLM_PID="" PEER_PID="" CFG_FLAGS="" EXTRA_PIDS=""
+PORT=8000 # the port bench serving sends to; engines of the two-engine mode listen on 8001 and 8002
 
 stop_all() {
+	for p in $EXTRA_PIDS; do kill -- -"$p" 2>/dev/null; kill "$p" 2>/dev/null; done
+	for _ in $(seq 100); do
+		local alive=0
+		for p in $EXTRA_PIDS; do kill -0 "$p" 2>/dev/null && alive=1; done
+		[ $alive = 0 ] && break
+		sleep 0.2
+	done
+	for p in $EXTRA_PIDS; do kill -9 -- -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+	EXTRA_PIDS=""
 	[ -n "$VLLM_PID" ] && kill -- -"$VLLM_PID" 2>/dev/null
 	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null
 	for _ in $(seq 100); do
@@ -109,14 +123,17 @@ VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-mod
 orbitkv_cfg() { [ "$1" = dram ] || [ "$1" = ssd ]; }
 
 start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | dram | ssd
+	# (ENGINE_PORT, GPU_UTIL and OFFLOAD_GIB override the port, memory share and offloading size)
 	local cfg=$1
 	shift
-	local kv=() extra=${CONN_EXTRA:-} env=() site=$SITE
+	local kv=() extra=${CONN_EXTRA:-} env=() site=$SITE port=${ENGINE_PORT:-8000}
+	local own=(--port "$port")
+	[ -n "${GPU_UTIL:-}" ] && own+=(--gpu-memory-utilization "$GPU_UTIL")
 	extra=${extra#\{}
 	extra=${extra%\}}
 	case $cfg in
 	ceiling) kv=(--num-gpu-blocks-override 8192) ;; # the later flag wins: 131,072 tokens, the whole working set
-	offload) kv=(--kv-offloading-backend native --kv-offloading-size 16) ;;
+	offload) kv=(--kv-offloading-backend native --kv-offloading-size "${OFFLOAD_GIB:-16}") ;;
 	lmcache)
 		lmcache_unpack || return 1
 		site=$K/lmcache-site:$SITE
@@ -130,11 +147,11 @@ start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | d
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
 	setsid env "${env[@]}" "$@" PYTHONPATH="$site:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
 		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
-		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
+		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${own[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
 	VLLM_PID=$!
 	local t0=$SECONDS
 	for _ in $(seq 1500); do
-		curl -sf -o /dev/null 127.0.0.1:8000/health && { say "vllm $cfg up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
+		curl -sf -o /dev/null 127.0.0.1:"$port"/health && { say "vllm $cfg :$port up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
 		kill -0 $VLLM_PID 2>/dev/null || break
 		sleep 0.2
 	done
@@ -154,14 +171,16 @@ bench() { # CFG NAME BENCH-ARGS...
 	local pm=()
 	orbitkv_cfg "$cfg" && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
 	rm -rf "$RUNS/$name"
-	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:8000 --model qwen3-8b --vocab 151936 \
-		--engine-metrics http://127.0.0.1:8000/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=vllm-0.26.0 \
+	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab 151936 \
+		--engine-metrics http://127.0.0.1:${METRICS_PORT:-$PORT}/metrics "${pm[@]}" --quiet --label config=${CFG_LABEL:-$cfg} --label engine=vllm-0.26.0 \
 		--label "engine_flags=${VLLM_FLAGS[*]}" --label "config_flags=${CFG_FLAGS:-}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
 		${QUERY_BUDGET:+--label "query_budget=$QUERY_BUDGET"} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
-	curl -s --max-time 5 127.0.0.1:8000/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens|prompt_tokens_cached_by_source)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
-		sed "s/^/[$name vllm] /" | tee -a "$S"
+	for p in ${ENGINE_PORTS:-$PORT}; do
+		curl -s --max-time 5 127.0.0.1:"$p"/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens|prompt_tokens_cached_by_source)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
+			sed "s/^/[$name vllm:$p] /" | tee -a "$S"
+	done
 	orbitkv_cfg "$cfg" && curl -s --max-time 5 127.0.0.1:9464/metrics |
 		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_phase_seconds_total" |
 		sed "s/^/[$name peer] /" | tee -a "$S"
@@ -181,6 +200,28 @@ one() { # CFG NAME [ENV...] -- BENCH-ARGS...
 	start_vllm "$cfg" "${env[@]}" || { stop_all; return 1; }
 	bench "$cfg" "$name" "$@"
 	stop_all
+}
+
+two_one() { # CFG NAME: two engines (:8001, :8002) behind a round-robin proxy on :8000, one bench run
+	local cfg=$1 name=$2 p
+	if orbitkv_cfg "$cfg"; then start_peer "$cfg" || return 1; fi
+	for p in 8001 8002; do # one after the other: each start profiles the GPU's free memory
+		ENGINE_PORT=$p GPU_UTIL=0.42 OFFLOAD_GIB=8 start_vllm "$cfg" || { stop_all; return 1; }
+		EXTRA_PIDS="$EXTRA_PIDS $VLLM_PID" VLLM_PID=""
+	done
+	out/orbitkv route-proxy --round-robin --listen 127.0.0.1:8000 --engine e1=http://127.0.0.1:8001 \
+		--engine e2=http://127.0.0.1:8002 >>"$O/proxy.log" 2>&1 &
+	EXTRA_PIDS="$EXTRA_PIDS $!"
+	for _ in $(seq 50); do grep -q listening "$O/proxy.log" 2>/dev/null && break; sleep 0.1; done
+	CFG_LABEL=two-$cfg METRICS_PORT=8001 ENGINE_PORTS="8001 8002" bench "$cfg" "$name" "${SEEDS[@]}" --duration ${DURATION:-60s} "${DET[@]}" \
+		--label pair=${PAIR:-1} --label order=${ORDER:-AB} --label shape=two-engines-one-gpu
+	stop_all
+}
+
+two() {
+	for cfg in ${TWO_SEQ:-offload dram}; do
+		two_one "$cfg" "two-${cfg}-${PAIR:-1}"
+	done
 }
 
 SEEDS=(--workload sustained --prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --output-tokens 16)
@@ -236,9 +277,9 @@ carry2) carry 01 && unpack || exit 1; shift ;;
 esac
 for m in "$@"; do
 	case $m in
-	sustained | probe | overhead | invariant | corrupt | report) $m ;;
+	sustained | probe | overhead | invariant | corrupt | two | report) $m ;;
 	lmcache-check) lmcache_unpack ;; # unpack the carried LMCache site and try its vLLM adapter's import
-	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt report lmcache-check)" >&2; exit 2 ;;
+	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt two report lmcache-check)" >&2; exit 2 ;;
 	esac
 done
 (cd "$K" && tar czf "$O/runs.tgz" runs)
