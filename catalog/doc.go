@@ -72,4 +72,16 @@
 // per key, its layout, size and the set of peers that announced it. It is
 // filled by the fabric's gossip, never persisted (a restarted peer asks the
 // others again), and extends a local Lookup with pages held elsewhere.
+//
+// # Summaries
+//
+// Summary (summary.go) is a blocked Bloom filter of a peer's own page keys
+// with a saturating count per bit, so that a removal clears only the bits
+// no other page sets; Add and Remove return the bits they changed, which
+// the fabric gossips. Summaries holds the filters other peers published,
+// by origin. Bit positions depend on the key and the filter's size only,
+// so every peer computes the same ones. A filter never misses a page its
+// owner holds (a saturated bit stays set); it may claim one it does not
+// (about 15% per key at capacity, 4 bits a page): whoever acts on a claim
+// asks the owner first.
 package catalog

@@ -29,6 +29,15 @@
 //     run and tiers (Holds: catalog.Peek, no lease, no hit counted); a
 //     candidate that does not answer in the deadline stays in the answer,
 //     unconfirmed and suspect. Gossip carries no tier.
+//   - With the compact catalog (Config.CompactCatalog; summary.go,
+//     index.go) a member publishes a filter of its page keys, changed bit
+//     by bit in its announcement sequence; a copy caught up with the
+//     sequence equals the member's filter, which claims every page the
+//     member holds. A claim is never acted on unasked: a lookup counts a
+//     claimed run only as far as the member confirms it (Holds), and a
+//     load fetches only confirmed pages; a false positive costs one Holds,
+//     is counted (summary_claims_total{result="false"}) and is not asked
+//     again for 5 s. Members of both kinds mix.
 //   - With mutual TLS, membership needs the data plane's identity (auth.go):
 //     memberlist's AliveDelegate lets a node into the view only when its
 //     metadata carries a signature, by the key of a certificate that chains

@@ -110,6 +110,9 @@ func FuzzGossipMessage(f *testing.F) {
 	for _, m := range encodeAnnouncements("n", 1, 1, []announcement{ann(1, opHave), ann(2, opDrop)}) {
 		f.Add(m)
 	}
+	for _, m := range encodeFlips("n", 1, 1, []announcement{{op: opSet, bit: 9}, {op: opClear, bit: 9}, {op: opReset}}) {
+		f.Add(m)
+	}
 	f.Add(encodeState("n", 1, 5))
 	f.Add(meta{incarnation: 1, peerAddr: "1.2.3.4:5", dataAddr: "1.2.3.4:6"}.encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -117,6 +120,15 @@ func FuzzGossipMessage(f *testing.F) {
 			if anns, err := decodeAnnouncements(body); err == nil {
 				for _, a := range anns {
 					if a.op != opHave && a.op != opDrop || a.op == opHave && a.size == 0 {
+						t.Fatalf("accepted %+v", a)
+					}
+				}
+			}
+		}
+		if h, body, err := decodeHead(b); err == nil && h.kind == msgFlips {
+			if anns, err := decodeFlips(body); err == nil {
+				for _, a := range anns {
+					if a.op != opSet && a.op != opClear && a.op != opReset || a.bit >= flipSet {
 						t.Fatalf("accepted %+v", a)
 					}
 				}
