@@ -112,11 +112,7 @@ func (e *Engine) Accept(peer ConnInfo) (ConnInfo, *Conn, error) {
 		info, err := c.reaccept(peer)
 		return info, c, err
 	}
-	nics := make([]int, len(peer.Lanes))
-	for i := range nics {
-		nics[i] = i % len(e.nics)
-	}
-	c, err := e.newConn(peer.ID, nics)
+	c, err := e.newConn(peer.ID, acceptNICs(peer.Lanes, len(e.nics)))
 	if err == nil {
 		err = c.connect(peer)
 	}
@@ -130,6 +126,25 @@ func (e *Engine) Accept(peer ConnInfo) (ConnInfo, *Conn, error) {
 		return ConnInfo{}, nil, err
 	}
 	return c.info(), c, nil
+}
+
+// acceptNICs picks this side's NIC for each of a dialer's lanes: the k-th
+// distinct NIC the dialer names (in lane order) pairs with this side's NIC
+// k (mod n), so that with as many NICs on each end every lane joins NIC k
+// to NIC k whatever the QPs per NIC: hosts cable (or subnet) NIC k to NIC k,
+// and lane i to NIC i mod n would pair NIC 0 with NIC 1 at two QPs per NIC.
+func acceptNICs(lanes []LaneInfo, n int) []int {
+	order := map[string]int{}
+	out := make([]int, len(lanes))
+	for i, l := range lanes {
+		k, ok := order[l.NIC]
+		if !ok {
+			k = len(order)
+			order[l.NIC] = k
+		}
+		out[i] = k % n
+	}
+	return out
 }
 
 func (e *Engine) track(c *Conn) error {

@@ -569,3 +569,37 @@ func TestDeadlineHoldsWhileForeignCompletionsKeepComing(t *testing.T) {
 		t.Fatal("batch still running 5 s after its 50 ms deadline")
 	}
 }
+
+// TestAcceptPairsNICKWithNICK: an acceptor joins the dialer's k-th NIC to
+// its own k-th, whatever the QPs per NIC (lane i to NIC i mod n paired a0
+// with b1 at two QPs per NIC: two NICs on two subnets would not connect).
+func TestAcceptPairsNICKWithNICK(t *testing.T) {
+	lane := func(nics ...string) []LaneInfo {
+		out := make([]LaneInfo, len(nics))
+		for i, n := range nics {
+			out[i].NIC = n
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		lanes []LaneInfo
+		n     int
+		want  []int
+	}{
+		{"one QP per NIC", lane("a0", "a1"), 2, []int{0, 1}},
+		{"two QPs per NIC", lane("a0", "a0", "a1", "a1"), 2, []int{0, 0, 1, 1}},
+		{"more NICs on the dialer", lane("a0", "a1", "a2"), 2, []int{0, 1, 0}},
+		{"one NIC here", lane("a0", "a0", "a1", "a1"), 1, []int{0, 0, 0, 0}},
+	} {
+		if got := acceptNICs(tc.lanes, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	p := newPair(t, Config{QPsPerNIC: 2})
+	for _, l := range p.conn.Lanes() {
+		if l.NIC[1:] != l.PeerNIC[1:] {
+			t.Fatalf("lane %+v joins %s to %s", l, l.NIC, l.PeerNIC)
+		}
+	}
+}

@@ -40,7 +40,7 @@ var (
 // verbs stack: it runs inside the Soft-RoCE guests scripts/rdma/run.sh boots
 // (`make test-rdma`), one per guest, ORBITKV_RXE_ROLE naming the half, and
 // skips anywhere else. Each guest runs `orbitkv serve` with --rdma-devices
-// rxe0,rxe1:1 (two devices, on two links) and the cluster's credentials
+// rxe0,rxe1:1 (two devices, on two links; two QPs each) and the cluster's credentials
 // (mutual TLS, made on the host); each checks it chose RoCE v2 GIDs and
 // that its lanes run at the smaller end's MTU (the two guests' differ).
 // host-a saves guestPages pages of 128 KiB into DRAM; host-b sees RDMA
@@ -59,7 +59,7 @@ func TestTwoGuestsOverRealVerbs(t *testing.T) {
 	me := int(role[0] - 'a')
 	certs := os.Getenv("ORBITKV_RXE_CERTS")
 	name := hostName(me)
-	args := []string{"--cluster-addr", guestAddr[me] + ":7946", "--node-name", name, "--rdma-devices", "rxe0,rxe1:1",
+	args := []string{"--cluster-addr", guestAddr[me] + ":7946", "--node-name", name, "--rdma-devices", "rxe0,rxe1:1", "--rdma-qps-per-nic", "2",
 		"--cluster-key-file", filepath.Join(certs, "gossip.key"), "--tls-ca", filepath.Join(certs, "ca.pem"),
 		"--tls-cert", filepath.Join(certs, name+".pem"), "--tls-key", filepath.Join(certs, name+"-key.pem")}
 	if me == 1 {
@@ -130,7 +130,7 @@ func checkRoCEv2(t *testing.T, name string, me int, nics any) {
 	}
 }
 
-// checkLanes fails unless the connection this peer dialed has one lane per
+// checkLanes fails unless the connection this peer dialed has two lanes per
 // device, each to the same device on the member (the same link), up, at
 // the smaller end's MTU: the ends' MTUs differ, and a lane run at the
 // larger would lose every full-size packet the smaller end sends or gets.
@@ -142,15 +142,16 @@ func checkLanes(t *testing.T, p *proc, name string, me int) {
 	}
 	lanes, _ := line["lanes"].([]any)
 	want := min(guestMTU[0], guestMTU[1])
-	if len(lanes) != len(guestRXE) {
-		t.Fatalf("%s: lanes %v, want one per device %v", name, line["lanes"], guestRXE)
+	if len(lanes) != 2*len(guestRXE) {
+		t.Fatalf("%s: lanes %v, want two per device %v", name, line["lanes"], guestRXE)
 	}
 	for i, l := range lanes {
 		m, _ := l.(map[string]any)
 		mtu, _ := m["MTU"].(float64)
+		dev := guestRXE[i/2]
 		t.Logf("%s: lane %d %v → %v, path MTU %v (this end %d, the other %d)", name, i, m["NIC"], m["PeerNIC"], m["MTU"], guestMTU[me], guestMTU[1-me])
-		if m["NIC"] != guestRXE[i] || m["PeerNIC"] != guestRXE[i] || m["Up"] != true || int(mtu) != want {
-			t.Fatalf("%s: lane %d is %v, want %s to %s, up, at MTU %d", name, i, m, guestRXE[i], guestRXE[i], want)
+		if m["NIC"] != dev || m["PeerNIC"] != dev || m["Up"] != true || int(mtu) != want {
+			t.Fatalf("%s: lane %d is %v, want %s to %s, up, at MTU %d", name, i, m, dev, dev, want)
 		}
 	}
 }
