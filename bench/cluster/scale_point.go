@@ -22,6 +22,7 @@ import (
 type scalePoint struct {
 	hosts, pages int
 	remoteBytes  float64 // heap of the remote index per peer
+	filterBytes  float64 // of which members' filters (compact; orbitkv_cluster_summary_bytes of the first member)
 	idleBps      float64 // gossip bytes sent per second per peer, no page changes
 	churnBps     float64 // the same with churn
 	changeBytes  float64 // gossip bytes per page change per receiving member (churn less idle)
@@ -36,8 +37,8 @@ type scalePoint struct {
 }
 
 func (p scalePoint) String() string {
-	return fmt.Sprintf("%d hosts × %d pages: remote index %.1f MiB/peer, gossip idle %.1f KB/s, churn %.1f KB/s (%.1f B/change/receiver), reach p50 %v max %v, lookup p99 local %v remote %v again %v (%d/%d found), claims confirmed %.0f held %.0f false",
-		p.hosts, p.pages, p.remoteBytes/(1<<20), p.idleBps/1e3, p.churnBps/1e3, p.changeBytes, p.reachP50.Round(100*time.Microsecond),
+	return fmt.Sprintf("%d hosts × %d pages: remote index %.1f MiB/peer (filters %.3f), gossip idle %.1f KB/s, churn %.1f KB/s (%.1f B/change/receiver), reach p50 %v max %v, lookup p99 local %v remote %v again %v (%d/%d found), claims confirmed %.0f held %.0f false",
+		p.hosts, p.pages, p.remoteBytes/(1<<20), p.filterBytes/(1<<20), p.idleBps/1e3, p.churnBps/1e3, p.changeBytes, p.reachP50.Round(100*time.Microsecond),
 		p.reachMax.Round(100*time.Microsecond), p.localP99.Round(time.Microsecond), p.remoteP99.Round(time.Microsecond), p.againP99.Round(time.Microsecond), p.remoteFound, p.chain, p.claims[0], p.claims[1])
 }
 
@@ -222,6 +223,7 @@ func measurePoint(ctx context.Context, cfg ScaleConfig, sink *gossipCounter, hos
 		return pt, err
 	}
 	pt.remoteBytes = (heapAfterGC() - empty - float64(hosts)*local) / float64(hosts)
+	pt.filterBytes = gaugeValue(ms[0].reg, "orbitkv_cluster_summary_bytes")
 	if err := measureGossip(ctx, cfg, sink, ms, &pt); err != nil {
 		return pt, err
 	}
@@ -335,6 +337,20 @@ func measureLookups(cfg ScaleConfig, ms []*scaleMember, pt *scalePoint) {
 	after := claimCounts(a.reg)
 	pt.claims = [2]float64{after[0] - before[0], after[1] - before[1]}
 	pt.localP99, pt.remoteP99, pt.againP99 = p99(local), p99(first), p99(again)
+}
+
+// gaugeValue reads a gauge without labels from reg (0 when absent).
+func gaugeValue(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
 }
 
 // claimCounts reads orbitkv_cluster_summary_claims_total{result="held","false"}.

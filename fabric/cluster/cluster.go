@@ -333,7 +333,9 @@ func (c *Cluster) drainEarlyLocked(o *origin) {
 		o.applied++
 	}
 	if len(o.early) == 0 {
-		o.gapSince = time.Time{}
+		// nil, not empty: a map keeps the memory of its largest size, and a
+		// burst of holes may have grown it to maxEarly.
+		o.gapSince, o.early = time.Time{}, nil
 	}
 }
 
