@@ -290,3 +290,16 @@ func (s *Summaries) Claims(origin int, k pagekey.Key) bool {
 	defer s.mu.RUnlock()
 	return s.f[origin].Has(k)
 }
+
+// Len is how many origins published a filter.
+func (s *Summaries) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, f := range s.f {
+		if f != nil {
+			n++
+		}
+	}
+	return n
+}

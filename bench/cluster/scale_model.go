@@ -21,7 +21,8 @@ type scaleModel struct {
 	reachA, reachB   float64
 	maxA, maxB       float64
 	localP99, remote time.Duration
-	again            time.Duration
+	again, miss      time.Duration
+	missFalse        float64 // false claims asked per miss lookup (mean of the points)
 	falseRate        float64 // compact: false claims per confirmation
 }
 
@@ -53,6 +54,8 @@ func fitModel(pts []scalePoint) scaleModel {
 		m.perChange += p.changeBytes / float64(len(pts))
 		local, remote, again = local+p.localP99, remote+p.remoteP99, again+p.againP99
 		held, falseClaims = held+p.claims[0], falseClaims+p.claims[1]
+		m.miss += p.missP99 / time.Duration(len(pts))
+		m.missFalse += p.missFalse / float64(len(pts))
 	}
 	m.perEntry, m.perFilter = num/den, fnum/den
 	m.idleA, m.idleB = fitLine(xs, idle)
@@ -83,12 +86,12 @@ func printCurve(out io.Writer, cfg ScaleConfig, pts []scalePoint, m scaleModel) 
 	fmt.Fprintf(out, "\nmodel: remote index %.2f B/page (filters %.3f); gossip idle %.0f + %.1f B/s per member, %.2f B per change per member; reach p50 %.2f + %.3f ms per member\n",
 		m.perEntry, m.perFilter, m.idleA, m.idleB, m.perChange, m.reachA*1e3, m.reachB*1e3)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "hosts\tpages/host\tindex MiB/peer\tmodel\tfilters MiB\tgossip KB/s/peer\tmodel\treach p50 ms\tmodel\treach max ms\tmodel\tlookup p99 local µs\tremote µs\tagain µs\tclaims held/false\t")
+	fmt.Fprintln(w, "hosts\tpages/host\tindex MiB/peer\tmodel\tfilters MiB\tgossip KB/s/peer\tmodel\treach p50 ms\tmodel\treach max ms\tmodel\tlookup p99 local µs\tremote µs\tagain µs\tmiss µs\tclaims held/false\tfalse/miss\t")
 	for _, p := range pts {
 		p50, worst := m.reach(p.hosts)
-		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f/%.0f\t\n", p.hosts, p.pages,
+		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f/%.0f\t%.2f\t\n", p.hosts, p.pages,
 			p.remoteBytes/(1<<20), m.memory(p.hosts, p.pages)/(1<<20), p.filterBytes/(1<<20), p.churnBps/1e3, m.gossip(p.hosts, cfg.Churn)/1e3,
-			ms(p.reachP50), ms(p50), ms(p.reachMax), ms(worst), us(p.localP99), us(p.remoteP99), us(p.againP99), p.claims[0], p.claims[1])
+			ms(p.reachP50), ms(p50), ms(p.reachMax), ms(worst), us(p.localP99), us(p.remoteP99), us(p.againP99), us(p.missP99), p.claims[0], p.claims[1], p.missFalse)
 	}
 	w.Flush()
 	n, pg, churn := cfg.ModelHosts, cfg.ModelPages, cfg.ModelChurn
@@ -101,7 +104,8 @@ func printCurve(out io.Writer, cfg ScaleConfig, pts []scalePoint, m scaleModel) 
 	fmt.Fprintf(out, "  reach all      p50 %v, max %v\n", p50.Round(time.Millisecond), worst.Round(time.Millisecond))
 	fmt.Fprintf(out, "  lookup p99     local hit %v, remote extension %v, again %v (mean of the points)\n", m.localP99.Round(time.Microsecond),
 		m.remote.Round(time.Microsecond), m.again.Round(time.Microsecond))
-	fmt.Fprintf(out, "  false claims   %.1f%% of confirmations (each one Holds RPC, never a page)\n", 100*m.falseRate)
+	fmt.Fprintf(out, "  lookup p99     of pages nobody holds %v (mean of the points), %.2f false claims asked per such lookup\n", m.miss.Round(time.Microsecond), m.missFalse)
+	fmt.Fprintf(out, "  false claims   %.1f%% of confirmations of held chains (each one Holds RPC, never a page)\n", 100*m.falseRate)
 }
 
 func verdict(ok bool) string {

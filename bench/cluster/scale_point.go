@@ -32,14 +32,16 @@ type scalePoint struct {
 	remoteP99    time.Duration // extending a lookup with a chain another member holds
 	remoteFound  int           // pages of that chain the extension found
 	againP99     time.Duration // the same chains looked up again (compact: confirmed before, no question)
+	missP99      time.Duration // chains nobody holds (compact: false claims asked, at most minRun's bound)
+	missFalse    float64       // false claims asked per miss lookup
 	claims       [2]float64    // compact: claims confirmed held, false (one Holds each)
 	chain        int           // of the chain's pages
 }
 
 func (p scalePoint) String() string {
-	return fmt.Sprintf("%d hosts × %d pages: remote index %.1f MiB/peer (filters %.3f), gossip idle %.1f KB/s, churn %.1f KB/s (%.1f B/change/receiver), reach p50 %v max %v, lookup p99 local %v remote %v again %v (%d/%d found), claims confirmed %.0f held %.0f false",
+	return fmt.Sprintf("%d hosts × %d pages: remote index %.1f MiB/peer (filters %.3f), gossip idle %.1f KB/s, churn %.1f KB/s (%.1f B/change/receiver), reach p50 %v max %v, lookup p99 local %v remote %v again %v miss %v (%d/%d found), claims confirmed %.0f held %.0f false, %.2f false per miss",
 		p.hosts, p.pages, p.remoteBytes/(1<<20), p.filterBytes/(1<<20), p.idleBps/1e3, p.churnBps/1e3, p.changeBytes, p.reachP50.Round(100*time.Microsecond),
-		p.reachMax.Round(100*time.Microsecond), p.localP99.Round(time.Microsecond), p.remoteP99.Round(time.Microsecond), p.againP99.Round(time.Microsecond), p.remoteFound, p.chain, p.claims[0], p.claims[1])
+		p.reachMax.Round(100*time.Microsecond), p.localP99.Round(time.Microsecond), p.remoteP99.Round(time.Microsecond), p.againP99.Round(time.Microsecond), p.missP99.Round(time.Microsecond), p.remoteFound, p.chain, p.claims[0], p.claims[1], p.missFalse)
 }
 
 // benchLayout and benchPageBytes are every bench page's layout and size.
@@ -337,6 +339,18 @@ func measureLookups(cfg ScaleConfig, ms []*scaleMember, pt *scalePoint) {
 	after := claimCounts(a.reg)
 	pt.claims = [2]float64{after[0] - before[0], after[1] - before[1]}
 	pt.localP99, pt.remoteP99, pt.againP99 = p99(local), p99(first), p99(again)
+	miss := make([]time.Duration, min(cfg.Lookups, 500))
+	for i := range miss {
+		chain := make([]pagekey.Key, cfg.Chain)
+		for j := range chain {
+			rand.Read(chain[j][:])
+		}
+		t := time.Now()
+		a.c.Extend(chain, benchLayout, benchPageBytes)
+		miss[i] = time.Since(t)
+	}
+	pt.missP99 = p99(miss)
+	pt.missFalse = (claimCounts(a.reg)[1] - after[1]) / float64(len(miss))
 }
 
 // gaugeValue reads a gauge without labels from reg (0 when absent).

@@ -49,7 +49,26 @@ const (
 	refuteTTL    = 5 * time.Second // a denied claim is not asked again for this long
 	maxAsks      = 3               // confirmations one Extend asks at most
 	maxClaimers  = 8               // filter claimants a route confirms at most
+	// claimFalse is the chance a full filter claims an absent key
+	// (catalog.SummaryBitsPerPage; TestSummaryAgainstModel measures it).
+	claimFalse = 0.15
+	// maxFalseAsks bounds the false claims a lookup of pages nobody holds
+	// expects to ask (minRun).
+	maxFalseAsks = 0.5
 )
+
+// minRun is the shortest claimed run worth a question when members
+// publish filters that could claim it: the least j with
+// members × claimFalse^j ≤ maxFalseAsks (10 members: 2 pages, 60: 3,
+// 1,000: 5), so a lookup of pages nobody holds asks about half a question
+// on average. A shorter run held elsewhere is recomputed, not fetched.
+func minRun(members int) int {
+	j := 1
+	for e := float64(members) * claimFalse; e > maxFalseAsks && j < 16; e *= claimFalse {
+		j++
+	}
+	return j
+}
 
 func newIndex() *index {
 	return &index{exact: catalog.NewRemote(), confirmed: map[pagekey.Key]catalog.RemotePage{}, refuted: map[refutation]time.Time{}}
@@ -126,11 +145,14 @@ func (x *index) Count(origin int) int {
 func (x *index) Summarized() int { return x.sums.Bytes() }
 
 // Leading returns every origin's leading run of keys: announced, or claimed
-// by its filter (at most maxClaimers claimants, the longest claims; claims
-// refuted lately left out). Route confirms each.
+// by its filter (at most maxClaimers claimants, the longest claims, none
+// shorter than minRun unless it covers keys; claims refuted lately left
+// out). Route confirms each.
 func (x *index) Leading(keys []pagekey.Key) []catalog.Held {
 	out := x.exact.Leading(keys)
 	claims := x.sums.Leading(keys, x.isRefuted)
+	least := min(len(keys), minRun(x.sums.Len()))
+	claims = slices.DeleteFunc(claims, func(h catalog.Held) bool { return h.Pages < least })
 	sortClaims(claims)
 	return append(out, claims[:min(len(claims), maxClaimers)]...)
 }
@@ -151,7 +173,10 @@ func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint
 			continue
 		}
 		claims := x.sums.Leading(rest, x.isRefuted)
-		claims = slices.DeleteFunc(claims, func(h catalog.Held) bool { return usable != nil && !usable(h.Origin) })
+		least := min(len(rest), minRun(x.sums.Len()))
+		claims = slices.DeleteFunc(claims, func(h catalog.Held) bool {
+			return h.Pages < least || usable != nil && !usable(h.Origin)
+		})
 		sortClaims(claims)
 		got, origin := 0, -1
 		for _, cl := range claims {

@@ -250,3 +250,11 @@ func TestCompactCatalogMembers(t *testing.T) {
 		t.Fatalf("a refuted page names a holder: %+v", p)
 	}
 }
+
+func TestMinRun(t *testing.T) {
+	for members, want := range map[int]int{0: 1, 3: 1, 10: 2, 60: 3, 127: 3, 1000: 5} {
+		if got := minRun(members); got != want {
+			t.Errorf("minRun(%d) = %d, want %d", members, got, want)
+		}
+	}
+}
