@@ -54,16 +54,26 @@ type pdEnv struct {
 	rng        *mrand.Rand
 }
 
-func TestPDHandoffThreeHosts(t *testing.T) {
+func TestPDHandoffThreeHosts(t *testing.T) { testPDHandoff(t) }
+
+// TestPDHandoffThreeHostsCompact is the same with every peer publishing a
+// compact catalog (docs/cluster.md, "Scaling the catalog"): the decode
+// peer finds the prefill's pages through host-a's filter, confirmed by
+// Holds, and fetches them; a killed member's pages leave the lookups; the
+// faults (a partition, a drop, a kill) end as before.
+func TestPDHandoffThreeHostsCompact(t *testing.T) { testPDHandoff(t, "--cluster-compact-catalog") }
+
+// testPDHandoff runs the P/D suite with extra flags for every peer.
+func testPDHandoff(t *testing.T, extra ...string) {
 	py := refPython(t)
 	l := threeHosts(t, 3)
 	stop := time.AfterFunc(pdBudget+30*time.Second, func() {
-		panic("TestPDHandoffThreeHosts outlived its budget: some wait has no deadline")
+		panic(t.Name() + " outlived its budget: some wait has no deadline")
 	})
 	defer stop.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), pdBudget)
 	defer cancel()
-	env := startPD(t, py, l)
+	env := startPD(t, py, l, extra...)
 	env.saveOtherPages(t, ctx)
 
 	t.Run("handoff", func(t *testing.T) { env.cleanHandoffs(t, ctx) })
@@ -74,8 +84,9 @@ func TestPDHandoffThreeHosts(t *testing.T) {
 	t.Run("faults", func(t *testing.T) { env.faultedHandoffs(t, ctx) })
 }
 
-// startPD starts the three peers, the two engines and the reference.
-func startPD(t *testing.T, py string, l *lan) *pdEnv {
+// startPD starts the three peers (with flags added), the two engines and
+// the reference.
+func startPD(t *testing.T, py string, l *lan, flags ...string) *pdEnv {
 	env := &pdEnv{lan: l, refOut: map[string][]int{}, rng: mrand.New(mrand.NewPCG(14, 1)), top: t}
 	for i, h := range l.hosts {
 		env.dirs[i] = t.TempDir()
@@ -84,6 +95,7 @@ func startPD(t *testing.T, py string, l *lan) *pdEnv {
 		if i > 0 {
 			env.args[i] = append(env.args[i], "--cluster-join", l.hosts[0].addr+":7946")
 		}
+		env.args[i] = append(env.args[i], flags...)
 		env.peers[i] = startPeerIn(t, h.ns, env.dirs[i], env.args[i]...)
 	}
 	env.waitMembers(t, 3)
