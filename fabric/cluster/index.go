@@ -44,8 +44,8 @@ type refutation struct {
 }
 
 const (
-	maxConfirmed = 1 << 16         // confirmed pages kept (all forgotten when full)
-	maxRefuted   = 1 << 16         // refuted claims kept (all forgotten when full)
+	maxConfirmed = 1 << 14         // confirmed pages kept (all forgotten when full): 1-2 MiB
+	maxRefuted   = 1 << 14         // refuted claims kept (all forgotten when full): 1-2 MiB
 	refuteTTL    = 5 * time.Second // a denied claim is not asked again for this long
 	maxAsks      = 3               // confirmations one Extend asks at most
 	maxClaimers  = 8               // filter claimants a route confirms at most
