@@ -254,7 +254,7 @@ func printStreams(out io.Writer, cells []cell) {
 				continue
 			}
 			if !header {
-				fmt.Fprintln(out, "stream: a plain TCP stream per round beside the fetch's, the serve side writing one page again and again; no header, no check: what the link moves into that memory")
+				fmt.Fprintln(out, "streams per cell: into the destination (the bar: the cell's pages in turn, same source and destination memory as the fetch), into one buffer (one chunk again and again, both ends in the caches, as iperf3)")
 				header = true
 			}
 			m := benchutil.Median(r.rates)
