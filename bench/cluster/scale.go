@@ -35,6 +35,9 @@ type ScaleConfig struct {
 	Chain      int           // pages per lookup chain
 	Timeout    time.Duration // a point's cluster must form and converge by then
 	Compact    bool          // members publish compact summaries (fabric/cluster Config.CompactCatalog)
+	// HeapProfile, when set, is where each point's heap profile goes
+	// (PATH.HOSTSxPAGES), taken when the remote index is measured.
+	HeapProfile string
 	// The model's point: hosts, pages per host, churn (changes/s/host).
 	ModelHosts, ModelPages, ModelChurn int
 }
@@ -136,6 +139,7 @@ func (c *ScaleConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Probes, "scale-probes", c.Probes, "announcements timed until every member has them")
 	fs.IntVar(&c.Lookups, "scale-lookups", c.Lookups, "lookups timed per kind")
 	fs.DurationVar(&c.Timeout, "scale-timeout", c.Timeout, "a point's cluster must form and converge by then")
+	fs.StringVar(&c.HeapProfile, "scale-heap-profile", c.HeapProfile, "write each point's heap profile to PATH.HOSTSxPAGES when its index is measured")
 	fs.BoolVar(&c.Compact, "scale-compact", c.Compact, "members publish compact summaries (--cluster-compact-catalog)")
 	fs.IntVar(&c.ModelHosts, "model-hosts", c.ModelHosts, "the model's cluster size")
 	fs.IntVar(&c.ModelPages, "model-pages", c.ModelPages, "the model's pages per host")

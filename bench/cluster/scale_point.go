@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -225,6 +227,11 @@ func measurePoint(ctx context.Context, cfg ScaleConfig, sink *gossipCounter, hos
 		return pt, err
 	}
 	pt.remoteBytes = (heapAfterGC() - empty - float64(hosts)*local) / float64(hosts)
+	if cfg.HeapProfile != "" {
+		if err := writeHeapProfile(fmt.Sprintf("%s.%dx%d", cfg.HeapProfile, hosts, pages)); err != nil {
+			return pt, err
+		}
+	}
 	pt.filterBytes = gaugeValue(ms[0].reg, "orbitkv_cluster_summary_bytes")
 	if err := measureGossip(ctx, cfg, sink, ms, &pt); err != nil {
 		return pt, err
@@ -395,4 +402,14 @@ func claimCounts(reg *prometheus.Registry) [2]float64 {
 func p99(ds []time.Duration) time.Duration {
 	slices.Sort(ds)
 	return ds[len(ds)*99/100]
+}
+
+// writeHeapProfile writes the heap's live objects to path (pprof format).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return pprof.Lookup("heap").WriteTo(f, 0)
 }
