@@ -21,7 +21,7 @@ VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 SGLANG0523_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.23
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache test-soak test-rdma deps bench bench-sglang crash soak proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache test-soak test-scripts test-rdma deps bench bench-sglang crash soak proto vet fmt clean
 
 all: build
 
@@ -41,7 +41,7 @@ deps:
 	./scripts/install-mooncake.sh
 	cd deploy && $(GO) mod download
 
-test: deps build vet test-go test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache
+test: deps build vet test-go test-scripts test-rdma test-soak test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache
 
 vet:
 	$(GO) vet $(LDFLAGS) ./...
@@ -57,6 +57,11 @@ test-go:
 # peers loading each other's pages by RDMA READ across both. Skips without qemu, saying so;
 # ORBITKV_REQUIRE=rdma makes that a failure. Logs in RXE_OUT.
 RXE_OUT ?= /tmp/orbitkv-rxe
+# The GPU machine's scripts (scripts/gpu/) share lib.sh: its carry, unpack, stop and wait
+# steps, tested here without a GPU.
+test-scripts:
+	bash scripts/gpu/lib_test.sh
+
 test-rdma:
 	ORBITKV_RXE_OUT=$(RXE_OUT) GO=$(GO) ./scripts/rdma/run.sh
 

@@ -27,12 +27,12 @@
 # Binaries come prebuilt (cgo, dlopen'd libcuda) in out/: orbitkv (or orbitkv.xz), fabric.test, cuda.test, transfer.test.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
+. "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/orbitkv-gpu-out}
 mkdir -p "$O"
 ROOT=$(pwd)
 S=$O/summary.txt
-say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 PEER_PID=""
 ENGINE_PID=""
 stop_all() {
@@ -349,9 +349,7 @@ invariant() { # issue 11: the batch-invariant GPU mode (exact attention, 64-toke
 	(cd "$O" && tar czf runs.tgz runs && rm -rf runs)
 }
 
-if [ -f out/orbitkv.xz ] && [ ! -x out/orbitkv ]; then # carried compressed
-	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz out/orbitkv && chmod +x out/orbitkv
-fi
+unxz_bins orbitkv # carried compressed
 case ${1:-check} in
 check) check ;;
 invariant) invariant ;;

@@ -44,6 +44,7 @@
 # below, as scripts/gpu/vllm.sh does. Every step has its own timeout; logs land in $OUT (at
 # most 8 files come back: summary.txt, pd_*.json, peer.log, engines.log).
 set -u
+. "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 CPU=${CPU:-0}
 O=${OUT:-/tmp/orbitkv-pd-out}
@@ -52,25 +53,17 @@ ROOT=$(pwd)
 S=$O/summary.txt
 PY=$ROOT/integration/python
 PYTHON=${PYTHON:-python3} # the refengine's and the probe's interpreter (vLLM runs under python3)
-say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 PIDS=() # process groups started here (setsid), stopped in reverse order
 PEER_METRICS=""
 
 stop_all() { # the engines first, the peer last (an engine closes its session on the way out)
-	local i p
-	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-		p=${PIDS[i]}
-		kill -- -"$p" 2>/dev/null || continue
-		for _ in $(seq 100); do kill -0 -- -"$p" 2>/dev/null || break; sleep 0.2; done
-		kill -9 -- -"$p" 2>/dev/null
-	done
+	local i
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_groups "${PIDS[i]}"; done
 	PIDS=()
 }
 trap stop_all EXIT
 
-if [ -f out/orbitkv.xz ] && [ ! -x out/orbitkv ]; then
-	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz out/orbitkv && chmod +x out/orbitkv
-fi
+unxz_bins orbitkv
 BIN=out/orbitkv
 [ -x "$BIN" ] || BIN=${ORBITKV_BIN:-bin/orbitkv}
 if [ "$CPU" = 1 ]; then

@@ -46,39 +46,31 @@
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back: summary.txt,
 # sglang-tail.log, peer.log, bench.log, imports.txt, report.txt, runs.tgz).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. "$(dirname "$0")/lib.sh"
+gpu_env
 O=${OUT:-/tmp/orbitkv-gpu-out}
 K=${OKV_DIR:-/root/okv} # OKV_DIR: only for a dry run of the carry steps off the GPU machine
 SGL=$K/sgl
 RUNS=$K/sgl-runs
 ROOT=$(pwd)
 S=$O/summary.txt
-say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 MODEL=$ROOT/integration/models/qwen3-8b
 PORT=8000
 HOST_GB=${HOST_GB:-4}
 ENGINE_PID="" PEER_PID=""
 BIN=out/orbitkv
 
-stop_all() {
-	[ -n "$ENGINE_PID" ] && kill -- -"$ENGINE_PID" 2>/dev/null
-	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null
-	for _ in $(seq 100); do
-		{ [ -z "$ENGINE_PID" ] || ! kill -0 -- -"$ENGINE_PID" 2>/dev/null; } && { [ -z "$PEER_PID" ] || ! kill -0 "$PEER_PID" 2>/dev/null; } && break
-		sleep 0.2
-	done
-	[ -n "$ENGINE_PID" ] && kill -9 -- -"$ENGINE_PID" 2>/dev/null
-	[ -n "$PEER_PID" ] && kill -9 "$PEER_PID" 2>/dev/null
+stop_all() { # the server's process group (its scheduler and detokenizer are children), then the peer
+	stop_groups $ENGINE_PID
+	[ -n "$PEER_PID" ] && stop_groups "$PEER_PID"
 	ENGINE_PID="" PEER_PID=""
-	# SGLang's scheduler and detokenizer are children of the server's process group; wait until
-	# the GPU is free before the next start.
-	for _ in $(seq 100); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || break; sleep 0.2; done
+	wait_gpu_free
 }
 trap stop_all EXIT
 
 carry() { # NN: move one carried part out of the repository folder (laid anew at every call)
-	mv .gpucarry/sglang-site.part"$1" "$K/" && cp .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts "$K/" || return 1
-	say "carried part $1: $(nparts) of $(cat "$K/sglang-site.parts") part(s) under $K"
+	carry_part sglang-site "$1" "$K" && cp .gpucarry/sglang-site.parts "$K/" || return 1
+	say "$(nparts) of $(cat "$K/sglang-site.parts") sglang part(s) under $K"
 }
 
 nparts() { ls "$K" | grep -c '^sglang-site\.part[0-9][0-9]$'; } # not sglang-site.parts, the count file
@@ -88,17 +80,7 @@ complete() { [ -d "$SGL/sglang" ] || [ "$(nparts)" = "$(cat "$K/sglang-site.part
 unpack() {
 	[ -d "$SGL/sglang" ] && { say "sglang site already unpacked"; return 0; }
 	[ -d "$K/site/vllm" ] || { say "no vLLM site at $K/site: run scripts/gpu/vllm.sh carry1 and carry2 first"; return 1; }
-	cat "$K"/sglang-site.part[0-9][0-9] >"$K/sglang-site.tar.xz" && rm -f "$K"/sglang-site.part[0-9][0-9]
-	local ok
-	ok=$(cd "$K" && sha256sum -c sglang-site.sha256 2>&1)
-	local rc=$?
-	echo "$ok" | tee -a "$S"
-	[ $rc -eq 0 ] || { say "bundle checksum FAILED: carry the parts again"; rm -f "$K/sglang-site.tar.xz"; return 1; }
-	mkdir -p "$SGL.tmp" && timeout 300 python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/sglang-site.tar.xz" "$SGL.tmp" ||
-		{ say "unpack FAILED"; rm -rf "$SGL.tmp"; return 1; }
-	# renamed only when whole: a half-unpacked site is never taken for a finished one
-	mv "$SGL.tmp" "$SGL" && rm -f "$K/sglang-site.tar.xz"
-	say "unpacked: $(du -sm "$SGL" | cut -f1) MiB"
+	unpack_bundle sglang-site "$K" "$SGL"
 }
 
 # The environment every SGLang process gets (an array, not a function: timeout runs programs)
@@ -135,12 +117,9 @@ start_peer() { # CONFIG: dram | ssd
 	# PEER_FLAGS (e.g. --ssd-readmit-all) go to every peer and label the runs (peer_flags=...)
 	"$BIN" serve --data-dir "$dir" --cuda off --metrics-addr 127.0.0.1:9464 --query-budget-bytes 2GiB "${tier[@]}" ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
 	PEER_PID=$!
-	for _ in $(seq 900); do
-		[ -S "$dir/orbitkv.sock" ] && return 0
-		kill -0 $PEER_PID 2>/dev/null || { say "peer $1 died at start"; tail -5 "$O/peer.log" | tee -a "$S"; return 1; }
-		sleep 0.1
-	done
-	say "peer $1 not serving after 90 s"
+	wait_socket "$dir/orbitkv.sock" "$PEER_PID" 900 && return 0
+	say "peer $1 not serving (ended, or not within 90 s)"
+	tail -5 "$O/peer.log" | tee -a "$S"
 	return 1
 }
 

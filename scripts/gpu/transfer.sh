@@ -23,11 +23,11 @@
 # GOMAXPROCS, if set, reaches both sides (they inherit it; the header line prints the client's).
 # Every cell also prints each side's cores and core-seconds per GB beside iperf3's ("cpu" lines).
 set -u
+. "$(dirname "$0")/lib.sh"
 O=${OUT:-/tmp/orbitkv-gpu-out}
 mkdir -p "$O"
 S=$O/summary.txt
-say() { echo "== $(date +%T) $*" | tee -a "$S"; }
-[ -x out/orbitkv ] || xz -dk out/orbitkv.xz || { say "no out/orbitkv"; exit 1; }
+unxz_bins orbitkv && [ -x out/orbitkv ] || { say "no out/orbitkv"; exit 1; }
 B=$(mktemp -d /tmp/okv-netbin.XXXX)
 for t in iperf3 ip; do command -v "$t" >/dev/null || { cp out/netbin/"$t" "$B/"; say "$t: carried (Debian 12)"; }; done
 export PATH=$PATH:$B LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(pwd)/out/netbin/lib

@@ -31,19 +31,15 @@
 # Every step has its own timeout; logs land in $OUT: summary.txt, tests.txt, bench.txt and pd.sh's
 # pd_ref_dram-*.json, pd_ref_stage-*.json, peer.log, engines.log (7 files of the 8 that come back).
 set -u
+. "$(dirname "$0")/lib.sh"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 O=${OUT:-/tmp/orbitkv-2gpu-out}
 mkdir -p "$O"
 S=$O/summary.txt
 T=$O/tests.txt
 B=$O/bench.txt
-say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 
-for b in orbitkv cuda.test fabric.test; do
-	if [ -f "out/$b.xz" ] && [ ! -x "out/$b" ]; then
-		python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" "out/$b.xz" "out/$b" && chmod +x "out/$b"
-	fi
-done
+unxz_bins orbitkv cuda.test fabric.test
 
 GPUS=1
 [ "${CPU:-0}" = 1 ] || GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)

@@ -40,7 +40,8 @@
 # --ssd-no-readmit) are added to every peer's flags, labelled peer_flags=... when set.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+. "$(dirname "$0")/lib.sh"
+gpu_env
 O=${OUT:-/tmp/orbitkv-gpu-out}
 K=/root/okv
 SITE=$K/site
@@ -48,39 +49,19 @@ RUNS=$K/runs
 mkdir -p "$O" "$K" "$RUNS"
 ROOT=$(pwd)
 S=$O/summary.txt
-say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 MODEL=$ROOT/integration/models/qwen3-8b
 VLLM_PID="" PEER_PID="" CFG_FLAGS="" EXTRA_PIDS=""
 PORT=8000 # the port bench serving sends to; engines of the two-engine mode listen on 8001 and 8002
 
-stop_all() {
-	for p in $EXTRA_PIDS; do kill -- -"$p" 2>/dev/null; kill "$p" 2>/dev/null; done
-	for _ in $(seq 100); do
-		local alive=0
-		for p in $EXTRA_PIDS; do kill -0 "$p" 2>/dev/null && alive=1; done
-		[ $alive = 0 ] && break
-		sleep 0.2
-	done
-	for p in $EXTRA_PIDS; do kill -9 -- -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
-	EXTRA_PIDS=""
-	[ -n "$VLLM_PID" ] && kill -- -"$VLLM_PID" 2>/dev/null
-	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null
-	for _ in $(seq 100); do
-		{ [ -z "$VLLM_PID" ] || ! kill -0 -- -"$VLLM_PID" 2>/dev/null; } && { [ -z "$PEER_PID" ] || ! kill -0 "$PEER_PID" 2>/dev/null; } && break
-		sleep 0.2
-	done
-	[ -n "$VLLM_PID" ] && kill -9 -- -"$VLLM_PID" 2>/dev/null
-	[ -n "$PEER_PID" ] && kill -9 "$PEER_PID" 2>/dev/null
-	VLLM_PID="" PEER_PID=""
-	# vLLM's EngineCore can outlive its API server for a moment: wait for the GPU to be free.
-	for _ in $(seq 50); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || break; sleep 0.2; done
+stop_all() { # the engines (process groups) and the proxy first, the peer last
+	stop_groups $EXTRA_PIDS $VLLM_PID
+	[ -n "$PEER_PID" ] && stop_groups "$PEER_PID"
+	EXTRA_PIDS="" VLLM_PID="" PEER_PID=""
+	wait_gpu_free # vLLM's EngineCore can outlive its API server for a moment
 }
 trap stop_all EXIT
 
-carry() { # PART: move one carried part out of the repository folder (laid anew at every call)
-	mv .gpucarry/vllm-site.part"$1" "$K/" && cp .gpucarry/vllm-site.sha256 "$K/" || { say "part $1 not carried"; return 1; }
-	say "carried part $1: $(ls -l "$K" | grep -c part) part(s) under $K"
-}
+carry() { carry_part vllm-site "$1" "$K"; } # PART: move one carried part out of the repository folder
 
 lmcache_unpack() { # LMCache 0.5.6 and the packages it needs beyond vLLM's (scripts/gpu/lmcache-bundle.sh)
 	[ -d "$K/lmcache-site/lmcache" ] && return 0
@@ -90,13 +71,7 @@ lmcache_unpack() { # LMCache 0.5.6 and the packages it needs beyond vLLM's (scri
 }
 
 unpack() {
-	[ -d "$SITE/vllm" ] && { say "site already unpacked"; return 0; }
-	cat "$K"/vllm-site.part* >"$K/vllm-site.tar.xz" && rm -f "$K"/vllm-site.part*
-	(cd "$K" && sha256sum -c vllm-site.sha256) >"$K/sha.out" 2>&1; local rc=$?
-	tee -a "$S" <"$K/sha.out"
-	[ $rc -eq 0 ] || { say "bundle checksum FAILED"; return 1; }
-	mkdir -p "$SITE" && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$K/vllm-site.tar.xz" "$SITE" &&
-		rm -f "$K/vllm-site.tar.xz"
+	unpack_bundle vllm-site "$K" "$SITE" || return 1
 	PYTHONPATH=$SITE python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1 | tee -a "$S"
 }
 
@@ -107,12 +82,9 @@ start_peer() { # CONFIG: dram | ssd
 	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
 	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes "${QUERY_BUDGET:-2GiB}" "${tier[@]}" ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
 	PEER_PID=$!
-	for _ in $(seq 900); do
-		[ -S "$dir/orbitkv.sock" ] && return 0
-		kill -0 $PEER_PID 2>/dev/null || { say "peer $1 died at start"; tail -5 "$O/peer.log" | tee -a "$S"; return 1; }
-		sleep 0.1
-	done
-	say "peer $1 not serving after 90 s"
+	wait_socket "$dir/orbitkv.sock" "$PEER_PID" 900 && return 0
+	say "peer $1 not serving (ended, or not within 90 s)"
+	tail -5 "$O/peer.log" | tee -a "$S"
 	return 1
 }
 
@@ -150,11 +122,7 @@ start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | d
 		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${own[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
 	VLLM_PID=$!
 	local t0=$SECONDS
-	for _ in $(seq 1500); do
-		curl -sf -o /dev/null 127.0.0.1:"$port"/health && { say "vllm $cfg :$port up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
-		kill -0 $VLLM_PID 2>/dev/null || break
-		sleep 0.2
-	done
+	wait_http "127.0.0.1:$port/health" "$VLLM_PID" 1500 && { say "vllm $cfg :$port up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
 	say "vllm $cfg failed to start"
 	grep -E "Error|error|Traceback" "$O/vllm.log" | tail -12 | tee -a "$S"
 	return 1
@@ -264,9 +232,7 @@ report() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee -a "$S"
-if [ -f out/orbitkv.xz ]; then # carried compressed (the call's 64 MiB hold a bundle part too)
-	python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" out/orbitkv.xz out/orbitkv && chmod +x out/orbitkv
-fi
+unxz_bins orbitkv
 # vLLM's default kernels are not batch invariant: label those runs non-deterministic (bench report
 # then says so); checked after the unpack above, or the first call with out/orbitkv.xz misses the flag
 DET=()

@@ -1,0 +1,93 @@
+# scripts/gpu/lib.sh: what the GPU-machine scripts share (sourced, never run): the summary log,
+# the carried binaries, carried bundles in parts, process groups stopped with a deadline, waits
+# for a socket or an HTTP endpoint. Tested off the GPU by scripts/gpu/lib_test.sh (make test).
+#
+# A script sets O (its output folder, $OUT on the device machine) and S (the summary file) first.
+
+# gpu_env: the environment every GPU script runs under (no NVLink multicast: the device README).
+gpu_env() {
+	export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+}
+
+# say MESSAGE...: a timestamped line to the terminal and the summary.
+say() { echo "== $(date +%T) $*" | tee -a "$S"; }
+
+# unxz_bins NAME...: out/NAME from a carried out/NAME.xz (a call's 64 MiB hold bundle parts too),
+# where out/NAME is absent or older than its .xz.
+unxz_bins() {
+	local b
+	for b in "$@"; do
+		[ -f "out/$b.xz" ] || continue
+		[ -x "out/$b" ] && [ "out/$b" -nt "out/$b.xz" ] && continue
+		python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" "out/$b.xz" "out/$b" &&
+			chmod +x "out/$b" || { say "out/$b.xz: cannot unpack"; return 1; }
+	done
+}
+
+# stop_groups PID...: TERM each process group (setsid leaders; a plain process too), wait up to
+# STOP_TENTHS tenths of a second (default 200) for all to end, then KILL what is left.
+stop_groups() {
+	local p alive
+	for p in "$@"; do kill -- -"$p" 2>/dev/null || kill "$p" 2>/dev/null; done
+	for _ in $(seq "${STOP_TENTHS:-200}"); do
+		alive=0
+		for p in "$@"; do { kill -0 -- -"$p" 2>/dev/null || kill -0 "$p" 2>/dev/null; } && alive=1; done
+		[ $alive = 0 ] && return 0
+		sleep 0.1
+	done
+	for p in "$@"; do kill -9 -- -"$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+	return 0
+}
+
+# wait_gpu_free: until no process holds the GPU (an engine's children can outlive its leader), 10 s at most.
+wait_gpu_free() {
+	command -v nvidia-smi >/dev/null || return 0
+	for _ in $(seq 50); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || return 0; sleep 0.2; done
+}
+
+# wait_socket PATH PID TENTHS: 0 once PATH is a socket; 1 if PID ends first or TENTHS pass.
+wait_socket() {
+	for _ in $(seq "$3"); do
+		[ -S "$1" ] && return 0
+		kill -0 "$2" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+# wait_http URL PID FIFTHS: 0 once URL answers 2xx; 1 if PID ends first or FIFTHS fifths of a second pass.
+wait_http() {
+	for _ in $(seq "$3"); do
+		curl -sf -o /dev/null --max-time 2 "$1" && return 0
+		kill -0 "$2" 2>/dev/null || return 1
+		sleep 0.2
+	done
+	return 1
+}
+
+# carry_part NAME NN DIR: move .gpucarry/NAME.partNN (laid anew in the repository at every call)
+# to DIR, where it outlives the call while the machine stays warm, with NAME.sha256 beside it.
+carry_part() {
+	local name=$1 nn=$2 dir=$3
+	mkdir -p "$dir" && mv ".gpucarry/$name.part$nn" "$dir/" && cp ".gpucarry/$name.sha256" "$dir/" ||
+		{ say "$name part $nn not carried"; return 1; }
+	say "carried $name part $nn: $(ls "$dir" | grep -c "^$name\.part[0-9][0-9]$") part(s) under $dir"
+}
+
+# unpack_bundle NAME DIR DEST: join DIR/NAME.partNN into NAME.tar.xz, check it against
+# NAME.sha256, unpack it into DEST. DEST appears only whole (unpacked beside it, then renamed);
+# on a failed check the parts are gone and must be carried again.
+unpack_bundle() {
+	local name=$1 dir=$2 dest=$3 rc
+	[ -d "$dest" ] && { say "$name already unpacked"; return 0; }
+	cat "$dir/$name".part[0-9][0-9] >"$dir/$name.tar.xz" && rm -f "$dir/$name".part[0-9][0-9]
+	(cd "$dir" && sha256sum -c "$name.sha256") >"$dir/$name.sha.out" 2>&1
+	rc=$?
+	tee -a "$S" <"$dir/$name.sha.out"
+	[ $rc -eq 0 ] || { say "$name: bundle checksum FAILED: carry the parts again"; rm -f "$dir/$name.tar.xz"; return 1; }
+	rm -rf "$dest.tmp" && mkdir -p "$dest.tmp" &&
+		timeout 600 python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" "$dir/$name.tar.xz" "$dest.tmp" ||
+		{ say "$name: unpack FAILED"; rm -rf "$dest.tmp"; return 1; }
+	mv "$dest.tmp" "$dest" && rm -f "$dir/$name.tar.xz"
+	say "$name unpacked: $(du -sm "$dest" | cut -f1) MiB"
+}

@@ -1,0 +1,84 @@
+#!/bin/bash
+# Tests of scripts/gpu/lib.sh off the GPU machine (make test-scripts): every GPU script parses; a
+# bundle carried in parts unpacks byte for byte and a corrupted part is refused; carried binaries
+# unpack; a process group that ignores TERM is stopped; the socket and HTTP waits end when what
+# they wait for appears or their process ends.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+W=$(mktemp -d /tmp/okv-gpulib.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+O=$W/out S=$W/summary.txt
+. scripts/gpu/lib.sh
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+
+for f in scripts/gpu/*.sh; do bash -n "$f" && ok "parses: $f" || bad "does not parse: $f"; done
+
+# A bundle in two parts, carried one call at a time, then joined, checked and unpacked.
+mkdir -p "$W/repo/.gpucarry" "$W/src/pkg" && cd "$W/repo"
+head -c 300000 /dev/urandom >"$W/src/pkg/data.bin"
+tar -C "$W/src" -cJf "$W/b.tar.xz" pkg && split -b 200000 -d -a 2 "$W/b.tar.xz" .gpucarry/b.part
+(cd "$W" && sha256sum b.tar.xz) >.gpucarry/b.sha256
+cp .gpucarry/b.part01 "$W/part01.copy"
+carry_part b 00 "$W/k" && carry_part b 01 "$W/k" || bad "carry_part"
+[ ! -e .gpucarry/b.part00 ] && [ -f "$W/k/b.part00" ] && ok "a carried part leaves the repository" || bad "part not moved"
+unpack_bundle b "$W/k" "$W/k/site" && cmp -s "$W/src/pkg/data.bin" "$W/k/site/pkg/data.bin" &&
+	ok "the bundle unpacks byte for byte" || bad "unpacked bytes differ"
+ls "$W/k" | grep -q 'part\|tar.xz' && bad "parts or the joined archive left behind" || ok "parts and archive removed"
+unpack_bundle b "$W/k" "$W/k/site" && ok "a second unpack finds the site and does nothing" || bad "second unpack"
+
+cp "$W/k/b.sha256" .gpucarry/ && head -c 200000 "$W/b.tar.xz" >.gpucarry/b.part00 && cp "$W/part01.copy" .gpucarry/b.part01
+printf '\x00' | dd of=.gpucarry/b.part01 bs=1 seek=100 conv=notrunc status=none
+carry_part b 00 "$W/k2" >/dev/null && carry_part b 01 "$W/k2" >/dev/null
+if unpack_bundle b "$W/k2" "$W/k2/site" >/dev/null; then bad "a corrupted part was unpacked"; else
+	[ ! -e "$W/k2/site" ] && [ ! -e "$W/k2/site.tmp" ] && ok "a corrupted part is refused, no site made" || bad "site left after a refusal"
+fi
+grep -q "checksum FAILED" "$S" && ok "the refusal is in the summary" || bad "no refusal line"
+
+# Carried binaries.
+mkdir -p out && printf '#!/bin/sh\necho carried\n' >out/tool && xz -f out/tool
+unxz_bins tool && [ "$(out/tool)" = carried ] && ok "a carried binary unpacks and runs" || bad "unxz_bins"
+echo 'echo stale' >>out/tool && touch out/tool && unxz_bins tool && [ "$(out/tool | tail -1)" = stale ] &&
+	ok "a binary newer than its .xz is kept" || bad "unxz_bins overwrote a newer binary"
+cd "$ROOT"
+
+# A process group whose leader ignores TERM, and a child of it, are stopped.
+setsid bash -c 'trap "" TERM; sleep 300 & wait' &
+g=$!
+for _ in $(seq 50); do pgrep -g "$g" sleep >/dev/null && break; sleep 0.1; done
+child=$(pgrep -g "$g" sleep)
+STOP_TENTHS=5 stop_groups "$g"
+sleep 0.2
+! kill -0 "$g" 2>/dev/null && ! kill -0 "$child" 2>/dev/null && ok "stop_groups ends a group that ignores TERM" ||
+	bad "group $g still alive"
+sleep 300 &
+p=$!
+for _ in $(seq 50); do grep -q sleep "/proc/$p/cmdline" 2>/dev/null && break; sleep 0.1; done # exec'd: a TERM before it can be lost
+stop_groups "$p" && ! kill -0 "$p" 2>/dev/null && ok "stop_groups ends a plain process" || bad "plain process alive"
+
+# Waits: for a socket that appears, for a process that ends first, for an HTTP endpoint.
+python3 -c 'import socket,sys,time; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(); time.sleep(30)' "$W/s.sock" &
+p=$!
+wait_socket "$W/s.sock" "$p" 600 && ok "wait_socket sees the socket" || bad "wait_socket missed the socket"
+kill "$p"
+sh -c 'exit 0' &
+p=$!
+wait_socket "$W/never.sock" "$p" 600 && bad "wait_socket said yes to a socket that never came" || ok "wait_socket ends with its process"
+python3 -c '
+import http.server, socketserver
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self): self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+with socketserver.TCPServer(("127.0.0.1", 0), H) as s:
+    open("'"$W"'/port", "w").write(str(s.server_address[1])); s.serve_forever()' &
+p=$!
+for _ in $(seq 100); do [ -s "$W/port" ] && break; sleep 0.1; done
+wait_http "127.0.0.1:$(cat "$W/port")/health" "$p" 100 && ok "wait_http sees the endpoint" || bad "wait_http missed the endpoint"
+kill "$p"
+wait "$p" 2>/dev/null
+wait_http "127.0.0.1:$(cat "$W/port")/health" "$p" 100 && bad "wait_http said yes after the server ended" || ok "wait_http ends with its process"
+
+[ $fails -eq 0 ] && echo "scripts/gpu/lib.sh: all passed" || echo "scripts/gpu/lib.sh: $fails failed"
+exit $((fails > 0))
