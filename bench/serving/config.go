@@ -58,8 +58,9 @@ type Config struct {
 	ProbeTokens    int      `json:"probe_tokens"`          // probes: prompt length
 	ProbeReps      int      `json:"probe_reps"`            // probes: fresh prompts measured
 	FillerTokens   int      `json:"filler_tokens"`         // probes: tokens sent to evict the prompt
-	RestartCmd     string   `json:"restart_cmd,omitempty"` // probes: shell command that restarts the engine
-	RestartTimeout Duration `json:"restart_timeout"`       // probes: restart + readiness deadline
+	RestartCmd     string   `json:"restart_cmd,omitempty"` // probes, sustained: shell command that restarts the engine
+	RestartTimeout Duration `json:"restart_timeout"`       // restart + readiness deadline
+	RestartAt      Duration `json:"restart_at,omitempty"`  // sustained: restart the engine this far into the window (0: never)
 
 	PeerMetrics   string   `json:"peer_metrics,omitempty"`   // OrbitKV peer /metrics URL
 	EngineMetrics string   `json:"engine_metrics,omitempty"` // engine /metrics URL (optional)
@@ -101,6 +102,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--request-timeout, --drain-timeout and --sample-every must be positive")
 	case c.MaxRequests < 0 || c.OutputTokens < 0 || c.MaxInput < 0:
 		return fmt.Errorf("--max-requests, --output-tokens and --max-input must not be negative")
+	}
+	switch {
+	case c.RestartAt < 0:
+		return fmt.Errorf("--restart-at must not be negative")
+	case c.RestartAt > 0 && (c.Workload != WorkloadSustained || c.RestartCmd == ""):
+		return fmt.Errorf("--restart-at needs --workload sustained and --restart-cmd")
+	case c.RestartAt >= c.Duration:
+		if c.RestartAt > 0 {
+			return fmt.Errorf("--restart-at must fall inside --duration")
+		}
 	}
 	switch c.Workload {
 	case WorkloadSustained:

@@ -21,6 +21,10 @@ type fakeEngine struct {
 }
 
 func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == "/v1/models" { // readiness, as a restart waits for it
+		fmt.Fprint(w, `{"data":[]}`)
+		return
+	}
 	var body struct {
 		Prompt    []int `json:"prompt"`
 		MaxTokens int   `json:"max_tokens"`

@@ -150,6 +150,7 @@ type Summary struct {
 	Phases        map[string]Stats `json:"phases_ttft_ms,omitempty"`
 	Notes         []string         `json:"notes,omitempty"`
 	Drained       *bool            `json:"drained,omitempty"`
+	Restart       *Restart         `json:"restart,omitempty"` // sustained with --restart-at
 	FirstErrors   []string         `json:"first_errors,omitempty"`
 }
 

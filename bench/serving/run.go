@@ -121,6 +121,14 @@ type windowResult struct {
 	submitted int
 	admitted  time.Time // last admission
 	last      time.Time // last completion
+	restart   *restartSpan
+}
+
+// restartSpan is when a sustained window's engine restart (--restart-at)
+// began (in-flight requests drained) and when the engine answered again.
+type restartSpan struct {
+	drained, ready time.Time
+	err            error
 }
 
 // window dispatches items until the admission window closes, items run out
@@ -139,7 +147,23 @@ func (r *runner) window(ctx context.Context, phase string, item func(i int) (Ite
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	res := windowResult{}
+	restartAt := time.Duration(r.cfg.RestartAt)
 	for i := 0; r.cfg.MaxRequests == 0 || i < r.cfg.MaxRequests; i++ {
+		if restartAt > 0 && res.restart == nil && time.Since(r.start) >= restartAt {
+			wg.Wait() // the engine goes down with nothing in flight: no request fails for it
+			res.restart = &restartSpan{drained: time.Now()}
+			res.restart.err = r.restart(ctx)
+			res.restart.ready = time.Now()
+			if res.restart.err != nil {
+				r.fails = append(r.fails, res.restart.err.Error())
+				break
+			}
+			// the window's admission time after the restart is what was left of it before
+			admitEnd = admitEnd.Add(res.restart.ready.Sub(res.restart.drained))
+			var cancelAfter context.CancelFunc
+			admitCtx, cancelAfter = context.WithDeadline(ctx, admitEnd)
+			defer cancelAfter() // once: a window restarts its engine at most once
+		}
 		it, ok := item(i)
 		if !ok || !sleepUntil(admitCtx, r.start.Add(time.Duration(it.ArrivalMS)*time.Millisecond)) {
 			break

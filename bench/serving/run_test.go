@@ -186,3 +186,55 @@ func TestRunKeepsEngineMetricsThatAreNotNumbers(t *testing.T) {
 		t.Errorf("not-finite series %q; want %q", w.After.NotFinite, want)
 	}
 }
+
+// TestSustainedRestartMidRun: with --restart-at the window drains, runs the
+// restart command once, waits for the engine and goes on: no request is in
+// flight across the restart, requests complete before and after it, and
+// summary.restart says when it happened and the rate before it.
+func TestSustainedRestartMidRun(t *testing.T) {
+	cfg := testConfig(t, startFake(t, &fakeEngine{firstDelay: 2 * time.Millisecond, tokenDelay: time.Millisecond}))
+	marks := filepath.Join(t.TempDir(), "restarts")
+	cfg.Duration, cfg.RestartAt = Duration(600*time.Millisecond), Duration(200*time.Millisecond)
+	cfg.RestartCmd = "echo restarted >> " + marks + "; sleep 0.1"
+	sum, err := Run(context.Background(), cfg, Manifest{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(marks)
+	if strings.Count(string(b), "restarted") != 1 {
+		t.Fatalf("the restart command ran %d times", strings.Count(string(b), "restarted"))
+	}
+	rs := sum.Restart
+	if rs == nil || rs.ReadyS < rs.DrainedS || rs.BeforeRPS <= 0 {
+		t.Fatalf("restart %+v", rs)
+	}
+	var before, after int
+	for _, row := range readRowsFile(t, cfg.Output) {
+		end := row.StartS + row.LatencyMS/1e3
+		switch {
+		case row.Error != "":
+			t.Errorf("request %d failed: %s", row.Index, row.Error)
+		case end <= rs.DrainedS:
+			before++
+		case row.StartS >= rs.ReadyS:
+			after++
+		default:
+			t.Errorf("request %d ran across the restart (%.3f-%.3f s; restart %.3f-%.3f)", row.Index, row.StartS, end, rs.DrainedS, rs.ReadyS)
+		}
+	}
+	if before == 0 || after == 0 || sum.Failed != 0 {
+		t.Errorf("%d requests before the restart, %d after, %d failed", before, after, sum.Failed)
+	}
+}
+
+func TestRestartAtNeedsACommandAndTheSustainedWorkload(t *testing.T) {
+	cfg := testConfig(t, "http://127.0.0.1:1")
+	cfg.RestartAt = Duration(100 * time.Millisecond)
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--restart-cmd") {
+		t.Errorf("no command: %v", err)
+	}
+	cfg.RestartCmd, cfg.RestartAt = "true", cfg.Duration
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "inside --duration") {
+		t.Errorf("at the window's end: %v", err)
+	}
+}

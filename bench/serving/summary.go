@@ -62,6 +62,16 @@ func (r *runner) summarize(rows []Row, w windowResult, drain Drain) Summary {
 		s.OutputTokPS = float64(outTok) / s.WindowS
 		s.PromptTokPS = float64(prompt) / s.WindowS
 	}
+	if w.restart != nil {
+		var ends []float64
+		for _, row := range rows {
+			if row.Error == "" {
+				ends = append(ends, row.StartS+row.LatencyMS/1e3)
+			}
+		}
+		rs := recovery(ends, w.restart.drained.Sub(r.start).Seconds(), w.restart.ready.Sub(r.start).Seconds())
+		s.Restart = &rs
+	}
 	if drain.Checked {
 		ok := drain.OK
 		s.Drained = &ok

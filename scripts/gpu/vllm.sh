@@ -32,6 +32,12 @@
 #               sustained) behind `orbitkv route-proxy --round-robin`, the seeds' workload; per config
 #               in TWO_SEQ (default "offload dram"): offload = vLLM's own CPU offloading, 8 GiB in each
 #               engine (16 in all); dram = one shared OrbitKV peer with 16 GiB
+#   restart     an engine restarted mid-run, per config in RESTART_SEQ (default "offload dram"; one
+#               config fits a 600-s call): the seeds' workload for DURATION (90s), vLLM killed (-9)
+#               RESTART_AT (30s) into it once the requests in flight are done, started again with the
+#               same flags; summary.json's restart: the rate before, when the engine answered again and
+#               how long until the rate was back (OrbitKV's peer keeps its pages; vLLM's offloading
+#               cache goes with its process)
 #   report      bench report over every run so far
 # CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
 # kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
@@ -117,9 +123,12 @@ start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | d
 	fi
 	CFG_FLAGS="${env[*]} ${kv[*]}"
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
-	setsid env "${env[@]}" "$@" PYTHONPATH="$site:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
-		PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False \
-		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${own[@]}" "${kv[@]}" >>"$O/vllm.log" 2>&1 &
+	# the launch line goes to a file of its own, so that the restart mode can start the same engine again
+	local argv=(env "${env[@]}" "$@" PYTHONPATH="$site:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+		VLLM_USE_FLASHINFER_SAMPLER=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False
+		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${own[@]}" "${kv[@]}")
+	{ printf 'exec'; printf ' %q' "${argv[@]}"; echo; } >"$K/launch-$port.sh"
+	setsid bash "$K/launch-$port.sh" >>"$O/vllm.log" 2>&1 &
 	VLLM_PID=$!
 	local t0=$SECONDS
 	wait_http "127.0.0.1:$port/health" "$VLLM_PID" 1500 && { say "vllm $cfg :$port up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
@@ -139,7 +148,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	local pm=()
 	orbitkv_cfg "$cfg" && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
 	rm -rf "$RUNS/$name"
-	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab 151936 \
+	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab ${VOCAB:-151936} \
 		--engine-metrics http://127.0.0.1:${METRICS_PORT:-$PORT}/metrics "${pm[@]}" --quiet --label config=${CFG_LABEL:-$cfg} --label engine=vllm-0.26.0 \
 		--label "engine_flags=${VLLM_FLAGS[*]}" --label "config_flags=${CFG_FLAGS:-}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
 		${QUERY_BUDGET:+--label "query_budget=$QUERY_BUDGET"} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
@@ -186,13 +195,32 @@ two_one() { # CFG NAME: two engines (:8001, :8002) behind a round-robin proxy on
 	stop_all
 }
 
+restart() { # per config in RESTART_SEQ: the engine killed (-9) RESTART_AT into the window and started again
+	local cfg rc
+	for cfg in ${RESTART_SEQ:-offload dram}; do
+		if orbitkv_cfg "$cfg"; then start_peer "$cfg" || continue; fi
+		start_vllm "$cfg" || { stop_all; continue; }
+		echo "$VLLM_PID" >"$K/vllm.pid"
+		# run by bench serving (sh -c) once the requests in flight are done; it waits for the engine itself
+		rc="kill -9 -\$(cat $K/vllm.pid); for i in \$(seq 150); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || break; sleep 0.2; done;"
+		rc="$rc setsid bash $K/launch-8000.sh >>$O/vllm.log 2>&1 & echo \$! >$K/vllm.pid"
+		CFG_LABEL=restart-$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "restart-$cfg-${PAIR:-1}" "${SEEDS[@]}" \
+			--duration ${DURATION:-90s} --restart-at ${RESTART_AT:-30s} --restart-cmd "$rc" --restart-timeout 300s "${DET[@]}" \
+			--label pair=${PAIR:-1} --label order=${ORDER:-AB} --label shape=engine-restart
+		python3 -c "import json,sys; r=json.load(open(sys.argv[1])).get('restart') or {}; r.pop('completions_per_s', None); print('[restart-$cfg]', r)" \
+			"$RUNS/restart-$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+		EXTRA_PIDS="$(cat "$K/vllm.pid")" # the engine started again (the first one, VLLM_PID, was killed)
+		stop_all
+	done
+}
+
 two() {
 	for cfg in ${TWO_SEQ:-offload dram}; do
 		two_one "$cfg" "two-${cfg}-${PAIR:-1}"
 	done
 }
 
-SEEDS=(--workload sustained --prefix-tokens 1024,4096,8192 --prefixes 12 --reuse 0.75 --concurrency 8 --output-tokens 16)
+SEEDS=(--workload sustained --prefix-tokens ${PREFIX_TOKENS:-1024,4096,8192} --prefixes 12 --reuse 0.75 --concurrency 8 --output-tokens 16)
 
 sustained() {
 	for cfg in ${SEQ:-native dram ssd}; do
@@ -243,9 +271,9 @@ carry2) carry 01 && unpack || exit 1; shift ;;
 esac
 for m in "$@"; do
 	case $m in
-	sustained | probe | overhead | invariant | corrupt | two | report) $m ;;
+	sustained | probe | overhead | invariant | corrupt | two | restart | report) $m ;;
 	lmcache-check) lmcache_unpack ;; # unpack the carried LMCache site and try its vLLM adapter's import
-	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt two report lmcache-check)" >&2; exit 2 ;;
+	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt two restart report lmcache-check)" >&2; exit 2 ;;
 	esac
 done
 (cd "$K" && tar czf "$O/runs.tgz" runs)
