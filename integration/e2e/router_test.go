@@ -45,12 +45,20 @@ type routeEnv struct {
 	urls    map[string]string // engine URL by host name
 }
 
-func TestRouterThreeHosts(t *testing.T) {
+func TestRouterThreeHosts(t *testing.T) { testRouterThreeHosts(t) }
+
+// TestRouterThreeHostsCompact is the same with every peer publishing a
+// compact catalog (docs/cluster.md, "Scaling the catalog"): the route's
+// candidates come from the filters and are confirmed by Holds.
+func TestRouterThreeHostsCompact(t *testing.T) { testRouterThreeHosts(t, "--cluster-compact-catalog") }
+
+// testRouterThreeHosts runs the router's test with flags added to every peer.
+func testRouterThreeHosts(t *testing.T, flags ...string) {
 	py := refPython(t)
 	l := threeHosts(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), routeBudget)
 	defer cancel()
-	env := startRouteEnv(t, py, l)
+	env := startRouteEnv(t, py, l, flags...)
 	routed := newRouter(t, env.peers[0].metrics, env.urls)
 	blind := newRouter(t, "127.0.0.1:1", env.urls) // a peer that never answers: round robin only
 
@@ -125,7 +133,7 @@ func TestRouterThreeHosts(t *testing.T) {
 	})
 }
 
-func startRouteEnv(t *testing.T, py string, l *lan) *routeEnv {
+func startRouteEnv(t *testing.T, py string, l *lan, flags ...string) *routeEnv {
 	env := &routeEnv{lan: l, urls: map[string]string{}}
 	for i, h := range l.hosts {
 		args := []string{"--cluster-addr", h.addr + ":7946", "--node-name", hostName(i), "--cluster-insecure",
@@ -133,7 +141,7 @@ func startRouteEnv(t *testing.T, py string, l *lan) *routeEnv {
 		if i > 0 {
 			args = append(args, "--cluster-join", l.hosts[0].addr+":7946")
 		}
-		env.peers[i] = startPeerIn(t, h.ns, t.TempDir(), args...)
+		env.peers[i] = startPeerIn(t, h.ns, t.TempDir(), append(args, flags...)...)
 	}
 	waitFor(t, "3 members on every peer", 30*time.Second, func() bool {
 		for _, p := range env.peers {
