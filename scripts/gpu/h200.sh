@@ -35,9 +35,9 @@ ROOT=$(pwd)
 S=$O/summary.txt
 PEER_PID=""
 ENGINE_PID=""
-stop_all() {
-	[ -n "$ENGINE_PID" ] && kill "$ENGINE_PID" 2>/dev/null && wait "$ENGINE_PID" 2>/dev/null
-	[ -n "$PEER_PID" ] && kill "$PEER_PID" 2>/dev/null && wait "$PEER_PID" 2>/dev/null
+stop_all() { # the engine first, the peer last
+	[ -n "$ENGINE_PID" ] && stop_groups "$ENGINE_PID"
+	[ -n "$PEER_PID" ] && stop_groups "$PEER_PID"
 	ENGINE_PID="" PEER_PID=""
 }
 trap stop_all EXIT
@@ -49,12 +49,7 @@ start_peer() { # DIR LOG ARGS...
 	# PEER_FLAGS (e.g. --ssd-readmit-all) go to every peer; sustained runs are labelled peer_flags=...
 	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 "$@" ${PEER_FLAGS:-} >>"$log" 2>&1 &
 	PEER_PID=$!
-	for _ in $(seq 600); do
-		[ -S "$dir/orbitkv.sock" ] && return 0
-		kill -0 $PEER_PID 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
+	wait_socket "$dir/orbitkv.sock" "$PEER_PID" 600
 }
 
 check() {
