@@ -62,7 +62,16 @@ func hosts(t *testing.T) (ns [2]string, addr [2]string, link [2]string) {
 // from the holder's SSD); `orbitkv peers` lists both; when the link goes
 // down, a load of the other host's pages ends by its deadline with the
 // pages failed, and the lost member's pages leave the lookups.
-func TestTwoHostsShareAndPartition(t *testing.T) {
+func TestTwoHostsShareAndPartition(t *testing.T) { testTwoHosts(t) }
+
+// TestTwoHostsShareAndPartitionCompact is the same with both peers
+// publishing a compact catalog (docs/cluster.md, "Scaling the catalog"):
+// the lookups find the other host's pages through its filter, confirmed
+// by Holds over mutual TLS.
+func TestTwoHostsShareAndPartitionCompact(t *testing.T) { testTwoHosts(t, "--cluster-compact-catalog") }
+
+// testTwoHosts runs the two-host test with flags added to both peers.
+func testTwoHosts(t *testing.T, flags ...string) {
 	ns, addr, link := hosts(t)
 	certs := t.TempDir()
 	cli := func(args ...string) {
@@ -82,7 +91,7 @@ func TestTwoHostsShareAndPartition(t *testing.T) {
 		if i == 1 {
 			args = append(args, "--cluster-join", addr[0]+":7946")
 		}
-		peers[i] = startPeerIn(t, ns[i], t.TempDir(), args...)
+		peers[i] = startPeerIn(t, ns[i], t.TempDir(), append(args, flags...)...)
 	}
 	shms := [2]*engineclient.Shm{}
 	engines := [2]*engineProc{}
