@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -260,10 +261,37 @@ func printStreams(out io.Writer, cells []cell) {
 			m := benchutil.Median(r.rates)
 			line := fmt.Sprintf("stream %s × %d (%s cell), %s: rounds %s Gbit/s, median %.1f; fetch %.0f%% of it",
 				bytesize.Size(c.size), c.conns, c.verifyLabel(), k, fmtRates(r.rates), m, 100*c.gbps*8/m)
+			if p := pairedShares(c.rounds, r.rates); len(p) > 0 {
+				line += fmt.Sprintf(" (round by round %s%%, median %.0f%%)", fmtShares(p), benchutil.Median(p))
+			}
 			if _, base := bestBaseline(c.baseRates); base > 0 {
 				line += fmt.Sprintf("; it %.0f%% of iperf3", 100*m/base)
 			}
 			fmt.Fprintf(out, "%s; client %s, server %s\n", line, r.client.cost(), r.server.cost())
 		}
 	}
+}
+
+// pairedShares is each measured round's fetch rate (GB/s) as a percentage
+// of the stream round that ran right after it (Gbit/s): paired, so that
+// drift on a shared machine lands on both sides of each ratio alike.
+func pairedShares(fetch, stream []float64) []float64 {
+	if len(fetch) != len(stream) {
+		return nil
+	}
+	out := make([]float64, 0, len(fetch))
+	for i, f := range fetch {
+		if stream[i] > 0 {
+			out = append(out, 100*f*8/stream[i])
+		}
+	}
+	return out
+}
+
+func fmtShares(p []float64) string {
+	s := make([]string, len(p))
+	for i, x := range p {
+		s[i] = fmt.Sprintf("%.0f", x)
+	}
+	return strings.Join(s, " ")
 }

@@ -33,8 +33,9 @@ func serveStreamsFor(t *testing.T, p *transferPages) string {
 
 // TestStreamsBesideTheFetch: with --streams every TCP READ cell prints
 // both kinds of stream, each with one rate a measured round (the warm-up
-// round's left out), its median, the fetch's share of it and the client's
-// CPU; the streams moved bytes.
+// round's left out), its median, the fetch's share of it (of the medians,
+// and round by round) and the client's CPU; the streams moved bytes; the
+// table gives the stream into the destination as the bar.
 func TestStreamsBesideTheFetch(t *testing.T) {
 	b := smallTransferBench(t)
 	b.Transports, b.Ops, b.Rounds, b.Streams = []string{"tcp"}, []string{"read"}, 2, true
@@ -47,7 +48,7 @@ func TestStreamsBesideTheFetch(t *testing.T) {
 	if err := b.client(ctx, &out, addr); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	line := regexp.MustCompile(`^stream \S+ × [12] \(inline cell\), into (the destination|one buffer): rounds ([0-9.]+) ([0-9.]+) Gbit/s, median ([0-9.]+); fetch [0-9]+% of it; client [0-9.]+ cores`)
+	line := regexp.MustCompile(`^stream \S+ × [12] \(inline cell\), into (the destination|one buffer): rounds ([0-9.]+) ([0-9.]+) Gbit/s, median ([0-9.]+); fetch [0-9]+% of it \(round by round [0-9]+ [0-9]+%, median [0-9]+%\); client [0-9.]+ cores`)
 	n := 0
 	for _, l := range strings.Split(out.String(), "\n") {
 		if !strings.HasPrefix(l, "stream ") {
@@ -151,5 +152,17 @@ func TestStreamAddrIsTheNextPort(t *testing.T) {
 		if a, err := streamAddrOf(bad); err == nil {
 			t.Errorf("streamAddrOf(%q) = %q, want an error", bad, a)
 		}
+	}
+}
+
+// TestPairedShares: each fetch round (GB/s) over the stream round after it
+// (Gbit/s), in percent; rounds that do not pair give nothing.
+func TestPairedShares(t *testing.T) {
+	got := pairedShares([]float64{4, 5}, []float64{40, 50})
+	if len(got) != 2 || got[0] != 80 || got[1] != 80 {
+		t.Errorf("pairedShares(4 5 GB/s, 40 50 Gbit/s) = %v, want [80 80]", got)
+	}
+	if got := pairedShares([]float64{4}, []float64{40, 50}); got != nil {
+		t.Errorf("unpaired rounds gave %v, want nil", got)
 	}
 }

@@ -400,9 +400,10 @@ type cell struct {
 	transport, op string
 	size          uint64
 	conns         int
-	verify        string  // TCP: a tcp.Verify's name; "" for RDMA
-	gbps          float64 // GB/s, verified bytes (median of the rounds)
-	pages         int64   // pages moved and verified
+	verify        string    // TCP: a tcp.Verify's name; "" for RDMA
+	gbps          float64   // GB/s, verified bytes (median of the rounds)
+	rounds        []float64 // TCP: GB/s of each measured round, in order
+	pages         int64     // pages moved and verified
 	skip          string
 	variants      []iperfVariant          // the iperf3 baseline's variants, if any
 	baseRates     [][]float64             // Gbit/s per variant and round
@@ -571,7 +572,7 @@ func (b *transferBench) measure(ctx context.Context, c *cell, addr string, sums 
 			}
 		}
 	}
-	c.gbps = benchutil.Median(rates)
+	c.gbps, c.rounds = benchutil.Median(rates), rates
 	return nil
 }
 
