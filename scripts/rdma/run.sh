@@ -107,15 +107,24 @@ boot() {
 
 disk a
 disk b
-port=$((20000 + RANDOM % 20000))
-boot a 1 9000 "listen=127.0.0.1:$port" "listen=127.0.0.1:$((port + 1))"
-# b connects once a's ends listen (a probe would take a link's one connection).
-for p in $port $((port + 1)); do
+# a listens on two ports below the ephemeral range; a port taken meanwhile (qemu a ends
+# at once: "Address already in use") is tried again with another pair.
+listening() { ss -Hltn "sport = :$1" | grep -q . && ss -Hltn "sport = :$(($1 + 1))" | grep -q .; }
+for attempt in 1 2 3 4 5; do
+  port=$((20000 + RANDOM % 12000))
+  boot a 1 9000 "listen=127.0.0.1:$port" "listen=127.0.0.1:$((port + 1))"
+  # b connects once a's ends listen (a probe would take a link's one connection).
   for _ in $(seq 100); do
-    ss -Hltn "sport = :$p" | grep -q . && break
+    listening "$port" && break
+    kill -0 "${pids[-1]}" 2>/dev/null || break
     sleep 0.1
   done
+  listening "$port" && break
+  echo "test-rdma: guest a could not listen on 127.0.0.1:$port/$((port + 1)) (try $attempt)"
+  kill "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
+  unset 'pids[-1]'
 done
+listening "$port" || { echo "test-rdma: guest a never listened" >&2; exit 1; }
 boot b 2 1500 "connect=127.0.0.1:$port" "connect=127.0.0.1:$((port + 1))"
 echo "test-rdma: guests booting (links on 127.0.0.1:$port and $((port + 1)), deadline ${deadline} s)"
 
