@@ -33,7 +33,13 @@ func TestRecoveryThatNeverComesIsMinusOne(t *testing.T) {
 	if rs := recovery(ends, 30, 40); rs.RecoveredS != -1 {
 		t.Errorf("recovered = %.2f, want -1", rs.RecoveredS)
 	}
-	if rs := recovery(nil, 30, 40); rs.RecoveredS != -1 || rs.BeforeRPS != 0 {
+	if rs := recovery(ends, 30, 40); rs.Unmeasured != "" {
+		t.Errorf("measured but said unmeasured: %q", rs.Unmeasured)
+	}
+	if rs := recovery(nil, 30, 40); rs.RecoveredS != -1 || rs.BeforeRPS != 0 || rs.Unmeasured == "" {
 		t.Errorf("no completions: %+v", rs)
+	}
+	if rs := recovery(steady(0, 42, 10), 30, 40); rs.RecoveredS != -1 || rs.Unmeasured == "" {
+		t.Errorf("2 s after ready: %+v", rs)
 	}
 }

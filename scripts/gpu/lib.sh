@@ -43,6 +43,7 @@ stop_groups() {
 wait_gpu_free() {
 	command -v nvidia-smi >/dev/null || return 0
 	for _ in $(seq 50); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || return 0; sleep 0.2; done
+	say "GPU still held after 10 s: $(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | paste -sd' ')"
 }
 
 # wait_socket PATH PID TENTHS: 0 once PATH is a socket; 1 if PID ends first or TENTHS pass.
