@@ -68,7 +68,12 @@ func fitModel(pts []scalePoint) scaleModel {
 	return m
 }
 
-func (m scaleModel) memory(hosts, pages int) float64 { return m.perEntry * float64((hosts-1)*pages) }
+// memory is the remote index per peer: the heap fit, or the filters' when
+// larger (the heap of a compact index is within the noise of a GC'd heap,
+// its filters are counted exactly).
+func (m scaleModel) memory(hosts, pages int) float64 {
+	return max(m.perEntry, m.perFilter) * float64((hosts-1)*pages)
+}
 func (m scaleModel) gossip(hosts, churn int) float64 {
 	x := float64(hosts - 1)
 	return m.idleA + m.idleB*x + float64(churn)*m.perChange*x

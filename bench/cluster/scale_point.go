@@ -288,9 +288,13 @@ func measureReach(ctx context.Context, cfg ScaleConfig, ms []*scaleMember, pt *s
 	var took []time.Duration
 	for i := range cfg.Probes {
 		m := ms[i%len(ms)]
-		start := time.Now()
-		if err := m.add(1); err != nil {
-			return err
+		start, before := time.Now(), m.c.Sequence()
+		// A page whose bits a compact filter already sets changes nothing
+		// to announce: save pages until one does.
+		for m.c.Sequence() == before {
+			if err := m.add(1); err != nil {
+				return err
+			}
 		}
 		seq, name := m.c.Sequence(), m.c.Name()
 		err := waitFor(ctx, "an announcement to reach every member", time.Millisecond, func() bool {
