@@ -34,7 +34,8 @@
 //     by bit in its announcement sequence; a copy caught up with the
 //     sequence equals the member's filter, which claims every page the
 //     member holds. A claim is never acted on unasked: a lookup counts a
-//     claimed run only as far as the member confirms it (Holds), and a
+//     claimed run only as far as the member confirms it (Holds, asked in
+//     pieces of at most 4,096 keys), and a
 //     load fetches only confirmed pages; a false positive costs one Holds,
 //     is counted (summary_claims_total{result="false"}) and is not asked
 //     again for 5 s. Members of both kinds mix.

@@ -49,6 +49,7 @@ const (
 	refuteTTL    = 5 * time.Second // a denied claim is not asked again for this long
 	maxAsks      = 3               // confirmations one Extend asks at most
 	maxClaimers  = 8               // filter claimants a route confirms at most
+	holdsMaxKeys = 4096            // the most keys one Holds asks or answers (route.go)
 	// claimFalse is the chance a full filter claims an absent key
 	// (catalog.SummaryBitsPerPage; TestSummaryAgainstModel measures it).
 	claimFalse = 0.15
@@ -160,8 +161,9 @@ func (x *index) Leading(keys []pagekey.Key) []catalog.Held {
 // Extend returns the origin to fetch each leading page of keys from (see
 // catalog.Remote.Extend): the exact index's run, then runs members'
 // filters claim, the longest claim first, each counted only as far as its
-// member confirms it (at most maxAsks questions; a member that does not
-// answer counts nothing).
+// member confirms it (at most maxAsks claims asked, a claim longer than
+// holdsMaxKeys in pieces; a member that does not answer counts only the
+// pieces it confirmed).
 func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint64, usable func(int) bool) []int {
 	from := x.exact.Extend(keys, layout, size, usable)
 	for asks := 0; len(from) < len(keys) && asks < maxAsks; {
@@ -200,17 +202,16 @@ func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint
 }
 
 // confirm asks cl's origin for the run its filter claims of keys and
-// records the answer; it returns how many pages the origin holds.
+// records the answer; it returns how many pages the origin holds (those it
+// confirmed before it stopped answering, if it did).
 func (x *index) confirm(cl catalog.Held, keys []pagekey.Key, layout pagekey.Fingerprint, size uint64) int {
 	if x.members == nil {
 		return 0
 	}
-	n, err := x.members.askHolds(cl.Origin, keys[:cl.Pages])
-	if err != nil {
-		return 0
+	n, err := x.askRun(cl.Origin, keys[:cl.Pages])
+	if err == nil {
+		x.members.noteClaim(n < cl.Pages)
 	}
-	n = min(n, cl.Pages)
-	x.members.noteClaim(n < cl.Pages)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if len(x.confirmed)+n > maxConfirmed {
@@ -224,10 +225,29 @@ func (x *index) confirm(cl catalog.Held, keys []pagekey.Key, layout pagekey.Fing
 		p.Holders[cl.Origin>>6] |= 1 << (cl.Origin & 63)
 		x.confirmed[k] = p
 	}
-	if n < cl.Pages {
+	if err == nil && n < cl.Pages {
 		x.refuteLocked(cl.Origin, keys[n], time.Now())
 	}
 	return n
+}
+
+// askRun asks origin how many leading pages of keys it holds, in pieces of
+// at most holdsMaxKeys (the most one Holds answers); a piece held short
+// ends the questions. On an error it returns the pages confirmed before.
+func (x *index) askRun(origin int, keys []pagekey.Key) (int, error) {
+	n := 0
+	for n < len(keys) {
+		piece := keys[n:min(len(keys), n+holdsMaxKeys)]
+		got, err := x.members.askHolds(origin, piece)
+		if err != nil {
+			return n, err
+		}
+		n += min(got, len(piece))
+		if got < len(piece) {
+			break
+		}
+	}
+	return n, nil
 }
 
 func (x *index) isRefuted(origin int, k pagekey.Key) bool {

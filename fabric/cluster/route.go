@@ -29,9 +29,6 @@ const (
 	RouteSuspect = "suspect" // in the view, but it did not confirm, or this peer's index of it is behind
 )
 
-// holdsMaxKeys is the most keys one Holds asks or answers.
-const holdsMaxKeys = 4096
-
 // holdsDeadline bounds a confirmation when the caller's context has none.
 const holdsDeadline = time.Second
 

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -71,7 +72,8 @@ func claimingAll(words int) catalog.Filter {
 	return f
 }
 
-// fakeMembers holds holds[origin] leading pages of any chain.
+// fakeMembers holds holds[origin] leading pages of any chain; like the
+// peer service's Holds, it refuses more than holdsMaxKeys keys.
 type fakeMembers struct {
 	asked, holds      map[int]int
 	falseClaims, held int
@@ -79,6 +81,9 @@ type fakeMembers struct {
 
 func (f *fakeMembers) askHolds(origin int, keys []pagekey.Key) (int, error) {
 	f.asked[origin]++
+	if len(keys) > holdsMaxKeys {
+		return 0, fmt.Errorf("holds: %d keys, at most %d", len(keys), holdsMaxKeys)
+	}
 	return min(f.holds[origin], len(keys)), nil
 }
 
