@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -16,24 +17,28 @@ import (
 // CompactCatalog). A filter's claim is never acted on unasked: Extend has
 // the member confirm the run it claims (Holds) before the lookup counts
 // it, and remembers the answer (confirmed: what a load then fetches;
-// refuted: claims not asked again for refuteTTL). Route's confirmation
-// is its own (route.go).
+// refuted: claims not asked again for refuteTTL; silent: members that did
+// not answer, whose claims are not asked for silentTTL). Route's
+// confirmation is its own (route.go).
 type index struct {
 	exact *catalog.Remote
 	sums  catalog.Summaries
 	// members answers for claims; nil: no claim counts (tests of the
 	// exact index).
 	members claimAsker
+	now     func() time.Time // the clock of refutations and silences (time.Now)
 
 	mu        sync.Mutex
 	confirmed map[pagekey.Key]catalog.RemotePage // pages members confirmed, with the asking session's layout and size
 	refuted   map[refutation]time.Time           // claims members denied, until when
+	silent    map[int]time.Time                  // members that did not answer a confirmation, until when
 }
 
 // claimAsker is what the index asks of the cluster (*Cluster).
 type claimAsker interface {
-	// askHolds returns how many leading pages of keys origin holds (Holds).
-	askHolds(origin int, keys []pagekey.Key) (int, error)
+	// askHolds returns how many leading pages of keys origin holds (Holds,
+	// at most holdsMaxKeys keys), within ctx.
+	askHolds(ctx context.Context, origin int, keys []pagekey.Key) (int, error)
 	// noteClaim counts a confirmation, and whether it found the claim false.
 	noteClaim(falseClaim bool)
 }
@@ -47,9 +52,12 @@ const (
 	maxConfirmed = 1 << 14         // confirmed pages kept (all forgotten when full): 1-2 MiB
 	maxRefuted   = 1 << 14         // refuted claims kept (all forgotten when full): 1-2 MiB
 	refuteTTL    = 5 * time.Second // a denied claim is not asked again for this long
-	maxAsks      = 3               // confirmations one Extend asks at most
-	maxClaimers  = 8               // filter claimants a route confirms at most
-	holdsMaxKeys = 4096            // the most keys one Holds asks or answers (route.go)
+	silentTTL    = 2 * time.Second // a member that did not answer is not asked again for this long
+	// extendDeadline bounds the confirmations of one lookup, all together.
+	extendDeadline = 250 * time.Millisecond
+	maxAsks        = 3    // confirmations one Extend asks at most
+	maxClaimers    = 8    // filter claimants a route confirms at most
+	holdsMaxKeys   = 4096 // the most keys one Holds asks or answers (route.go)
 	// claimFalse is the chance a full filter claims an absent key
 	// (catalog.SummaryBitsPerPage; TestSummaryAgainstModel measures it).
 	claimFalse = 0.15
@@ -72,7 +80,8 @@ func minRun(members int) int {
 }
 
 func newIndex() *index {
-	return &index{exact: catalog.NewRemote(), confirmed: map[pagekey.Key]catalog.RemotePage{}, refuted: map[refutation]time.Time{}}
+	return &index{exact: catalog.NewRemote(), now: time.Now, confirmed: map[pagekey.Key]catalog.RemotePage{},
+		refuted: map[refutation]time.Time{}, silent: map[int]time.Time{}}
 }
 
 // Add records an exact announcement.
@@ -90,7 +99,7 @@ func (x *index) Remove(origin int, k pagekey.Key) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.unconfirmLocked(origin, k)
-	x.refuteLocked(origin, k, time.Now())
+	x.refuteLocked(origin, k, x.now())
 }
 
 // DropOrigin forgets everything of origin; it returns how many exact pages.
@@ -107,6 +116,7 @@ func (x *index) DropOrigin(origin int) int {
 			delete(x.refuted, r)
 		}
 	}
+	delete(x.silent, origin)
 	return n
 }
 
@@ -162,11 +172,14 @@ func (x *index) Leading(keys []pagekey.Key) []catalog.Held {
 // catalog.Remote.Extend): the exact index's run, then runs members'
 // filters claim, the longest claim first, each counted only as far as its
 // member confirms it (at most maxAsks claims asked, a claim longer than
-// holdsMaxKeys in pieces; a member that does not answer counts only the
-// pieces it confirmed).
+// holdsMaxKeys in pieces, all within extendDeadline; a member that does
+// not answer counts only the pieces it confirmed, and its claims are
+// passed over for silentTTL).
 func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint64, usable func(int) bool) []int {
 	from := x.exact.Extend(keys, layout, size, usable)
-	for asks := 0; len(from) < len(keys) && asks < maxAsks; {
+	ctx, cancel := context.WithTimeout(context.Background(), extendDeadline)
+	defer cancel()
+	for asks := 0; len(from) < len(keys) && asks < maxAsks && ctx.Err() == nil; {
 		rest := keys[len(from):]
 		if o, n := x.fromConfirmed(rest, layout, size, usable); n > 0 {
 			for range n {
@@ -177,16 +190,16 @@ func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint
 		claims := x.sums.Leading(rest, x.isRefuted)
 		least := min(len(rest), minRun(x.sums.Len()))
 		claims = slices.DeleteFunc(claims, func(h catalog.Held) bool {
-			return h.Pages < least || usable != nil && !usable(h.Origin)
+			return h.Pages < least || usable != nil && !usable(h.Origin) || x.isSilent(h.Origin)
 		})
 		sortClaims(claims)
 		got, origin := 0, -1
 		for _, cl := range claims {
-			if asks == maxAsks {
+			if asks == maxAsks || ctx.Err() != nil {
 				break
 			}
 			asks++
-			if got = x.confirm(cl, rest, layout, size); got > 0 {
+			if got = x.confirm(ctx, cl, rest, layout, size); got > 0 {
 				origin = cl.Origin
 				break
 			}
@@ -203,17 +216,20 @@ func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint
 
 // confirm asks cl's origin for the run its filter claims of keys and
 // records the answer; it returns how many pages the origin holds (those it
-// confirmed before it stopped answering, if it did).
-func (x *index) confirm(cl catalog.Held, keys []pagekey.Key, layout pagekey.Fingerprint, size uint64) int {
+// confirmed before it stopped answering, if it did: it is silent then).
+func (x *index) confirm(ctx context.Context, cl catalog.Held, keys []pagekey.Key, layout pagekey.Fingerprint, size uint64) int {
 	if x.members == nil {
 		return 0
 	}
-	n, err := x.askRun(cl.Origin, keys[:cl.Pages])
+	n, err := x.askRun(ctx, cl.Origin, keys[:cl.Pages])
 	if err == nil {
 		x.members.noteClaim(n < cl.Pages)
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if err != nil {
+		x.silent[cl.Origin] = x.now().Add(silentTTL)
+	}
 	if len(x.confirmed)+n > maxConfirmed {
 		clear(x.confirmed)
 	}
@@ -226,7 +242,7 @@ func (x *index) confirm(cl catalog.Held, keys []pagekey.Key, layout pagekey.Fing
 		x.confirmed[k] = p
 	}
 	if err == nil && n < cl.Pages {
-		x.refuteLocked(cl.Origin, keys[n], time.Now())
+		x.refuteLocked(cl.Origin, keys[n], x.now())
 	}
 	return n
 }
@@ -234,11 +250,11 @@ func (x *index) confirm(cl catalog.Held, keys []pagekey.Key, layout pagekey.Fing
 // askRun asks origin how many leading pages of keys it holds, in pieces of
 // at most holdsMaxKeys (the most one Holds answers); a piece held short
 // ends the questions. On an error it returns the pages confirmed before.
-func (x *index) askRun(origin int, keys []pagekey.Key) (int, error) {
+func (x *index) askRun(ctx context.Context, origin int, keys []pagekey.Key) (int, error) {
 	n := 0
 	for n < len(keys) {
 		piece := keys[n:min(len(keys), n+holdsMaxKeys)]
-		got, err := x.members.askHolds(origin, piece)
+		got, err := x.members.askHolds(ctx, origin, piece)
 		if err != nil {
 			return n, err
 		}
@@ -254,8 +270,20 @@ func (x *index) isRefuted(origin int, k pagekey.Key) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	until, ok := x.refuted[refutation{origin, k}]
-	if ok && time.Now().After(until) {
+	if ok && x.now().After(until) {
 		delete(x.refuted, refutation{origin, k})
+		return false
+	}
+	return ok
+}
+
+// isSilent says whether origin did not answer a confirmation lately.
+func (x *index) isSilent(origin int) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	until, ok := x.silent[origin]
+	if ok && !x.now().Before(until) {
+		delete(x.silent, origin)
 		return false
 	}
 	return ok

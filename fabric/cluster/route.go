@@ -220,12 +220,9 @@ func (s *peerServer) Holds(_ context.Context, req *pb.HoldsRequest) (*pb.HoldsRe
 	return reply, nil
 }
 
-// extendDeadline bounds a lookup's confirmation of a claimed run.
-const extendDeadline = 250 * time.Millisecond
-
 // askHolds asks origin how many leading pages of keys it holds (a lookup
-// confirming a filter's claim, within extendDeadline).
-func (c *Cluster) askHolds(origin int, keys []pagekey.Key) (int, error) {
+// confirming a filter's claim, within ctx).
+func (c *Cluster) askHolds(ctx context.Context, origin int, keys []pagekey.Key) (int, error) {
 	c.mu.Lock()
 	name := ""
 	for _, o := range c.origins {
@@ -237,8 +234,6 @@ func (c *Cluster) askHolds(origin int, keys []pagekey.Key) (int, error) {
 	if name == "" {
 		return 0, fmt.Errorf("origin %d: not a live member", origin)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), extendDeadline)
-	defer cancel()
 	tiers, err := c.holds(ctx, name, keys)
 	return len(tiers), err
 }

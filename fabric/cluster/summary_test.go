@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -74,13 +75,23 @@ func claimingAll(words int) catalog.Filter {
 
 // fakeMembers holds holds[origin] leading pages of any chain; like the
 // peer service's Holds, it refuses more than holdsMaxKeys keys.
+// Those in silent never answer.
+// deadlines counts the distinct deadlines asked within.
 type fakeMembers struct {
 	asked, holds      map[int]int
+	silent            map[int]bool
+	deadlines         map[time.Time]bool
 	falseClaims, held int
 }
 
-func (f *fakeMembers) askHolds(origin int, keys []pagekey.Key) (int, error) {
+func (f *fakeMembers) askHolds(ctx context.Context, origin int, keys []pagekey.Key) (int, error) {
 	f.asked[origin]++
+	if d, ok := ctx.Deadline(); ok && f.deadlines != nil {
+		f.deadlines[d] = true
+	}
+	if f.silent[origin] {
+		return 0, fmt.Errorf("holds from %d: %w", origin, context.DeadlineExceeded)
+	}
 	if len(keys) > holdsMaxKeys {
 		return 0, fmt.Errorf("holds: %d keys, at most %d", len(keys), holdsMaxKeys)
 	}
