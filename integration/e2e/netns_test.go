@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,6 +126,11 @@ func testTwoHosts(t *testing.T, flags ...string) {
 			t.Fatalf("page %d differs on the other host", i)
 		}
 	}
+	if slices.Contains(flags, "--cluster-compact-catalog") { // found through a's filter, confirmed by Holds
+		if v := nsScrape(t, ns[1], peers[1], `orbitkv_cluster_summary_claims_total{result="held"}`); v == 0 {
+			t.Fatal("b found a's pages with no filter claim confirmed: the compact catalog was not in use")
+		}
+	}
 	out, err := peers[1].cli(t, "peers")
 	if err != nil || !strings.Contains(out, "host-a") || strings.Count(out, "alive") != 2 {
 		t.Fatalf("orbitkv peers: %v\n%s", err, out)
@@ -187,4 +194,25 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// nsScrape reads one series (name with its labels) from the metrics of a
+// peer whose listener is on the loopback of network namespace ns.
+func nsScrape(t *testing.T, ns string, p *proc, series string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "python3", "-c",
+		"import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())",
+		"http://"+p.metrics+"/metrics").Output()
+	if err != nil {
+		t.Fatalf("scrape %s in %s: %v", p.metrics, ns, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == series {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	return 0
 }
