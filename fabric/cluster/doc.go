@@ -35,12 +35,13 @@
 //     sequence equals the member's filter, which claims every page the
 //     member holds. A claim is never acted on unasked: a lookup counts a
 //     claimed run only as far as the member confirms it (Holds, asked in
-//     pieces of at most 4,096 keys), and a
-//     load fetches only confirmed pages; a false positive costs one Holds,
-//     is counted (summary_claims_total{result="false"}) and is not asked
-//     again for 5 s. A lookup's questions share one 250 ms deadline; a
-//     member that does not answer is not asked again for 2 s. Members of
-//     both kinds mix.
+//     pieces of at most 4,096 keys), and a load fetches only confirmed
+//     pages; a later lookup counts a confirmation unasked for 2 s at most
+//     (a dropped page's bits may stay set by other keys). A false positive
+//     costs one Holds, is counted (summary_claims_total{result="false"})
+//     and is not asked again for 5 s. A lookup's questions share one
+//     250 ms deadline; a member that does not answer is not asked again
+//     for 2 s. Members of both kinds mix.
 //   - With mutual TLS, membership needs the data plane's identity (auth.go):
 //     memberlist's AliveDelegate lets a node into the view only when its
 //     metadata carries a signature, by the key of a certificate that chains

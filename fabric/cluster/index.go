@@ -16,21 +16,23 @@ import (
 // those that publish compact summaries (catalog.Summaries, Config.
 // CompactCatalog). A filter's claim is never acted on unasked: Extend has
 // the member confirm the run it claims (Holds) before the lookup counts
-// it, and remembers the answer (confirmed: what a load then fetches;
-// refuted: claims not asked again for refuteTTL; silent: members that did
-// not answer, whose claims are not asked for silentTTL). Route's
-// confirmation is its own (route.go).
+// it, and remembers the answer (confirmed: what a load then fetches, and
+// what later lookups count unasked for confirmTTL; refuted: claims not
+// asked again for refuteTTL; silent: members that did not answer, whose
+// claims are not asked for silentTTL). Route's confirmation is its own
+// (route.go).
 type index struct {
 	exact *catalog.Remote
 	sums  catalog.Summaries
 	// members answers for claims; nil: no claim counts (tests of the
 	// exact index).
 	members claimAsker
-	now     func() time.Time // the clock of refutations and silences (time.Now)
+	now     func() time.Time // the clock of confirmations, refutations and silences (time.Now)
 
 	mu        sync.Mutex
 	confirmed map[pagekey.Key]catalog.RemotePage // pages members confirmed, with the asking session's layout and size
-	refuted   map[refutation]time.Time           // claims members denied, until when
+	fresh     map[claim]time.Time                // confirmations lookups may count unasked, until when
+	refuted   map[claim]time.Time                // claims members denied, until when
 	silent    map[int]time.Time                  // members that did not answer a confirmation, until when
 }
 
@@ -43,7 +45,8 @@ type claimAsker interface {
 	noteClaim(falseClaim bool)
 }
 
-type refutation struct {
+// claim is one origin's claim of one key.
+type claim struct {
 	origin int
 	key    pagekey.Key
 }
@@ -53,6 +56,7 @@ const (
 	maxRefuted   = 1 << 14         // refuted claims kept (all forgotten when full): 1-2 MiB
 	refuteTTL    = 5 * time.Second // a denied claim is not asked again for this long
 	silentTTL    = 2 * time.Second // a member that did not answer is not asked again for this long
+	confirmTTL   = 2 * time.Second // a confirmation counts unasked for this long
 	// extendDeadline bounds the confirmations of one lookup, all together.
 	extendDeadline = 250 * time.Millisecond
 	maxAsks        = 3    // confirmations one Extend asks at most
@@ -81,7 +85,7 @@ func minRun(members int) int {
 
 func newIndex() *index {
 	return &index{exact: catalog.NewRemote(), now: time.Now, confirmed: map[pagekey.Key]catalog.RemotePage{},
-		refuted: map[refutation]time.Time{}, silent: map[int]time.Time{}}
+		fresh: map[claim]time.Time{}, refuted: map[claim]time.Time{}, silent: map[int]time.Time{}}
 }
 
 // Add records an exact announcement.
@@ -230,10 +234,13 @@ func (x *index) confirm(ctx context.Context, cl catalog.Held, keys []pagekey.Key
 	if err != nil {
 		x.silent[cl.Origin] = x.now().Add(silentTTL)
 	}
-	if len(x.confirmed)+n > maxConfirmed {
+	if len(x.confirmed)+n > maxConfirmed || len(x.fresh)+n > maxConfirmed {
 		clear(x.confirmed)
+		clear(x.fresh)
 	}
+	until := x.now().Add(confirmTTL)
 	for _, k := range keys[:n] {
+		x.fresh[claim{cl.Origin, k}] = until
 		p, ok := x.confirmed[k]
 		if !ok || p.Layout != layout || p.Size != size {
 			p = catalog.RemotePage{Layout: layout, Size: size}
@@ -269,12 +276,20 @@ func (x *index) askRun(ctx context.Context, origin int, keys []pagekey.Key) (int
 func (x *index) isRefuted(origin int, k pagekey.Key) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	until, ok := x.refuted[refutation{origin, k}]
+	until, ok := x.refuted[claim{origin, k}]
 	if ok && x.now().After(until) {
-		delete(x.refuted, refutation{origin, k})
+		delete(x.refuted, claim{origin, k})
 		return false
 	}
 	return ok
+}
+
+// isFresh says whether origin confirmed k within confirmTTL.
+func (x *index) isFresh(origin int, k pagekey.Key) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	until, ok := x.fresh[claim{origin, k}]
+	return ok && x.now().Before(until)
 }
 
 // isSilent says whether origin did not answer a confirmation lately.
@@ -293,10 +308,11 @@ func (x *index) refuteLocked(origin int, k pagekey.Key, now time.Time) {
 	if len(x.refuted) >= maxRefuted {
 		clear(x.refuted)
 	}
-	x.refuted[refutation{origin, k}] = now.Add(refuteTTL)
+	x.refuted[claim{origin, k}] = now.Add(refuteTTL)
 }
 
 func (x *index) unconfirmLocked(origin int, k pagekey.Key) {
+	delete(x.fresh, claim{origin, k})
 	p, ok := x.confirmed[k]
 	if !ok || !p.Holders.Has(origin) {
 		return
@@ -320,8 +336,9 @@ func sortClaims(hs []catalog.Held) {
 }
 
 // fromConfirmed returns the leading run of keys one usable member confirmed
-// before and its filter still claims (a page it dropped since has left the
-// filter): no question asked.
+// within confirmTTL and its filter still claims: no question asked. (A page
+// dropped since may still be claimed, its bits set by other keys, so an
+// older confirmation is asked again.)
 func (x *index) fromConfirmed(keys []pagekey.Key, layout pagekey.Fingerprint, size uint64, usable func(int) bool) (origin, n int) {
 	pages := make([]catalog.RemotePage, 0, len(keys))
 	x.mu.Lock()
@@ -340,7 +357,7 @@ func (x *index) fromConfirmed(keys []pagekey.Key, layout pagekey.Fingerprint, si
 		if usable != nil && !usable(o) {
 			continue
 		}
-		for n < len(pages) && pages[n].Holders.Has(o) && x.sums.Claims(o, keys[n]) {
+		for n < len(pages) && pages[n].Holders.Has(o) && x.sums.Claims(o, keys[n]) && x.isFresh(o, keys[n]) {
 			n++
 		}
 		if n > 0 {

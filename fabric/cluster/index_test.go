@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
 
@@ -55,5 +56,52 @@ func TestSilentClaimantsSkipped(t *testing.T) {
 	m.holds = map[int]int{3: len(keys)}
 	if got := x.Extend(keys, layout, size, nil); len(got) != len(keys) || m.asked[3] != 2 {
 		t.Fatalf("after silentTTL: %v, asked %v, want all %d pages from 3", got, m.asked, len(keys))
+	}
+}
+
+// TestStaleConfirmationAskedAgain: at its filter's capacity a member evicts
+// a confirmed run whose keys' bits other keys still set, so its filter
+// still claims them. Once the confirmation expires (confirmTTL) the next
+// lookup asks again and counts none.
+func TestStaleConfirmationAskedAgain(t *testing.T) {
+	s := catalog.NewSummary(0)
+	held := seededKeys(6, s.Capacity())
+	for _, k := range held {
+		s.Add(k, nil)
+	}
+	x := newIndex()
+	now := time.Unix(1000, 0)
+	x.now = func() time.Time { return now }
+	if err := x.sums.Replace(5, s.Filter()); err != nil {
+		t.Fatal(err)
+	}
+	var flips []catalog.Flip
+	for _, k := range held[:300] {
+		flips = s.Remove(k, flips)
+	}
+	after := s.Filter()
+	var chain []pagekey.Key
+	for _, k := range held[:300] {
+		if after.Has(k) && len(chain) < 6 {
+			chain = append(chain, k)
+		}
+	}
+	if len(chain) < 6 {
+		t.Fatalf("only %d evicted keys still claimed", len(chain))
+	}
+	m := &fakeMembers{asked: map[int]int{}, holds: map[int]int{5: len(chain)}}
+	x.members = m
+	layout, size := pagekey.Fingerprint{7}, uint64(4096)
+	if got := x.Extend(chain, layout, size, nil); len(got) != len(chain) || m.asked[5] != 1 {
+		t.Fatalf("before the eviction: %v, asked %v", got, m.asked)
+	}
+	if err := x.sums.Apply(5, flips); err != nil {
+		t.Fatal(err)
+	}
+	m.holds[5] = 0
+	now = now.Add(confirmTTL)
+	if got := x.Extend(chain, layout, size, nil); len(got) != 0 || m.asked[5] != 2 || m.falseClaims != 1 {
+		t.Fatalf("after the eviction and the confirmation's expiry: %v, asked %v, false claims %d; want none, asked again, 1 false",
+			got, m.asked, m.falseClaims)
 	}
 }
