@@ -121,29 +121,37 @@ func clusterOverStandIn(t *testing.T) {
 	t.Run("ssd-only pages go by tcp", func(t *testing.T) { standInSSDOnly(t, a, b) })
 	t.Run("corrupt in the member's dram", func(t *testing.T) { standInCorrupt(t, a, b) })
 	t.Run("lease expiry unpins", func(t *testing.T) { standInLeaseExpiry(t, a, b, creds) })
-	t.Run("qp in error", func(t *testing.T) { standInQPError(t, a, b) })
+	t.Run("qp in error", func(t *testing.T) { standInQPError(t, a, b, false) })
+	t.Run("qp in error at the holder", func(t *testing.T) { standInQPError(t, a, b, true) })
 }
 
-// standInQPError: b's QPs to a are moved to the error state behind the
-// engine's back, as a NIC does on a fatal error. The next load ends by its
-// deadline, every page right (the lane found down, the same call carries
-// them over TCP) or failed, none wrong; a's leases are released; once b
-// has dialed a fresh connection (5 s after the lane went down) or the
-// engine reconnected the lanes, a load moves every page by RDMA READ
-// again, a's TCP data plane serving none of them.
-func standInQPError(t *testing.T, a, b *testPeer) {
+// standInQPError: b's QPs to a (atHolder: a's QPs that answer b) are moved
+// to the error state behind the engine's back, as a NIC does on a fatal
+// error. The next load's READs fail (b's come back flushed; a's answer
+// none: over the stand-in b's retries run out at once, on rxe the batch
+// reaches its deadline), and it ends by its deadline, every page right
+// (the lane found down, the same call carries them over TCP) or failed,
+// none wrong;
+// a's leases are released; once b has dialed a fresh connection (5 s
+// after the lane went down) or the engine reconnected the lanes, a load
+// moves every page by RDMA READ again, a's TCP data plane serving none of
+// them.
+func standInQPError(t *testing.T, a, b *testPeer, atHolder bool) {
 	ea, eb := a.engine(tinyFlash), b.engine(tinyFlash)
 	keys := randKeys(4)
 	src := refs(keys, 0, 4)
 	okOp(t)(ea.Save(ctx(t), src, pb.Durability_DURABILITY_DRAM))
 	waitRemote(t, eb, keys, 4)
-	aName := a.p.cluster.Name()
-	n, err := b.p.cluster.FailRDMAQPs(aName)
+	fail := func() (int, error) { return b.p.cluster.FailRDMAQPs(a.p.cluster.Name()) }
+	if atHolder {
+		fail = a.p.cluster.FailAcceptedRDMAQPs
+	}
+	n, err := fail()
 	if err != nil || n == 0 {
-		t.Fatalf("b's QPs to a into ERR: %d moved, %v", n, err)
+		t.Fatalf("QPs into ERR (at the holder: %v): %d moved, %v", atHolder, n, err)
 	}
 	before, served := rdmaStats(t, b), metricNum(t, a, "orbitkv_cluster_served_pages_total")
-	lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	lctx, cancel := context.WithTimeout(context.Background(), 4*time.Second) // inside the session's keepalive
 	defer cancel()
 	dst := refs(keys, 16, 4)
 	start := time.Now()
@@ -163,11 +171,12 @@ func standInQPError(t *testing.T, a, b *testPeer) {
 		ok++
 	}
 	after := rdmaStats(t, b)
-	t.Logf("%d QPs in ERR: the load took %v, %d of 4 pages right, none wrong; a served %v pages over TCP; b's engine %+v → %+v; lane fallbacks %v",
-		n, time.Since(start).Round(time.Millisecond), ok, metricNum(t, a, "orbitkv_cluster_served_pages_total")-served,
+	t.Logf("%d QPs in ERR (at the holder: %v): the load took %v, %d of 4 pages right, none wrong; a served %v pages over TCP; b's engine %+v → %+v; lane fallbacks %v",
+		n, atHolder, time.Since(start).Round(time.Millisecond), ok, metricNum(t, a, "orbitkv_cluster_served_pages_total")-served,
 		before, after, metricNum(t, b, "orbitkv_cluster_transport_fallbacks_total"))
-	if after.BytesRead != before.BytesRead {
-		t.Fatalf("READs on QPs in error moved %d bytes", after.BytesRead-before.BytesRead)
+	if after.BytesRead != before.BytesRead || after.OpsFailed == before.OpsFailed {
+		t.Fatalf("READs on QPs in error: %d bytes moved, %d ops failed (want 0 bytes, failed ops)",
+			after.BytesRead-before.BytesRead, after.OpsFailed-before.OpsFailed)
 	}
 	waitFor(t, "a's leases released", 10*time.Second, func() bool { return metricNum(t, a, "orbitkv_cluster_placement_leases_held") == 0 })
 	standInAllByRDMA(t, a, b, ea, eb, keys, src)
