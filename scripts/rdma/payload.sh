@@ -35,7 +35,8 @@ a)
   # exchange over mutual TLS, a load placed by PlacePages and moved by RDMA
   # READ, SSD pages over TCP, a page corrupted in the member's DRAM
   # rejected, a lease never released ending at its deadline, QPs forced
-  # into the error state (TCP in the same call, then RDMA again).
+  # into the error state on either end (TCP in the same call or the
+  # batch's deadline, then RDMA again).
   run fabric-cluster 300 ./fabric.test -rdmatest.library=system -test.v -test.count=1 \
     -test.timeout=280s -test.run '^TestClusterExchangesRDMAOverStandIn$'
   run two-guests 600 env ORBITKV_RXE_ROLE=a ./e2e.test -test.v -test.count=1 -test.timeout=580s \
