@@ -53,8 +53,9 @@ test-go:
 
 # OrbitKV over a real verbs stack (docs/rdma.md, "Soft-RoCE"): two qemu guests with the
 # kernel's rdma_rxe and rdma-core's libibverbs, built from pinned Debian packages and cached
-# under ~/.cache/orbitkv/rxe; the rdma package and the transfer contract over rxe0 in one, two
-# peers loading each other's pages by RDMA READ across both. Skips without qemu, saying so;
+# under ~/.cache/orbitkv/rxe, two rxe devices each; the rdma package, the transfer contract and
+# two in-process peers over rxe0 and rxe1 in one, two peers loading each other's pages by RDMA
+# READ across both, striped, with faults. Skips without qemu, saying so;
 # ORBITKV_REQUIRE=rdma makes that a failure. Logs in RXE_OUT.
 RXE_OUT ?= /tmp/orbitkv-rxe
 # The GPU machine's scripts (scripts/gpu/) share lib.sh: its carry, unpack, stop and wait
