@@ -775,7 +775,8 @@ func (c *Cluster) queueLocked(anns []announcement) {
 	c.out.pending = append(c.out.pending, anns...)
 }
 
-// applyFlipLocked applies one change of o's filter.
+// applyFlipLocked applies one change of o's filter; a bit set drops o's
+// refuted claims (index.Gained).
 func (c *Cluster) applyFlipLocked(o *origin, a announcement) {
 	if a.op == opReset || !o.compact {
 		o.synced = false // a snapshot brings the rebuilt filter (or sorts out a confused member)
@@ -784,6 +785,10 @@ func (c *Cluster) applyFlipLocked(o *origin, a announcement) {
 	if err := c.remote.sums.Apply(o.id, []catalog.Flip{{Bit: a.bit, Set: a.op == opSet}}); err != nil {
 		c.logLimit.event(c.log, zerolog.WarnLevel).Err(err).Str("origin", o.name).Msg("summary change does not fit; taking a snapshot")
 		o.synced = false
+		return
+	}
+	if a.op == opSet {
+		c.remote.Gained(o.id) // a page it was asked for and lacked may have arrived
 	}
 }
 

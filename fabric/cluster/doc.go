@@ -39,7 +39,9 @@
 //     pages; a later lookup counts a confirmation unasked for 2 s at most
 //     (a dropped page's bits may stay set by other keys). A false positive
 //     costs one Holds, is counted (summary_claims_total{result="false"})
-//     and is not asked again for 5 s. A lookup's questions share one
+//     and is not asked again for 5 s, or until the member's filter sets a
+//     bit or a snapshot replaces it (a page saved whose bits were all set
+//     already waits out the 5 s). A lookup's questions share one
 //     250 ms deadline; a member that does not answer is not asked again
 //     for 2 s. Members of both kinds mix.
 //   - With mutual TLS, membership needs the data plane's identity (auth.go):

@@ -18,7 +18,8 @@ import (
 // the member confirm the run it claims (Holds) before the lookup counts
 // it, and remembers the answer (confirmed: what a load then fetches, and
 // what later lookups count unasked for confirmTTL; refuted: claims not
-// asked again for refuteTTL; silent: members that did not answer, whose
+// asked again for refuteTTL, or until the member's filter sets a bit
+// (Gained) or is replaced; silent: members that did not answer, whose
 // claims are not asked for silentTTL). Route's confirmation is its own
 // (route.go).
 type index struct {
@@ -32,7 +33,8 @@ type index struct {
 	mu        sync.Mutex
 	confirmed map[pagekey.Key]catalog.RemotePage // pages members confirmed, with the asking session's layout and size
 	fresh     map[claim]time.Time                // confirmations lookups may count unasked, until when
-	refuted   map[claim]time.Time                // claims members denied, until when
+	refuted   map[int]map[pagekey.Key]time.Time  // claims members denied, by origin, until when
+	nRefuted  int                                // entries in refuted
 	silent    map[int]time.Time                  // members that did not answer a confirmation, until when
 }
 
@@ -85,7 +87,7 @@ func minRun(members int) int {
 
 func newIndex() *index {
 	return &index{exact: catalog.NewRemote(), now: time.Now, confirmed: map[pagekey.Key]catalog.RemotePage{},
-		fresh: map[claim]time.Time{}, refuted: map[claim]time.Time{}, silent: map[int]time.Time{}}
+		fresh: map[claim]time.Time{}, refuted: map[int]map[pagekey.Key]time.Time{}, silent: map[int]time.Time{}}
 }
 
 // Add records an exact announcement.
@@ -115,13 +117,17 @@ func (x *index) DropOrigin(origin int) int {
 	for k := range x.confirmed {
 		x.unconfirmLocked(origin, k)
 	}
-	for r := range x.refuted {
-		if r.origin == origin {
-			delete(x.refuted, r)
-		}
-	}
+	x.dropRefutedLocked(origin)
 	delete(x.silent, origin)
 	return n
+}
+
+// Gained records that origin's filter claims new keys (a bit it set): its
+// claims denied before are asked again, for a page may have arrived.
+func (x *index) Gained(origin int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.dropRefutedLocked(origin)
 }
 
 // Get returns the holders of k: those that announced it, and those that
@@ -276,9 +282,10 @@ func (x *index) askRun(ctx context.Context, origin int, keys []pagekey.Key) (int
 func (x *index) isRefuted(origin int, k pagekey.Key) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	until, ok := x.refuted[claim{origin, k}]
+	until, ok := x.refuted[origin][k]
 	if ok && x.now().After(until) {
-		delete(x.refuted, claim{origin, k})
+		delete(x.refuted[origin], k)
+		x.nRefuted--
 		return false
 	}
 	return ok
@@ -305,10 +312,24 @@ func (x *index) isSilent(origin int) bool {
 }
 
 func (x *index) refuteLocked(origin int, k pagekey.Key, now time.Time) {
-	if len(x.refuted) >= maxRefuted {
+	if x.nRefuted >= maxRefuted {
 		clear(x.refuted)
+		x.nRefuted = 0
 	}
-	x.refuted[claim{origin, k}] = now.Add(refuteTTL)
+	m := x.refuted[origin]
+	if m == nil {
+		m = map[pagekey.Key]time.Time{}
+		x.refuted[origin] = m
+	}
+	if _, ok := m[k]; !ok {
+		x.nRefuted++
+	}
+	m[k] = now.Add(refuteTTL)
+}
+
+func (x *index) dropRefutedLocked(origin int) {
+	x.nRefuted -= len(x.refuted[origin])
+	delete(x.refuted, origin)
 }
 
 func (x *index) unconfirmLocked(origin int, k pagekey.Key) {

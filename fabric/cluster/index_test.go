@@ -105,3 +105,54 @@ func TestStaleConfirmationAskedAgain(t *testing.T) {
 			got, m.asked, m.falseClaims)
 	}
 }
+
+// TestRefutationClearedByNewKeys: a member holds 2 pages of a chain whose
+// third its filter claims falsely; a lookup counts 2 and refutes the
+// third. The member then saves the other 4 (their set bits arrive as
+// flips), and the next lookup counts all 6.
+func TestRefutationClearedByNewKeys(t *testing.T) {
+	s := catalog.NewSummary(0)
+	for _, k := range seededKeys(7, s.Capacity()*3/4) {
+		s.Add(k, nil)
+	}
+	chain := seededKeys(8, 2)
+	for _, k := range chain {
+		s.Add(k, nil)
+	}
+	f := s.Filter()
+	var claimed, unclaimed []pagekey.Key
+	for _, k := range seededKeys(9, 400) {
+		if f.Has(k) {
+			claimed = append(claimed, k)
+		} else {
+			unclaimed = append(unclaimed, k)
+		}
+	}
+	if len(claimed) < 1 || len(unclaimed) < 3 {
+		t.Fatalf("%d claimed and %d unclaimed candidates", len(claimed), len(unclaimed))
+	}
+	chain = append(chain, claimed[0], unclaimed[0], unclaimed[1], unclaimed[2])
+	x := newIndex()
+	if err := x.sums.Replace(5, f); err != nil {
+		t.Fatal(err)
+	}
+	m := &fakeMembers{asked: map[int]int{}, holds: map[int]int{5: 2}}
+	x.members = m
+	layout, size := pagekey.Fingerprint{7}, uint64(4096)
+	if got := x.Extend(chain, layout, size, nil); len(got) != 2 || m.falseClaims != 1 {
+		t.Fatalf("holding 2: %v, false claims %d", got, m.falseClaims)
+	}
+	c := &Cluster{remote: x}
+	o := &origin{id: 5, compact: true}
+	var flips []catalog.Flip
+	for _, k := range chain[2:] {
+		flips = s.Add(k, flips)
+	}
+	for _, a := range flipAnnouncements(flips) {
+		c.applyFlipLocked(o, a)
+	}
+	m.holds[5] = len(chain)
+	if got := x.Extend(chain, layout, size, nil); len(got) != len(chain) {
+		t.Fatalf("after the member saved the rest (%d flips): %v, asked %v", len(flips), got, m.asked)
+	}
+}
