@@ -58,6 +58,11 @@ type Server struct {
 	// client's next request or the connection's end (splice.go); answers
 	// over TLS are written as before. Off by default.
 	Splice bool
+	// SendBuffer, set before Serve, is the send buffer each connection
+	// asks the kernel for (SO_SNDBUF, bytes; Linux keeps twice that for its
+	// own bookkeeping); 0 leaves the kernel's autotuning. NewServer sets
+	// DefaultSendBuffer (sndbuf.go).
+	SendBuffer int
 
 	requests, pages, missing, bytes atomic.Uint64
 
@@ -70,7 +75,7 @@ type Server struct {
 
 // NewServer returns a server of src; tlsCfg nil serves plain TCP.
 func NewServer(src Source, tlsCfg *tls.Config) *Server {
-	s := &Server{src: src, tls: tlsCfg, conns: map[net.Conn]struct{}{}}
+	s := &Server{src: src, tls: tlsCfg, conns: map[net.Conn]struct{}{}, SendBuffer: DefaultSendBuffer}
 	if spareCores() {
 		s.PrefetchBytes = DefaultPrefetchBytes
 	}
@@ -176,6 +181,9 @@ func (s *Server) Stats() ServerStats {
 
 func (s *Server) serveConn(raw net.Conn) {
 	c := raw
+	if err := setSendBuffer(raw, s.SendBuffer); err != nil {
+		s.report(raw, err) // served anyway, with the kernel's buffer
+	}
 	if s.tls != nil {
 		tc := tls.Server(raw, s.tls)
 		raw.SetDeadline(time.Now().Add(handshakeTimeout))
