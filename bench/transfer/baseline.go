@@ -19,7 +19,9 @@ import (
 // lands on both alike. iperf3 runs at its best: the same link and
 // direction (-R: the server side sends, as the fetch's server does), the
 // same total number of streams as the cell's connections, the kernel's
-// default socket buffers as ours, its own default write size and one equal
+// autotuned socket buffers (the serve side of the fetch and of the streams
+// asks for --serve-sndbuf, tcp.DefaultSendBuffer unless told), its own
+// default write size and one equal
 // to the page size (capped at iperf3's 1 MiB), and for several connections
 // also one process per stream (iperf3 3.12 drives all of a process's
 // streams from one thread: on two cores -P 2 gave 29–40 Gbit/s, two

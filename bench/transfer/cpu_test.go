@@ -139,7 +139,7 @@ func TestCPUSpanBusiest(t *testing.T) {
 
 // --verify default is the mode the client picks itself (auto from 4
 // cores on, else inline), named as such in the table; the header names the
-// serve side's read-ahead as its default picks it.
+// serve side's read-ahead as its default picks it, and its send buffers.
 func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, tc := range []struct {
@@ -161,13 +161,13 @@ func TestVerifyDefaultAndReadAheadFollowTheCores(t *testing.T) {
 			t.Errorf("GOMAXPROCS %d: header %q, want %q", tc.procs, h, tc.header)
 		}
 	}
-	b := transferBench{PrefetchBytes: 0}
-	if h := b.experiments(); h != ", serve side writing answers in one go" {
+	b := transferBench{PrefetchBytes: 0, SendBuffer: -1}
+	if h := b.experiments(); h != ", serve side writing answers in one go, send buffers of 512KiB asked for" {
 		t.Errorf("--serve-prefetch 0: header %q", h)
 	}
-	b.Splice = true
-	if h := b.experiments(); h != ", serve side splicing page bytes into the socket" {
-		t.Errorf("--serve-splice: header %q", h)
+	b.Splice, b.SendBuffer = true, 0
+	if h := b.experiments(); h != ", serve side splicing page bytes into the socket, send buffers autotuned" {
+		t.Errorf("--serve-splice --serve-sndbuf 0: header %q", h)
 	}
 	if err := b.parseVerify("sideways"); err == nil {
 		t.Error("--verify sideways: no error")

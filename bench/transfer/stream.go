@@ -28,7 +28,9 @@ import (
 //   - page 0's first chunk again and again into one buffer of up to
 //     iperfMaxLen a connection (streamHot: both ends in the caches, as
 //     iperf3 sends and receives: what the link itself moves).
-// Nothing is framed or checked: these are ceilings, not transfers.
+// The serve side's connections ask for the fetch server's send buffer
+// (--serve-sndbuf). Nothing is framed or checked: these are ceilings, not
+// transfers.
 
 // streamKind is where a stream's client reads the bytes into.
 type streamKind byte
@@ -86,7 +88,7 @@ func (b *transferBench) listenStreams(ctx context.Context, out io.Writer, p *tra
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- p.serveStreams(ctx, lis) }()
+	go func() { done <- p.serveStreams(ctx, lis, b.sendBuffer()) }()
 	fmt.Fprintf(out, "streams on %s\n", lis.Addr())
 	return func() {
 		cancel()
@@ -98,8 +100,9 @@ func (b *transferBench) listenStreams(ctx context.Context, out io.Writer, p *tra
 
 // serveStreams answers stream connections on lis until ctx ends or lis
 // fails: each names a page size and a streamKind (streamRequest) and is then
-// written that size's pages until it goes away.
-func (p *transferPages) serveStreams(ctx context.Context, lis net.Listener) error {
+// written that size's pages until it goes away. Each connection asks for
+// sndbuf bytes of send buffer, as the fetch's server does (0: autotuned).
+func (p *transferPages) serveStreams(ctx context.Context, lis net.Listener, sndbuf int) error {
 	go func() { <-ctx.Done(); lis.Close() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -115,6 +118,11 @@ func (p *transferPages) serveStreams(ctx context.Context, lis net.Listener) erro
 			defer conn.Close()
 			stop := context.AfterFunc(ctx, func() { conn.Close() })
 			defer stop()
+			if tc, ok := conn.(*net.TCPConn); ok && sndbuf > 0 {
+				if err := tc.SetWriteBuffer(sndbuf); err != nil {
+					return
+				}
+			}
 			p.stream(conn)
 		})
 	}

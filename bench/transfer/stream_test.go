@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/orbitkv/orbitkv/transfer/tcp"
 )
 
 // serveStreamsFor serves p's streams on loopback until the test ends and
@@ -21,7 +23,7 @@ func serveStreamsFor(t *testing.T, p *transferPages) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- p.serveStreams(ctx, lis) }()
+	go func() { done <- p.serveStreams(ctx, lis, tcp.DefaultSendBuffer) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

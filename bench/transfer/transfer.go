@@ -54,6 +54,9 @@ type transferBench struct {
 	PrefetchBytes int
 	// Splice is the serve side's tcp.Server.Splice.
 	Splice bool
+	// SendBuffer is the serve side's tcp.Server.SendBuffer; negative
+	// leaves the server's own default.
+	SendBuffer int
 	// ServePID, if set, is the --serve process on this machine, whose CPU
 	// time each TCP cell reports beside the client's (cpu.go).
 	ServePID int
@@ -91,7 +94,7 @@ type Config struct {
 // DefaultConfig is `orbitkv bench transfer`'s default matrix (the side left to the caller).
 func DefaultConfig() Config {
 	c := Config{Iperf3Port: 5201, Transports: "tcp,rdma", Ops: "read,write", Sizes: "256KiB,2MiB", Conns: "1,2", Verify: "default"}
-	c.Seconds, c.Rounds, c.PrefetchBytes, c.Streams = 1, 3, -1, true
+	c.Seconds, c.Rounds, c.PrefetchBytes, c.Streams, c.SendBuffer = 1, 3, -1, true, -1
 	c.BatchBytes, c.PoolBytes = 16<<20, 64<<20
 	c.RDMA.GIDIndex = -1
 	return c
@@ -116,6 +119,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "measured rounds per cell (median reported)")
 	fs.IntVar(&c.PrefetchBytes, "serve-prefetch", c.PrefetchBytes, "bytes the serve side reads each answer's pages ahead of its writes, on a goroutine of the request's own (0: off; -1: the server's default, on with 4 or more cores)")
 	fs.BoolVar(&c.Streams, "streams", c.Streams, "beside each TCP READ cell's rounds, bare TCP streams on the next port (no header, no check): the cell's pages from the memory the fetch serves them from into its destinations, the bar the fetch is judged against (vs stream); and one page's chunk into one buffer, as iperf3 moves it")
+	fs.IntVar(&c.SendBuffer, "serve-sndbuf", c.SendBuffer, "bytes of send buffer the serve side's connections ask for (SO_SNDBUF; 0: the kernel's autotuning; -1: the server's default, tcp.DefaultSendBuffer)")
 	fs.BoolVar(&c.Splice, "serve-splice", c.Splice, "the serve side writes page bytes by reference (vmsplice and splice), each answer's pages held until the client's next request (tcp.Server.Splice)")
 	fs.IntVar(&c.ServePID, "serve-pid", c.ServePID, "with --client: the --serve side's process id on this machine, whose CPU the matrix reports beside the client's and iperf3's (--netns passes it)")
 	fs.Var((*bytesize.Size)(&c.BatchBytes), "batch-bytes", "bytes per request")
@@ -291,19 +295,34 @@ func (b *transferBench) batchOf(size uint64) int {
 	return min(b.pagesPer(size), max(1, int(b.BatchBytes/size)))
 }
 
-// experiments says how far ahead the serve side reads, for the header.
+// sendBuffer is the send buffer the serve side's connections ask for, the
+// fetch's and the streams' alike (0: autotuned).
+func (b *transferBench) sendBuffer() int {
+	if b.SendBuffer >= 0 {
+		return b.SendBuffer
+	}
+	return tcp.NewServer(nil, nil).SendBuffer
+}
+
+// experiments says how the serve side writes (read-ahead, splice, send
+// buffers), for the header.
 func (b *transferBench) experiments() string {
 	n, whose := b.PrefetchBytes, ""
 	if n < 0 {
 		n, whose = tcp.NewServer(nil, nil).PrefetchBytes, " (its default with GOMAXPROCS as here)"
 	}
+	buf := b.sendBuffer()
+	sndbuf := ", send buffers autotuned"
+	if buf > 0 {
+		sndbuf = fmt.Sprintf(", send buffers of %s asked for", bytesize.Size(buf))
+	}
 	switch {
 	case b.Splice:
-		return ", serve side splicing page bytes into the socket"
+		return ", serve side splicing page bytes into the socket" + sndbuf
 	case n == 0:
-		return ", serve side writing answers in one go" + whose
+		return ", serve side writing answers in one go" + whose + sndbuf
 	}
-	return fmt.Sprintf(", serve side reading %s ahead of its writes%s", bytesize.Size(n), whose)
+	return fmt.Sprintf(", serve side reading %s ahead of its writes%s%s", bytesize.Size(n), whose, sndbuf)
 }
 
 // transferKey names page i of size; both sides derive it.
@@ -376,6 +395,7 @@ func (b *transferBench) serve(ctx context.Context, out io.Writer, addr string) e
 	}
 	srv := tcp.NewServer(p, nil)
 	srv.Splice = b.Splice
+	srv.SendBuffer = b.sendBuffer()
 	if b.PrefetchBytes >= 0 {
 		srv.PrefetchBytes = b.PrefetchBytes
 	}
