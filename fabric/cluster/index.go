@@ -189,7 +189,7 @@ func (x *index) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uint
 	from := x.exact.Extend(keys, layout, size, usable)
 	ctx, cancel := context.WithTimeout(context.Background(), extendDeadline)
 	defer cancel()
-	for asks := 0; len(from) < len(keys) && asks < maxAsks && ctx.Err() == nil; {
+	for asks := 0; len(from) < len(keys) && asks < maxAsks; {
 		rest := keys[len(from):]
 		if o, n := x.fromConfirmed(rest, layout, size, usable); n > 0 {
 			for range n {
