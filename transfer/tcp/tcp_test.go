@@ -216,15 +216,13 @@ func TestFetchEndsAtItsDeadline(t *testing.T) {
 	_, addr := serve(t, src, nil)
 	c := NewClient(nil)
 	defer c.Close()
-	start := time.Now()
+	// The server never answers: the fetch ends by its own deadline (the error
+	// says which), not by the server; the test's timeout catches a hang.
 	errs := errsOf(c.Fetch(ctxFor(t, 200*time.Millisecond), addr, []Want{w}, buffers([]Want{w})))
 	if errs[0] == nil || !errors.Is(errs[0], context.DeadlineExceeded) {
 		t.Errorf("err %v, want deadline exceeded", errs[0])
 	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("fetch returned after %v", d)
-	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // a bound on the wait below, not a measure
 	for src.releases.Load() != src.opens.Load() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
