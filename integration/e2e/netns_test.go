@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/orbitkv/orbitkv/internal/engineclient"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
@@ -145,18 +149,20 @@ func testTwoHosts(t *testing.T, flags ...string) {
 	if out, err := exec.Command("ip", "-n", ns[1], "link", "set", link[1], "down").CombinedOutput(); err != nil {
 		t.Fatalf("link down: %v %s", err, out)
 	}
+	// The load must end, failed, rather than hang: the client enforces its
+	// 3-s deadline itself, so returning shows that; a hang past it is the
+	// test's own timeout. Its end is the peer's answer (the page failed) or
+	// that deadline, nothing else.
 	lctx, lcancel := context.WithTimeout(ctx, 3*time.Second)
-	start := time.Now()
 	st, err := engines[1].Load(lctx, []*pb.PageRef{{Key: more[0], Blocks: blocksOf(21)}})
 	lcancel()
-	took := time.Since(start)
-	if took > 6*time.Second {
-		t.Fatalf("a load across a partition took %v", took)
+	if err == nil && (len(st.GetPages()) != 1 || st.Pages[0].Code == pb.PageCode_PAGE_OK) {
+		t.Fatalf("a load across a partition answered %v: want its page failed", st)
 	}
-	if err == nil && st.Pages[0].Code == pb.PageCode_PAGE_OK {
-		t.Fatal("a load across a partition reported the page restored")
+	if err != nil && status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a load across a partition failed with %v: want its page failed or the deadline", err)
 	}
-	t.Logf("load across the partition ended after %v: %v %v", took.Round(time.Millisecond), err, st)
+	t.Logf("load across the partition ended: %v %v", err, st)
 	waitFor(t, "the lost member's pages to leave b's lookups", 30*time.Second, func() bool {
 		look, err := engines[1].Lookup(ctx, more, false)
 		return err == nil && look.HitPages == 0
