@@ -42,7 +42,7 @@ type Copier struct {
 	scratch  unsafe.Pointer // C.malloc, 3×MaxSegments words (batch arrays)
 	fn       C.CUfunction
 	maxPitch uint64 // CU_DEVICE_ATTRIBUTE_MAX_PITCH, for pitched copies; 0 without them
-	auto     bool   // MethodAuto: kernel, or pitched copies where a batch folds
+	auto     bool   // MethodAuto: batched copies, or pitched ones where a batch folds
 
 	mu struct {
 		sync.Mutex
@@ -55,17 +55,18 @@ type Copier struct {
 	}
 }
 
-// NewCopier creates a copier. MethodAuto takes, batch by batch, pitched
-// copies where the batch folds into runs at constant strides (a page's
-// planes: on an H200 97% of a contiguous pinned copy both ways, on the copy
-// engines), else the copy kernel where its PTX loads and the device maps
-// host memory (91–92% restore, 94–95% save there, one launch per batch
-// whatever its size), else cuMemcpyBatchAsync over 4 streams (90–95%, but
-// the driver's enqueue of thousands of copies makes it vary from run to
-// run), else per-segment copies over several streams (about 47%). The
-// kernel occupies SMs while it copies; where the engine's compute must keep
-// every SM, ask for MethodPitched or MethodBatch, which run on the copy
-// engines.
+// NewCopier creates a copier. MethodAuto keeps every copy on the copy
+// engines (DMA), leaving the SMs to the engine whose KV it moves: batch by
+// batch, pitched copies where the batch folds into runs at constant strides
+// (a page's planes: on an H200 97% of a contiguous pinned copy both ways),
+// else cuMemcpyBatchAsync over 4 streams (90–95% alone). Only a driver
+// without cuMemcpyBatchAsync gets the copy kernel (91–95% alone, one launch
+// per batch), else per-segment copies over several streams (about 47%).
+// Alone the kernel is as fast, but beside a serving engine it takes SMs from
+// the engine's own kernels: under vLLM 0.26 on an H100 the kernel's restores
+// spent 14.6 s copying per minute and served 4–5% fewer requests than vLLM's
+// own offloading, cuMemcpyBatchAsync's 2.1–2.7 s and 4–5% more
+// (docs/benchmarks.md). Ask for MethodKernel to have it anyway.
 func (d *Device) NewCopier(cfg CopierConfig) (*Copier, error) {
 	if err := d.live(); err != nil {
 		return nil, err
@@ -142,11 +143,11 @@ func (c *Copier) resolve(m Method) (Method, error) {
 		if C.okv_has_copy_2d() != 0 {
 			c.maxPitch = uint64(c.d.attr(attrMaxPitch))
 		}
-		if canKernel() == nil {
-			return MethodKernel, nil
-		}
 		if C.okv_batch_kind() != 0 {
 			return MethodBatch, nil
+		}
+		if canKernel() == nil {
+			return MethodKernel, nil
 		}
 		return MethodStreams, nil
 	case MethodKernel:
@@ -212,7 +213,7 @@ type Pending struct {
 }
 
 // Method is the method the batch's copies went by (MethodAuto resolves per
-// batch: pitched copies where it folds, else the kernel).
+// batch: pitched copies where it folds, else cuMemcpyBatchAsync).
 func (p *Pending) Method() Method { return p.m }
 
 // Start enqueues a batch and returns without waiting. The copier takes no
