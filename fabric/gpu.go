@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"github.com/orbitkv/orbitkv/fabric/engineapi"
 	"github.com/orbitkv/orbitkv/fabric/store"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/orbitkv/orbitkv/cuda"
@@ -209,6 +211,30 @@ func (p *Peer) CUDAStats() map[int]transfer.CUDAStats {
 		out[ord] = gd.xfer.Stats()
 	}
 	return out
+}
+
+// gpuBatches exports each opened GPU's device batches by the copy method
+// they went by, orbitkv_transfer_gpu_batches_total{device,method}: whether
+// copies ran on the copy engines (batch, pitched) or on the SMs (kernel)
+// shows on a serving peer, not only in bench gpu.
+type gpuBatches struct {
+	desc  *prometheus.Desc
+	stats func() map[int]transfer.CUDAStats
+}
+
+func newGPUBatches(stats func() map[int]transfer.CUDAStats) gpuBatches {
+	return gpuBatches{stats: stats, desc: prometheus.NewDesc("orbitkv_transfer_gpu_batches_total",
+		"Device copy batches by GPU and the copy method they went by (auto resolves per batch).", []string{"device", "method"}, nil)}
+}
+
+func (g gpuBatches) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g gpuBatches) Collect(ch chan<- prometheus.Metric) {
+	for dev, st := range g.stats() {
+		for m, n := range st.ByMethod {
+			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.CounterValue, float64(n), strconv.Itoa(dev), m)
+		}
+	}
 }
 
 // GPUPhases is where CUDA sessions' whole-request loads and saves spent

@@ -178,6 +178,7 @@ func (p *Peer) openTiers() error {
 	}
 	p.m = newMetrics()
 	registerPoolGauges(p.m.reg, p.pool) // observe.go
+	p.m.reg.MustRegister(newGPUBatches(p.CUDAStats))
 	opts := catalog.Options{Dir: filepath.Join(p.cfg.DataDir, "catalog")}
 	if p.cfg.ClusterAddr != "" {
 		if p.cluster, err = cluster.New(p.cfg.Config, p.cfg.DataDir, p.m.reg, p.log); err != nil {

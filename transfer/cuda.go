@@ -74,6 +74,19 @@ type CUDA struct {
 
 	bytes, batches, waits atomic.Uint64
 	waitNanos, copyNanos  atomic.Int64
+	byMethod              [nMethods]atomic.Uint64 // device batches by the method they went by
+}
+
+// nMethods bounds cuda.Method's values (MethodPitched is the last).
+const nMethods = int(cuda.MethodPitched) + 1
+
+// started counts a device batch under the method it went by (MethodAuto
+// resolves per batch: pitched copies or cuMemcpyBatchAsync).
+func (c *CUDA) started(p *cuda.Pending) {
+	c.batches.Add(1)
+	if m := int(p.Method()); m >= 0 && m < nMethods {
+		c.byMethod[m].Add(1)
+	}
 }
 
 // NewCUDA creates a transport between hostR (whose bytes host registered)
@@ -189,7 +202,7 @@ func (c *CUDA) CopyGroups(ctx context.Context, groups [][]Desc, done func(g int)
 				return fmt.Errorf("cuda %s of %d descriptors: %w", dir, len(chunk), err)
 			}
 			cur = &flight{p: p, group: g, last: i+c.maxSegs >= len(segs)}
-			c.batches.Add(1)
+			c.started(p)
 			runDone()
 		}
 	}
@@ -292,14 +305,21 @@ func lowerCUDA(dst []cuda.Segment, batch []Desc, hostR *Region, ordinal int) (cu
 // CUDAStats counts a transport's work since it was created.
 type CUDAStats struct {
 	Bytes, Batches uint64
-	CopierWaits    uint64        // operations that waited for a free copier
-	CopierWait     time.Duration // total time they waited
-	CopyTime       time.Duration // total time from a copier in hand to the last group done (CopyGroups)
+	ByMethod       map[string]uint64 // device batches by the copy method they went by
+	CopierWaits    uint64            // operations that waited for a free copier
+	CopierWait     time.Duration     // total time they waited
+	CopyTime       time.Duration     // total time from a copier in hand to the last group done (CopyGroups)
 }
 
 // Stats returns the counters.
 func (c *CUDA) Stats() CUDAStats {
-	return CUDAStats{Bytes: c.bytes.Load(), Batches: c.batches.Load(), CopierWaits: c.waits.Load(),
+	by := map[string]uint64{}
+	for m := range nMethods {
+		if n := c.byMethod[m].Load(); n > 0 {
+			by[cuda.Method(m).String()] = n
+		}
+	}
+	return CUDAStats{Bytes: c.bytes.Load(), Batches: c.batches.Load(), ByMethod: by, CopierWaits: c.waits.Load(),
 		CopierWait: time.Duration(c.waitNanos.Load()), CopyTime: time.Duration(c.copyNanos.Load())}
 }
 

@@ -122,7 +122,7 @@ func (c *CUDA) startGated(ctx context.Context, groups [][]Desc, g *cudaGate) (Fl
 		c.copiers <- slot
 		return nil, fmt.Errorf("cuda %s of %d gated groups: %w", dir, len(groups), err)
 	}
-	c.batches.Add(1)
+	c.started(p)
 	return &cudaFlight{c: c, slot: slot, p: p, start: time.Now()}, nil
 }
 

@@ -104,7 +104,7 @@ func (c *CUDA) StartGroups(ctx context.Context, groups [][]Desc, marks *Marks) (
 		c.copiers <- slot
 		return nil, fmt.Errorf("cuda %s of %d groups: %w", dir, len(groups), err)
 	}
-	c.batches.Add(1)
+	c.started(p)
 	return &cudaFlight{c: c, slot: slot, p: p, start: time.Now()}, nil
 }
 

@@ -55,7 +55,7 @@ func (c *CUDA) CopyFrom(ctx context.Context, src PeerSource, batch []Desc) (err 
 		if err != nil {
 			return fmt.Errorf("cuda peer copy of %d descriptors from device %d: %w", len(chunk), sd.Ordinal(), err)
 		}
-		c.batches.Add(1)
+		c.started(p)
 		if err := c.wait(ctx, p); err != nil {
 			ok = !errors.Is(err, ErrStuck)
 			return err

@@ -67,7 +67,7 @@ func (s *cudaStream) Add(batch []Desc) error {
 		case s.p == nil:
 			s.dir = dir
 			if s.p, err = s.slot.cp.Start(dir, s.c.host, part); err == nil {
-				s.c.batches.Add(1)
+				s.c.started(s.p)
 			}
 		case s.held != nil:
 			s.held = append(s.held, part...)
@@ -102,7 +102,7 @@ func (s *cudaStream) Finish(ctx context.Context) error {
 	for i := 0; err == nil && s.err == nil && i < len(s.held); i += s.c.maxSegs {
 		var p *cuda.Pending
 		if p, err = s.slot.cp.Start(s.dir, s.c.host, s.held[i:min(i+s.c.maxSegs, len(s.held))]); err == nil {
-			s.c.batches.Add(1)
+			s.c.started(p)
 			err = s.c.wait(ctx, p)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
@@ -356,6 +357,7 @@ func (p *peerBench) table(ctx context.Context, w io.Writer, bt, pages int) error
 	}
 	phaseLine(w, "restore", ph1, ph2, loads)
 	phaseLine(w, "save", ph0, ph1, saves)
+	fmt.Fprintf(w, "device batches by copy method: restore %s; save %s\n", methodDelta(st1, st2), methodDelta(st0, st1))
 	fmt.Fprintf(w, "SUMMARY peer bt=%d pages=%d restore %.1f GB/s = %.0f%% of contiguous %.1f; save %.1f GB/s = %.0f%% of contiguous %.1f; naive %.0f%%/%.0f%% (target ≥ 90%%)\n",
 		bt, pages, rs, 100*rs/contig[0], contig[0], ss, 100*ss/contig[1], contig[1], 100*naive[0]/contig[0], 100*naive[1]/contig[1])
 	return nil
@@ -446,4 +448,19 @@ func (b *gpuBench) perBlock(ctx context.Context, pages, perPage int) ([2]float64
 		out[dir] = n / t.Seconds() / 1e9
 	}
 	return out, nil
+}
+
+// methodDelta lists the device batches between two snapshots by the copy
+// method they went by ("batch 21, pitched 3").
+func methodDelta(a, b transfer.CUDAStats) string {
+	var parts []string
+	for _, m := range slices.Sorted(maps.Keys(b.ByMethod)) {
+		if n := b.ByMethod[m] - a.ByMethod[m]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", m, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
