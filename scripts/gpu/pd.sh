@@ -128,7 +128,7 @@ start_ref() { # NAME ROLE DEVICE EXTRA-JSON
 
 peer_counters() { # LABEL
 	[ -n "$PEER_METRICS" ] || return 0
-	curl -s --max-time 5 "http://$PEER_METRICS/metrics" | grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|hbm_staged_pages|lookup_hit_pages|lookup_miss_pages|corrupt_pages)_total|^orbitkv_transfer_gpu_phase_seconds_total" |
+	curl -s --max-time 5 "http://$PEER_METRICS/metrics" | grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|hbm_staged_pages|lookup_hit_pages|lookup_miss_pages|corrupt_pages)_total|^orbitkv_transfer_gpu_(phase_seconds|batches)_total" |
 		sed "s/^/[$1 peer] /" | tee -a "$S"
 }
 

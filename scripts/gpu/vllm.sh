@@ -37,7 +37,9 @@
 #               RESTART_AT (30s) into it once the requests in flight are done, started again with the
 #               same flags; summary.json's restart: the rate before, when the engine answered again and
 #               how long until the rate was back (OrbitKV's peer keeps its pages; vLLM's offloading
-#               cache goes with its process)
+#               cache goes with its process). DURATION=150s leaves time to see the rate come back
+#               (vLLM restarts in ~70 s); PREFIXES (default 12) widens the working set: with 12 the
+#               offloading cache refills in seconds, so surviving pages show little.
 #   report      bench report over every run so far
 # CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
 # kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
@@ -159,7 +161,7 @@ bench() { # CFG NAME BENCH-ARGS...
 			sed "s/^/[$name vllm:$p] /" | tee -a "$S"
 	done
 	orbitkv_cfg "$cfg" && curl -s --max-time 5 127.0.0.1:9464/metrics |
-		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_phase_seconds_total" |
+		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_(phase_seconds|batches)_total" |
 		sed "s/^/[$name peer] /" | tee -a "$S"
 	# the connector's restore-gate counters, from vLLM's periodic "KV Transfer metrics" lines
 	# (and vLLM's own offloading's transfer counters, from the same lines)
@@ -220,7 +222,7 @@ two() {
 	done
 }
 
-SEEDS=(--workload sustained --prefix-tokens ${PREFIX_TOKENS:-1024,4096,8192} --prefixes 12 --reuse 0.75 --concurrency 8 --output-tokens 16)
+SEEDS=(--workload sustained --prefix-tokens ${PREFIX_TOKENS:-1024,4096,8192} --prefixes ${PREFIXES:-12} --reuse 0.75 --concurrency 8 --output-tokens 16)
 
 sustained() {
 	for cfg in ${SEQ:-native dram ssd}; do
