@@ -124,7 +124,9 @@ func runRouteProxy(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "route-proxy listening on http://%s\n", lis.Addr())
 	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 60 * time.Second}
+	shut := make(chan struct{})
 	go func() {
+		defer close(shut)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -133,5 +135,9 @@ func runRouteProxy(ctx context.Context, args []string, out io.Writer) error {
 	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	<-shut // the requests in flight have ended (or 5 s passed): the counts are final
+	c := rt.Counts()
+	fmt.Fprintf(out, "route-proxy: %d requests routed, %d round robin; %d route queries failed or timed out\n",
+		c.Routed, c.RoundRobin, c.RouteFailed)
 	return nil
 }

@@ -55,6 +55,20 @@ type Router struct {
 	names  []string // engine names, sorted: the round-robin order
 	client *http.Client
 	rr     atomic.Uint64
+	// What the requests got, for Counts.
+	routed, roundRobin, routeFailed atomic.Uint64
+}
+
+// Counts is how the router's requests went so far.
+type Counts struct {
+	Routed      uint64 // sent to a host holding a leading page
+	RoundRobin  uint64 // sent round robin (nobody held a page, text prompt, or RoundRobin)
+	RouteFailed uint64 // route queries that failed or ran out of time (their requests went round robin)
+}
+
+// Counts returns how the requests went so far.
+func (r *Router) Counts() Counts {
+	return Counts{Routed: r.routed.Load(), RoundRobin: r.roundRobin.Load(), RouteFailed: r.routeFailed.Load()}
 }
 
 // New returns a router over cfg's engines.
@@ -92,9 +106,16 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.Unmarshal(prompt.Prompt, &tokens) // text prompts are not keyed: round robin
 	var ans Answer
 	if len(tokens) > 0 && !r.cfg.RoundRobin {
-		ans, _ = r.route(req.Context(), tokens)
+		if ans, err = r.route(req.Context(), tokens); err != nil {
+			r.routeFailed.Add(1)
+		}
 	}
 	name, pages := pick(ans, r.cfg.Engines, r.names, r.rr.Add(1)-1)
+	if pages > 0 {
+		r.routed.Add(1)
+	} else {
+		r.roundRobin.Add(1)
+	}
 	r.forward(w, req, name, pages, body)
 }
 

@@ -88,6 +88,10 @@ func TestRouterForwards(t *testing.T) {
 	if !seen["a"] || !seen["b"] {
 		t.Errorf("round robin reached %v, want both engines", seen)
 	}
+	// One routed; the text prompt and the two the down peer left round robin.
+	if c, want := rt.Counts(), (Counts{Routed: 1, RoundRobin: 3, RouteFailed: 2}); c != want {
+		t.Errorf("counts %+v, want %+v", c, want)
+	}
 }
 
 // TestRoundRobinNeverAsksThePeer: with RoundRobin the requests alternate
@@ -125,6 +129,9 @@ func TestRoundRobinNeverAsksThePeer(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "e1,e2,e1,e2" {
 		t.Errorf("engines in turn: %v", got)
+	}
+	if c, want := rt.Counts(), (Counts{RoundRobin: 4}); c != want {
+		t.Errorf("counts %+v, want %+v", c, want)
 	}
 }
 
