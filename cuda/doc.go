@@ -47,7 +47,9 @@
 // 90–95% on 4; the kernel 92% restore and 94–95% save every time; pitched
 // copies of whole pages 96–97% both ways (a later session). MethodAuto takes
 // pitched copies for a batch that folds (at least 4 segments per 2D copy),
-// else the kernel, and cuMemcpyBatchAsync where the kernel cannot run.
+// else cuMemcpyBatchAsync, and the kernel only on a driver without it:
+// alone the kernel is as fast, but beside a serving engine it takes SMs
+// from the engine (under vLLM on an H100 the copy engines served 8% more).
 // `orbitkv bench gpu` (bench/gpu) measures it again.
 //
 // # Memory ownership
