@@ -77,7 +77,7 @@ func (s *adminServer) CatalogLookup(_ context.Context, r *pb.CatalogLookupReques
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	res := s.p.cat.Lookup(keys, time.Now().UnixNano())
+	res := s.p.cat.Lookup(keys, s.p.now().UnixNano())
 	out := &pb.CatalogLookupResponse{HitPages: uint32(res.Hit)}
 	for _, t := range res.Tiers {
 		out.Tiers = append(out.Tiers, tierToPB(t))

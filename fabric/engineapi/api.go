@@ -57,7 +57,8 @@ type Deps struct {
 	Started     time.Time
 	Registry    *prometheus.Registry
 	Log         zerolog.Logger
-	// Now is the clock of lease expiry and keepalives (nil: time.Now).
+	// Now is the clock of lease expiry, keepalives and the access time
+	// lookups stamp on the pages they hit (nil: time.Now).
 	Now func() time.Time
 }
 

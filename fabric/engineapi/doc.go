@@ -17,5 +17,6 @@
 //   - A shared-memory buffer whose file shrank fails that session's Save
 //     and Load (checked before each; a copy that faults mid-way fails its
 //     pages), never the peer.
-//   - Lease expiry and keepalives read the clock given in Deps.Now.
+//   - Lease expiry, keepalives and the access time a lookup stamps on the
+//     pages it hits read the clock given in Deps.Now.
 package engineapi

@@ -46,7 +46,7 @@ type lookupAsk struct {
 // over-committed.
 func (p *API) lookup(sess *session, keys []pagekey.Key, ask lookupAsk) lookupResult {
 	p.pages.NoteAsked(&sess.Engine, keys) // what readmissions are judged by (fabric/store/readmit.go)
-	res := p.cat.Lookup(keys, time.Now().UnixNano())
+	res := p.cat.Lookup(keys, p.now().UnixNano())
 	held := min(ask.held, res.Hit)
 	cut, dram := p.pages.CutSlowSSD(&sess.Engine, ask.recompute, keys[held:res.Hit])
 	out := lookupResult{hit: held + cut, recompute: res.Hit - held - cut}
