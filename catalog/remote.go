@@ -1,55 +1,11 @@
 package catalog
 
 import (
-	"errors"
 	"hash/maphash"
-	"math/bits"
 	"sync"
 
 	"github.com/orbitkv/orbitkv/internal/pagekey"
 )
-
-// MaxOrigins is how many peers a Remote index tells apart. Origin ids are
-// 0..MaxOrigins-1; the fabric assigns them to members and reuses the ids of
-// peers that left.
-const MaxOrigins = 128
-
-// ErrOrigin reports an origin id out of range.
-var ErrOrigin = errors.New("origin id out of range")
-
-// Holders is a set of origin ids.
-type Holders [MaxOrigins / 64]uint64
-
-func (h *Holders) add(o int)     { h[o>>6] |= 1 << (o & 63) }
-func (h *Holders) remove(o int)  { h[o>>6] &^= 1 << (o & 63) }
-func (h Holders) Has(o int) bool { return o >= 0 && o < MaxOrigins && h[o>>6]&(1<<(o&63)) != 0 }
-func (h Holders) Empty() bool    { return h == Holders{} }
-func (h Holders) Count() (n int) {
-	for _, w := range h {
-		n += bits.OnesCount64(w)
-	}
-	return n
-}
-
-// First returns the lowest origin in h, or -1.
-func (h Holders) First() int {
-	for i, w := range h {
-		if w != 0 {
-			return i*64 + bits.TrailingZeros64(w)
-		}
-	}
-	return -1
-}
-
-// Next returns the lowest origin in h above o, or -1.
-func (h Holders) Next(o int) int {
-	for o++; o < MaxOrigins; o++ {
-		if h.Has(o) {
-			return o
-		}
-	}
-	return -1
-}
 
 // RemotePage is what the index knows of one page held elsewhere.
 type RemotePage struct {
@@ -60,23 +16,78 @@ type RemotePage struct {
 
 const remoteShards = 64
 
+// remoteEntry is a RemotePage as the index stores it: without pointers, so
+// that the collector skips the maps of entries. Its holders are inline
+// (Holders.small), or, marked spilled, in its shard's big map.
+type remoteEntry struct {
+	layout pagekey.Fingerprint
+	size   uint64
+	small  [smallHolders]uint16
+}
+
+// spilled, in an entry's last small slot, marks holders in its shard's big
+// map: neither an inline list's id+1 (at most MaxOrigins) nor inline bits
+// (bitsFlag set).
+const spilled = bitsFlag - 1
+
 // Remote indexes the pages other peers announced. It is safe for
 // concurrent use.
 type Remote struct {
 	seed   maphash.Seed
-	shards [remoteShards]struct {
-		sync.RWMutex
-		m map[pagekey.Key]RemotePage
-	}
+	shards [remoteShards]remoteShard
+}
+
+type remoteShard struct {
+	sync.RWMutex
+	m   map[pagekey.Key]remoteEntry
+	big map[pagekey.Key][]uint64 // the holders of m's spilled entries (Holders.big, never written)
 }
 
 // NewRemote returns an empty index.
 func NewRemote() *Remote {
 	r := &Remote{seed: maphash.MakeSeed()}
 	for i := range r.shards {
-		r.shards[i].m = map[pagekey.Key]RemotePage{}
+		r.shards[i].m = map[pagekey.Key]remoteEntry{}
+		r.shards[i].big = map[pagekey.Key][]uint64{}
 	}
 	return r
+}
+
+// pageLocked returns what the shard holds of k.
+func (s *remoteShard) pageLocked(k pagekey.Key) (RemotePage, bool) {
+	e, ok := s.m[k]
+	if !ok {
+		return RemotePage{}, false
+	}
+	return s.pageOfLocked(k, e), true
+}
+
+// pageOfLocked returns k's entry e as a RemotePage.
+func (s *remoteShard) pageOfLocked(k pagekey.Key, e remoteEntry) RemotePage {
+	p := RemotePage{Layout: e.layout, Size: e.size}
+	if e.small[smallHolders-1] == spilled {
+		p.Holders.big = s.big[k]
+	} else {
+		p.Holders.small = e.small
+	}
+	return p
+}
+
+// putLocked stores p as k's entry, or deletes k when p has no holder.
+func (s *remoteShard) putLocked(k pagekey.Key, p RemotePage) {
+	if p.Holders.Empty() {
+		delete(s.m, k)
+		delete(s.big, k)
+		return
+	}
+	e := remoteEntry{layout: p.Layout, size: p.Size, small: p.Holders.small}
+	if p.Holders.big != nil {
+		e.small = [smallHolders]uint16{smallHolders - 1: spilled}
+		s.big[k] = p.Holders.big
+	} else {
+		delete(s.big, k)
+	}
+	s.m[k] = e
 }
 
 func (r *Remote) shard(k pagekey.Key) int {
@@ -94,12 +105,14 @@ func (r *Remote) Add(origin int, k pagekey.Key, layout pagekey.Fingerprint, size
 	s := &r.shards[r.shard(k)]
 	s.Lock()
 	defer s.Unlock()
-	p, ok := s.m[k]
+	p, ok := s.pageLocked(k)
 	if !ok || p.Layout != layout || p.Size != size {
 		p = RemotePage{Layout: layout, Size: size}
 	}
-	p.Holders.add(origin)
-	s.m[k] = p
+	if err := p.Holders.Add(origin); err != nil {
+		return err
+	}
+	s.putLocked(k, p)
 	return nil
 }
 
@@ -111,16 +124,12 @@ func (r *Remote) Remove(origin int, k pagekey.Key) {
 	s := &r.shards[r.shard(k)]
 	s.Lock()
 	defer s.Unlock()
-	p, ok := s.m[k]
+	p, ok := s.pageLocked(k)
 	if !ok {
 		return
 	}
-	p.Holders.remove(origin)
-	if p.Holders.Empty() {
-		delete(s.m, k)
-		return
-	}
-	s.m[k] = p
+	p.Holders.Remove(origin)
+	s.putLocked(k, p)
 }
 
 // DropOrigin forgets every page origin announced; it returns how many.
@@ -132,17 +141,14 @@ func (r *Remote) DropOrigin(origin int) int {
 	for i := range r.shards {
 		s := &r.shards[i]
 		s.Lock()
-		for k, p := range s.m {
+		for k, e := range s.m {
+			p := s.pageOfLocked(k, e)
 			if !p.Holders.Has(origin) {
 				continue
 			}
 			n++
-			p.Holders.remove(origin)
-			if p.Holders.Empty() {
-				delete(s.m, k)
-			} else {
-				s.m[k] = p
-			}
+			p.Holders.Remove(origin)
+			s.putLocked(k, p)
 		}
 		s.Unlock()
 	}
@@ -154,8 +160,7 @@ func (r *Remote) Get(k pagekey.Key) (RemotePage, bool) {
 	s := &r.shards[r.shard(k)]
 	s.RLock()
 	defer s.RUnlock()
-	p, ok := s.m[k]
-	return p, ok
+	return s.pageLocked(k)
 }
 
 // Len returns how many keys the index holds.
@@ -176,8 +181,8 @@ func (r *Remote) Count(origin int) int {
 	for i := range r.shards {
 		s := &r.shards[i]
 		s.RLock()
-		for _, p := range s.m {
-			if p.Holders.Has(origin) {
+		for k, e := range s.m {
+			if s.pageOfLocked(k, e).Holders.Has(origin) {
 				n++
 			}
 		}
@@ -215,12 +220,9 @@ func (r *Remote) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uin
 }
 
 func pick(h Holders, usable func(int) bool) int {
-	for i, w := range h {
-		for ; w != 0; w &= w - 1 {
-			o := i*64 + bits.TrailingZeros64(w)
-			if usable == nil || usable(o) {
-				return o
-			}
+	for o := h.First(); o >= 0; o = h.Next(o) {
+		if usable == nil || usable(o) {
+			return o
 		}
 	}
 	return -1

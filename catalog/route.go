@@ -50,31 +50,27 @@ type Held struct {
 // origin order. A holder of pages 1..k but not 0 has no leading run and is
 // not listed. Keys chain the layout, so no layout is asked.
 func (r *Remote) Leading(keys []pagekey.Key) []Held {
-	var counts [MaxOrigins]int
-	var live Holders
+	var out []Held // the holders of keys[0]; those still in the run have Pages == i
 	for i, k := range keys {
 		p, ok := r.Get(k)
 		if !ok {
 			break
 		}
 		if i == 0 {
-			live = p.Holders
-		} else {
-			for w := range live {
-				live[w] &= p.Holders[w]
+			for o := p.Holders.First(); o >= 0; o = p.Holders.Next(o) {
+				out = append(out, Held{Origin: o, Pages: 1})
+			}
+			continue
+		}
+		live := 0
+		for j := range out {
+			if out[j].Pages == i && p.Holders.Has(out[j].Origin) {
+				out[j].Pages++
+				live++
 			}
 		}
-		if live.Empty() {
+		if live == 0 {
 			break
-		}
-		for o := live.First(); o >= 0; o = live.Next(o) {
-			counts[o]++
-		}
-	}
-	var out []Held
-	for o, n := range counts {
-		if n > 0 {
-			out = append(out, Held{Origin: o, Pages: n})
 		}
 	}
 	return out

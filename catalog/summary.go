@@ -185,7 +185,15 @@ func (s *Summary) Filter() Filter { return append(Filter(nil), s.f...) }
 // for concurrent use.
 type Summaries struct {
 	mu sync.RWMutex
-	f  [MaxOrigins]Filter
+	f  []Filter // by origin id, as long as the highest origin with a filter needs
+}
+
+// getLocked returns origin's filter, nil for none.
+func (s *Summaries) getLocked(origin int) Filter {
+	if origin < 0 || origin >= len(s.f) {
+		return nil
+	}
+	return s.f[origin]
 }
 
 // Replace installs origin's filter (a snapshot), replacing any before.
@@ -198,6 +206,12 @@ func (s *Summaries) Replace(origin int, f Filter) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if origin >= len(s.f) {
+		if f == nil {
+			return nil
+		}
+		s.f = append(s.f, make([]Filter, origin+1-len(s.f))...)
+	}
 	s.f[origin] = f
 	return nil
 }
@@ -209,7 +223,7 @@ func (s *Summaries) Apply(origin int, flips []Flip) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.f[origin].Apply(flips)
+	return s.getLocked(origin).Apply(flips)
 }
 
 // Drop forgets origin's filter; it says whether there was one.
@@ -219,8 +233,16 @@ func (s *Summaries) Drop(origin int) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	had := s.f[origin] != nil
-	s.f[origin] = nil
+	had := s.getLocked(origin) != nil
+	if had {
+		s.f[origin] = nil
+		n := len(s.f)
+		for n > 0 && s.f[n-1] == nil {
+			n--
+		}
+		clear(s.f[n:])
+		s.f = s.f[:n]
+	}
 	return had
 }
 
@@ -231,7 +253,7 @@ func (s *Summaries) Has(origin int) bool {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.f[origin] != nil
+	return s.getLocked(origin) != nil
 }
 
 // Pages estimates how many pages origin's filter holds.
@@ -241,7 +263,7 @@ func (s *Summaries) Pages(origin int) int {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.f[origin].Pages()
+	return s.getLocked(origin).Pages()
 }
 
 // Bytes is the memory of every filter held.
@@ -288,7 +310,7 @@ func (s *Summaries) Claims(origin int, k pagekey.Key) bool {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.f[origin].Has(k)
+	return s.getLocked(origin).Has(k)
 }
 
 // Len is how many origins published a filter.

@@ -91,7 +91,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	origins map[string]*origin
-	ids     [catalog.MaxOrigins]bool
+	ids     []bool                      // origin ids taken, from a member's arrival until the index forgot it (takeIDLocked)
 	conns   map[string]*grpc.ClientConn // peer service, by address
 
 	syncs chan struct{} // semaphore of running syncs
@@ -502,9 +502,9 @@ func (c *Cluster) memberUp(n *memberlist.Node) {
 	defer c.mu.Unlock()
 	o := c.origins[n.Name]
 	if o == nil {
-		id := c.freeIDLocked()
-		if id < 0 {
-			c.log.Error().Str("member", n.Name).Int("max", catalog.MaxOrigins).Msg("too many members: its pages are not indexed")
+		id, err := c.takeIDLocked()
+		if err != nil {
+			c.log.Error().Err(err).Str("member", n.Name).Msg("member not indexed: its pages are not offered")
 			return
 		}
 		o = &origin{name: n.Name, id: id}
@@ -561,14 +561,23 @@ func (c *Cluster) forgetMember(name string, rejoin bool) {
 	}()
 }
 
-func (c *Cluster) freeIDLocked() int {
+// errTooManyMembers reports a member past the catalog's origin ids.
+var errTooManyMembers = fmt.Errorf("too many members: the catalog tells %d apart (catalog.MaxOrigins)", catalog.MaxOrigins)
+
+// takeIDLocked takes the lowest free origin id: one a member that left
+// gave back (its pages already out of the index), else a new one.
+func (c *Cluster) takeIDLocked() (int, error) {
 	for i, used := range c.ids {
 		if !used {
 			c.ids[i] = true
-			return i
+			return i, nil
 		}
 	}
-	return -1
+	if len(c.ids) >= catalog.MaxOrigins {
+		return -1, fmt.Errorf("%w: all %d ids are taken", errTooManyMembers, len(c.ids))
+	}
+	c.ids = append(c.ids, true)
+	return len(c.ids) - 1, nil
 }
 
 // receiveState handles a member's last sequence number (heartbeat, push/pull).

@@ -144,7 +144,7 @@ func (x *index) Get(k pagekey.Key) (catalog.RemotePage, bool) {
 		return c, true
 	}
 	for o := c.Holders.First(); o >= 0; o = c.Holders.Next(o) {
-		p.Holders[o>>6] |= 1 << (o & 63)
+		_ = p.Holders.Add(o) // a holder's id: in range
 	}
 	return p, true
 }
@@ -251,7 +251,7 @@ func (x *index) confirm(ctx context.Context, cl catalog.Held, keys []pagekey.Key
 		if !ok || p.Layout != layout || p.Size != size {
 			p = catalog.RemotePage{Layout: layout, Size: size}
 		}
-		p.Holders[cl.Origin>>6] |= 1 << (cl.Origin & 63)
+		_ = p.Holders.Add(cl.Origin) // a filter's origin: in range
 		x.confirmed[k] = p
 	}
 	if err == nil && n < cl.Pages {
@@ -338,7 +338,7 @@ func (x *index) unconfirmLocked(origin int, k pagekey.Key) {
 	if !ok || !p.Holders.Has(origin) {
 		return
 	}
-	p.Holders[origin>>6] &^= 1 << (origin & 63)
+	p.Holders.Remove(origin)
 	if p.Holders.Empty() {
 		delete(x.confirmed, k)
 		return

@@ -66,8 +66,7 @@ func newRemoteFixture(t *testing.T, n int, faults transporttest.Faults) *remoteF
 		data := make([]byte, e.PageBytes)
 		rand.Read(data)
 		mem.Put(page.Header{Key: k, Layout: e.FP, Length: e.PageBytes, Checksum: page.Checksum(data), Generation: 1}, data)
-		var h catalog.Holders
-		h[0] = 1 // origin 0
+		h, _ := catalog.HoldersOf(0)
 		fx.m.pages[k] = catalog.RemotePage{Layout: e.FP, Size: e.PageBytes, Holders: h}
 		fx.data = append(fx.data, data)
 	}
