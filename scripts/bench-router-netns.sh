@@ -6,11 +6,15 @@
 # `orbitkv bench serving` (sustained workload) in this namespace. Each side
 # gets fresh peers and engines, so neither restores what the other saved.
 # Printed side by side: throughput, TTFT, failed requests, where the engines'
-# prompt tokens came from, and the pages the peers restored by source tier.
+# prompt tokens came from (prefix cache, restored, computed), the pages the
+# peers restored and how many of them were fetched from another host.
 # Needs root, iproute2, curl and the Python the e2e tests use for the
 # reference engine (ORBITKV_PYTHON, else /usr/bin/python3; scripts/install-deps.sh).
+# Settings from the environment: ORDER (the sides, in order), DURATION,
+# CONCURRENCY, PREFIXES, PREFIX_TOKENS, REUSE, KV_TOKENS, DRAM (each peer's
+# DRAM tier), KEEP=1 (keep the work directory: runs and logs).
 #   scripts/bench-router-netns.sh                      # routed, then round robin
-#   ORDER="round-robin routed" DURATION=120s scripts/bench-router-netns.sh
+#   ORDER="round-robin routed" DRAM=4MiB scripts/bench-router-netns.sh
 # Extra arguments go to both `bench serving` runs (e.g. --seed 2).
 set -eu
 BIN=${ORBITKV_BIN:-bin/orbitkv}
@@ -143,7 +147,7 @@ side() {
   S=$DIR/$name
   mkdir -p "$S"
   say "$name: starting three peers"
-  peers= i=0
+  peers='' i=0
   for n in a b c; do
     i=$((i + 1))
     join=
@@ -162,7 +166,7 @@ side() {
     wait_until 30 "$pid" "3 members on host-$n" members3 $NET.$i
   done
   say "$name: starting three reference engines"
-  engines= i=0
+  engines='' i=0
   for n in a b c; do
     i=$((i + 1))
     (cd "$ROOT/integration/python" && exec ip netns exec $P-$n "$PY" -m orbitkv.refengine --host $NET.$i --port 8000 \
@@ -219,6 +223,7 @@ say "hosts host-a/b/c at $NET.1-3 (namespaces $P-a/b/c on one bridge), proxy and
 for s in $ORDER; do side "$s" "$@"; done
 
 # Side by side, from each run's summary.json and the counters.
+# shellcheck disable=SC2086
 "$PY" - "$DIR" $ORDER <<'EOF'
 import json, os, sys
 d, sides = sys.argv[1], sys.argv[2:]
