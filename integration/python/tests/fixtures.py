@@ -250,18 +250,19 @@ def start_refengine(tmp: str, name: str, *args: str) -> EngineProc:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env)
     eng = EngineProc(proc, "", log_path)
     deadline = time.monotonic() + ENGINE_START_DEADLINE_S
-    line = b""
-    while time.monotonic() < deadline and proc.poll() is None:
+    prefix = "refengine listening on "
+    out, text = b"", ""
+    # Libraries may print to stdout first (Triton's INFO lines in a vLLM
+    # venv): the engine's own line is the one that starts with prefix.
+    while not text and time.monotonic() < deadline and proc.poll() is None:
         r, _, _ = select.select([proc.stdout], [], [], 0.2)
         if r:
-            line += os.read(proc.stdout.fileno(), 4096)
-            if b"\n" in line:
-                break
-    text = line.decode(errors="replace").strip()
-    prefix = "refengine listening on "
-    if not text.startswith(prefix):
+            out += os.read(proc.stdout.fileno(), 4096)
+            lines = out.decode(errors="replace").split("\n")[:-1]  # complete lines only
+            text = next((ln.strip() for ln in lines if ln.strip().startswith(prefix)), "")
+    if not text:
         eng.stop()
-        raise RuntimeError(f"refengine {name} did not start within {ENGINE_START_DEADLINE_S}s ({text!r}): {eng.log_tail()}")
+        raise RuntimeError(f"refengine {name} did not start within {ENGINE_START_DEADLINE_S}s ({out.decode(errors='replace')!r}): {eng.log_tail()}")
     eng.url = text[len(prefix):].split()[0]
     return eng
 
