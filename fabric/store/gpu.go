@@ -320,12 +320,12 @@ func (s *Store) scatterGPU(ctx context.Context, sess *Engine, items []*loadItem,
 		case err != nil:
 			res[it.i] = FailResult(fmt.Errorf("scatter page over cuda: %w", err))
 			continue
-		case it.tier == catalog.TierDRAM:
+		case it.from == catalog.TierDRAM:
 			loaded.Inc()
 		default:
-			s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
+			s.m.loadedPages.WithLabelValues(it.from.String()).Inc()
 		}
-		res[it.i] = okResult(it.tier)
+		res[it.i] = okResult(it.from)
 		done = append(done, it)
 	}
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, done)))

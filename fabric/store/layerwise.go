@@ -76,8 +76,8 @@ func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq,
 		answer()
 	}
 	defer unlock()
-	s.fetchRemote(ctx, sess, reqs, res)
-	items := s.pinForLoad(sess, reqs, res)
+	fetched := s.fetchRemote(ctx, sess, reqs, res)
+	items := s.pinForLoad(sess, reqs, res, fetched)
 	var stuck []*loadItem // set when the copy got stuck: the device may still read their slots
 	defer func() { s.releaseLoads(items, stuck) }()
 	s.readFromSSD(ctx, sess, items, res)
@@ -145,8 +145,8 @@ func (s *Store) LoadLayerwise(ctx context.Context, sess *Engine, reqs []PageReq,
 		return
 	}
 	for _, it := range moving {
-		s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
-		res[it.i] = okResult(it.tier)
+		s.m.loadedPages.WithLabelValues(it.from.String()).Inc()
+		res[it.i] = okResult(it.from)
 	}
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, moving)))
 	s.touchTailFirst(reqs)

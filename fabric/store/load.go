@@ -19,7 +19,8 @@ type loadItem struct {
 	req    PageReq
 	entry  catalog.Entry
 	slot   dram.Slot
-	tier   catalog.Tier // where the bytes came from
+	tier   catalog.Tier // where the bytes are read from here
+	from   catalog.Tier // where they came from for this load: tier, or TierRemote when fetched for it
 	pinned *pinRef      // the pin this load holds
 	owned  bool         // slot is a promotion buffer this load allocated
 }
@@ -46,8 +47,8 @@ func (s *Store) loadChunk(ctx context.Context, sess *Engine, reqs []PageReq, res
 	if sess.GPU != nil {
 		clk = s.phases.start(gpuLoad)
 	}
-	s.fetchRemote(ctx, sess, reqs, res)
-	items := s.pinForLoad(sess, reqs, res)
+	fetched := s.fetchRemote(ctx, sess, reqs, res)
+	items := s.pinForLoad(sess, reqs, res, fetched)
 	s.readFromSSD(ctx, sess, items, res)
 	s.corruptForTest(sess, items, res)
 	if sess.GPU != nil {
@@ -66,13 +67,14 @@ func (s *Store) loadChunk(ctx context.Context, sess *Engine, reqs []PageReq, res
 			res[it.i] = FailResult(err)
 			return
 		}
-		res[it.i] = okResult(it.tier)
+		res[it.i] = okResult(it.from)
 	})
 	s.unpinLoads(items)
 }
 
 // pinForLoad resolves every page still pending and pins it where it is.
-func (s *Store) pinForLoad(sess *Engine, reqs []PageReq, res []Result) []*loadItem {
+// A page fetched for this load (fetched[i]) reports TierRemote as its source.
+func (s *Store) pinForLoad(sess *Engine, reqs []PageReq, res []Result, fetched []bool) []*loadItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	items := make([]*loadItem, 0, len(reqs))
@@ -90,7 +92,10 @@ func (s *Store) pinForLoad(sess *Engine, reqs []PageReq, res []Result) []*loadIt
 			res[i] = notFound("page %s has another layout (%d bytes)", r.Key, e.Size)
 			continue
 		}
-		it := &loadItem{i: i, req: r, entry: e, tier: e.Tier()}
+		it := &loadItem{i: i, req: r, entry: e, tier: e.Tier(), from: e.Tier()}
+		if fetched != nil && fetched[i] {
+			it.from = catalog.TierRemote
+		}
 		s.pinItemLocked(it)
 		items = append(items, it)
 	}
@@ -233,7 +238,7 @@ func (s *Store) scatter(ctx context.Context, sess *Engine, it *loadItem) error {
 		s.noteCopyFault(err)
 		return fmt.Errorf("scatter page: %w", err)
 	}
-	s.m.loadedPages.WithLabelValues(it.tier.String()).Inc()
+	s.m.loadedPages.WithLabelValues(it.from.String()).Inc()
 	s.m.loadedTokens.Add(float64(loadedTokens(sess, []*loadItem{it})))
 	return nil
 }

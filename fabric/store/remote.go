@@ -45,10 +45,12 @@ type Members interface {
 // fetchRemote fetches the pages of reqs that no local tier holds and a live
 // member announced with the session's layout. A page that cannot be fetched
 // fails its request here, with the reason; the others are left to the load.
-func (s *Store) fetchRemote(ctx context.Context, sess *Engine, reqs []PageReq, res []Result) {
+// It returns which requests' pages it fetched and stored here (nil: none
+// asked), so the load reports them as remote, not as DRAM hits.
+func (s *Store) fetchRemote(ctx context.Context, sess *Engine, reqs []PageReq, res []Result) []bool {
 	c := s.members
 	if c == nil {
-		return
+		return nil
 	}
 	byOrigin := map[int][]int{}
 	prev := -1
@@ -72,20 +74,25 @@ func (s *Store) fetchRemote(ctx context.Context, sess *Engine, reqs []PageReq, r
 		byOrigin[o] = append(byOrigin[o], i)
 		prev = o
 	}
+	if len(byOrigin) == 0 {
+		return nil
+	}
+	fetched := make([]bool, len(reqs)) // each origin's goroutine writes its own indices
 	var wg sync.WaitGroup
 	for o, idx := range byOrigin {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.fetchFrom(ctx, sess, o, reqs, idx, res)
+			s.fetchFrom(ctx, sess, o, reqs, idx, res, fetched)
 		}()
 	}
 	wg.Wait()
+	return fetched
 }
 
 // fetchFrom fetches reqs[idx] from one member over the transport its route
 // names, verifies every page that arrived and commits the good ones.
-func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []PageReq, idx []int, res []Result) {
+func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []PageReq, idx []int, res []Result, fetched []bool) {
 	c := s.members
 	tr, endpoint, ok := c.Route(origin)
 	if !ok {
@@ -123,7 +130,9 @@ func (s *Store) fetchFrom(ctx context.Context, sess *Engine, origin int, reqs []
 	for _, it := range arrived {
 		if scratch[it.i].Code != CodeOK {
 			res[it.i] = scratch[it.i]
+			continue
 		}
+		fetched[it.i] = true
 	}
 }
 

@@ -122,6 +122,9 @@ func testRouterThreeHosts(t *testing.T, flags ...string) {
 			if r.restored != fetched*refPageTokens {
 				t.Fatalf("prompt %d on %s: restored %d tokens but fetched %d pages; only fetched pages may restore", i, r.engine, r.restored, fetched)
 			}
+			if got := int(after.remote - before[target].remote); got != fetched {
+				t.Fatalf("prompt %d on %s: %d pages loaded as remote, %d fetched", i, r.engine, got, fetched)
+			}
 			if fetched > 0 {
 				remote++
 			}
@@ -237,10 +240,11 @@ func (env *routeEnv) waitRouted(t *testing.T, prompt []int, holder string) {
 }
 
 // tierCounters are a peer's load counters.
-type tierCounters struct{ dram, fetched float64 }
+type tierCounters struct{ dram, remote, fetched float64 }
 
 func (env *routeEnv) counters(i int) tierCounters {
 	p := env.peers[i]
 	return tierCounters{dram: scrape(p, `orbitkv_fabric_loaded_pages_total{tier="dram"}`),
+		remote:  scrape(p, `orbitkv_fabric_loaded_pages_total{tier="remote"}`),
 		fetched: scrape(p, `orbitkv_cluster_fetched_pages_total{result="ok"}`)}
 }
