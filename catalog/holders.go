@@ -67,7 +67,14 @@ func (h *Holders) inline() [2]uint64 {
 }
 
 // Has says whether o is in h.
-func (h Holders) Has(o int) bool {
+func (h *Holders) Has(o int) bool {
+	if u := uint(o); h.small[smallHolders-1]&bitsFlag != 0 && u < inlineBits {
+		return h.small[u>>4&7]>>(u&15)&1 != 0 // inline bits: most sets
+	}
+	return h.has(o)
+}
+
+func (h *Holders) has(o int) bool {
 	switch {
 	case o < 0 || o >= MaxOrigins:
 		return false
@@ -85,10 +92,10 @@ func (h Holders) Has(o int) bool {
 }
 
 // Empty says whether h holds no origin.
-func (h Holders) Empty() bool { return h.big == nil && h.small == [smallHolders]uint16{} }
+func (h *Holders) Empty() bool { return h.big == nil && h.small == [smallHolders]uint16{} }
 
 // Count returns how many origins h holds.
-func (h Holders) Count() (n int) {
+func (h *Holders) Count() (n int) {
 	switch {
 	case h.big != nil:
 		return onesCount(h.big)
@@ -112,10 +119,10 @@ func onesCount(w []uint64) (n int) {
 }
 
 // First returns the lowest origin in h, or -1.
-func (h Holders) First() int { return h.Next(-1) }
+func (h *Holders) First() int { return h.Next(-1) }
 
 // Next returns the lowest origin in h above o, or -1.
-func (h Holders) Next(o int) int {
+func (h *Holders) Next(o int) int {
 	o = max(o+1, 0)
 	switch {
 	case h.big != nil:
@@ -190,18 +197,19 @@ func (h *Holders) Remove(o int) {
 		for len(w) > 0 && w[len(w)-1] == 0 {
 			w = w[:len(w)-1]
 		}
-		if n := (Holders{big: w}); n.Count() > smallHolders && nextBit(w, inlineBits) >= 0 {
+		n := Holders{big: w}
+		if n.Count() > smallHolders && nextBit(w, inlineBits) >= 0 {
 			*h = n // still more than a list holds, and an id past inlineBits
 			return
 		}
-		*h = holdersFrom(Holders{big: w}.ids())
+		*h = holdersFrom(n.ids())
 	default:
 		*h = holdersFrom(slices.DeleteFunc(h.ids(), func(x int) bool { return x == o }))
 	}
 }
 
 // ids lists h's origins, ascending.
-func (h Holders) ids() []int {
+func (h *Holders) ids() []int {
 	var out []int
 	for o := h.First(); o >= 0; o = h.Next(o) {
 		out = append(out, o)

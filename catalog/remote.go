@@ -159,8 +159,19 @@ func (r *Remote) DropOrigin(origin int) int {
 func (r *Remote) Get(k pagekey.Key) (RemotePage, bool) {
 	s := &r.shards[r.shard(k)]
 	s.RLock()
-	defer s.RUnlock()
-	return s.pageLocked(k)
+	e, ok := s.m[k]
+	var big []uint64
+	if ok && e.small[smallHolders-1] == spilled {
+		big = s.big[k]
+	}
+	s.RUnlock()
+	if !ok {
+		return RemotePage{}, false
+	}
+	if big != nil {
+		return RemotePage{Layout: e.layout, Size: e.size, Holders: Holders{big: big}}, true
+	}
+	return RemotePage{Layout: e.layout, Size: e.size, Holders: Holders{small: e.small}}, true
 }
 
 // Len returns how many keys the index holds.
@@ -182,7 +193,7 @@ func (r *Remote) Count(origin int) int {
 		s := &r.shards[i]
 		s.RLock()
 		for k, e := range s.m {
-			if s.pageOfLocked(k, e).Holders.Has(origin) {
+			if p := s.pageOfLocked(k, e); p.Holders.Has(origin) {
 				n++
 			}
 		}
@@ -208,7 +219,7 @@ func (r *Remote) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uin
 		if prev >= 0 && p.Holders.Has(prev) {
 			o = prev
 		} else {
-			o = pick(p.Holders, usable)
+			o = pick(&p.Holders, usable)
 		}
 		if o < 0 {
 			break
@@ -219,7 +230,7 @@ func (r *Remote) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size uin
 	return from
 }
 
-func pick(h Holders, usable func(int) bool) int {
+func pick(h *Holders, usable func(int) bool) int {
 	for o := h.First(); o >= 0; o = h.Next(o) {
 		if usable == nil || usable(o) {
 			return o
