@@ -91,6 +91,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	origins map[string]*origin
+	byID    map[int]*origin             // origins by id: lookups by id cost the same at 1,000 members as at 2 (putOriginLocked)
 	ids     []bool                      // origin ids taken, from a member's arrival until the index forgot it (takeIDLocked)
 	conns   map[string]*grpc.ClientConn // peer service, by address
 
@@ -508,7 +509,7 @@ func (c *Cluster) memberUp(n *memberlist.Node) {
 			return
 		}
 		o = &origin{name: n.Name, id: id}
-		c.origins[n.Name] = o
+		c.putOriginLocked(o)
 		c.log.Info().Str("member", n.Name).Str("data", meta.dataAddr).Msg("member joined")
 	}
 	if o.incarnation != meta.incarnation {
@@ -543,6 +544,7 @@ func (c *Cluster) forgetMember(name string, rejoin bool) {
 		return
 	}
 	delete(c.origins, name)
+	delete(c.byID, o.id)
 	c.m.members.Set(float64(len(c.origins) + 1))
 	c.mu.Unlock()
 	if rejoin {
@@ -599,22 +601,33 @@ func (c *Cluster) receiveState(buf []byte) {
 func (c *Cluster) Usable(id int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, o := range c.origins {
-		if o.id == id {
-			return o.state == stateAlive && o.current
-		}
+	o := c.byID[id]
+	return o != nil && o.state == stateAlive && o.current
+}
+
+// putOriginLocked adds a member under its name and its id.
+func (c *Cluster) putOriginLocked(o *origin) {
+	if c.byID == nil {
+		c.byID = map[int]*origin{}
 	}
-	return false
+	c.origins[o.name] = o
+	c.byID[o.id] = o
+}
+
+// aliveLocked returns the live member with origin id, or nil.
+func (c *Cluster) aliveLocked(id int) *origin {
+	if o := c.byID[id]; o != nil && o.state == stateAlive {
+		return o
+	}
+	return nil
 }
 
 // DataAddr returns the data address of origin id, if it is alive.
 func (c *Cluster) DataAddr(id int) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, o := range c.origins {
-		if o.id == id && o.state == stateAlive {
-			return o.dataAddr, true
-		}
+	if o := c.aliveLocked(id); o != nil {
+		return o.dataAddr, true
 	}
 	return "", false
 }

@@ -60,7 +60,7 @@ func testCluster(t *testing.T) (*Cluster, *origin) {
 	c := &Cluster{name: "a", log: zerolog.Nop(), remote: newIndex(), origins: map[string]*origin{}}
 	c.m = newClusterMetrics(prometheus.NewRegistry(), c.remote)
 	o := &origin{name: "b", id: 3, incarnation: 11, state: stateAlive, synced: true}
-	c.origins["b"] = o
+	c.putOriginLocked(o)
 	return c, o
 }
 

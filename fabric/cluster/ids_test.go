@@ -103,6 +103,14 @@ func TestOriginIDsPastOldCap(t *testing.T) {
 	if _, ok := c.remote.Get(k); ok {
 		t.Fatal("a page of the member that left is still in the index")
 	}
+	for _, id := range []int{200, 1000} {
+		if addr, ok := c.DataAddr(id); ok {
+			t.Fatalf("id %d of a member that left still reaches %s", id, addr)
+		}
+	}
+	if _, ok := c.DataAddr(4000); !ok {
+		t.Fatal("id 4000, a live member's, reaches nothing")
+	}
 	for _, tc := range []struct {
 		name string
 		id   int
@@ -114,6 +122,16 @@ func TestOriginIDsPastOldCap(t *testing.T) {
 	}
 	if _, ok := c.remote.Get(k); ok {
 		t.Fatal("the member that took id 1000 inherited a page of the one that left")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.byID) != len(c.origins) {
+		t.Fatalf("%d members by id, %d by name", len(c.byID), len(c.origins))
+	}
+	for id, want := range map[int]string{200: "new-a", 1000: "new-b", 4095: "m4095"} {
+		if o := c.aliveLocked(id); o == nil || o.name != want {
+			t.Fatalf("id %d: member %v, want %s", id, o, want)
+		}
 	}
 }
 

@@ -44,12 +44,7 @@ func (c *Cluster) Extend(keys []pagekey.Key, layout pagekey.Fingerprint, size ui
 // plane; the endpoint is the member's data address.
 func (c *Cluster) Route(id int) (transfer.Transport, string, bool) {
 	c.mu.Lock()
-	var o *origin
-	for _, x := range c.origins {
-		if x.id == id && x.state == stateAlive {
-			o = x
-		}
-	}
+	o := c.aliveLocked(id)
 	var name, addr string
 	var hasDevice bool
 	if o != nil {

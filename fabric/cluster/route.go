@@ -225,10 +225,8 @@ func (s *peerServer) Holds(_ context.Context, req *pb.HoldsRequest) (*pb.HoldsRe
 func (c *Cluster) askHolds(ctx context.Context, origin int, keys []pagekey.Key) (int, error) {
 	c.mu.Lock()
 	name := ""
-	for _, o := range c.origins {
-		if o.id == origin && o.state == stateAlive {
-			name = o.name
-		}
+	if o := c.aliveLocked(origin); o != nil {
+		name = o.name
 	}
 	c.mu.Unlock()
 	if name == "" {

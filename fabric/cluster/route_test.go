@@ -70,8 +70,8 @@ func TestHoldersConfirm(t *testing.T) {
 	pb.RegisterPeerServiceServer(srv, &fakeHolds{tiers: []pb.Tier{pb.Tier_TIER_DRAM, pb.Tier_TIER_SSD}})
 	go srv.Serve(lis)
 	defer srv.Stop()
-	c.origins["c"] = &origin{name: "c", id: 4, state: stateAlive, synced: true, current: true, peerAddr: lis.Addr().String()}
-	c.origins["d"] = &origin{name: "d", id: 5, state: stateLeft}
+	c.putOriginLocked(&origin{name: "c", id: 4, state: stateAlive, synced: true, current: true, peerAddr: lis.Addr().String()})
+	c.putOriginLocked(&origin{name: "d", id: 5, state: stateLeft})
 	keys := make([]pagekey.Key, 5)
 	for i := range keys {
 		keys[i] = pagekey.Key{byte(i + 1)}

@@ -106,7 +106,7 @@ func New(cfg Config, dataDir string, reg *prometheus.Registry, log zerolog.Logge
 	}
 	c := &Cluster{
 		cfg: cfg, name: name, incarnation: newIncarnation(), log: log.With().Str("node", name).Logger(),
-		remote: newIndex(), origins: map[string]*origin{}, conns: map[string]*grpc.ClientConn{},
+		remote: newIndex(), origins: map[string]*origin{}, byID: map[int]*origin{}, conns: map[string]*grpc.ClientConn{},
 		wake: make(chan struct{}, 1), syncs: make(chan struct{}, maxSyncs),
 	}
 	if cfg.TLSCert != "" {
