@@ -1,12 +1,10 @@
 package cluster
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,31 +17,13 @@ import (
 	ibv "github.com/orbitkv/orbitkv/rdma"
 )
 
-// syncBuffer is a log sink safe for the callbacks' goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestOriginIDsPastOldCap: members past 128 get origin ids up to the
 // catalog's cap, lowest free first; the member past the cap is refused
 // with an error that says so; a member that left gives its id back once
 // its pages are out of the index, and the next member to join takes it
 // without them.
 func TestOriginIDsPastOldCap(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &lockedBuffer{}
 	cfg := Config{NodeName: "self", ClusterInsecure: true, RDMA: ibv.Config{Off: true}}
 	c, err := New(cfg, t.TempDir(), prometheus.NewRegistry(), zerolog.New(logs))
 	if err != nil {

@@ -36,6 +36,12 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 // gossipLines counts the log's junk lines (memberlist's warnings and
 // errors, dropped gossip messages) and its summaries, with the last
 // summary's suppressed count.
