@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/orbitkv/orbitkv/catalog"
 )
 
 // TestRunScaleTiny: a tiny curve of real members on loopback converges,
@@ -30,7 +32,7 @@ func TestRunScaleTiny(t *testing.T) {
 func TestScaleConfigRefusesBadInput(t *testing.T) {
 	for name, edit := range map[string]func(*ScaleConfig){
 		"one host":      func(c *ScaleConfig) { c.Hosts = []int{1} },
-		"past origins":  func(c *ScaleConfig) { c.Hosts = []int{129} },
+		"past origins":  func(c *ScaleConfig) { c.Hosts = []int{catalog.MaxOrigins + 1} },
 		"pages < chain": func(c *ScaleConfig) { c.Pages = []int{8} },
 		"no churn":      func(c *ScaleConfig) { c.Churn = 0 },
 	} {
