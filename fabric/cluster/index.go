@@ -238,7 +238,7 @@ func (x *index) confirm(ctx context.Context, cl catalog.Held, keys []pagekey.Key
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
-		x.silent[cl.Origin] = x.now().Add(silentTTL)
+		x.silent[cl.Origin] = x.now().Add(silentTTL) // markSilent, under the lock held here
 	}
 	if len(x.confirmed)+n > maxConfirmed || len(x.fresh)+n > maxConfirmed {
 		clear(x.confirmed)
@@ -297,6 +297,13 @@ func (x *index) isFresh(origin int, k pagekey.Key) bool {
 	defer x.mu.Unlock()
 	until, ok := x.fresh[claim{origin, k}]
 	return ok && x.now().Before(until)
+}
+
+// markSilent passes origin over for silentTTL: it did not answer.
+func (x *index) markSilent(origin int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.silent[origin] = x.now().Add(silentTTL)
 }
 
 // isSilent says whether origin did not answer a confirmation lately.

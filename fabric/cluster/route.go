@@ -41,6 +41,8 @@ type Holder struct {
 	Runs               []catalog.Run
 	Confirmed          bool // the host answered for its run (false: the gossiped index only; runs are TierNone)
 	PeerAddr, DataAddr string
+
+	origin int // its origin id here (the index's silent list)
 }
 
 // dramLead is how many of h's leading pages are in DRAM before anything
@@ -89,7 +91,9 @@ func Rank(hs []Holder) []Holder {
 // gossiped count (a member that holds fewer than announced answers fewer;
 // one that holds none is dropped). A member that does not answer within
 // ctx's deadline (a second when it has none) is kept with the gossiped
-// count, unconfirmed, and reported suspect. Unranked.
+// count, unconfirmed, and reported suspect; it is not asked again while
+// the index counts it silent (silentTTL, as lookups do), so a router's
+// queries do not each wait out a member that stopped answering. Unranked.
 func (c *Cluster) Holders(ctx context.Context, keys []pagekey.Key) []Holder {
 	keys = keys[:min(len(keys), holdsMaxKeys)]
 	held := c.remote.Leading(keys)
@@ -104,6 +108,9 @@ func (c *Cluster) Holders(ctx context.Context, keys []pagekey.Key) []Holder {
 	}
 	var wg sync.WaitGroup
 	for i := range out {
+		if c.remote.isSilent(out[i].origin) {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -127,20 +134,14 @@ func (c *Cluster) Addrs() (peerAddr, dataAddr string) {
 func (c *Cluster) holdersOf(held []catalog.Held) []Holder {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	byID := make(map[int]*origin, len(c.origins))
-	for _, o := range c.origins {
-		if o.state == stateAlive {
-			byID[o.id] = o
-		}
-	}
 	var out []Holder
 	for _, h := range held {
-		o := byID[h.Origin]
+		o := c.aliveLocked(h.Origin)
 		if o == nil {
 			continue
 		}
 		out = append(out, Holder{Name: o.name, State: RouteSuspect, Pages: h.Pages, PeerAddr: o.peerAddr, DataAddr: o.dataAddr,
-			Runs: []catalog.Run{{Tier: catalog.TierNone, Pages: h.Pages}}})
+			Runs: []catalog.Run{{Tier: catalog.TierNone, Pages: h.Pages}}, origin: o.id})
 	}
 	return out
 }
@@ -150,6 +151,7 @@ func (c *Cluster) holdersOf(held []catalog.Held) []Holder {
 func (c *Cluster) confirm(ctx context.Context, h *Holder, keys []pagekey.Key) {
 	tiers, err := c.holds(ctx, h.Name, keys)
 	if err != nil {
+		c.remote.markSilent(h.origin)
 		c.log.Debug().Err(err).Str("member", h.Name).Msg("route: member did not confirm its pages")
 		return
 	}

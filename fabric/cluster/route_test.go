@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/orbitkv/orbitkv/catalog"
 	"github.com/orbitkv/orbitkv/internal/pagekey"
@@ -93,4 +96,57 @@ func TestHoldersConfirm(t *testing.T) {
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Fatalf("Holders = %q, want %q", got, want)
 	}
+}
+
+// failingHolds is a member's peer service that counts Holds and fails it.
+type failingHolds struct {
+	pb.UnimplementedPeerServiceServer
+	calls atomic.Int32
+}
+
+func (f *failingHolds) Holds(context.Context, *pb.HoldsRequest) (*pb.HoldsReply, error) {
+	f.calls.Add(1)
+	return nil, status.Error(codes.Unavailable, "busy")
+}
+
+// TestHoldersPassOverSilentMember: a member that failed to confirm is kept
+// suspect with its gossiped count and not asked again until silentTTL has
+// passed on the index's clock, so route queries do not each wait for it.
+func TestHoldersPassOverSilentMember(t *testing.T) {
+	c, b := testCluster(t)
+	c.conns = map[string]*grpc.ClientConn{}
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	c.remote.now = func() time.Time { return now }
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &failingHolds{}
+	srv := grpc.NewServer()
+	pb.RegisterPeerServiceServer(srv, f)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	b.peerAddr = lis.Addr().String()
+	keys := []pagekey.Key{{1}, {2}, {3}}
+	for _, k := range keys {
+		if err := c.remote.Add(b.id, k, pagekey.Fingerprint{1}, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask := func(wantCalls int32) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hs := c.Holders(ctx, keys)
+		if len(hs) != 1 || hs[0].Name != "b" || hs[0].State != RouteSuspect || hs[0].Pages != 3 || hs[0].Confirmed {
+			t.Fatalf("Holders = %+v, want b suspect with its 3 gossiped pages", hs)
+		}
+		if got := f.calls.Load(); got != wantCalls {
+			t.Fatalf("b asked %d times, want %d", got, wantCalls)
+		}
+	}
+	ask(1) // asked, failed: silent now
+	ask(1) // passed over
+	now = now.Add(silentTTL)
+	ask(2) // asked again once the silence ended
 }
