@@ -192,3 +192,32 @@ def test_cache_identity_policy(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="orbitkv.sglang"):
         OrbitKVHiCacheStorage(cfg(), {})
     assert not caplog.text
+
+
+def test_storage_metrics(peer):
+    """With SGLang's storage metrics on, get_stats hands over one entry per
+    zero-copy get and set (pages moved, GB/s) and clears them; pages already
+    stored and misses count nothing; with metrics off it returns None, as
+    SGLang's base backend does."""
+    with host_pool("layer_first", 64, True) as pool:
+        cfg = HiCacheStorageConfig(model_name="Qwen/Qwen3-0.6B", enable_storage_metrics=True,
+                                   extra_config={"socket": peer.socket, "interface_v1": 1, "staging_pages": 64})
+        be = OrbitKVHiCacheStorage(cfg, {})
+        be.register_mem_pool_host(pool)
+        keys = _hashes(8, "stats")
+        assert all(be.batch_set_v1(keys[:5], _indices(range(5))))
+        assert all(be.batch_set_v1(keys, _indices(range(8))))  # 5 already stored: 3 written
+        assert all(be.batch_get_v1(keys[:6], _indices(range(40, 46))))
+        assert be.batch_get_v1(_hashes(2, "stats-miss"), _indices([50, 51])) == [False, False]
+        st = be.get_stats()
+        assert st.backup_pgs == [5, 3] and st.prefetch_pgs == [6]
+        assert len(st.backup_bandwidth) == 2 and len(st.prefetch_bandwidth) == 1
+        assert all(bw > 0 for bw in st.backup_bandwidth + st.prefetch_bandwidth)
+        again = be.get_stats()
+        assert (again.prefetch_pgs, again.backup_pgs, again.prefetch_bandwidth, again.backup_bandwidth) == ([], [], [], [])
+        be.close()
+        off = _backend(peer.socket)
+        off.register_mem_pool_host(pool)
+        assert off.batch_get_v1(keys[:2], _indices([60, 61])) == [True, True]
+        assert off.get_stats() is None
+        off.close()

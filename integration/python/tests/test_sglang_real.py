@@ -235,6 +235,33 @@ def test_v1_round_trip_on_real_host_pool(peer, layout):
         be.close()
 
 
+_COLLECTOR: list = []
+
+
+def test_storage_metrics_reach_sglangs_collector(peer):
+    """With enable_storage_metrics, get_stats hands SGLang's own
+    StorageMetrics (its collector asserts the type) with the pages of each
+    get and set, and SGLang's collector logs them into its histograms."""
+    from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector
+
+    hp = real_host_pool("layer_first")
+    be = backend(peer.socket, hp, enable_storage_metrics=True)
+    try:
+        ks = hashes(6, "metrics")
+        assert be.batch_set_v1(ks, indices(range(6))) == [True] * 6
+        assert be.batch_get_v1(ks[:4], indices([20, 21, 22, 23])) == [True] * 4
+        st = be.get_stats()
+        assert isinstance(st, StorageMetrics)
+        assert st.backup_pgs == [6] and st.prefetch_pgs == [4]
+        assert all(bw > 0 for bw in st.backup_bandwidth + st.prefetch_bandwidth)
+        if not _COLLECTOR:  # its series register in the process's registry: once
+            _COLLECTOR.append(StorageMetricsCollector(labels={"storage_backend": "orbitkv"}))
+        _COLLECTOR[0].log_storage_metrics(st)
+        assert be.get_stats().prefetch_pgs == []
+    finally:
+        be.close()
+
+
 @pytest.mark.parametrize("layout", ["page_first_direct", "layer_first"])
 def test_sglang_shm_allocator_pool_is_mapped_zero_copy(peer, layout):
     """SGLang's "allocator":"shm" host pool is a memfd: the backend hands the peer

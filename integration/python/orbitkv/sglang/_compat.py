@@ -23,6 +23,20 @@ try:  # pragma: no cover - exercised only where SGLang is installed
 except Exception:
     HAVE_SGLANG = False
 
+try:  # pragma: no cover - exercised only where SGLang is installed
+    from sglang.srt.observability.metrics_collector import StorageMetrics  # type: ignore
+except Exception:
+
+    @dataclasses.dataclass
+    class StorageMetrics:  # type: ignore[no-redef]
+        """What a backend's get_stats hands SGLang's storage metrics: one
+        entry per operation since the last call."""
+
+        prefetch_pgs: List[int] = dataclasses.field(default_factory=list)
+        backup_pgs: List[int] = dataclasses.field(default_factory=list)
+        prefetch_bandwidth: List[float] = dataclasses.field(default_factory=list)
+        backup_bandwidth: List[float] = dataclasses.field(default_factory=list)
+
     @dataclasses.dataclass
     class HiCacheStorageConfig:  # type: ignore[no-redef]
         tp_rank: int = 0

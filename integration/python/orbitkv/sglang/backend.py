@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from typing import Any, List, Optional, Sequence
 
 from orbitkv import buffers, errors, keys
@@ -175,6 +176,12 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         self._fp = b""
         self._closed = False
         self._lock = threading.Lock()
+        # SGLang's storage metrics (--enable-cache-report / storage metrics
+        # on): pages and GB/s of each zero-copy get and set, handed over
+        # and cleared by get_stats.
+        self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
+        self._stats = _compat.StorageMetrics()
+        self._stats_lock = threading.Lock()
 
     # --- setup --------------------------------------------------------------
 
@@ -359,6 +366,12 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         return [i // ps for i in idx]
 
     def batch_get_v1(self, keys_: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        start = time.perf_counter()
+        out = self._get_v1(keys_, host_indices)
+        self._note(True, sum(out), time.perf_counter() - start)
+        return out
+
+    def _get_v1(self, keys_: List[str], host_indices: Any) -> List[bool]:
         pages = self._pages(host_indices, len(keys_))
         if self.staging is None:
             return self._run(keys_, pages, load=True)
@@ -374,12 +387,17 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         return out
 
     def batch_set_v1(self, keys_: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        start = time.perf_counter()
         pages = self._pages(host_indices, len(keys_))
         have = self.batch_exists(keys_)  # pages already stored are not copied again
-        todo_k, todo_p = keys_[have:], pages[have:]
+        out = [True] * have + self._set_v1(keys_[have:], pages[have:])
+        self._note(False, sum(out) - have, time.perf_counter() - start)
+        return out
+
+    def _set_v1(self, todo_k: List[str], todo_p: List[int]) -> List[bool]:
         if self.staging is None:
-            return [True] * have + self._run(todo_k, todo_p, load=False)
-        out: List[bool] = [True] * have
+            return self._run(todo_k, todo_p, load=False)
+        out: List[bool] = []
         for lo in range(0, len(todo_k), self.staging.slots):
             ks, ps = todo_k[lo : lo + self.staging.slots], todo_p[lo : lo + self.staging.slots]
             with self.staging.acquire(len(ks)) as slots:
@@ -446,6 +464,37 @@ class OrbitKVHiCacheStorage(HiCacheStorage):
         return all(self.set(k, v) for k, v in zip(keys_, values or []))
 
     # --- admin -------------------------------------------------------------------
+
+    def _note(self, load: bool, pages: int, seconds: float) -> None:
+        """Records one get (load) or set of ``pages`` pages moved in
+        ``seconds`` for get_stats; nothing when SGLang's storage metrics are
+        off or nothing moved."""
+        if not self._metrics_on or pages <= 0:
+            return
+        page_bytes = self.session.info.page_bytes if self.session is not None else 0
+        gbps = pages * page_bytes / 1e9 / seconds if seconds > 0 and page_bytes else 0.0
+        with self._stats_lock:
+            if load:
+                self._stats.prefetch_pgs.append(pages)
+                self._stats.prefetch_bandwidth.append(gbps)
+            else:
+                self._stats.backup_pgs.append(pages)
+                self._stats.backup_bandwidth.append(gbps)
+
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics since the last call (this pool's and its
+        extra pools'), or None with storage metrics off."""
+        if not self._metrics_on:
+            return None
+        out = _compat.StorageMetrics()
+        for src in (self, *self._lanes.values()):
+            with src._stats_lock:
+                got, src._stats = src._stats, _compat.StorageMetrics()
+            out.prefetch_pgs += got.prefetch_pgs
+            out.backup_pgs += got.backup_pgs
+            out.prefetch_bandwidth += got.prefetch_bandwidth
+            out.backup_bandwidth += got.backup_bandwidth
+        return out
 
     def clear(self) -> None:
         log.warning("orbitkv: clear() ignored; the fabric is shared with other engines (use `orbitkv` admin Evict)")
