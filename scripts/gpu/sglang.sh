@@ -135,8 +135,12 @@ SGL_FLAGS=(--model-path "$MODEL" --load-format dummy --skip-tokenizer-init --dty
 # releases. layer_first (with the "shm" allocator, extra_config) is the layout the peer maps zero
 # copy; page_first is staged through a buffer (LAYOUT=page_first to compare). wait_complete: a prefetch from OrbitKV finishes before the request is scheduled, so
 # the restore is in the TTFT, never silently cut to a recompute.
+# WRITE_POLICY (write_through_selective: only nodes hit twice go down), PREFETCH (timeout, best_effort)
+# and HOST_MODE (SGLang >= 0.5.23: buffer_only, the host pool as staging for L3; in "cache" mode
+# prefetches stop once those in flight reserve half the host pool) are the knobs that bound L3.
 HICACHE=(--enable-hierarchical-cache --hicache-mem-layout ${LAYOUT:-layer_first} --hicache-io-backend kernel
-	--hicache-write-policy write_through --hicache-storage-prefetch-policy ${PREFETCH:-wait_complete})
+	--hicache-write-policy ${WRITE_POLICY:-write_through} --hicache-storage-prefetch-policy ${PREFETCH:-wait_complete}
+	${HOST_MODE:+--hicache-host-memory-mode $HOST_MODE})
 
 extra_config() { # CONFIG: the JSON SGLang's "dynamic" backend factory hands our backend
 	# "allocator":"shm": SGLang allocates its host pool as a memfd, which the peer maps through
@@ -190,12 +194,12 @@ bench() { # CFG NAME BENCH-ARGS...
 	# --api sglang: SGLang's /generate with input_ids; without a tokenizer (--skip-tokenizer-init) its
 	# OpenAI routes fail every request (HTTP 500, KeyError 'text': the H200, 2026-12-02)
 	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --api sglang --vocab 151936 \
-		--engine-metrics http://127.0.0.1:$PORT/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=sglang-0.5.17 \
+		--engine-metrics http://127.0.0.1:$PORT/metrics "${pm[@]}" --quiet --label config=$cfg --label engine=sglang-${SGL_VERSION:-0.5.17} \
 		--label "engine_flags=${SGL_FLAGS[*]} $(config_flags "$cfg" | tr '\n' ' ')" "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	curl -s --max-time 5 127.0.0.1:$PORT/metrics | grep -E "^sglang:(prompt_tokens_total|cached_tokens_total|cache_hit_rate|num_retracted_reqs|.*hicache.*|.*storage.*|.*prefetch.*|.*backup.*)" |
-		sed "s/^/[$name sglang] /" | head -40 | tee -a "$S"
+		grep -v "_bucket{" | sed "s/^/[$name sglang] /" | head -80 | tee -a "$S"
 	[ ${#pm[@]} -gt 0 ] && curl -s --max-time 5 127.0.0.1:9464/metrics |
 		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_ssd_read_bytes_per_second" |
 		sed "s/^/[$name peer] /" | tee -a "$S"
