@@ -17,7 +17,8 @@
 #   scripts/gpu/sglang.sh MODE...             later calls while the machine is warm
 # MODEs (configs: native = SGLang's radix cache in HBM, HiCache off; l2 = HiCache with a host pool
 # of HOST_GB+16 GB and no storage, SGLang's own DRAM tier as large as the dram config's two together;
-# dram = HiCache, host pool HOST_GB (default 4), OrbitKV peer 16 GiB DRAM; ssd = the same, peer
+# dram = HiCache, host pool HOST_GB (default 4), OrbitKV peer 16 GiB DRAM (dram-hN: host pool N GB,
+# e.g. dram-h16 beside dram in one SEQ, each run labelled by its own name); ssd = the same, peer
 # 4 GiB DRAM + 16 GiB SSD; the HBM pool is 16,384 tokens, 64-token pages, in every config):
 #   imports       the server's imports and the backend's, no GPU work (30 s)
 #   sustained     the seeds' workload (12 prefixes of 1K/4K/8K, 75% reuse, concurrency 8, 60 s + drain,
@@ -108,7 +109,11 @@ PY
 	head -2 "$O/imports.txt" | tee -a "$S"
 }
 
-start_peer() { # CONFIG: dram | ssd
+base() { echo "${1%-h[0-9]*}"; } # CONFIG: dram-h16 -> dram
+host_gb() { case $1 in *-h[0-9]*) echo "${1##*-h}" ;; *) echo "$HOST_GB" ;; esac; } # CONFIG: its host pool (GB)
+
+start_peer() { # CONFIG: dram | ssd (or either with -hN)
+	set -- "$(base "$1")"
 	local dir=/tmp/okv-$1
 	rm -rf "$dir"
 	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
@@ -149,11 +154,13 @@ extra_config() { # CONFIG: the JSON SGLang's "dynamic" backend factory hands our
 }
 
 config_flags() { # CONFIG: the flags of one config (printed one a line)
-	case $1 in
+	local gb
+	gb=$(host_gb "$1")
+	case $(base "$1") in
 	native) ;;
-	l2) printf '%s\n' "${HICACHE[@]}" --hicache-size $((HOST_GB + 16)) ;;
-	dram | ssd) printf '%s\n' "${HICACHE[@]}" --hicache-size "$HOST_GB" --hicache-storage-backend dynamic \
-		--hicache-storage-backend-extra-config "$(extra_config "$1")" ;;
+	l2) printf '%s\n' "${HICACHE[@]}" --hicache-size $((gb + 16)) ;;
+	dram | ssd) printf '%s\n' "${HICACHE[@]}" --hicache-size "$gb" --hicache-storage-backend dynamic \
+		--hicache-storage-backend-extra-config "$(extra_config "$(base "$1")")" ;;
 	*) return 1 ;;
 	esac
 }
@@ -189,7 +196,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	local cfg=$1 name=$2
 	shift 2
 	local pm=()
-	case $cfg in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"}) ;; esac
+	case $(base "$cfg") in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"}) ;; esac
 	rm -rf "$RUNS/$name"
 	# --api sglang: SGLang's /generate with input_ids; without a tokenizer (--skip-tokenizer-init) its
 	# OpenAI routes fail every request (HTTP 500, KeyError 'text': the H200, 2026-12-02)
@@ -212,7 +219,7 @@ one() { # CFG NAME [SGLANG-FLAG...] -- BENCH-ARGS...
 	local flags=()
 	while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
 	shift
-	case $cfg in dram | ssd) start_peer "$cfg" || return 1 ;; esac
+	case $(base "$cfg") in dram | ssd) start_peer "$cfg" || return 1 ;; esac
 	start_sglang "$cfg" "${flags[@]}" || { stop_all; return 1; }
 	bench "$cfg" "$name" "$@"
 	stop_all
