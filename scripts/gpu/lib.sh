@@ -39,11 +39,22 @@ stop_groups() {
 	return 0
 }
 
-# wait_gpu_free: until no process holds the GPU (an engine's children can outlive its leader), 10 s at most.
+# wait_gpu_free [PID...]: until no process but the PIDs holds the GPU (an engine's children can
+# outlive its leader; an OrbitKV peer is a CUDA process that outlives the engine), GPU_FREE_TRIES
+# looks 0.2 s apart (default 50: 10 s) at most.
 wait_gpu_free() {
 	command -v nvidia-smi >/dev/null || return 0
-	for _ in $(seq 50); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || return 0; sleep 0.2; done
-	say "GPU still held after 10 s: $(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | paste -sd' ')"
+	local keep=" $* " p held
+	for _ in $(seq "${GPU_FREE_TRIES:-50}"); do
+		held=""
+		for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+			case $keep in *" $p "*) ;; *) held="$held $p" ;; esac
+		done
+		[ -z "$held" ] && return 0
+		sleep 0.2
+	done
+	say "GPU still held by${held} after ${GPU_FREE_TRIES:-50} looks: $(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | paste -sd' ')"
+	return 1
 }
 
 # wait_socket PATH PID TENTHS: 0 once PATH is a socket; 1 if PID ends first or TENTHS pass.

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Tests of scripts/gpu/lib.sh off the GPU machine (make test-scripts): every GPU script parses; a
 # bundle carried in parts unpacks byte for byte and a corrupted part is refused; carried binaries
-# unpack; a process group that ignores TERM is stopped; the socket and HTTP waits end when what
+# unpack; a process group that ignores TERM is stopped; the GPU, socket and HTTP waits end when what
 # they wait for appears or their process ends.
 set -u
 cd "$(dirname "$0")/../.."
@@ -81,6 +81,18 @@ wait_http "127.0.0.1:$(cat "$W/port")/health" "$p" 100 && ok "wait_http sees the
 kill "$p"
 wait "$p" 2>/dev/null
 wait_http "127.0.0.1:$(cat "$W/port")/health" "$p" 100 && bad "wait_http said yes after the server ended" || ok "wait_http ends with its process"
+
+# wait_gpu_free against a stand-in nvidia-smi (its real side runs on the GPU machine): a peer
+# kept by PID does not hold the wait; an engine process does, until it is gone.
+mkdir -p "$W/bin" && printf '#!/bin/sh\ncat "%s/apps" 2>/dev/null\n' "$W" >"$W/bin/nvidia-smi" && chmod +x "$W/bin/nvidia-smi"
+printf '4242\n' >"$W/apps"
+PATH="$W/bin:$PATH" GPU_FREE_TRIES=3 wait_gpu_free 4242 && ok "wait_gpu_free passes over the kept peer" || bad "the kept peer held wait_gpu_free"
+printf '4242\n4343\n' >"$W/apps"
+PATH="$W/bin:$PATH" GPU_FREE_TRIES=3 wait_gpu_free 4242 && bad "wait_gpu_free said free while an engine held the GPU" ||
+	{ grep -q "held by 4343 after 3 looks" "$S" && ok "wait_gpu_free gives up on a holding engine and names it" || bad "no line naming the engine"; }
+(sleep 0.3; printf '4242\n' >"$W/apps") &
+PATH="$W/bin:$PATH" GPU_FREE_TRIES=200 wait_gpu_free 4242 && ok "wait_gpu_free ends once the engine is gone" || bad "wait_gpu_free missed the engine ending"
+wait
 
 [ $fails -eq 0 ] && echo "scripts/gpu/lib.sh: all passed" || echo "scripts/gpu/lib.sh: $fails failed"
 exit $((fails > 0))

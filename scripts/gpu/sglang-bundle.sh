@@ -2,7 +2,7 @@
 # Development machine: packs SGLang 0.5.17, its kernel package sglang-kernel 0.4.5 (the exact pin
 # in 0.5.17's metadata) and the packages its server needs that neither the GPU machine's image
 # nor the vLLM bundle carries (scripts/gpu/sglang-carry.txt) into .gpucarry/sglang-site.partNN,
-# parts of at most 60 MiB, one per device call (scripts/gpu/sglang.sh carry00 ... moves them in).
+# parts of at most 48 MiB (a call carries 64 MiB with the 5 MiB tree), one per device call (scripts/gpu/sglang.sh carry00 ... moves them in).
 # On the GPU machine the site unpacks to /root/okv/sgl, searched before the vLLM site
 # /root/okv/site (scripts/gpu/vllm-bundle.sh), which SGLang needs too (fastapi, uvicorn, pydantic,
 # pyzmq, msgspec, ... from vllm-carry.txt).
@@ -40,8 +40,8 @@ python3 scripts/gpu/fatbin.py list "$k/sm90/common_ops.abi3.so"
 echo "site: $(du -sm "$SITE" | cut -f1) MiB in $(find "$SITE" -type f | wc -l) files"
 rm -f .gpucarry/sglang-site.*
 tar -C "$SITE" -cf - . | xz -T2 -6 >.gpucarry/sglang-site.tar.xz
-(cd .gpucarry && sha256sum sglang-site.tar.xz >sglang-site.sha256 && split -b 60M -d sglang-site.tar.xz sglang-site.part && rm sglang-site.tar.xz)
+(cd .gpucarry && sha256sum sglang-site.tar.xz >sglang-site.sha256 && split -b 48M -d sglang-site.tar.xz sglang-site.part && rm sglang-site.tar.xz)
 # sglang.sh unpacks once this many parts are under /root/okv
-ls .gpucarry/sglang-site.part* | wc -l >.gpucarry/sglang-site.parts
+ls .gpucarry/sglang-site.part[0-9][0-9] | wc -l >.gpucarry/sglang-site.parts
 ls -l .gpucarry/sglang-site.*
 echo "parts: $(cat .gpucarry/sglang-site.parts) (one device call each: scripts/gpu/sglang.sh carry00, carry01, ...; out/orbitkv.xz with the last)"

@@ -31,19 +31,18 @@
 #                 every reused prompt must match its serial reference token for token
 #   report        bench report over every sustained run so far
 #
-# Plan (SGLang's start on the H200: 171-189 s the first time on a fresh machine, compiling; 59-92 s
-# after; a sustained run = start + 12 serial prefixes + 60 s + drain ~= 150-260 s). The bundle is 3 parts
-# today (160 MiB; sglang-bundle.sh prints the count). Calls, each naming its files in carry:
+# Plan (SGLang's start: 171-189 s the first time on a fresh H200, 107 s on the H100 of 2026-12-05; 52-92 s
+# after; a sustained run = start + 12 serial prefixes + 60 s + drain ~= 120-260 s). The bundle is 4 parts
+# today (166 MiB in 48 MiB parts: with the 5 MiB tree a 60 MiB part overflowed a call's 64 MiB;
+# sglang-bundle.sh prints the count). Calls, each naming its files in carry:
 #   1 vllm.sh carry1     .gpucarry/vllm-site.part00 .gpucarry/vllm-site.sha256         } only when
 #   2 vllm.sh carry2     .gpucarry/vllm-site.part01 .gpucarry/vllm-site.sha256         } no /root/okv/site
 #   3 sglang.sh carry00  .gpucarry/sglang-site.part00 .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts
-#   4 sglang.sh carry01  the same with part01                                           ~20 s each
-#   5 SEQ=native sglang.sh carry02 imports sustained   part02 + out/orbitkv.xz          ~300 s
-#   6 SEQ="dram ssd" sglang.sh sustained                                                ~450 s
-#   7 sglang.sh recovery deterministic report                                          ~400 s
-# ~21 min of device time with the machine's first start (1-2 min) and the transfers, inside the
-# session's 30 min, if the calls follow each other inside the 30 s the machine stays warm.
-# AB/BA pairs (SEQ="ssd dram native" PAIR=2 ORDER=BA sglang.sh sustained) need ~11 min more.
+#   4,5 sglang.sh carry01, carry02  the same with part01, part02                         ~10 s each
+#   6 SEQ="native l2" sglang.sh carry03 sustained   part03 + out/orbitkv.xz            ~320 s (H100)
+#   7 SEQ="dram-h16 dram" sglang.sh sustained report                                   ~260 s (H100)
+# The H100 session of 2026-12-05 22:00 ran 1-7, a BA pair of dram-h16/l2 and one more dram run
+# after a vLLM restart pair in 28 min of device time. recovery and deterministic: ~400 s more.
 # Every step has its own timeout; logs land in $OUT (at most 8 files come back: summary.txt,
 # sglang-tail.log, peer.log, bench.log, imports.txt, report.txt, runs.tgz).
 set -u

@@ -204,7 +204,9 @@ restart() { # per config in RESTART_SEQ: the engine killed (-9) RESTART_AT into 
 		start_vllm "$cfg" || { stop_all; continue; }
 		echo "$VLLM_PID" >"$K/vllm.pid"
 		# run by bench serving (sh -c) once the requests in flight are done; it waits for the engine itself
-		rc="kill -9 -\$(cat $K/vllm.pid); for i in \$(seq 150); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . || break; sleep 0.2; done;"
+		# then waits (30 s at most) until no process but the peer holds the GPU: the peer is a CUDA
+		# process too, so waiting for none (before 2026-12-05 22:00) added the whole 30 s to OrbitKV's restarts
+		rc="kill -9 -\$(cat $K/vllm.pid); S=$S GPU_FREE_TRIES=150 bash -c '. $ROOT/scripts/gpu/lib.sh; wait_gpu_free $PEER_PID';"
 		rc="$rc setsid bash $K/launch-8000.sh >>$O/vllm.log 2>&1 & echo \$! >$K/vllm.pid"
 		CFG_LABEL=restart-$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "restart-$cfg-${PAIR:-1}" "${SEEDS[@]}" \
 			--duration ${DURATION:-90s} --restart-at ${RESTART_AT:-30s} --restart-cmd "$rc" --restart-timeout 300s "${DET[@]}" \
