@@ -126,6 +126,7 @@ test-sglang: build
 	cd integration/python && ORBITKV_REQUIRE=sglang ORBITKV_BIN=$(CURDIR)/$(BIN) \
 	  TORCH_EXTENSIONS_DIR=$(SGLANG_VENV)/torch_extensions \
 	  $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(SGLANG_TESTS))
+	$(SGLANG_VENV)/bin/python scripts/gpu/sglang-check.py # the GPU script's server flags, parsed by this SGLang
 
 # The same suite against SGLang 0.5.23 (HiCache v2: storage hashes seeded with extra_key and
 # cache salt, the HybridCacheController over a HostPoolGroup): an overlay on the vLLM 0.33.0
@@ -135,6 +136,7 @@ test-sglang0523: build
 	cd integration/python && ORBITKV_REQUIRE=sglang ORBITKV_BIN=$(CURDIR)/$(BIN) \
 	  TORCH_EXTENSIONS_DIR=$(SGLANG0523_VENV)/torch_extensions \
 	  $(SGLANG0523_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(SGLANG_TESTS))
+	$(SGLANG0523_VENV)/bin/python scripts/gpu/sglang-check.py
 
 # LMCache's server beside OrbitKV (bench tiers' second peer system): an overlay on the vLLM
 # environment built by scripts/install-lmcache.sh; its driver against a real lmcache_server.

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(ROOT, "integration", "python"))
 
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
-CONFIGS = [("native", []), ("l2", []), ("dram", []), ("dram-h16", []), ("ssd", []),
+CONFIGS = [("native", []), ("ceiling", []), ("l2", []), ("dram", []), ("dram-h16", []), ("ssd", []),
            ("dram", ["--enable-deterministic-inference"]), ("native", ["--enable-deterministic-inference"])]
 
 

@@ -15,7 +15,8 @@
 #                                             once all parts are there: joins, checks the sha256,
 #                                             unpacks to /root/okv/sgl, then runs the MODEs
 #   scripts/gpu/sglang.sh MODE...             later calls while the machine is warm
-# MODEs (configs: native = SGLang's radix cache in HBM, HiCache off; l2 = HiCache with a host pool
+# MODEs (configs: native = SGLang's radix cache in HBM, HiCache off; ceiling = native with an HBM pool of
+# 131,072 tokens, the whole working set (bench report's fraction recovered); l2 = HiCache with a host pool
 # of HOST_GB+16 GB and no storage, SGLang's own DRAM tier as large as the dram config's two together;
 # dram = HiCache, host pool HOST_GB (default 4), OrbitKV peer 16 GiB DRAM (dram-hN: host pool N GB,
 # e.g. dram-h16 beside dram in one SEQ, each run labelled by its own name); ssd = the same, peer
@@ -157,6 +158,7 @@ config_flags() { # CONFIG: the flags of one config (printed one a line)
 	gb=$(host_gb "$1")
 	case $(base "$1") in
 	native) ;;
+	ceiling) printf '%s\n' --max-total-tokens 131072 ;; # the later flag wins: HBM holds the working set
 	l2) printf '%s\n' "${HICACHE[@]}" --hicache-size $((gb + 16)) ;;
 	dram | ssd) printf '%s\n' "${HICACHE[@]}" --hicache-size "$gb" --hicache-storage-backend dynamic \
 		--hicache-storage-backend-extra-config "$(extra_config "$(base "$1")")" ;;
