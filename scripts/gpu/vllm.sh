@@ -44,6 +44,11 @@
 #               PREFIXES=24 (8 each of 1K/4K/8K: 106K tokens, 15.7 GB of Qwen3-8B KV) still fits the
 #               16 GiB of either cache and is 6.5x the HBM: the run that shows what surviving is worth
 #   report      bench report over every run so far
+# TRACE_STARTUP=S traces each vLLM start (scripts/gpu/startup-trace/sitecustomize.py: Triton compiles hit or
+# miss with their cache dir, the warm-up's phases, every thread's stack each S s during warmup_kernels) into
+# $O/startup-trace.log: with OrbitKV vLLM spent 11 s more in its warm-up on every start (2026-12-05), other
+# configs only when their compile cache was new; after every start a [startup cache] line says which
+# Triton kernels that start compiled. The run: TRACE_STARTUP=1 RESTART_SEQ="dram offload" DURATION=60s ... restart
 # CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
 # kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
 # in a session of their own: bench report compares by config label). QUERY_BUDGET (default 2GiB)
@@ -129,17 +134,31 @@ start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | d
 	CFG_FLAGS="${env[*]} ${kv[*]}"
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
 	# the launch line goes to a file of its own, so that the restart mode can start the same engine again
-	local argv=(env "${env[@]}" "$@" PYTHONPATH="$site:$ROOT/integration/python" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+	# TRACE_STARTUP=S: scripts/gpu/startup-trace/sitecustomize.py traces the start (Triton compiles hit/miss,
+	# the warm-up phases, every thread's stack each S s during warmup_kernels) into $O/startup-trace.log
+	local trace=() pp=$site:$ROOT/integration/python
+	if [ -n "${TRACE_STARTUP:-}" ]; then
+		trace=(ORBITKV_STARTUP_TRACE="$O/startup-trace.log" ORBITKV_STARTUP_TRACE_STACKS="$TRACE_STARTUP")
+		pp=$ROOT/scripts/gpu/startup-trace:$pp
+	fi
+	local argv=(env "${env[@]}" "$@" "${trace[@]}" PYTHONPATH="$pp" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 		VLLM_USE_FLASHINFER_SAMPLER=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False
 		python3 -m vllm.entrypoints.cli.main serve "$MODEL" "${VLLM_FLAGS[@]}" "${own[@]}" "${kv[@]}")
 	{ printf 'exec'; printf ' %q' "${argv[@]}"; echo; } >"$K/launch-$port.sh"
 	setsid bash "$K/launch-$port.sh" >>"$O/vllm.log" 2>&1 &
 	VLLM_PID=$!
 	local t0=$SECONDS
-	wait_http "127.0.0.1:$port/health" "$VLLM_PID" 1500 && { say "vllm $cfg :$port up in $((SECONDS - t0)) s"; vllm_modes; return 0; }
+	wait_http "127.0.0.1:$port/health" "$VLLM_PID" 1500 && { say "vllm $cfg :$port up in $((SECONDS - t0)) s"; vllm_modes; startup_caches "$K/launch-$port.sh"; return 0; }
 	say "vllm $cfg failed to start"
 	grep -E "Error|error|Traceback" "$O/vllm.log" | tail -12 | tee -a "$S"
 	return 1
+}
+
+startup_caches() { # LAUNCH-FILE: the Triton kernels this start compiled (cache entries newer than its launch file), per cache dir
+	find /root/.cache/vllm /root/.triton \( -name "__grp__*.json" -o -name "*.so" \) -newer "$1" 2>/dev/null |
+		awk -F/ '{d=$0; sub("/[^/]*/[^/]*$", "", d); k=$NF; sub("^__grp__", "", k); sub("[.]json$", "", k); sub("[.]cpython.*[.]so$", ".so", k); n[d]++; t++; l[d]=l[d] " " k}
+			END{for (d in n) print "[startup cache] " n[d] " triton kernels/launchers compiled into " d ":" substr(l[d], 1, 600); if (!t) print "[startup cache] no triton kernel compiled"}' |
+		tee -a "$S"
 }
 
 vllm_modes() { # which model runner and CUDA graph mode this start took (layer-wise loads depend on both)
@@ -203,6 +222,7 @@ two_one() { # CFG NAME: two engines (:8001, :8002) behind a round-robin proxy on
 restart() { # per config in RESTART_SEQ: the engine killed (-9) RESTART_AT into the window and started again
 	local cfg rc
 	for cfg in ${RESTART_SEQ:-offload dram}; do
+		rm -f "$K/relaunch.mark"
 		if orbitkv_cfg "$cfg"; then start_peer "$cfg" || continue; fi
 		start_vllm "$cfg" || { stop_all; continue; }
 		echo "$VLLM_PID" >"$K/vllm.pid"
@@ -210,12 +230,13 @@ restart() { # per config in RESTART_SEQ: the engine killed (-9) RESTART_AT into 
 		# then waits (30 s at most) until no process but the peer holds the GPU: the peer is a CUDA
 		# process too, so waiting for none (before 2026-12-05 22:00) added the whole 30 s to OrbitKV's restarts
 		rc="kill -9 -\$(cat $K/vllm.pid); S=$S GPU_FREE_TRIES=150 bash -c '. $ROOT/scripts/gpu/lib.sh; wait_gpu_free $PEER_PID';"
-		rc="$rc setsid bash $K/launch-8000.sh >>$O/vllm.log 2>&1 & echo \$! >$K/vllm.pid"
+		rc="$rc touch $K/relaunch.mark; setsid bash $K/launch-8000.sh >>$O/vllm.log 2>&1 & echo \$! >$K/vllm.pid"
 		CFG_LABEL=restart-$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "restart-$cfg-${PAIR:-1}" "${SEEDS[@]}" \
 			--duration ${DURATION:-90s} --restart-at ${RESTART_AT:-30s} --restart-cmd "$rc" --restart-timeout 300s "${DET[@]}" \
 			--label pair=${PAIR:-1} --label order=${ORDER:-AB} --label shape=engine-restart
 		python3 -c "import json,sys; r=json.load(open(sys.argv[1])).get('restart') or {}; r.pop('completions_per_s', None); print('[restart-$cfg]', r)" \
 			"$RUNS/restart-$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+		[ -f "$K/relaunch.mark" ] && echo "[startup cache] restart-$cfg:" | tee -a "$S" && startup_caches "$K/relaunch.mark"
 		EXTRA_PIDS="$(cat "$K/vllm.pid")" # the engine started again (the first one, VLLM_PID, was killed)
 		stop_all
 	done
