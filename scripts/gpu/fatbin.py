@@ -5,14 +5,21 @@
   fatbin.py keep SO ARCH...    blanks, in place, every ELF (cubin) entry whose arch is not listed;
                                sizes and offsets stay as they were, so the file's layout and every
                                kept entry are byte-identical
+  fatbin.py keepz SO ARCH...   the same, and zeroes the payload of every compressed cubin entry whose
+                               arch is not listed too (its entry header stays; tools can no longer
+                               decompress it). torch's and the CUDA libraries' cubins are all
+                               compressed (nvcc -Xfatbin -compress-all), so keep alone blanks nothing
+                               there; the driver decompresses only the entry it picks for the device
 
 Blanking keeps each passed-over cubin a well-formed ELF file (its ELF header, program and
 section header tables and section names stay; the section contents, the code, become zeros),
 so tools that walk every entry (cuobjdump --list-elf) still read the library. At module load
 the CUDA driver takes the cubin built for the device's own arch (sm_90 on an H200) and does not
-load the others. Zeroed contents cost nothing after xz. Compressed entries are left as they are. PTX entries are never touched
+load the others. Zeroed contents cost nothing after xz. keep leaves compressed entries as they are. PTX entries are never touched
 (a kept PTX lets the driver JIT for an arch with no cubin). Used by sglang-bundle.sh on
 sgl_kernel's FA3 library, whose sm_80 and sm_86 cubins are half of its 1.1 GB.
+keepz: by vllm033-bundle.sh on torch, the CUDA libraries and vLLM's _C (about 0.7 GiB of compressed
+cubins for other GPUs).
 
 Layout (NVIDIA's fatbinary, as cuobjdump reads it): the section holds containers, each a
 16-byte header (magic 0xBA55ED50, u16 version, u16 header size, u64 payload size) followed by
@@ -105,26 +112,31 @@ def blanked(cubin):
     return bytes(out)
 
 
-def keep(path, archs):
+def keep(path, archs, compressed=False):
     with open(path, "r+b") as f:
         blank = [(o, s) for o, s, kind, arch in entries(f) if kind == 2 and arch not in archs]
-        done = []
+        done, dz = [], []
         for o, s in blank:
             f.seek(o)
-            b = blanked(f.read(s))
+            c = f.read(s)
+            b = blanked(c)
+            if b is None and compressed:
+                b = bytes(len(c))
+                dz.append(s)
             if b is not None:
                 f.seek(o)
                 f.write(b)
                 done.append(s)
         blank = [(0, s) for s in done]
-    print(f"{path}: zeroed {len(blank)} cubins ({sum(s for _, s in blank) / 2**20:.1f} MiB) not for sm_{'/'.join(map(str, sorted(archs)))}")
+    print(f"{path}: zeroed {len(blank)} cubins ({sum(s for _, s in blank) / 2**20:.1f} MiB"
+          f"{f', {len(dz)} of them compressed, {sum(dz) / 2**20:.1f} MiB' if compressed else ''}) not for sm_{'/'.join(map(str, sorted(archs)))}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "list":
         summary(sys.argv[2])
-    elif len(sys.argv) >= 4 and sys.argv[1] == "keep":
-        keep(sys.argv[2], {int(a) for a in sys.argv[3:]})
+    elif len(sys.argv) >= 4 and sys.argv[1] in ("keep", "keepz"):
+        keep(sys.argv[2], {int(a) for a in sys.argv[3:]}, compressed=sys.argv[1] == "keepz")
         summary(sys.argv[2])
     else:
         raise SystemExit(__doc__)

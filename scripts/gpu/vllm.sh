@@ -1,15 +1,24 @@
 #!/bin/bash
-# Real vLLM 0.26.0 driving OrbitKV on the H200 (docs/journal/2026-12-01-vllm-h200.md "Real vLLM on the H200").
-# vLLM travels as .gpucarry/ (scripts/gpu/vllm-bundle.sh on the development machine), in two
-# parts over two consecutive device calls; out/orbitkv(.xz) is the peer built with cgo
-# (CGO_ENABLED=1 go build -ldflags=-checklinkname=0 -o out/orbitkv ./cmd/orbitkv; xz -k out/orbitkv).
-# Call 1 carries .gpucarry/vllm-site.part00 and .gpucarry/vllm-site.sha256; call 2
-# .gpucarry/vllm-site.part01, the .sha256 and out/orbitkv.xz; later calls out/orbitkv.xz.
-#
-#   scripts/gpu/vllm.sh carry1            call 1: moves part 0 out of the repository (to /root/okv)
-#   scripts/gpu/vllm.sh carry2 MODE...    call 2: moves part 1, joins, checks the sha256, unpacks
-#                                         the site to /root/okv/site, then runs the MODEs
-#   scripts/gpu/vllm.sh MODE...           later calls while the machine is warm (site already there)
+# Real vLLM driving OrbitKV on the H200/H100 (docs/journal/2026-12-01-vllm-h200.md "Real vLLM on the H200").
+# VLLM=0.26 (default): vLLM 0.26.0 on the image's torch 2.11; VLLM=0.33: vLLM 0.33.0, the version users
+# install, with its own torch 2.14.0, triton 3.8.0 and CUDA 13 libraries (scripts/gpu/vllm033-bundle.sh).
+# vLLM travels as .gpucarry/ (built on the development machine), one part a device call; out/orbitkv(.xz)
+# is the peer built with cgo (CGO_ENABLED=1 go build -ldflags=-checklinkname=0 -o out/orbitkv ./cmd/orbitkv;
+# xz -k out/orbitkv), carried with the last part and by every later call.
+#   0.26 (scripts/gpu/vllm-bundle.sh, site /root/okv/site): call 1 carries .gpucarry/vllm-site.part00 and
+#        .gpucarry/vllm-site.sha256; call 2 .gpucarry/vllm-site.part01, the .sha256 and out/orbitkv.xz
+#     scripts/gpu/vllm.sh carry1              call 1: moves part 0 out of the repository (to /root/okv)
+#     scripts/gpu/vllm.sh carry2 MODE...      call 2: moves part 1, joins, checks the sha256, unpacks
+#                                             the site to /root/okv/site, then runs the MODEs
+#   0.33 (site /root/okv/site033): call k (k = 0 .. N-1, N = .gpucarry/vllm033-site.parts, about 26)
+#        carries .gpucarry/vllm033-site.partKK, vllm033-site.sha256 and vllm033-site.parts (~10 s a call);
+#        the last one out/orbitkv.xz too (48 MiB + 8 MiB + the 5 MiB tree fit a call's 64 MiB)
+#     VLLM=0.33 scripts/gpu/vllm.sh carryKK [MODE...]   moves part KK out of the repository (to /root/okv);
+#                                             once all N are there: joins, checks the sha256, unpacks
+#                                             to /root/okv/site033 (4.5 GB), runs one kernel each from
+#                                             torch, cuBLASLt, vLLM's _C and FA3 (every non-sm_90 cubin
+#                                             was zeroed), then the MODEs. lmcache is 0.26's only.
+#   [VLLM=0.33] scripts/gpu/vllm.sh MODE...   later calls while the machine is warm (site already there)
 # MODEs:
 #   sustained   the seeds' sustained workload (12 prefixes of 1K/4K/8K, 75% reuse, concurrency 8,
 #               60 s + drain, 16 output tokens, HBM 16,384 tokens, 64-token pages) once per config
@@ -59,8 +68,12 @@ set -u
 . "$(dirname "$0")/lib.sh"
 gpu_env
 O=${OUT:-/tmp/orbitkv-gpu-out}
-K=/root/okv
-SITE=$K/site
+K=${OKV_DIR:-/root/okv} # OKV_DIR: only for a dry run of the carry steps off the GPU machine
+case ${VLLM:=0.26} in
+0.26) VERSION=0.26.0 BUNDLE=vllm-site SITE=$K/site ;;
+0.33) VERSION=0.33.0 BUNDLE=vllm033-site SITE=$K/site033 ;;
+*) echo "VLLM=$VLLM: 0.26 or 0.33" >&2; exit 2 ;;
+esac
 RUNS=$K/runs
 mkdir -p "$O" "$K" "$RUNS"
 ROOT=$(pwd)
@@ -77,7 +90,16 @@ stop_all() { # the engines (process groups) and the proxy first, the peer last
 }
 trap stop_all EXIT
 
-carry() { carry_part vllm-site "$1" "$K"; } # PART: move one carried part out of the repository folder
+carry() { # PART: move one carried part out of the repository folder (0.33: and its count file)
+	carry_part "$BUNDLE" "$1" "$K" || return 1
+	[ "$VLLM" = 0.26 ] && return 0
+	cp ".gpucarry/$BUNDLE.parts" "$K/" || { say "no .gpucarry/$BUNDLE.parts carried"; return 1; }
+	say "$(nparts) of $(cat "$K/$BUNDLE.parts") $BUNDLE part(s) under $K"
+}
+
+nparts() { ls "$K" | grep -c "^$BUNDLE\.part[0-9][0-9]\$"; } # not NAME.parts, the count file
+
+complete() { [ -d "$SITE/vllm" ] || [ "$(nparts)" = "$(cat "$K/$BUNDLE.parts" 2>/dev/null)" ]; }
 
 lmcache_unpack() { # LMCache 0.5.6 and the packages it needs beyond vLLM's (scripts/gpu/lmcache-bundle.sh)
 	[ -d "$K/lmcache-site/lmcache" ] && return 0
@@ -87,8 +109,26 @@ lmcache_unpack() { # LMCache 0.5.6 and the packages it needs beyond vLLM's (scri
 }
 
 unpack() {
-	unpack_bundle vllm-site "$K" "$SITE" || return 1
+	unpack_bundle "$BUNDLE" "$K" "$SITE" || return 1
 	PYTHONPATH=$SITE python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1 | tee -a "$S"
+	[ "$VLLM" = 0.26 ] && return 0
+	# 0.33's bundle zeroed every non-sm_90 cubin (vllm033-bundle.sh): one kernel each from libtorch_cuda,
+	# cuBLASLt, vLLM's _C and FA3 must load and run, from the carried libraries, not the image's
+	PYTHONPATH=$SITE timeout 300 python3 - <<'PY' 2>&1 | tail -8 | tee -a "$S"
+import torch, vllm._C_stable_libtorch, vllm.vllm_flash_attn.flash_attn_interface as fa
+a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+b = (a @ a).float().relu().sum().item()
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(), "matmul ok", b > 0,
+      "cublasLt", [l for l in open("/proc/self/maps").read().split() if "libcublasLt" in l][:1], "FA3", fa.FA3_AVAILABLE, fa.FA3_UNAVAILABLE_REASON)
+x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+y = torch.empty_like(x)
+torch.ops._C.rms_norm(y, x, torch.ones(4096, device="cuda", dtype=torch.bfloat16), 1e-6)
+print("_C rms_norm ok", bool(torch.isfinite(y).all()))
+q = torch.randn(128, 8, 128, device="cuda", dtype=torch.bfloat16)
+cu = torch.tensor([0, 128], device="cuda", dtype=torch.int32)
+o = fa.flash_attn_varlen_func(q, q, q, 128, cu, 128, cu, causal=True, fa_version=3)
+print("fa3 out", tuple(o.shape), "finite", bool(torch.isfinite(o).all()))
+PY
 }
 
 start_peer() { # CONFIG: dram | ssd
@@ -173,7 +213,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	orbitkv_cfg "$cfg" && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
 	rm -rf "$RUNS/$name"
 	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab ${VOCAB:-151936} \
-		--engine-metrics http://127.0.0.1:${METRICS_PORT:-$PORT}/metrics "${pm[@]}" --quiet --label config=${CFG_LABEL:-$cfg} --label engine=vllm-0.26.0 \
+		--engine-metrics http://127.0.0.1:${METRICS_PORT:-$PORT}/metrics "${pm[@]}" --quiet --label config=${CFG_LABEL:-$cfg} --label engine=vllm-$VERSION \
 		--label "engine_flags=${VLLM_FLAGS[*]}" --label "config_flags=${CFG_FLAGS:-}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
 		${QUERY_BUDGET:+--label "query_budget=$QUERY_BUDGET"} ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"} "$@" --output "$RUNS/$name" >>"$O/bench.log" 2>&1
 	say "bench $name rc=$?"
@@ -293,15 +333,22 @@ unxz_bins orbitkv
 # then says so); checked after the unpack above, or the first call with out/orbitkv.xz misses the flag
 DET=()
 out/orbitkv bench serving --help 2>&1 | grep -q -- -deterministic && DET=(--deterministic=false)
-case ${1:-} in
-carry1) carry 00; exit $? ;;
-carry2) carry 01 && unpack || exit 1; shift ;;
+case $VLLM:${1:-} in
+0.26:carry1) carry 00; exit $? ;;
+0.26:carry2) carry 01 && unpack || exit 1; shift ;;
+0.33:carry[0-9][0-9])
+	carry "${1#carry}" || exit 1
+	shift
+	complete || { [ $# -eq 0 ] || say "parts missing: modes $* not run"; exit 0; }
+	unpack || exit 1
+	;;
+*:carry*) echo "VLLM=$VLLM: carry1/carry2 are 0.26's, carryNN 0.33's" >&2; exit 2 ;;
 esac
 for m in "$@"; do
 	case $m in
 	sustained | probe | overhead | invariant | corrupt | two | restart | report) $m ;;
 	lmcache-check) lmcache_unpack ;; # unpack the carried LMCache site and try its vLLM adapter's import
-	*) echo "usage: $0 carry1 | carry2 MODE... | MODE... (sustained probe overhead invariant corrupt two restart report lmcache-check)" >&2; exit 2 ;;
+	*) echo "usage: $0 carry1 | carry2 MODE... | MODE...; VLLM=0.33 $0 carryNN [MODE...] | MODE... (sustained probe overhead invariant corrupt two restart report lmcache-check)" >&2; exit 2 ;;
 	esac
 done
 (cd "$K" && tar czf "$O/runs.tgz" runs)
