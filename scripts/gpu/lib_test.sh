@@ -1,5 +1,6 @@
 #!/bin/bash
-# Tests of scripts/gpu/lib.sh off the GPU machine (make test-scripts): every GPU script parses; a
+# Tests of scripts/gpu/lib.sh off the GPU machine (make test-scripts): every GPU script parses (and is
+# executable where it has a #! line); a
 # bundle carried in parts unpacks byte for byte and a corrupted part is refused; carried binaries
 # unpack; a process group that ignores TERM is stopped; the GPU, socket and HTTP waits end when what
 # they wait for appears or their process ends.
@@ -15,6 +16,12 @@ ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }
 
 for f in scripts/gpu/*.sh; do bash -n "$f" && ok "parses: $f" || bad "does not parse: $f"; done
+# A script with a #! line is run by its path (scripts/gpu/vllm.sh carry1 on the GPU machine, whose copy
+# of the tree keeps git's modes): it must be executable; lib.sh and wheels.sh are sourced.
+for f in scripts/gpu/*.sh; do
+	head -1 "$f" | grep -q '^#!' || continue
+	[ -x "$f" ] && ok "executable: $f" || bad "has a #! line but is not executable (git update-index --chmod=+x): $f"
+done
 
 # A bundle in two parts, carried one call at a time, then joined, checked and unpacked.
 mkdir -p "$W/repo/.gpucarry" "$W/src/pkg" && cd "$W/repo"
