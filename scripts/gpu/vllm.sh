@@ -55,9 +55,10 @@
 #   report      bench report over every run so far
 # TRACE_STARTUP=S traces each vLLM start (scripts/gpu/startup-trace/sitecustomize.py: Triton compiles hit or
 # miss with their cache dir, the warm-up's phases, every thread's stack each S s during warmup_kernels) into
-# $O/startup-trace.log: with OrbitKV vLLM spent 11 s more in its warm-up on every start (2026-12-05), other
-# configs only when their compile cache was new; after every start a [startup cache] line says which
-# Triton kernels that start compiled. The run: TRACE_STARTUP=1 RESTART_SEQ="dram offload" DURATION=60s ... restart
+# $O/startup-trace.log; after every start a [startup cache] line says which Triton kernels that start
+# compiled. Traced on 2026-12-06: the second vLLM start of a fresh machine spends ~11 s compiling vLLM's
+# sampler kernels into ~/.triton/cache (the first puts them in inductor's cache dir), whatever its
+# connector: run the restart mode after two starts (e.g. after a sustained pair), or one config pays it.
 # CONN_EXTRA (a JSON object, e.g. '{"layerwise": true}') is merged into the connector's
 # kv_connector_extra_config of the dram/ssd runs, and labels them conn_extra=... (keep such runs
 # in a session of their own: bench report compares by config label). QUERY_BUDGET (default 2GiB)
