@@ -11,11 +11,13 @@
                                compressed (nvcc -Xfatbin -compress-all), so keep alone blanks nothing
                                there; the driver decompresses only the entry it picks for the device
 
-Blanking keeps each passed-over cubin a well-formed ELF file (its ELF header, program and
-section header tables and section names stay; the section contents, the code, become zeros),
-so tools that walk every entry (cuobjdump --list-elf) still read the library. At module load
-the CUDA driver takes the cubin built for the device's own arch (sm_90 on an H200) and does not
-load the others. Zeroed contents cost nothing after xz. keep leaves compressed entries as they are. PTX entries are never touched
+Blanking keeps each passed-over cubin's ELF header, program and section header tables and
+section names; the section contents, the code, become zeros. Tools that check every entry do not
+accept that: cuobjdump 13.5 (PyPI nvidia-cuda-cuobjdump) stops at the first blanked or zeroed
+entry with "Invalid ELF", for keep (sgl_kernel's flash_ops, libcurand) and keepz alike. The CUDA
+driver does not check them: at module load it takes the cubin built for the device's own arch
+(sm_90 on an H100 or H200) and reads no other; the keep-blanked flash_ops ran SGLang on both
+cards (2026-12-02, 2026-12-05). keepz on a driver: unverified until vllm.sh's 0.33 kernel check. Zeroed contents cost nothing after xz. keep leaves compressed entries as they are. PTX entries are never touched
 (a kept PTX lets the driver JIT for an arch with no cubin). Used by sglang-bundle.sh on
 sgl_kernel's FA3 library, whose sm_80 and sm_86 cubins are half of its 1.1 GB.
 keepz: by vllm033-bundle.sh on torch, the CUDA libraries and vLLM's _C (about 0.7 GiB of compressed
