@@ -101,5 +101,21 @@ PATH="$W/bin:$PATH" GPU_FREE_TRIES=3 wait_gpu_free 4242 && bad "wait_gpu_free sa
 PATH="$W/bin:$PATH" GPU_FREE_TRIES=200 wait_gpu_free 4242 && ok "wait_gpu_free ends once the engine is gone" || bad "wait_gpu_free missed the engine ending"
 wait
 
+# sglang.sh SGL_VERSION=0.5.23 off the GPU machine (OKV_DIR): its own bundle's parts, unpacked to
+# sgl0523 only over the vLLM 0.33 site (site033), refused with the way to carry it when that is absent.
+R=$W/repo-sgl && mkdir -p "$R/.gpucarry" "$R/scripts" "$W/s23/sglang" && cp -r "$ROOT/scripts/gpu" "$R/scripts/" && cd "$R"
+echo "version = '0.5.23'" >"$W/s23/sglang/__init__.py"
+tar -C "$W/s23" -cJf "$W/s23.tar.xz" sglang && (cd "$W" && sha256sum s23.tar.xz | sed 's/s23/sglang0523-site/') >.gpucarry/sglang0523-site.sha256
+split -n 2 -d "$W/s23.tar.xz" .gpucarry/sglang0523-site.part && echo 2 >.gpucarry/sglang0523-site.parts
+cp .gpucarry/sglang0523-site.part01 "$W/s23.part01"
+sgl() { OKV_DIR=$W/k23 OUT=$W/o23 SGL_VERSION=0.5.23 PATH="$W/bin:$PATH" bash scripts/gpu/sglang.sh "$@" >>"$W/sgl.log" 2>&1; }
+printf '' >"$W/apps" # the stand-in nvidia-smi: no GPU process
+sgl carry00 && grep -q "1 of 2 sglang 0.5.23 part(s)" "$W/o23/summary.txt" && ok "sglang.sh 0.5.23 carries a part of its own bundle" || bad "0.5.23 carry00"
+sgl carry01 && bad "0.5.23 unpacked with no vLLM 0.33 site" ||
+	{ grep -q "no vLLM site at $W/k23/site033: run VLLM=0.33" "$W/o23/summary.txt" && ok "sglang.sh 0.5.23 refuses without the vLLM 0.33 site, saying how to carry it" || bad "no line naming the missing site033"; }
+mkdir -p "$W/k23/site033/vllm" && cp "$W/s23.part01" .gpucarry/sglang0523-site.part01
+sgl carry01 && [ -f "$W/k23/sgl0523/sglang/__init__.py" ] && [ ! -e "$W/k23/sgl" ] && ok "sglang.sh 0.5.23 unpacks to sgl0523 over site033" || bad "0.5.23 unpack (log: $(tail -3 "$W/sgl.log"))"
+cd "$ROOT"
+
 [ $fails -eq 0 ] && echo "scripts/gpu/lib.sh: all passed" || echo "scripts/gpu/lib.sh: $fails failed"
 exit $((fails > 0))

@@ -6,6 +6,11 @@
 # On the GPU machine the site unpacks to /root/okv/sgl, searched before the vLLM site
 # /root/okv/site (scripts/gpu/vllm-bundle.sh), which SGLang needs too (fastapi, uvicorn, pydantic,
 # pyzmq, msgspec, ... from vllm-carry.txt).
+# SGL=0.5.23: SGLang 0.5.23, the version users install, with sglang-kernel 0.4.10 and
+# scripts/gpu/sglang0523-carry.txt, into .gpucarry/sglang0523-site.partNN; on the GPU machine it
+# unpacks to /root/okv/sgl0523 and runs over the vLLM 0.33 site /root/okv/site033 (torch 2.14.0,
+# triton 3.8.0, CUDA 13: scripts/gpu/vllm033-bundle.sh), which must be carried first
+# (SGL_VERSION=0.5.23 scripts/gpu/sglang.sh).
 #
 # The wheels are unpacked into one site directory by hand (this machine's Python is not 3.12),
 # then slimmed of what an H200 serving Qwen3-8B with FA3 never loads:
@@ -18,30 +23,36 @@
 #                                 and sm_90 (1.1 GB, the sm_90 ones 474 MiB). The CUDA driver loads
 #                                 the cubin of the device's own arch; the others are blanked in place
 #                                 (scripts/gpu/fatbin.py: headers kept, code zeroed, every sm_90 cubin
-#                                 byte-identical, cuobjdump still lists all 1116), so xz packs them
-#                                 to nothing. sm90/common_ops is left whole (it is small).
+#                                 byte-identical; cuobjdump 13.5 calls a blanked entry "Invalid ELF", the
+#                                 driver reads only the sm_90 one), so xz packs them to nothing.
+#                                 sm90/common_ops is left whole (it is small).
 #   sglang/multimodal_gen         the diffusion server (sglang generate), never imported by launch_server
 # KEEP_ALL_ARCH=1 skips the blanking (about twice the parts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-W=${WHEELS:-$HOME/.cache/orbitkv/gpu-wheels/sglang}
+case ${SGL:=0.5.17} in
+0.5.17) KERNEL=0.4.5 NAME=sglang-site CARRY=scripts/gpu/sglang-carry.txt DIR=sglang ;;
+0.5.23) KERNEL=0.4.10 NAME=sglang0523-site CARRY=scripts/gpu/sglang0523-carry.txt DIR=sglang0523 ;;
+*) echo "SGL=$SGL: 0.5.17 or 0.5.23" >&2; exit 2 ;;
+esac
+W=${WHEELS:-$HOME/.cache/orbitkv/gpu-wheels/$DIR}
 SITE=$(mktemp -d)
 trap 'rm -rf "$SITE"' EXIT
 mkdir -p "$W/deps" .gpucarry
 source scripts/gpu/wheels.sh # pipdl, unwheel
-pipdl -d "$W" sglang==0.5.17 sglang-kernel==0.4.5
-grep -v '^#' scripts/gpu/sglang-carry.txt | pipdl -d "$W/deps" -r /dev/stdin
-unwheel "$SITE" "$W/deps/*.whl" "$W/sglang_kernel-0.4.5-*.whl" "$W/sglang-0.5.17-cp312-*.whl"
+pipdl -d "$W" sglang==$SGL sglang-kernel==$KERNEL
+grep -v '^#' "$CARRY" | pipdl -d "$W/deps" -r /dev/stdin
+unwheel "$SITE" "$W/deps/*.whl" "$W/sglang_kernel-$KERNEL-*.whl" "$W/sglang-$SGL-cp312-*.whl"
 k=$SITE/sgl_kernel
 rm -rf "$k/sm100" "$SITE/sglang/multimodal_gen"
 rm -f "$k/flashmla_ops.abi3.so" "$k"/infllm_ops.*.so
 [ "${KEEP_ALL_ARCH:-0}" = 1 ] || python3 scripts/gpu/fatbin.py keep "$k/flash_ops.abi3.so" 90
 python3 scripts/gpu/fatbin.py list "$k/sm90/common_ops.abi3.so"
 echo "site: $(du -sm "$SITE" | cut -f1) MiB in $(find "$SITE" -type f | wc -l) files"
-rm -f .gpucarry/sglang-site.*
-tar -C "$SITE" -cf - . | xz -T2 -6 >.gpucarry/sglang-site.tar.xz
-(cd .gpucarry && sha256sum sglang-site.tar.xz >sglang-site.sha256 && split -b 48M -d sglang-site.tar.xz sglang-site.part && rm sglang-site.tar.xz)
+rm -f .gpucarry/$NAME.*
+tar -C "$SITE" -cf - . | xz -T2 -6 >.gpucarry/$NAME.tar.xz
+(cd .gpucarry && sha256sum $NAME.tar.xz >$NAME.sha256 && split -b 48M -d $NAME.tar.xz $NAME.part && rm $NAME.tar.xz)
 # sglang.sh unpacks once this many parts are under /root/okv
-ls .gpucarry/sglang-site.part[0-9][0-9] | wc -l >.gpucarry/sglang-site.parts
-ls -l .gpucarry/sglang-site.*
-echo "parts: $(cat .gpucarry/sglang-site.parts) (one device call each: scripts/gpu/sglang.sh carry00, carry01, ...; out/orbitkv.xz with the last)"
+ls .gpucarry/$NAME.part[0-9][0-9] | wc -l >.gpucarry/$NAME.parts
+ls -l .gpucarry/$NAME.*
+echo "parts: $(cat .gpucarry/$NAME.parts) (one device call each: SGL_VERSION=$SGL scripts/gpu/sglang.sh carry00, carry01, ...; out/orbitkv.xz with the last)"

@@ -12,8 +12,8 @@ it. Repeat, adding each name to FORCE once its package is in sglang-carry.txt or
 the GPU machine, until no module is missing; then compare the printed list of installed packages
 the import used with the GPU image's list and vllm-carry.txt. Imports inside functions are not
 followed (the server's start-up paths were read by hand: see sglang-carry.txt).
-Run it with the SGLang test environment (scripts/install-sglang.sh) plus any wheels being tried
-on PYTHONPATH.
+Run it with the SGLang test environment (scripts/install-sglang.sh, or install-sglang0523.sh for
+sglang0523-carry.txt) plus any wheels being tried on PYTHONPATH.
 """
 
 import importlib, importlib.abc, importlib.machinery, sys, types, os, collections
@@ -61,10 +61,14 @@ props = types.SimpleNamespace(major=9, minor=0, name="NVIDIA H200", total_memory
 torch.cuda.get_device_properties = lambda *a, **k: props
 sys.meta_path.insert(0, Finder())
 before = set(sys.modules)
-roots = sys.argv[1:] or """sglang.srt.server_args sglang.launch_server sglang.srt.entrypoints.http_server
+# SGLang 0.5.23 replaced HiRadixCache (mem_cache/hiradix_cache) with mem_cache/unified_radix_cache
+import importlib.util
+_sgl = os.path.dirname(importlib.util.find_spec("sglang").origin)
+_radix = "hiradix_cache" if os.path.exists(os.path.join(_sgl, "srt", "mem_cache", "hiradix_cache.py")) else "unified_radix_cache"
+roots = sys.argv[1:] or f"""sglang.srt.server_args sglang.launch_server sglang.srt.entrypoints.http_server
     sglang.srt.managers.scheduler sglang.srt.managers.tokenizer_manager sglang.srt.managers.detokenizer_manager
     sglang.srt.model_executor.model_runner sglang.srt.models.qwen3 sglang.srt.layers.attention.flashattention_backend
-    sglang.srt.mem_cache.hiradix_cache sglang.srt.mem_cache.storage.backend_factory sglang.srt.managers.cache_controller
+    sglang.srt.mem_cache.{_radix} sglang.srt.mem_cache.storage.backend_factory sglang.srt.managers.cache_controller
     sglang.srt.entrypoints.openai.serving_completions sglang.srt.layers.sampler sglang.srt.batch_invariant_ops""".split()
 errs = {}
 import traceback

@@ -15,6 +15,10 @@
 #                                             once all parts are there: joins, checks the sha256,
 #                                             unpacks to /root/okv/sgl, then runs the MODEs
 #   scripts/gpu/sglang.sh MODE...             later calls while the machine is warm
+# SGL_VERSION=0.5.23 (never run on a GPU yet): the same with SGLang 0.5.23, the version users install
+# (.gpucarry/sglang0523-site.partNN, unpacked to /root/okv/sgl0523) over the vLLM 0.33 site
+# /root/okv/site033 (torch 2.14.0 for SGLang's pin 2.14.1: sgl_kernel 0.4.10 imports no torch symbol
+# 2.14.0 lacks), carried first by VLLM=0.33 scripts/gpu/vllm.sh carry00 ... carryNN; run `imports` first.
 # MODEs (configs: native = SGLang's radix cache in HBM, HiCache off; ceiling = native with an HBM pool of
 # 131,072 tokens, the whole working set (bench report's fraction recovered); l2 = HiCache with a host pool
 # of HOST_GB+16 GB and no storage, SGLang's own DRAM tier as large as the dram config's two together;
@@ -51,8 +55,14 @@ set -u
 gpu_env
 O=${OUT:-/tmp/orbitkv-gpu-out}
 K=${OKV_DIR:-/root/okv} # OKV_DIR: only for a dry run of the carry steps off the GPU machine
-SGL=$K/sgl
-RUNS=$K/sgl-runs
+# SGL_VERSION=0.5.23: SGLang 0.5.23 (.gpucarry/sglang0523-site.partNN: SGL=0.5.23 sglang-bundle.sh) over the
+# vLLM 0.33 site /root/okv/site033 (torch 2.14.0; VLLM=0.33 scripts/gpu/vllm.sh carry00 ... first) instead of
+# 0.5.17 over the vLLM 0.26 site; its runs go to their own folder, so bench report never mixes versions
+case ${SGL_VERSION:=0.5.17} in
+0.5.17) BUNDLE=sglang-site SGL=$K/sgl BASE=$K/site RUNS=$K/sgl-runs BASE_HOW="scripts/gpu/vllm.sh carry1 and carry2" ;;
+0.5.23) BUNDLE=sglang0523-site SGL=$K/sgl0523 BASE=$K/site033 RUNS=$K/sgl0523-runs BASE_HOW="VLLM=0.33 scripts/gpu/vllm.sh carry00 ..." ;;
+*) echo "SGL_VERSION=$SGL_VERSION: 0.5.17 or 0.5.23" >&2; exit 2 ;;
+esac
 ROOT=$(pwd)
 S=$O/summary.txt
 MODEL=$ROOT/integration/models/qwen3-8b
@@ -70,22 +80,22 @@ stop_all() { # the server's process group (its scheduler and detokenizer are chi
 trap stop_all EXIT
 
 carry() { # NN: move one carried part out of the repository folder (laid anew at every call)
-	carry_part sglang-site "$1" "$K" && cp .gpucarry/sglang-site.parts "$K/" || return 1
-	say "$(nparts) of $(cat "$K/sglang-site.parts") sglang part(s) under $K"
+	carry_part $BUNDLE "$1" "$K" && cp .gpucarry/$BUNDLE.parts "$K/" || return 1
+	say "$(nparts) of $(cat "$K/$BUNDLE.parts") sglang $SGL_VERSION part(s) under $K"
 }
 
-nparts() { ls "$K" | grep -c '^sglang-site\.part[0-9][0-9]$'; } # not sglang-site.parts, the count file
+nparts() { ls "$K" | grep -c "^$BUNDLE\.part[0-9][0-9]\$"; } # not $BUNDLE.parts, the count file
 
-complete() { [ -d "$SGL/sglang" ] || [ "$(nparts)" = "$(cat "$K/sglang-site.parts" 2>/dev/null)" ]; }
+complete() { [ -d "$SGL/sglang" ] || [ "$(nparts)" = "$(cat "$K/$BUNDLE.parts" 2>/dev/null)" ]; }
 
 unpack() {
 	[ -d "$SGL/sglang" ] && { say "sglang site already unpacked"; return 0; }
-	[ -d "$K/site/vllm" ] || { say "no vLLM site at $K/site: run scripts/gpu/vllm.sh carry1 and carry2 first"; return 1; }
-	unpack_bundle sglang-site "$K" "$SGL"
+	[ -d "$BASE/vllm" ] || { say "no vLLM site at $BASE: run $BASE_HOW first"; return 1; }
+	unpack_bundle $BUNDLE "$K" "$SGL"
 }
 
 # The environment every SGLang process gets (an array, not a function: timeout runs programs)
-SGLENV=(env PYTHONPATH="$SGL:$K/site:$ROOT/integration/python" HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0)
+SGLENV=(env PYTHONPATH="$SGL:$BASE:$ROOT/integration/python" HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0)
 
 imports() { # the server's modules and our backend, importable with the image's torch (no GPU work)
 	timeout 120 "${SGLENV[@]}" python3 - >"$O/imports.txt" 2>&1 <<'PY'
@@ -280,6 +290,6 @@ for m in "$@"; do
 	*) echo "usage: $0 carryNN [MODE...] | MODE... (imports sustained recovery deterministic report)" >&2; exit 2 ;;
 	esac
 done
-(cd "$K" && tar czf "$O/runs.tgz" sgl-runs)
+(cd "$K" && tar czf "$O/runs.tgz" "${RUNS##*/}")
 [ -f "$O/sglang.log" ] && tail -c 4000000 "$O/sglang.log" >"$O/sglang-tail.log" && rm -f "$O/sglang.log"
 exit 0
