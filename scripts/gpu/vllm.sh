@@ -27,7 +27,11 @@
 #               Configs: native (HBM capped), ceiling (HBM holds the working set: 8,192 blocks),
 #               offload (vLLM's own CPU offloading, --kv-offloading-backend native, 16 GiB),
 #               lmcache (LMCache's in-process connector, 16 GB CPU; .gpucarry/lmcache-site.tar.xz
-#               carried: scripts/gpu/lmcache-bundle.sh), dram and ssd (OrbitKV)
+#               carried: scripts/gpu/lmcache-bundle.sh), dram and ssd (OrbitKV), offload-okv (VLLM=0.33
+#               only, never run on a GPU yet: vLLM's own offloading with TIER_SPLIT_GIB (8) in its CPU
+#               pool and OrbitKV as its secondary tier, orbitkv.vllm_tier.OrbitKVTier, with the rest of
+#               the 16 GiB in the peer). `vllm.sh flags CONFIG` prints a config's engine flags:
+#               scripts/gpu/vllm-check.py parses each with the installed vLLM (make test-vllm, test-vllm033)
 #   probe       8K-token TTFT probes against vLLM + a DRAM peer: cold (recompute), resident
 #               (vLLM's own prefix cache), evicted then restored by OrbitKV
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
@@ -132,12 +136,14 @@ print("fa3 out", tuple(o.shape), "finite", bool(torch.isfinite(o).all()))
 PY
 }
 
-start_peer() { # CONFIG: dram | ssd
-	local dir=/tmp/okv-$1
+start_peer() { # CONFIG: dram | ssd | offload-okv
+	local dir=/tmp/okv-$1 cuda=require
 	rm -rf "$dir"
 	local tier=(--dram-bytes 16GiB --ssd-bytes 0)
 	[ "$1" = ssd ] && tier=(--dram-bytes 4GiB --ssd-bytes 16GiB --ssd-file-bytes 1GiB)
-	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda require --metrics-addr 127.0.0.1:9464 --query-budget-bytes "${QUERY_BUDGET:-2GiB}" "${tier[@]}" ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
+	# the tier's peer never touches the GPU: vLLM's own worker copies between HBM and its CPU pool
+	[ "$1" = offload-okv ] && tier=(--dram-bytes $((16 - ${TIER_SPLIT_GIB:-8}))GiB --ssd-bytes 0) cuda=off
+	env ${PEER_ENV:-} out/orbitkv serve --data-dir "$dir" --cuda $cuda --metrics-addr 127.0.0.1:9464 --query-budget-bytes "${QUERY_BUDGET:-2GiB}" "${tier[@]}" ${PEER_FLAGS:-} >>"$O/peer.log" 2>&1 &
 	PEER_PID=$!
 	wait_socket "$dir/orbitkv.sock" "$PEER_PID" 900 && return 0
 	say "peer $1 not serving (ended, or not within 90 s)"
@@ -149,29 +155,43 @@ VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-mod
 	--num-gpu-blocks-override 1024 --max-num-batched-tokens 8192 --max-num-seqs 64 --enable-prefix-caching
 	--attention-backend FLASH_ATTN --served-model-name qwen3-8b --port 8000 --disable-hybrid-kv-cache-manager)
 
-orbitkv_cfg() { [ "$1" = dram ] || [ "$1" = ssd ]; }
+orbitkv_cfg() { [ "$1" = dram ] || [ "$1" = ssd ] || [ "$1" = offload-okv ]; } # the configs with a peer
 
-start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | dram | ssd
+config_kv() { # CONFIG: KV (its vLLM flags) and KV_ENV (its environment); 1 for an unknown config
+	KV=() KV_ENV=()
+	local extra=${CONN_EXTRA:-}
+	extra=${extra#\{}
+	extra=${extra%\}}
+	case $1 in
+	native) ;;
+	ceiling) KV=(--num-gpu-blocks-override 8192) ;; # the later flag wins: 131,072 tokens, the whole working set
+	offload) KV=(--kv-offloading-backend native --kv-offloading-size "${OFFLOAD_GIB:-16}") ;;
+	lmcache)
+		KV_ENV=(LMCACHE_LOCAL_CPU=True LMCACHE_MAX_LOCAL_CPU_SIZE=16 LMCACHE_CHUNK_SIZE=256 LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1)
+		KV=(--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}') ;;
+	dram | ssd)
+		KV=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$1/orbitkv.sock\"${extra:+,$extra}}}") ;;
+	offload-okv) # vLLM 0.33's offloading, TIER_SPLIT_GIB (8) in its CPU pool, OrbitKV as its secondary tier (the rest of 16)
+		KV=(--kv-offloading-backend native --kv-offloading-size "${TIER_SPLIT_GIB:-8}" --kv-transfer-config
+			'{"kv_connector_extra_config":{"spec_name":"TieringOffloadingSpec","secondary_tiers":[{"type":"OrbitKVTier","module_path":"orbitkv.vllm_tier","socket":"/tmp/okv-offload-okv/orbitkv.sock"}]}}') ;;
+	*) return 1 ;;
+	esac
+}
+
+start_vllm() { # CONFIG [ENV=VALUE...]: native | ceiling | offload | lmcache | dram | ssd | offload-okv (0.33)
 	# (ENGINE_PORT, GPU_UTIL and OFFLOAD_GIB override the port, memory share and offloading size)
 	local cfg=$1
 	shift
-	local kv=() extra=${CONN_EXTRA:-} env=() site=$SITE port=${ENGINE_PORT:-8000}
+	local site=$SITE port=${ENGINE_PORT:-8000}
 	local own=(--port "$port")
 	[ -n "${GPU_UTIL:-}" ] && own+=(--gpu-memory-utilization "$GPU_UTIL")
-	extra=${extra#\{}
-	extra=${extra%\}}
-	case $cfg in
-	ceiling) kv=(--num-gpu-blocks-override 8192) ;; # the later flag wins: 131,072 tokens, the whole working set
-	offload) kv=(--kv-offloading-backend native --kv-offloading-size "${OFFLOAD_GIB:-16}") ;;
-	lmcache)
+	config_kv "$cfg" || { say "unknown config $cfg"; return 1; }
+	[ "$cfg" = offload-okv ] && [ "$VLLM" != 0.33 ] && { say "offload-okv needs VLLM=0.33 (vLLM 0.33's secondary tiers)"; return 1; }
+	if [ "$cfg" = lmcache ]; then
 		lmcache_unpack || return 1
 		site=$K/lmcache-site:$SITE
-		env=(LMCACHE_LOCAL_CPU=True LMCACHE_MAX_LOCAL_CPU_SIZE=16 LMCACHE_CHUNK_SIZE=256 LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1)
-		kv=(--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}') ;;
-	esac
-	if orbitkv_cfg "$cfg"; then
-		kv=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$cfg/orbitkv.sock\"${extra:+,$extra}}}")
 	fi
+	local kv=("${KV[@]}") env=("${KV_ENV[@]}")
 	CFG_FLAGS="${env[*]} ${kv[*]}"
 	echo "=== $(date +%T) vllm $cfg $* ${VLLM_FLAGS[*]} ${kv[*]}" >>"$O/vllm.log"
 	# the launch line goes to a file of its own, so that the restart mode can start the same engine again
@@ -328,6 +348,12 @@ report() {
 	(cd "$K" && tar czf "$O/runs.tgz" runs)
 }
 
+if [ "${1:-}" = flags ]; then # flags CONFIG: vLLM's argv for it after `serve MODEL`, one a line (vllm-check.py, on a CPU)
+	trap - EXIT
+	config_kv "${2:-}" || { echo "unknown config ${2:-}" >&2; exit 2; }
+	printf '%s\n' "${VLLM_FLAGS[@]}" "${KV[@]}"
+	exit
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee -a "$S"
 unxz_bins orbitkv
 # vLLM's default kernels are not batch invariant: label those runs non-deterministic (bench report
