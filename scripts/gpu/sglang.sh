@@ -99,14 +99,20 @@ SGLENV=(env PYTHONPATH="$SGL:$BASE:$ROOT/integration/python" HF_HUB_OFFLINE=1 SG
 
 imports() { # the server's modules and our backend, importable with the image's torch (no GPU work)
 	timeout 120 "${SGLENV[@]}" python3 - >"$O/imports.txt" 2>&1 <<'PY'
-import importlib, sys, torch
-import sglang, sgl_kernel, transformers, flashinfer
+import importlib, importlib.util, sys, torch
+import sglang, sgl_kernel, transformers
+try:  # 0.5.17's bundle carries it; 0.5.23 imports it only inside try/except (sglang0523-carry.txt)
+    import flashinfer
+    fi = flashinfer.__version__
+except ImportError:
+    fi = "absent"
 print("sglang", sglang.__version__, "sgl_kernel", sgl_kernel.__version__, "torch", torch.__version__,
-      "transformers", transformers.__version__, "flashinfer", flashinfer.__version__)
+      "transformers", transformers.__version__, "flashinfer", fi)
 print("sgl_kernel common_ops:", sgl_kernel.common_ops.__file__)
+radix = "hiradix_cache" if importlib.util.find_spec("sglang.srt.mem_cache.hiradix_cache") else "unified_radix_cache"  # 0.5.23
 for m in ["sglang.srt.server_args", "sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
           "sglang.srt.model_executor.model_runner", "sglang.srt.models.qwen3",
-          "sglang.srt.layers.attention.flashattention_backend", "sglang.srt.mem_cache.hiradix_cache",
+          "sglang.srt.layers.attention.flashattention_backend", "sglang.srt.mem_cache." + radix,
           "sglang.srt.mem_cache.storage.backend_factory", "sgl_kernel.flash_attn", "orbitkv.sglang"]:
     importlib.import_module(m)
     print("ok", m)
