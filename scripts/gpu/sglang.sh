@@ -43,7 +43,7 @@
 #   1 vllm.sh carry1     .gpucarry/vllm-site.part00 .gpucarry/vllm-site.sha256         } only when
 #   2 vllm.sh carry2     .gpucarry/vllm-site.part01 .gpucarry/vllm-site.sha256         } no /root/okv/site
 #   3 sglang.sh carry00  .gpucarry/sglang-site.part00 .gpucarry/sglang-site.sha256 .gpucarry/sglang-site.parts
-#   4,5 sglang.sh carry01, carry02  the same with part01, part02                         ~10 s each
+#   4,5 sglang.sh carry01, carry02  the same with part01, part02                         5-6 s each
 #   6 SEQ="native l2" sglang.sh carry03 sustained   part03 + out/orbitkv.xz            ~320 s (H100)
 #   7 SEQ="dram-h16 dram" sglang.sh sustained report                                   ~260 s (H100)
 # The H100 session of 2026-12-05 22:00 ran 1-7, a BA pair of dram-h16/l2 and one more dram run

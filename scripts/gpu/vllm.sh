@@ -11,7 +11,7 @@
 #     scripts/gpu/vllm.sh carry2 MODE...      call 2: moves part 1, joins, checks the sha256, unpacks
 #                                             the site to /root/okv/site, then runs the MODEs
 #   0.33 (site /root/okv/site033): call k (k = 0 .. N-1, N = .gpucarry/vllm033-site.parts, about 26)
-#        carries .gpucarry/vllm033-site.partKK, vllm033-site.sha256 and vllm033-site.parts (~10 s a call);
+#        carries .gpucarry/vllm033-site.partKK, vllm033-site.sha256 and vllm033-site.parts (5-6 s of device time a call, 2026-12-06);
 #        the last one out/orbitkv.xz too (48 MiB + 8 MiB + the 5 MiB tree fit a call's 64 MiB)
 #     VLLM=0.33 scripts/gpu/vllm.sh carryKK [MODE...]   moves part KK out of the repository (to /root/okv);
 #                                             once all N are there: joins, checks the sha256, unpacks
