@@ -312,6 +312,48 @@ func TestTimeoutDestroysAQPThatWillNotDrain(t *testing.T) {
 	checkScatter(t, p, ops, p.conn.Read(ctxFor(t, 5*time.Second), ops))
 }
 
+func TestDrainEndsByTheCallersDeadline(t *testing.T) {
+	// Regression (fabric's stand-in cluster test under qemu, "qp in error at
+	// the holder"): a batch ran to its context's deadline and then drained
+	// flushed completions for up to DrainTimeout after it, so a load over a
+	// NIC gone bad answered up to DrainTimeout late, after its caller had
+	// stopped listening. Here nothing completes and ERR is refused (nothing
+	// is ever flushed): the drain runs until its bound, which must be the
+	// caller's deadline, not DrainTimeout past it. Polls are counted after
+	// the deadline: at most one may race it (checked, then polled).
+	p := newPair(t, Config{DrainTimeout: 10 * time.Second})
+	p.f.hold = func(sendWR) bool { return true }
+	p.f.fail("modifyQP", 0, syscall.EIO)
+	ctx := ctxFor(t, time.Second)
+	late := 0
+	p.f.onPoll = func() {
+		if ctx.Err() != nil {
+			late++
+		}
+	}
+	old := []handle{p.conn.lanes[0].qp, p.conn.lanes[1].qp}
+	errs := p.conn.Read(ctx, scatterOps(p, 2, 64<<10))
+	p.f.mu.Lock()
+	p.f.onPoll = nil
+	p.f.mu.Unlock()
+	for i, err := range errs {
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("op %d: %v, want ErrTimeout", i, err)
+		}
+	}
+	if late > 1 {
+		t.Fatalf("%d polls after the caller's deadline: the drain outlived it", late)
+	}
+	for i, h := range old {
+		if p.f.qpOf(h) != nil {
+			t.Fatalf("lane %d: QP that would not drain still exists", i)
+		}
+	}
+	if s := p.a.Stats(); s.QPsDestroyed != 2 {
+		t.Fatalf("stats %+v: want both undrained QPs destroyed", s)
+	}
+}
+
 func TestReconnectsAreBounded(t *testing.T) {
 	p := newPair(t, Config{MaxReconnects: 2, Retries: -1})
 	p.f.wcFault = func(string, sendWR) (WCStatus, bool) { return WCRetryExcErr, true } // every request fails

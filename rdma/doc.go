@@ -27,7 +27,9 @@
 //     from the local segments: at the deadline the lanes with work in flight
 //     are moved to ERR, their flushed completions drained (bounded by
 //     Config.DrainTimeout), and a lane that still will not drain has its QP
-//     and CQ destroyed.
+//     and CQ destroyed. All of it ends by the caller's deadline: the work
+//     is cut off early enough for the drain (DrainTimeout, or a quarter of
+//     the batch's time when that is less).
 //  3. Results are per operation: an op fails alone (bad range, error
 //     completion after its retries); the others complete.
 //  4. A lane whose QP failed is reset and reconnected through the

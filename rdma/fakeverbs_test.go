@@ -37,6 +37,7 @@ type fakeVerbs struct {
 	hold     func(w sendWR) bool                         // never complete w while its QP is up
 	reorder  *rand.Rand
 	noise    bool   // every poll also returns a completion of no batch of ours
+	onPoll   func() // called at every pollCQ (under the fake's lock)
 	copied   uint64 // bytes moved by completed work requests
 }
 
@@ -506,6 +507,9 @@ func (f *fakeVerbs) pollCQ(h handle, out []completion) (int, error) {
 	defer f.mu.Unlock()
 	if err := f.enterLocked("pollCQ"); err != nil {
 		return 0, err
+	}
+	if f.onPoll != nil {
+		f.onPoll()
 	}
 	cq, err := get[*fakeCQ](f, h)
 	if err != nil {

@@ -34,13 +34,24 @@ func (c *Conn) do(ctx context.Context, op opcode, ops []Op) []error {
 	}
 	slices, errs := planSlices(ops, c.remote, c.e.cfg.SliceBytes, c.e.cfg.MaxSGE)
 	c.gen++
-	b := &batch{c: c, op: op, gen: c.gen & (1<<32 - 1), slices: slices, errs: errs, left: make([]int, len(ops))}
+	dl, _ := ctx.Deadline()
+	b := &batch{c: c, op: op, gen: c.gen & (1<<32 - 1), slices: slices, errs: errs, left: make([]int, len(ops)), drainBy: dl}
 	for _, s := range slices {
 		b.left[s.op]++
 	}
-	b.run(ctx)
+	rctx, cancel := context.WithDeadline(ctx, dl.Add(-drainReserve(time.Until(dl), c.e.cfg.DrainTimeout)))
+	defer cancel()
+	b.run(rctx)
 	c.e.stats.count(op, ops, b.errs)
 	return b.errs
+}
+
+// drainReserve is how much of a batch's remaining time is kept for the
+// drain after its work is cut off: DrainTimeout, or a quarter of what is
+// left when that is less, so that cut-off, drain and destroy all end by the
+// caller's deadline (its answer is due then, not DrainTimeout later).
+func drainReserve(left, drain time.Duration) time.Duration {
+	return max(0, min(drain, left/4))
 }
 
 func (c *Conn) anyUp() bool {
@@ -66,13 +77,14 @@ type batch struct {
 	c        *Conn
 	op       opcode
 	slices   []wrSlice
-	errs     []error // per op
-	left     []int   // per op: slices not yet completed
-	queue    [][]int // per lane: slice indexes waiting to be posted
-	next     int     // round-robin cursor
-	gen      uint64  // the Conn's batch number, in every work request ID
-	draining bool    // past the deadline: completions are only counted
-	open     int     // slices not yet finished (completed or failed)
+	errs     []error   // per op
+	left     []int     // per op: slices not yet completed
+	queue    [][]int   // per lane: slice indexes waiting to be posted
+	next     int       // round-robin cursor
+	gen      uint64    // the Conn's batch number, in every work request ID
+	draining bool      // past the deadline: completions are only counted
+	drainBy  time.Time // the caller's deadline: the drain ends by it
+	open     int       // slices not yet finished (completed or failed)
 }
 
 func (b *batch) run(ctx context.Context) {
@@ -233,8 +245,9 @@ func (b *batch) complete(l *lane, w completion) {
 
 // timeout ends a batch at its deadline: every lane with work in flight is
 // moved to ERR so the NIC flushes it, the flushes are drained (bounded by
-// Config.DrainTimeout), and a lane that still will not drain has its QP
-// destroyed, after which the NIC touches none of its buffers.
+// Config.DrainTimeout and by the caller's deadline), and a lane that still
+// will not drain has its QP destroyed, after which the NIC touches none of
+// its buffers.
 func (b *batch) timeout(ctx context.Context) {
 	for _, l := range b.c.lanes {
 		if l.inflight > 0 {
@@ -245,6 +258,9 @@ func (b *batch) timeout(ctx context.Context) {
 	b.draining = true
 	b.c.e.stats.timeouts.Add(1)
 	drainBy := time.Now().Add(b.c.e.cfg.DrainTimeout)
+	if b.drainBy.Before(drainBy) {
+		drainBy = b.drainBy
+	}
 	wc := make([]completion, 64)
 	for b.inflight() > 0 && time.Now().Before(drainBy) {
 		if b.poll(wc) == 0 {
