@@ -23,6 +23,19 @@ for f in scripts/gpu/*.sh; do
 	[ -x "$f" ] && ok "executable: $f" || bad "has a #! line but is not executable (git update-index --chmod=+x): $f"
 done
 
+# unwheel keeps a wheel's executable bits (triton's ptxas lost its own on 2026-12-06 and every vLLM 0.33
+# start on the GPU failed with Permission denied) and gives no other file one.
+(. scripts/gpu/wheels.sh && python3 - "$W/t-1.0-py3-none-any.whl" <<'PY' && unwheel "$W/wsite" "$W/t-*.whl") || bad "unwheel ran"
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for name, mode in (("t/bin/ptxas", 0o755), ("t/__init__.py", 0o644)):
+        i = zipfile.ZipInfo(name)
+        i.external_attr = (0o100000 | mode) << 16
+        z.writestr(i, "x")
+PY
+[ -x "$W/wsite/t/bin/ptxas" ] && ok "unwheel keeps an executable bit" || bad "unwheel dropped ptxas's executable bit"
+[ -f "$W/wsite/t/__init__.py" ] && [ ! -x "$W/wsite/t/__init__.py" ] && ok "unwheel makes no other file executable" || bad "unwheel: __init__.py missing or executable"
+
 # A bundle in two parts, carried one call at a time, then joined, checked and unpacked.
 mkdir -p "$W/repo/.gpucarry" "$W/src/pkg" && cd "$W/repo"
 head -c 300000 /dev/urandom >"$W/src/pkg/data.bin"

@@ -123,7 +123,7 @@ unpack() {
 import torch, vllm._C_stable_libtorch, vllm.vllm_flash_attn.flash_attn_interface as fa
 a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
 b = (a @ a).float().relu().sum().item()
-print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(), "matmul ok", b > 0,
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(), "matmul ok", b > 0,
       "cublasLt", [l for l in open("/proc/self/maps").read().split() if "libcublasLt" in l][:1], "FA3", fa.FA3_AVAILABLE, fa.FA3_UNAVAILABLE_REASON)
 x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
@@ -151,7 +151,9 @@ start_peer() { # CONFIG: dram | ssd | offload-okv
 	return 1
 }
 
-VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-model-len 16384 --block-size 16
+# 0.33 keeps one of the 1,024 blocks back (its null block): 16,384 tokens no longer fit one request
+MAX_LEN=16384; [ "$VLLM" = 0.33 ] && MAX_LEN=16000
+VLLM_FLAGS=(--load-format dummy --skip-tokenizer-init --dtype bfloat16 --max-model-len "$MAX_LEN" --block-size 16
 	--num-gpu-blocks-override 1024 --max-num-batched-tokens 8192 --max-num-seqs 64 --enable-prefix-caching
 	--attention-backend FLASH_ATTN --served-model-name qwen3-8b --port 8000 --disable-hybrid-kv-cache-manager)
 

@@ -3,7 +3,8 @@
 #   unwheel SITE PATTERN...  unpack the wheels each glob PATTERN names (sorted within a pattern,
 #                            patterns in order: a later wheel's file replaces an earlier one's) into
 #                            SITE, as a --target install would lay them out (.data's purelib and
-#                            platlib included, its scripts and headers left out); done by hand
+#                            platlib included, its scripts and headers left out; executable bits
+#                            kept); done by hand
 #                            because this machine's Python is not 3.12
 GPU_PLATFORMS=(--platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -29,5 +30,7 @@ for whl in [w for p in patterns for w in sorted(glob.glob(p))]:
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             with z.open(n) as src, open(dst, "wb") as f:
                 shutil.copyfileobj(src, f)
+            if (z.getinfo(n).external_attr >> 16) & 0o111:  # triton's ptxas, cuobjdump, nvdisasm
+                os.chmod(dst, 0o755)
 PY
 }
