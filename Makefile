@@ -21,7 +21,7 @@ VLLM_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.26.0
 SGLANG_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.17
 SGLANG0523_VENV ?= $(HOME)/.cache/orbitkv/sglang-0.5.23
 
-.PHONY: all build run print-cgo-cflags wheel test test-go test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache test-soak test-scripts test-rdma deps bench bench-sglang crash soak proto vet fmt clean
+.PHONY: all build run print-cgo-cflags wheel bench-vtier test test-go test-deploy test-python test-vllm test-vllm033 test-vllm-cpu032 test-sglang test-sglang0523 test-lmcache test-soak test-scripts test-rdma deps bench bench-sglang crash soak proto vet fmt clean
 
 all: build
 
@@ -183,6 +183,12 @@ bench-sglang: build
 	ORBITKV_VLLM_VENV=$(VLLM_VENV) ORBITKV_SGLANG_VENV=$(SGLANG_VENV) ./scripts/install-sglang.sh
 	PYTHONPATH=integration/python ORBITKV_BIN=$(CURDIR)/$(BIN) TORCH_EXTENSIONS_DIR=$(SGLANG_VENV)/torch_extensions \
 	  $(SGLANG_VENV)/bin/python scripts/bench-sglang-path.py
+
+# How many engine steps an OrbitKVTier promotion takes under vLLM 0.33's own tiering manager, idle
+# against a Python-busy engine loop, beside vLLM's own CPU tier (scripts/bench-vtier-steps.py)
+bench-vtier: build
+	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ./scripts/install-vllm033.sh
+	ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 $(VLLM033_VENV)/bin/python scripts/bench-vtier-steps.py
 
 proto:
 	cd proto && PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./...

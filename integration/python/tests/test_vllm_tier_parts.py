@@ -176,9 +176,52 @@ def test_options_are_checked(monkeypatch):
     assert TierConfig.from_options({}).socket == "/run/orbitkv/orbitkv.sock"
     assert TierConfig.from_options({"zero_copy": False}).zero_copy == "off"
     assert TierConfig.from_options({"staging_chunks": "8"}).staging_chunks == 8
-    for bad in ({"durability": "tape"}, {"zero_copy": "maybe"}, {"load_deadline_ms": 0}, {"nope": 1}):
+    assert TierConfig.from_options({}).staging_chunks == 0  # sized by the tier (staging_slots)
+    for bad in ({"durability": "tape"}, {"zero_copy": "maybe"}, {"load_deadline_ms": 0}, {"nope": 1},
+                {"staging_chunks": -1}):
         with pytest.raises(ValueError):
             TierConfig.from_options(bad)
+
+
+def test_staging_is_sized_by_bytes_unless_set():
+    from orbitkv.vllm_tier.staging import staging_slots
+
+    qwen3_8b_row = 2_359_296  # 16 tokens x 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
+    assert staging_slots(0, 3640, qwen3_8b_row) == (1 << 30) // qwen3_8b_row == 455  # an 8 GiB pool
+    assert staging_slots(0, 64, 8192) == 64  # never more rows than the pool has
+    assert staging_slots(0, 100_000, 64 << 20) == 64  # rows of 64 MiB: still 64
+    assert staging_slots(0, 10, 64 << 20) == 10
+    assert staging_slots(8, 3640, qwen3_8b_row) == 8  # set: as set
+
+
+def test_staging_takes_runs_of_slots_and_copies_rows_exactly(tmp_path):
+    """Slots come as one run when there is one (a copy is then one call over a
+    view), else the first free ones; either way every row lands where it should."""
+    import numpy as np
+
+    from orbitkv.vllm_tier.staging import StagingRegion
+
+    pool = np.random.default_rng(3).integers(0, 256, (32, 64), dtype=np.uint8)
+    r = StagingRegion(pool, 8, str(tmp_path))
+    try:
+        a, b = r._take(3), r._take(2)
+        assert (a, b, r.available()) == ([0, 1, 2], [3, 4], 3)
+        r.free(a)
+        assert r._take(4) == [0, 1, 2, 5]  # no run of 4: the first free
+        assert r._take(3) is None and r.available() == 2
+        r.free([0, 1, 2, 5])
+        assert r._take(8) is None and r._take(6) == [0, 1, 2, 5, 6, 7]
+        r.free([0, 1, 2, 5, 7])  # a run of 3 at 0, then two lone slots
+        for ids, want in (([9, 4, 20], [0, 1, 2]), ([1, 30], [5, 7])):  # one call over a view, then scattered
+            slots = r.for_store(ids)
+            assert slots == want
+            assert np.array_equal(r.rows[slots], pool[ids])
+            r.rows[slots] = 255 - r.rows[slots]
+            r.finish_load(slots, [i + 1 for i in ids])
+            assert np.array_equal(pool[[i + 1 for i in ids]], 255 - pool[ids])
+        assert r.available() == 0
+    finally:
+        r.close()
 
 
 # --- the README's command line ---------------------------------------------------------------

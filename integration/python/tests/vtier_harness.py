@@ -30,13 +30,13 @@ _req_ids = itertools.count()
 
 
 def offload_config(tier: dict, *, model: str = "orbitkv/tiny", dtype: str = "bfloat16", chunks: int = 64,
-                   engine_id: Optional[str] = None) -> OffloadingConfig:
+                   engine_id: Optional[str] = None, row: int = ROW_BYTES) -> OffloadingConfig:
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0", "model.layers.1"),
                                       group_id=0),),
-        worker_kv_bytes_per_block=ROW_BYTES,
+        worker_kv_bytes_per_block=row,
         enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": chunks * ROW_BYTES, "secondary_tiers": [dict(tier)]},
+        extra_config={"cpu_bytes_to_use": chunks * row, "secondary_tiers": [dict(tier)]},
         engine_id=engine_id or f"okvt-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype=dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),

@@ -28,7 +28,9 @@ Keys (all optional except ``socket``, which may come from $ORBITKV_SOCKET):
   staging_dir         where the staging region's file goes (default /dev/shm;
                       it must be a directory the peer can open files in)
   staging_chunks      staging slots, the most chunks in flight through it
-                      (default 64)
+                      (default 0: as many as 1 GiB holds, at least 64, at most
+                      the pool's rows; a promotion larger than the slots goes
+                      in parts, a peer round trip each)
   lookup_refresh_s    how long a cached "not in the peer" answer is trusted for
                       one request before the peer is asked again (default 0.5 s)
   max_keys_per_lookup keys per lookup call (default 256)
@@ -60,7 +62,7 @@ class TierConfig:
     durability: str = "dram"
     zero_copy: str = "auto"
     staging_dir: str = "/dev/shm"
-    staging_chunks: int = 64
+    staging_chunks: int = 0
     lookup_refresh_s: float = 0.5
     max_keys_per_lookup: int = 256
     revision: str = ""
@@ -100,8 +102,10 @@ class TierConfig:
         for name in ("rpc_timeout_s", "connect_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"orbitkv tier: {name} must be > 0")
-        for name in ("store_deadline_ms", "load_deadline_ms", "staging_chunks", "max_keys_per_lookup"):
+        for name in ("store_deadline_ms", "load_deadline_ms", "max_keys_per_lookup"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"orbitkv tier: {name} must be > 0")
+        if self.staging_chunks < 0:
+            raise ValueError("orbitkv tier: staging_chunks must be >= 0 (0: sized by the tier)")
         if self.abandon_grace_s < 0 or self.lookup_refresh_s < 0:
             raise ValueError("orbitkv tier: abandon_grace_s and lookup_refresh_s must be >= 0")

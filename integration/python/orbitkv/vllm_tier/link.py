@@ -49,7 +49,7 @@ from orbitkv._proto import engine_pb2
 from orbitkv.client import Client, Durability, PageRef, Session
 from orbitkv.keys import Layout
 from orbitkv.vllm_tier.config import TierConfig
-from orbitkv.vllm_tier.staging import PoolRegion, StagingRegion
+from orbitkv.vllm_tier.staging import PoolRegion, StagingRegion, staging_slots
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,8 @@ class Link:
     # lanes and sessions ------------------------------------------------------------
 
     def _staging(self) -> StagingRegion:
-        return StagingRegion(self.pool, self.cfg.staging_chunks, self.cfg.staging_dir)
+        slots = staging_slots(self.cfg.staging_chunks, int(self.pool.shape[0]), self.row_bytes)
+        return StagingRegion(self.pool, slots, self.cfg.staging_dir)
 
     def _lanes(self) -> tuple[_Lane, _Lane]:
         mode = self.cfg.zero_copy
