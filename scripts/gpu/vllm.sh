@@ -28,7 +28,7 @@
 #               offload (vLLM's own CPU offloading, --kv-offloading-backend native, 16 GiB),
 #               lmcache (LMCache's in-process connector, 16 GB CPU; .gpucarry/lmcache-site.tar.xz
 #               carried: scripts/gpu/lmcache-bundle.sh), dram and ssd (OrbitKV), offload-okv (VLLM=0.33
-#               only, never run on a GPU yet: vLLM's own offloading with TIER_SPLIT_GIB (8) in its CPU
+#               only, first run on an H100 on 2026-12-06: vLLM's own offloading with TIER_SPLIT_GIB (8) in its CPU
 #               pool and OrbitKV as its secondary tier, orbitkv.vllm_tier.OrbitKVTier, with the rest of
 #               the 16 GiB in the peer). `vllm.sh flags CONFIG` prints a config's engine flags:
 #               scripts/gpu/vllm-check.py parses each with the installed vLLM (make test-vllm, test-vllm033)
@@ -117,6 +117,9 @@ unpack() {
 	unpack_bundle "$BUNDLE" "$K" "$SITE" || return 1
 	PYTHONPATH=$SITE python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1 | tee -a "$S"
 	[ "$VLLM" = 0.26 ] && return 0
+	# bundles packed before 2026-12-06 lost the wheels' executable bits (unwheel): Triton's ptxas,
+	# cuobjdump and nvdisasm must run, or every start fails in inductor with Permission denied
+	chmod +x "$SITE"/triton/backends/nvidia/bin/* 2>/dev/null
 	# 0.33's bundle zeroed every non-sm_90 cubin (vllm033-bundle.sh): one kernel each from libtorch_cuda,
 	# cuBLASLt, vLLM's _C and FA3 must load and run, from the carried libraries, not the image's
 	PYTHONPATH=$SITE timeout 300 python3 - <<'PY' 2>&1 | tail -8 | tee -a "$S"
