@@ -30,7 +30,7 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager  # noqa: E402
 
 from orbitkv.vllm_tier import OrbitKVTier  # noqa: E402
-from tests.fixtures import real_peer_handle, start_real_peer  # noqa: E402
+from tests.fixtures import real_peer_handle, start_real_peer, stop_real_peer  # noqa: E402
 from tests.vtier_harness import END, Engine, keys_for, row_bytes, tier_entry  # noqa: E402
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -352,6 +352,36 @@ def test_a_full_peer_drops_stores_without_errors(tmpdir_short, engines):
         assert _exact(b, hits, ctx)
     finally:
         peer.stop()
+
+
+@pytest.mark.parametrize("request_level", [False, True])
+def test_a_prefix_hot_in_vllms_pool_stays_in_the_peer(tmpdir_short, engines, request_level):
+    """vLLM cascades a chunk to its secondary tiers only when it first stores
+    it, and a hit in its CPU pool never reaches them. Reproduced (the 8 GiB
+    peer of the H100 run, 2026-12-06): a prefix every request hits in vLLM's
+    pool, while single-use chunks stream past, ages out of a small peer.
+    With request_level (the default) vLLM also stores the request's pool hits
+    to the tier, the peer sees the prefix used on every request and keeps it."""
+    peer = start_real_peer(tmpdir_short, "--dram-bytes", "1MiB", "--dram-slab-bytes", "256KiB", "--ssd-bytes", "0")
+    try:
+        a = engines(peer.socket, chunks=64, request_level=request_level)
+        prefix = keys_for(21, 8)
+        a.store(prefix)
+        a.settle(BOUND_S)
+        for r in range(24):  # 24 requests of the prefix + 16 chunks of their own: 384 chunks, 3 MiB
+            answers, ctx = a.lookup(prefix, BOUND_S)
+            assert answers == [HIT] * len(prefix) and _exact(a, prefix, ctx)  # a hit in vLLM's pool
+            a.finish(ctx)
+            a.store(prefix + keys_for(100 + r, 16))
+            a.settle(BOUND_S)
+        b = engines(peer.socket)  # a fresh engine: only the peer can have the prefix
+        answers, ctx = b.lookup(prefix, BOUND_S)
+        if request_level:
+            assert answers == [HIT] * len(prefix) and _exact(b, prefix, ctx)
+        else:
+            assert answers[0] is MISS, "the prefix outlived 3 MiB of single-use chunks in a 1 MiB peer"
+    finally:
+        stop_real_peer(peer)
 
 
 def test_a_job_larger_than_the_staging_region_goes_in_parts(real_peer, engines):

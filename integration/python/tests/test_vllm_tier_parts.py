@@ -177,8 +177,11 @@ def test_options_are_checked(monkeypatch):
     assert TierConfig.from_options({"zero_copy": False}).zero_copy == "off"
     assert TierConfig.from_options({"staging_chunks": "8"}).staging_chunks == 8
     assert TierConfig.from_options({}).staging_chunks == 0  # sized by the tier (staging_slots)
+    assert TierConfig.from_options({}).request_level is True
+    assert TierConfig.from_options({"request_level": "false"}).request_level is False
+    assert TierConfig.from_options({"request_level": False}).request_level is False
     for bad in ({"durability": "tape"}, {"zero_copy": "maybe"}, {"load_deadline_ms": 0}, {"nope": 1},
-                {"staging_chunks": -1}):
+                {"staging_chunks": -1}, {"request_level": "maybe"}, {"request_level": 1}):
         with pytest.raises(ValueError):
             TierConfig.from_options(bad)
 

@@ -31,6 +31,10 @@ Keys (all optional except ``socket``, which may come from $ORBITKV_SOCKET):
                       (default 0: as many as 1 GiB holds, at least 64, at most
                       the pool's rows; a promotion larger than the slots goes
                       in parts, a peer round trip each)
+  request_level       true (default): vLLM also stores to the tier the chunks of
+                      each request its CPU pool holds already, so the peer sees
+                      its hot prefixes used and keeps them (tier.py,
+                      on_new_request); false: only chunks vLLM computed
   lookup_refresh_s    how long a cached "not in the peer" answer is trusted for
                       one request before the peer is asked again (default 0.5 s)
   max_keys_per_lookup keys per lookup call (default 256)
@@ -51,6 +55,15 @@ DURABILITIES = ("dram", "ssd")
 LOCALITIES = ("LOCAL", "REMOTE")
 
 
+def _flag(name: str, v: Any) -> bool:
+    """A JSON true/false, or its spelling as a string."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise ValueError(f"orbitkv tier: {name} must be true or false, got {v!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TierConfig:
     socket: str
@@ -63,6 +76,7 @@ class TierConfig:
     zero_copy: str = "auto"
     staging_dir: str = "/dev/shm"
     staging_chunks: int = 0
+    request_level: bool = True
     lookup_refresh_s: float = 0.5
     max_keys_per_lookup: int = 256
     revision: str = ""
@@ -84,6 +98,8 @@ class TierConfig:
             kind = type(names[k].default) if k != "socket" else str
             if k == "zero_copy" and isinstance(v, bool):
                 v = "on" if v else "off"
+            if kind is bool:
+                v = _flag(k, v)
             values[k] = kind(v)
         values.setdefault("socket", os.environ.get("ORBITKV_SOCKET", ""))
         cfg = cls(**values)
