@@ -384,6 +384,18 @@ def test_a_prefix_hot_in_vllms_pool_stays_in_the_peer(tmpdir_short, engines, req
         stop_real_peer(peer)
 
 
+def test_request_level_only_with_zero_copy_stores(real_peer, engines):
+    """A staged store copies its rows into the staging region before the peer
+    can say it holds them: re-storing every hit of every request would copy
+    them all, so with staged stores the tier stays chunk level."""
+    from vllm.v1.kv_offload.base import OffloadPolicy
+
+    policy = lambda e: e.tier.on_new_request(ReqContext("p")).policy  # noqa: E731
+    assert policy(engines(real_peer.socket)) is OffloadPolicy.REQUEST_LEVEL
+    assert policy(engines(real_peer.socket, zero_copy="off")) is OffloadPolicy.CHUNK_LEVEL
+    assert policy(engines(real_peer.socket, request_level=False)) is OffloadPolicy.CHUNK_LEVEL
+
+
 def test_a_job_larger_than_the_staging_region_goes_in_parts(real_peer, engines):
     a = engines(real_peer.socket, zero_copy="off", staging_chunks=2)
     b = engines(real_peer.socket, staging_chunks=2)

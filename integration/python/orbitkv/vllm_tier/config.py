@@ -31,10 +31,11 @@ Keys (all optional except ``socket``, which may come from $ORBITKV_SOCKET):
                       (default 0: as many as 1 GiB holds, at least 64, at most
                       the pool's rows; a promotion larger than the slots goes
                       in parts, a peer round trip each)
-  request_level       true (default): vLLM also stores to the tier the chunks of
-                      each request its CPU pool holds already, so the peer sees
-                      its hot prefixes used and keeps them (tier.py,
-                      on_new_request); false: only chunks vLLM computed
+  request_level       true (default): while stores are zero copy, vLLM also
+                      stores to the tier the chunks of each request its CPU pool
+                      holds already, so the peer sees its hot prefixes used and
+                      keeps them (tier.py, on_new_request); false, or with
+                      staged stores: only chunks vLLM computed
   lookup_refresh_s    how long a cached "not in the peer" answer is trusted for
                       one request before the peer is asked again (default 0.5 s)
   max_keys_per_lookup keys per lookup call (default 256)

@@ -20,8 +20,8 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
-    OffloadPolicy,
     OffloadKey,
+    OffloadPolicy,
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
@@ -107,8 +107,11 @@ class OrbitKVTier(SecondaryTierManager):
         # hot prefix out while the pool holds it, and has lost it by the time
         # the pool evicts it (H100, 2026-12-06: 0.13 M tokens served of an
         # 8 GiB peer). The peer answers a save of a page it holds at once,
-        # marking it used, and copies back one it had dropped.
-        if self.cfg.request_level:
+        # marking it used, and copies back one it had dropped. Only while the
+        # peer reads stores from vLLM's pool in place: a staged store would
+        # copy every hit of every request into the staging region first.
+        lane = self._link.store_lane
+        if self.cfg.request_level and lane is not None and lane.region.zero_copy:
             return RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
         return RequestOffloadingContext()
 
