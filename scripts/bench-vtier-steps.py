@@ -18,9 +18,9 @@ own CPU pool (vLLM's own tier, answered in the step it asks).
 Cases: staging_chunks 64 (the default until 2026-12-06: an 8K-token promotion in 8 parts, a
 peer round trip each) and 0 (sized by bytes: 1 GiB of rows, 455 of these). Measured on the
 H100 on 2026-12-06 (docs/journal/2026-12-05-h100-alternatives.md): vLLM's offloading with
-OrbitKVTier as its secondary tier lost to vLLM's offloading alone, its lookups taking 124 ms
-each and the peer seeing 2,807 completion polls in a minute from a worker that polls once
-a millisecond while work is in flight.
+OrbitKVTier as its secondary tier lost to vLLM's offloading alone, its lookups taking 88-124 ms
+on average and the peer seeing 2,807 completion polls in the run from a worker that polls
+once a millisecond while work is in flight.
 
   make bench-vtier       (vLLM 0.33's environment: scripts/install-vllm033.sh)
 """
