@@ -87,7 +87,16 @@ func serveControl(t *testing.T, p *proc, page func(int) []byte, within time.Dura
 	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
-	defer srv.Close()
+	// Shutdown, not Close: /done closes h.done inside its handler, and a Close
+	// could drop that request's connection before its answer, so host-b's GET
+	// was retried on a fresh connection and refused (fresh clone, 2026-12-06).
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close()
+		}
+	}()
 	select {
 	case <-h.done:
 	case <-time.After(within):
