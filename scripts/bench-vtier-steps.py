@@ -15,8 +15,10 @@ milliseconds until every key was HIT, every promoted row compared with what was 
 baseline in the same run: the same request asked again of the engine once the keys are in its
 own CPU pool (vLLM's own tier, answered in the step it asks).
 
-Cases: staging_chunks 64 (the default until 2026-12-06: an 8K-token promotion in 8 parts, a
-peer round trip each) and 0 (sized by bytes: 1 GiB of rows, 455 of these). Measured on the
+Cases: the worker as a thread of the engine's process (option worker "thread") with staging_chunks
+64 (the default until 2026-12-06: an 8K-token promotion in 8 parts, a peer round trip each) and 0
+(sized by bytes: 1 GiB of rows, 455 of these); then the worker in a process of its own (the default
+since), sized by bytes. Measured on the
 H100 on 2026-12-06 (docs/journal/2026-12-05-h100-alternatives.md): vLLM's offloading with
 OrbitKVTier as its secondary tier lost to vLLM's offloading alone, its lookups taking 88-124 ms
 on average and the peer seeing 2,807 completion polls in the run from a worker that polls
@@ -45,6 +47,9 @@ from tests.vtier_harness import END, Engine, keys_for, tier_entry  # noqa: E402
 
 QWEN3_8B_ROW = 16 * 36 * 8 * 128 * 2 * 2
 DONE = (LookupResult.HIT, LookupResult.MISS)
+# (worker, staging_chunks): the thread in vLLM's process with 64 slots (the default until
+# 2026-12-06) and sized by bytes, then the worker process (the default since), sized by bytes
+CASES = (("thread", 64), ("thread", 0), ("process", 0))
 
 
 def busy(seconds: float) -> None:
@@ -127,21 +132,23 @@ def main() -> None:
             print(f"{len(sets)} x {a.keys} keys of {a.row_bytes} bytes ({a.keys * a.row_bytes / 2**30:.2f} GiB a "
                   f"request) in the peer; one step = {a.step_ms:g} ms; medians of {a.reps}")
             step_s = a.step_ms / 1000
-            for slots in (64, 0):
+            for worker, slots in CASES:
                 for loop in ("idle", "busy"):
-                    e = Engine(tier_entry(peer.socket, staging_chunks=slots), chunks=chunks, row=a.row_bytes)
+                    e = Engine(tier_entry(peer.socket, staging_chunks=slots, worker=worker), chunks=chunks,
+                               row=a.row_bytes)
                     while not e.tier._link.ready:
                         time.sleep(0.01)
-                    ask(e, sets[0], f"warm-{slots}-{loop}", step_s, loop)
+                    ask(e, sets[0], f"warm-{worker}-{slots}-{loop}", step_s, loop)
                     got, base = [], []
                     for r, ks in enumerate(sets[1:]):
-                        got.append(ask(e, ks, f"tier-{slots}-{loop}-{r}", step_s, loop))
-                        base.append(ask(e, ks, f"own-{slots}-{loop}-{r}", step_s, loop))
-                    real_slots = e.tier._link.load_lane.region.num_blocks
+                        got.append(ask(e, ks, f"tier-{worker}-{slots}-{loop}-{r}", step_s, loop))
+                        base.append(ask(e, ks, f"own-{worker}-{slots}-{loop}-{r}", step_s, loop))
+                    real_slots = e.tier._link.load_slots
                     e.close()
                     med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
                     gbs = a.keys * a.row_bytes / med(got, 1) / 1e9
-                    print(f"staging_chunks {slots:>2} ({real_slots} slots), {loop} loop: OrbitKVTier promotion "
+                    print(f"worker {worker:<7} staging_chunks {slots:>2} ({real_slots} slots), {loop} loop: "
+                          f"OrbitKVTier promotion "
                           f"{med(got, 0):.0f} steps, {med(got, 1) * 1000:.0f} ms ({gbs:.2f} GB/s) "
                           f"[{', '.join(f'{s}/{t * 1000:.0f}' for s, t in got)}]; vLLM's own CPU tier "
                           f"{med(base, 0):.0f} steps, {med(base, 1) * 1000:.0f} ms", flush=True)

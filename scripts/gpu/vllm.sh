@@ -30,7 +30,8 @@
 #               carried: scripts/gpu/lmcache-bundle.sh), dram and ssd (OrbitKV), offload-okv (VLLM=0.33
 #               only, first run on an H100 on 2026-12-06: vLLM's own offloading with TIER_SPLIT_GIB (8) in its CPU
 #               pool and OrbitKV as its secondary tier, orbitkv.vllm_tier.OrbitKVTier, with the rest of
-#               the 16 GiB in the peer). `vllm.sh flags CONFIG` prints a config's engine flags:
+#               the 16 GiB in the peer; TIER_OPTS adds keys to the tier's entry, e.g. '"worker":"thread"').
+#               `vllm.sh flags CONFIG` prints a config's engine flags:
 #               scripts/gpu/vllm-check.py parses each with the installed vLLM (make test-vllm, test-vllm033)
 #   probe       8K-token TTFT probes against vLLM + a DRAM peer: cold (recompute), resident
 #               (vLLM's own prefix cache), evicted then restored by OrbitKV
@@ -178,7 +179,7 @@ config_kv() { # CONFIG: KV (its vLLM flags) and KV_ENV (its environment); 1 for 
 		KV=(--kv-transfer-config "{\"kv_connector\":\"OrbitKVConnector\",\"kv_connector_module_path\":\"orbitkv.vllm\",\"kv_role\":\"kv_both\",\"kv_load_failure_policy\":\"recompute\",\"kv_connector_extra_config\":{\"socket\":\"/tmp/okv-$1/orbitkv.sock\"${extra:+,$extra}}}") ;;
 	offload-okv) # vLLM 0.33's offloading, TIER_SPLIT_GIB (8) in its CPU pool, OrbitKV as its secondary tier (the rest of 16)
 		KV=(--kv-offloading-backend native --kv-offloading-size "${TIER_SPLIT_GIB:-8}" --kv-transfer-config
-			'{"kv_connector_extra_config":{"spec_name":"TieringOffloadingSpec","secondary_tiers":[{"type":"OrbitKVTier","module_path":"orbitkv.vllm_tier","socket":"/tmp/okv-offload-okv/orbitkv.sock"}]}}') ;;
+			"{\"kv_connector_extra_config\":{\"spec_name\":\"TieringOffloadingSpec\",\"secondary_tiers\":[{\"type\":\"OrbitKVTier\",\"module_path\":\"orbitkv.vllm_tier\",\"socket\":\"/tmp/okv-offload-okv/orbitkv.sock\"${TIER_OPTS:+,$TIER_OPTS}}]}}") ;;
 	*) return 1 ;;
 	esac
 }

@@ -9,6 +9,7 @@ GPU side of a load by reading the rows it pins."""
 from __future__ import annotations
 
 import itertools
+import os
 import time
 import uuid
 from typing import Optional, Sequence
@@ -25,6 +26,11 @@ from vllm.v1.kv_offload.config import (
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 ROW_BYTES = 8192  # worker KV bytes per block (one block per chunk): the CPU row
+# Short deadlines: a test that stops the peer waits for them to pass.
+FAST = dict(rpc_timeout_s=0.5, connect_timeout_s=0.5, store_deadline_ms=1500, load_deadline_ms=1500,
+            abandon_grace_s=0.5)
+BOUND_S = 60.0  # a hang guard only: every wait ends by the tier's own deadlines, far sooner
+ABANDON_S = FAST["store_deadline_ms"] / 1000 + FAST["abandon_grace_s"]
 END = ScheduleEndContext((), ())
 _req_ids = itertools.count()
 
@@ -47,6 +53,11 @@ def offload_config(tier: dict, *, model: str = "orbitkv/tiny", dtype: str = "bfl
 
 
 def tier_entry(socket: str, **options) -> dict:
+    """The tier's entry; $ORBITKV_VTIER_WORKER sets its worker unless the test
+    does (make test-vllm033 runs test_vllm_tier.py with each kind)."""
+    worker = os.environ.get("ORBITKV_VTIER_WORKER")
+    if worker:
+        options.setdefault("worker", worker)
     return {"type": "OrbitKVTier", "module_path": "orbitkv.vllm_tier", "socket": socket, **options}
 
 

@@ -10,8 +10,9 @@ import vLLM until then, so the tier's pure parts (orbitkv.vllm_tier.verdicts,
 .pagekeys, .config) are usable without it.
 
 Where things are: ``tier`` (vLLM's interface; only moves state between vLLM
-and the worker), ``link`` (the worker thread: every call to the peer, the
-deadlines, when a job ends), ``staging`` (zero copy through vLLM's pool
+and the worker), ``link`` (the worker: every call to the peer, the
+deadlines, when a job ends), ``worker`` (the worker in a process of its own,
+the default), ``staging`` (zero copy through vLLM's pool
 file, or one copy through a staging file), ``verdicts`` (the lookup answer
 cache, a pure state machine), ``pagekeys`` (the layout and the page keys;
 which engines share pages), ``config`` (the options).

@@ -36,6 +36,13 @@ Keys (all optional except ``socket``, which may come from $ORBITKV_SOCKET):
                       holds already, so the peer sees its hot prefixes used and
                       keeps them (tier.py, on_new_request); false, or with
                       staged stores: only chunks vLLM computed
+  worker              "auto" (default): the worker that talks to the peer runs in
+                      a child process of its own when vLLM's pool is a shared
+                      file it can map (worker.py: vLLM's engine loop holds the
+                      GIL most of a step, and a thread in its process waits for
+                      it between every call), else as a thread; "process":
+                      refuses to start without the pool file; "thread": in
+                      vLLM's process
   lookup_refresh_s    how long a cached "not in the peer" answer is trusted for
                       one request before the peer is asked again (default 0.5 s)
   max_keys_per_lookup keys per lookup call (default 256)
@@ -54,6 +61,7 @@ from typing import Any, Mapping
 ZERO_COPY_MODES = ("auto", "on", "off")
 DURABILITIES = ("dram", "ssd")
 LOCALITIES = ("LOCAL", "REMOTE")
+WORKERS = ("auto", "process", "thread")
 
 
 def _flag(name: str, v: Any) -> bool:
@@ -78,6 +86,7 @@ class TierConfig:
     staging_dir: str = "/dev/shm"
     staging_chunks: int = 0
     request_level: bool = True
+    worker: str = "auto"
     lookup_refresh_s: float = 0.5
     max_keys_per_lookup: int = 256
     revision: str = ""
@@ -114,6 +123,8 @@ class TierConfig:
             raise ValueError(f"orbitkv tier: zero_copy must be one of {ZERO_COPY_MODES}, got {self.zero_copy!r}")
         if self.durability not in DURABILITIES:
             raise ValueError(f"orbitkv tier: durability must be one of {DURABILITIES}, got {self.durability!r}")
+        if self.worker not in WORKERS:
+            raise ValueError(f"orbitkv tier: worker must be one of {WORKERS}, got {self.worker!r}")
         if self.locality not in LOCALITIES:
             raise ValueError(f"orbitkv tier: locality must be one of {LOCALITIES}, got {self.locality!r}")
         for name in ("rpc_timeout_s", "connect_timeout_s"):

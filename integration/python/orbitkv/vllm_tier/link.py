@@ -1,4 +1,5 @@
-"""The tier's worker: the only thread that talks to the peer.
+"""The tier's worker: the only thread that talks to the peer (in a process
+of its own by default: orbitkv.vllm_tier.worker).
 
 The scheduler thread (the tier's methods, under vLLM's manager lock) never
 waits on the peer: it puts commands on ``commands`` (lookup probes, store
@@ -187,6 +188,36 @@ class Link:
         if s.region.zero_copy and l.region.zero_copy:
             return "zero-copy"
         return "zero-copy stores" if s.region.zero_copy else "staging"
+
+    @property
+    def stores_zero_copy(self) -> bool:
+        """Whether the peer reads stores from vLLM's pool in place."""
+        return self.store_lane is not None and self.store_lane.region.zero_copy
+
+    @property
+    def load_slots(self) -> int:
+        """Rows the load lane's region holds (staging slots, or the pool's)."""
+        load = self.load_lane
+        return load.region.num_blocks if load is not None else 0
+
+    def state(self) -> dict:
+        """What the scheduler side may ask about this worker (a worker process
+        sends it to the tier whenever it changes: orbitkv.vllm_tier.worker)."""
+        return {"ready": self.ready, "unsettled": len(self._unsettled), "mode": self.mode,
+                "stores_zero_copy": self.stores_zero_copy, "load_slots": self.load_slots}
+
+    def adopt(self, job: Job) -> None:
+        """A store from vLLM's pool that a worker process before this one
+        sent and could not see settled (it died): its rows stay pinned, as
+        an unsettled store's do, until the peer answered after now and the
+        store's deadline has passed since, or the peer is seen gone; then it
+        ends as failed. Call before ``start``."""
+        region = self.store_lane.region if self.stores_zero_copy else PoolRegion(self.pool)
+        now, n = time.monotonic(), len(job.keys)
+        st = _JobState(job, _Lane(region), now, now, [False] * n, next=n, open_parts=1)
+        deadline_s = self.cfg.store_deadline_ms / 1000 + self.cfg.abandon_grace_s
+        self._jobs.append(st)
+        self._unsettled.append(_InFlight(st, 0, None, list(job.chunk_ids), now, deadline_s))
 
     @property
     def ready(self) -> bool:

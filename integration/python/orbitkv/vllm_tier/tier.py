@@ -34,6 +34,7 @@ from orbitkv.vllm_tier.link import Job, Link
 from orbitkv.vllm_tier.pagekeys import RowFormat, page_key
 from orbitkv.vllm_tier.staging import pool_array
 from orbitkv.vllm_tier.verdicts import Verdicts
+from orbitkv.vllm_tier.worker import ProcessLink, WorkerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,24 @@ class OrbitKVTier(SecondaryTierManager):
         self._jobs_lock = threading.Condition()
         self._jobs_open = 0  # submitted, outcome not yet taken by get_finished_jobs
         self._finished: list[JobResult] = []
-        self._link = Link(self.cfg, self.layout, pool, engine_id)
+        self._link = self._make_link(pool, engine_id)
         self._link.start()
-        log.info("orbitkv tier: peer %s, %s rows of %d bytes, %s, layout %s (fingerprint %s)",
-                 self.cfg.socket, pool.shape[0], pool.shape[1], self._link.mode, self.layout.byte_layout,
+        log.info("orbitkv tier: peer %s, %s rows of %d bytes, %s, worker %s, layout %s (fingerprint %s)",
+                 self.cfg.socket, pool.shape[0], pool.shape[1], self._link.mode,
+                 "process" if isinstance(self._link, ProcessLink) else "thread", self.layout.byte_layout,
                  self.fp.hex())
+
+    def _make_link(self, pool: Any, engine_id: str) -> Any:
+        """The worker: a process of its own where vLLM's pool is a file it
+        can map (orbitkv.vllm_tier.worker), else a thread in this process."""
+        if self.cfg.worker != "thread":
+            try:
+                return ProcessLink(self.cfg, self.layout, pool, engine_id)
+            except WorkerUnavailable as e:
+                if self.cfg.worker == "process":
+                    raise ValueError(f"orbitkv tier: worker is 'process' but {e}") from None
+                log.warning("orbitkv tier: %s; the worker runs as a thread of vLLM's process", e)
+        return Link(self.cfg, self.layout, pool, engine_id)
 
     # keys ------------------------------------------------------------------
 
@@ -110,8 +124,7 @@ class OrbitKVTier(SecondaryTierManager):
         # marking it used, and copies back one it had dropped. Only while the
         # peer reads stores from vLLM's pool in place: a staged store would
         # copy every hit of every request into the staging region first.
-        lane = self._link.store_lane
-        if self.cfg.request_level and lane is not None and lane.region.zero_copy:
+        if self.cfg.request_level and self._link.stores_zero_copy:
             return RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
         return RequestOffloadingContext()
 
