@@ -95,7 +95,9 @@ unpack() {
 }
 
 # The environment every SGLang process gets (an array, not a function: timeout runs programs)
-SGLENV=(env PYTHONPATH="$SGL:$BASE:$ROOT/integration/python" HF_HUB_OFFLINE=1 SGLANG_ENABLE_JIT_DEEPGEMM=0)
+# (the CuTe DSL's packages: its .pth is not read from PYTHONPATH; sglang0523-carry.txt)
+SGLENV=(env PYTHONPATH="$SGL:$SGL/nvidia_cutlass_dsl/dsl_packages:$BASE:$ROOT/integration/python" HF_HUB_OFFLINE=1
+	SGLANG_ENABLE_JIT_DEEPGEMM=0)
 
 imports() { # the server's modules and our backend, importable with the image's torch (no GPU work)
 	timeout 120 "${SGLENV[@]}" python3 - >"$O/imports.txt" 2>&1 <<'PY'
@@ -116,6 +118,10 @@ for m in ["sglang.srt.server_args", "sglang.srt.entrypoints.http_server", "sglan
           "sglang.srt.mem_cache.storage.backend_factory", "sgl_kernel.flash_attn", "orbitkv.sglang"]:
     importlib.import_module(m)
     print("ok", m)
+# imported inside functions on the server's path (the loop above does not reach them)
+if importlib.util.find_spec("sglang.srt.layers.dual_gemm"):  # 0.5.23: Qwen3's MLP, on every CUDA platform
+    importlib.import_module("sglang.kernels.ops.gemm.cutedsl_dual_gemm")
+    print("ok sglang.kernels.ops.gemm.cutedsl_dual_gemm")
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 from orbitkv.sglang import OrbitKVHiCacheStorage
 assert issubclass(OrbitKVHiCacheStorage, HiCacheStorage)

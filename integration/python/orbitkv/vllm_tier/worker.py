@@ -314,9 +314,13 @@ class ProcessLink:
 
 
 def _map_pool(init: dict) -> tuple[mmap.mmap, np.ndarray]:
+    """vLLM's pool file, mapped whole and its page tables filled now: a
+    fresh mapping would otherwise take a page fault on the first copy into
+    every 4 KiB of it (a 1.2 GB promotion: 295 K faults)."""
     fd = os.open(init["path"], os.O_RDWR)
     try:
-        m = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        m = mmap.mmap(fd, os.fstat(fd).st_size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
     rows, row_bytes = init["rows"], init["row_bytes"]
