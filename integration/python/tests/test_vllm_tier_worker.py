@@ -177,3 +177,19 @@ def test_the_worker_ends_when_vllms_process_is_killed(real_peer, tmp_path):
         proc.kill()
         proc.wait()
     _until(lambda: _exited(pid), "the worker's exit")
+
+
+def test_a_worker_process_that_cannot_start_leaves_the_thread(real_peer, engines, monkeypatch, caplog):
+    """"auto" falls back to the thread worker, which serves, and shuts down
+    letting vLLM unmap its pool; "process" refuses to start, with the reason."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the child exits before its hello
+    a, b = engines(real_peer.socket), engines(real_peer.socket)
+    assert isinstance(a.tier._link, Link) and isinstance(b.tier._link, Link)
+    _round_trip(a, b, keys_for(64, 4))
+    a.close()
+    assert not [r for r in caplog.records if "still exported" in r.getMessage()]
+    with pytest.raises(ValueError, match="worker is 'process' but the tier's worker process"):
+        Engine(tier_entry(real_peer.socket, worker="process"))

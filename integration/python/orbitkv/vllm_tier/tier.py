@@ -82,9 +82,13 @@ class OrbitKVTier(SecondaryTierManager):
             try:
                 return ProcessLink(self.cfg, self.layout, pool, engine_id)
             except WorkerUnavailable as e:
+                # Only its text travels on: the exception's frames hold vLLM's
+                # pool, and a kept log record would keep them (vLLM could not
+                # unmap its pool at shutdown).
+                why = str(e)
                 if self.cfg.worker == "process":
-                    raise ValueError(f"orbitkv tier: worker is 'process' but {e}") from None
-                log.warning("orbitkv tier: %s; the worker runs as a thread of vLLM's process", e)
+                    raise ValueError(f"orbitkv tier: worker is 'process' but {why}") from None
+                log.warning("orbitkv tier: %s; the worker runs as a thread of vLLM's process", why)
         return Link(self.cfg, self.layout, pool, engine_id)
 
     # keys ------------------------------------------------------------------

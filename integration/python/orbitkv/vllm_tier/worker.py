@@ -161,7 +161,10 @@ class ProcessLink:
         self._receiver = threading.Thread(target=self._receive_loop, name="orbitkv-vtier-recv", daemon=True)
 
     def _spawn(self, adopt: list) -> _Child:
-        child = _Child(dict(self._init, adopt=adopt))
+        try:
+            child = _Child(dict(self._init, adopt=adopt))
+        except OSError as e:  # no interpreter to start, or it died at once
+            raise WorkerUnavailable(f"the tier's worker process could not start: {e}") from None
         self._state = child.hello(HELLO_TIMEOUT_S)
         return child
 
@@ -274,23 +277,27 @@ class ProcessLink:
         log.error("orbitkv tier: the worker process (pid %d) died (exit %s); starting another",
                   child.proc.pid, child.proc.returncode)
         held = self._answer_owed(held_too=False)
+        with self._lock:  # owed until a worker settles them, or close ends them
+            self._jobs.update((j.job_id, j) for j in held)
         backoff = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * (2 ** self._restarts))
         self._restarts += 1
         time.sleep(backoff)
+        if self._closing:
+            return False
         try:
             new = self._spawn(held)
-        except (WorkerUnavailable, OSError) as e:
+        except WorkerUnavailable as e:
+            # The held stores stay open (the peer may still read their rows)
+            # until close ends them, as an unsettled store does with a peer
+            # that never answers again.
             log.error("orbitkv tier: %s; the tier is off (lookups absent) until vLLM restarts", e)
-            self._answer_jobs(held)
             return False
         with self._lock:
-            if self._closing:
-                new.kill()
-                self._answer_jobs(held)
-                return False
-            self._jobs.update((j.job_id, j) for j in held)
-            self._child = new
-        return True
+            if not self._closing:
+                self._child = new
+                return True
+        new.kill()
+        return False
 
     def _answer_owed(self, held_too: bool) -> list:
         """Answers every lookup and job the dead child owed; stores it read
