@@ -22,8 +22,10 @@ vLLM's pool in place stays open, its rows pinned: the peer may still be
 reading them. A new child is started and *adopts* those stores
 (``Link.adopt``): it ends them, as failed, once the peer answered after the
 adoption and the store's deadline has passed since, or the peer was seen
-gone (the rule of link.py, "Slots"). Children that die before saying hello
-are not restarted: the tier stays off (lookups absent, jobs failed).
+gone (the rule of link.py, "Slots"). A child that cannot start (no hello)
+is not tried again: at vLLM's start the tier runs a thread instead (worker
+"auto"); after a death the tier stays off (lookups absent, jobs failed) and
+the adopted stores stay open until ``close``.
 
 The child ends when its socket reaches EOF (``close``, or vLLM's process is
 gone) or its parent changes (vLLM was killed and it was re-parented).
