@@ -95,7 +95,11 @@ class _Child:
             theirs.close()
         self._sock = ours
         self.conn = Connection(os.dup(ours.fileno()))
-        self.conn.send(init)
+        try:
+            self.conn.send(init)
+        except OSError:  # it died at once: reap it
+            self.kill()
+            raise
 
     def hello(self, timeout: float) -> dict:
         """The child's first state, or WorkerUnavailable."""
