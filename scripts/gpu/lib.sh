@@ -12,6 +12,17 @@ gpu_env() {
 # say MESSAGE...: a timestamped line to the terminal and the summary.
 say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 
+# fresh_run_dir DIR: DIR absent, for a bench run. An earlier run there is kept beside it as
+# DIR.replaced-HHMMSS (bench report reads only NAME-<digit> directories, so it reads the new run
+# alone) and a line says so: two calls labelled with the same PAIR lost the first call's runs on
+# 2026-12-06 (eighth H100 session; only its output kept the figures).
+fresh_run_dir() {
+	[ -e "$1" ] || return 0
+	local kept
+	kept="$1.replaced-$(date +%H%M%S)"
+	mv "$1" "$kept" && say "kept the earlier run $(basename "$1") as $(basename "$kept"): give each call its own PAIR"
+}
+
 # unxz_bins NAME...: out/NAME from a carried out/NAME.xz (a call's 64 MiB hold bundle parts too),
 # where out/NAME is absent or older than its .xz.
 unxz_bins() {

@@ -36,6 +36,15 @@ PY
 [ -x "$W/wsite/t/bin/ptxas" ] && ok "unwheel keeps an executable bit" || bad "unwheel dropped ptxas's executable bit"
 [ -f "$W/wsite/t/__init__.py" ] && [ ! -x "$W/wsite/t/__init__.py" ] && ok "unwheel makes no other file executable" || bad "unwheel: __init__.py missing or executable"
 
+# A second run under the same name keeps the first beside it, out of bench report's NAME-<digit> glob.
+mkdir -p "$W/runs/dram-1" && echo first >"$W/runs/dram-1/summary.json"
+fresh_run_dir "$W/runs/dram-1" && fresh_run_dir "$W/runs/dram-1"
+kept=$(ls -d "$W"/runs/dram-1.replaced-* 2>/dev/null)
+[ ! -e "$W/runs/dram-1" ] && [ "$(cat "$kept/summary.json" 2>/dev/null)" = first ] && ok "fresh_run_dir keeps an earlier run aside" ||
+	bad "fresh_run_dir: the earlier run is gone or still in place"
+(cd "$W/runs" && ls -d *-[0-9] 2>/dev/null | grep -q .) && bad "fresh_run_dir: the kept run matches bench report's glob" ||
+	ok "fresh_run_dir: the kept run is outside bench report's glob"
+
 # A bundle in two parts, carried one call at a time, then joined, checked and unpacked.
 mkdir -p "$W/repo/.gpucarry" "$W/src/pkg" && cd "$W/repo"
 head -c 300000 /dev/urandom >"$W/src/pkg/data.bin"

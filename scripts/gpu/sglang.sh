@@ -220,7 +220,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	shift 2
 	local pm=()
 	case $(base "$cfg") in dram | ssd) pm=(--peer-metrics http://127.0.0.1:9464/metrics ${PEER_FLAGS:+--label "peer_flags=$PEER_FLAGS"}) ;; esac
-	rm -rf "$RUNS/$name"
+	fresh_run_dir "$RUNS/$name"
 	# --api sglang: SGLang's /generate with input_ids; without a tokenizer (--skip-tokenizer-init) its
 	# OpenAI routes fail every request (HTTP 500, KeyError 'text': the H200, 2026-12-02)
 	timeout ${RUN_TIMEOUT:-300} "$BIN" bench serving --endpoint http://127.0.0.1:$PORT --api sglang --vocab 151936 \

@@ -238,7 +238,7 @@ bench() { # CFG NAME BENCH-ARGS...
 	shift 2
 	local pm=()
 	orbitkv_cfg "$cfg" && pm=(--peer-metrics http://127.0.0.1:9464/metrics)
-	rm -rf "$RUNS/$name"
+	fresh_run_dir "$RUNS/$name"
 	timeout ${RUN_TIMEOUT:-240} out/orbitkv bench serving --endpoint http://127.0.0.1:$PORT --model qwen3-8b --vocab ${VOCAB:-151936} \
 		--engine-metrics http://127.0.0.1:${METRICS_PORT:-$PORT}/metrics "${pm[@]}" --quiet --label config=${CFG_LABEL:-$cfg} --label engine=vllm-$VERSION \
 		--label "engine_flags=${VLLM_FLAGS[*]}" --label "config_flags=${CFG_FLAGS:-}" ${CONN_EXTRA:+--label "conn_extra=$CONN_EXTRA"} \
