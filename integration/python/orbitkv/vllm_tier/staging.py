@@ -35,9 +35,8 @@ from orbitkv.errors import NotFileBacked
 STAGING_PREFIX = "orbitkv-vtier-"
 # staging_chunks 0: the staging region holds this many bytes of rows (at
 # least AUTO_MIN_SLOTS rows, at most the pool's). Each part of a job is a peer
-# round trip on the tier's worker thread, which shares vLLM's GIL with its
-# busy engine loop: measured on an H100 (2026-12-06), 64 slots of Qwen3-8B's
-# 2.25 MiB rows cut an 8K-token promotion into 8 parts.
+# round trip of the tier's worker: measured on an H100 (2026-12-06), 64 slots
+# of Qwen3-8B's 2.25 MiB rows cut an 8K-token promotion into 8 parts.
 AUTO_STAGING_BYTES = 1 << 30
 AUTO_MIN_SLOTS = 64
 
@@ -155,9 +154,10 @@ class StagingRegion:
         self._used[slots] = True
         return slots
 
-    # The tier's worker thread shares vLLM's GIL with its busy engine loop, so
-    # a copy is one call (one GIL release), never a loop of row copies: 512
-    # row copies took 3.0-3.4 s under a busy loop where one call took 0.5 s.
+    # As a thread (worker "thread") the tier's worker shares vLLM's GIL with
+    # its busy engine loop, so a copy is one call (one GIL release), never a
+    # loop of row copies: 512 row copies took 3.0-3.4 s under a busy loop
+    # where one call took 0.5 s.
     # A run of slots is a view, so the gather or scatter needs no temporary
     # as large as the job (fresh pages, faulted in on every copy).
 
