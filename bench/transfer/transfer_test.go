@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -246,33 +247,14 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 		if side == "serve" {
 			srvArgs, clArgs = prof, small
 		}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := lis.Addr().String()
-		lis.Close()
-		srvCtx, stopSrv := context.WithCancel(ctx)
-		served := make(chan error, 1)
-		go func() { served <- runArgs(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
-		var out bytes.Buffer
-		for err := errors.New("not yet"); err != nil; {
-			select {
-			case err := <-served:
-				t.Fatalf("serve side ended: %v", err)
-			default:
+		// The ports are free when picked but taken again by their server a
+		// moment later: another package's socket may get one in between
+		// ("address already in use", 2026-12-06). Such a start is retried on
+		// new ports; any other end of the serve side fails the test.
+		for attempt := 1; !runProfiledSide(t, ctx, srvArgs, clArgs); attempt++ {
+			if attempt == 5 {
+				t.Fatalf("%s: the serve side found its ports taken in 5 tries", side)
 			}
-			if ctx.Err() != nil {
-				t.Fatalf("client: %v\n%s", err, out.String())
-			}
-			out.Reset()
-			if err = runArgs(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
-				t.Fatalf("client: %v\n%s", err, out.String())
-			}
-		}
-		stopSrv()
-		if err := <-served; err != nil {
-			t.Fatalf("serve: %v", err)
 		}
 		b, err := os.ReadFile(dir + "/p." + side + ".pprof")
 		if err != nil {
@@ -282,6 +264,63 @@ func TestTransferMatrixWritesCPUProfiles(t *testing.T) {
 			t.Errorf("%s profile: %d bytes, not gzip (pprof)", side, len(b))
 		}
 	}
+}
+
+// runProfiledSide serves srvArgs on two free ports (the fetch's, and the
+// streams' one above it), runs clArgs against them until a client run
+// completes, and stops the server; false when the serve side could not bind
+// its ports (picked free, taken since), so the caller tries new ones.
+func runProfiledSide(t *testing.T, ctx context.Context, srvArgs, clArgs []string) bool {
+	t.Helper()
+	addr := freePortPair(t)
+	srvCtx, stopSrv := context.WithCancel(ctx)
+	defer stopSrv()
+	served := make(chan error, 1)
+	go func() { served <- runArgs(srvCtx, append([]string{"--serve", addr}, srvArgs...), io.Discard) }()
+	var out bytes.Buffer
+	for err := errors.New("not yet"); err != nil; {
+		select {
+		case err := <-served:
+			if err != nil && strings.Contains(err.Error(), "address already in use") {
+				t.Logf("serve side: %v; trying other ports", err)
+				return false
+			}
+			t.Fatalf("serve side ended: %v", err)
+		default:
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("client: %v\n%s", err, out.String())
+		}
+		out.Reset()
+		if err = runArgs(ctx, append([]string{"--client", addr}, clArgs...), &out); err != nil && !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("client: %v\n%s", err, out.String())
+		}
+	}
+	stopSrv()
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	return true
+}
+
+// freePortPair returns 127.0.0.1:P where P and P+1 were both free just now.
+func freePortPair(t *testing.T) string {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := lis.Addr().(*net.TCPAddr)
+		next, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(addr.Port+1)))
+		lis.Close()
+		if err == nil {
+			next.Close()
+			return addr.String()
+		}
+	}
+	t.Fatal("no two adjacent free ports on 127.0.0.1 in 20 tries")
+	return ""
 }
 
 // A child whose output holds a line too long for startReady's scanner ends
