@@ -15,7 +15,7 @@
 #                                             once all parts are there: joins, checks the sha256,
 #                                             unpacks to /root/okv/sgl, then runs the MODEs
 #   scripts/gpu/sglang.sh MODE...             later calls while the machine is warm
-# SGL_VERSION=0.5.23 (never run on a GPU yet): the same with SGLang 0.5.23, the version users install
+# SGL_VERSION=0.5.23 (first ran on the H100 of 2026-12-06 09:48, 5 parts): the same with SGLang 0.5.23, the version users install
 # (.gpucarry/sglang0523-site.partNN, unpacked to /root/okv/sgl0523) over the vLLM 0.33 site
 # /root/okv/site033 (torch 2.14.0 for SGLang's pin 2.14.1: sgl_kernel 0.4.10 imports no torch symbol
 # 2.14.0 lacks), carried first by VLLM=0.33 scripts/gpu/vllm.sh carry00 ... carryNN; run `imports` first.
@@ -63,6 +63,7 @@ case ${SGL_VERSION:=0.5.17} in
 0.5.23) BUNDLE=sglang0523-site SGL=$K/sgl0523 BASE=$K/site033 RUNS=$K/sgl0523-runs BASE_HOW="VLLM=0.33 scripts/gpu/vllm.sh carry00 ..." ;;
 *) echo "SGL_VERSION=$SGL_VERSION: 0.5.17 or 0.5.23" >&2; exit 2 ;;
 esac
+export -n SGL_VERSION # SGLang reads SGL_* as its own SGLANG_* settings (a deprecation warning at every start)
 ROOT=$(pwd)
 S=$O/summary.txt
 MODEL=$ROOT/integration/models/qwen3-8b
