@@ -29,9 +29,10 @@
 #   sustained     the seeds' workload (12 prefixes of 1K/4K/8K, 75% reuse, concurrency 8, 60 s + drain,
 #                 16 output tokens) once per config in SEQ (default "native dram ssd"), a fresh server
 #                 and peer per run; PAIR/ORDER label the runs for bench report (AB/BA pairs)
-#   recovery      8K-token TTFT against SGLang + a DRAM peer: cold (recompute), resident (SGLang's radix
-#                 cache), evicted (after 32K filler tokens), restart = after POST /flush_cache (HBM and
-#                 host pool emptied, so the prefix comes back from OrbitKV alone)
+#   recovery      8K-token TTFT per config in RECOVERY_SEQ (default "dram"; "native l2 dram-h16" puts SGLang's
+#                 own pool beside OrbitKV): cold (recompute), resident (SGLang's radix cache), evicted (after
+#                 32K filler tokens), restart = after POST /flush_cache (HBM and host pool emptied, so the
+#                 prefix comes back from OrbitKV alone, and l2 recomputes); runs in $RUNS/probes, own report
 #   deterministic --enable-deterministic-inference, configs in DETSEQ (default "dram"), 30 s windows:
 #                 every reused prompt must match its serial reference token for token
 #   report        bench report over every sustained run so far
@@ -257,9 +258,18 @@ sustained() {
 	done
 }
 
-recovery() {
-	one dram recovery-dram -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}" \
-		--restart-cmd "curl -sf -X POST http://127.0.0.1:$PORT/flush_cache" --label mode=recovery
+recovery() { # per config in RECOVERY_SEQ, runs in $RUNS/probes with a report of their own
+	local cfg
+	for cfg in ${RECOVERY_SEQ:-dram}; do
+		one "$cfg" "probes/$cfg-${PAIR:-1}" -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}" \
+			--restart-cmd "curl -sf -X POST http://127.0.0.1:$PORT/flush_cache" --label mode=recovery \
+			--label pair=${PAIR:-1} --label order=${ORDER:-AB}
+		python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('phases_ttft_ms') or {}; print('[recovery-$cfg] TTFT p50 ms', {k: round(v['p50'], 1) for k, v in p.items()})" \
+			"$RUNS/probes/$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+	done
+	timeout 60 "$BIN" bench report "$RUNS"/probes/*-[0-9] >"$O/probe-report.txt" 2>&1 # the sustained report refuses probe runs
+	say "bench report (probes) rc=$?"
+	tail -20 "$O/probe-report.txt" | tee -a "$S"
 }
 
 deterministic() {

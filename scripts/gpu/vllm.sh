@@ -33,8 +33,12 @@
 #               the 16 GiB in the peer; TIER_OPTS adds keys to the tier's entry, e.g. '"worker":"thread"').
 #               `vllm.sh flags CONFIG` prints a config's engine flags:
 #               scripts/gpu/vllm-check.py parses each with the installed vLLM (make test-vllm, test-vllm033)
-#   probe       8K-token TTFT probes against vLLM + a DRAM peer: cold (recompute), resident
-#               (vLLM's own prefix cache), evicted then restored by OrbitKV
+#   probe       8K-token TTFT probes, per config in PROBE_SEQ (default "dram"; "native offload dram" puts
+#               the alternatives beside it), PROBE_REPS (3) fresh prompts each: cold (recompute), resident
+#               (vLLM's own prefix cache), evicted (after 32K filler tokens: restored by the config's cache,
+#               recomputed by native); PROBE_RESTART=1 adds restart (vLLM killed -9 and started again: OrbitKV's
+#               pages survive, vLLM's offloading cache does not). Without restarts ~2 min a config, with ~1.5 min
+#               more a prompt: PROBE_RESTART=1 PROBE_REPS=2 is one config a call
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
 #               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
 #   invariant   VLLM_BATCH_INVARIANT=1: native, DRAM and SSD (or INV_SEQ) sustained runs (30 s windows) whose
@@ -286,25 +290,33 @@ two_one() { # CFG NAME: two engines (:8001, :8002) behind a round-robin proxy on
 	stop_all
 }
 
+restart_cmd() { # the command bench serving runs (sh -c) to kill the engine and start it again (after start_vllm)
+	echo "$VLLM_PID" >"$K/vllm.pid"
+	# run once the requests in flight are done; bench serving waits for the engine itself. It waits
+	# (30 s at most) until no process but the peer holds the GPU: the peer is a CUDA process too, so
+	# waiting for none (before 2026-12-05 22:00) added the whole 30 s to OrbitKV's restarts
+	printf '%s' "kill -9 -\$(cat $K/vllm.pid); S=$S GPU_FREE_TRIES=150 bash -c '. $ROOT/scripts/gpu/lib.sh; wait_gpu_free $PEER_PID';"
+	printf '%s' " touch $K/relaunch.mark; setsid bash $K/launch-8000.sh >>$O/vllm.log 2>&1 & echo \$! >$K/vllm.pid"
+}
+
+restarted() { # after a run with restart_cmd: the engine started again is the one stop_all must end
+	[ -f "$K/relaunch.mark" ] || return 0
+	EXTRA_PIDS="$(cat "$K/vllm.pid")" # (the first one, VLLM_PID, was killed)
+}
+
 restart() { # per config in RESTART_SEQ: the engine killed (-9) RESTART_AT into the window and started again
-	local cfg rc
+	local cfg
 	for cfg in ${RESTART_SEQ:-offload dram}; do
 		rm -f "$K/relaunch.mark"
 		if orbitkv_cfg "$cfg"; then start_peer "$cfg" || continue; fi
 		start_vllm "$cfg" || { stop_all; continue; }
-		echo "$VLLM_PID" >"$K/vllm.pid"
-		# run by bench serving (sh -c) once the requests in flight are done; it waits for the engine itself
-		# then waits (30 s at most) until no process but the peer holds the GPU: the peer is a CUDA
-		# process too, so waiting for none (before 2026-12-05 22:00) added the whole 30 s to OrbitKV's restarts
-		rc="kill -9 -\$(cat $K/vllm.pid); S=$S GPU_FREE_TRIES=150 bash -c '. $ROOT/scripts/gpu/lib.sh; wait_gpu_free $PEER_PID';"
-		rc="$rc touch $K/relaunch.mark; setsid bash $K/launch-8000.sh >>$O/vllm.log 2>&1 & echo \$! >$K/vllm.pid"
 		CFG_LABEL=restart-$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "restart-$cfg-${PAIR:-1}" "${SEEDS[@]}" \
-			--duration ${DURATION:-90s} --restart-at ${RESTART_AT:-30s} --restart-cmd "$rc" --restart-timeout 300s "${DET[@]}" \
+			--duration ${DURATION:-90s} --restart-at ${RESTART_AT:-30s} --restart-cmd "$(restart_cmd)" --restart-timeout 300s "${DET[@]}" \
 			--label pair=${PAIR:-1} --label order=${ORDER:-AB} --label shape=engine-restart
 		python3 -c "import json,sys; r=json.load(open(sys.argv[1])).get('restart') or {}; r.pop('completions_per_s', None); print('[restart-$cfg]', r)" \
 			"$RUNS/restart-$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
 		[ -f "$K/relaunch.mark" ] && echo "[startup cache] restart-$cfg:" | tee -a "$S" && startup_caches "$K/relaunch.mark"
-		EXTRA_PIDS="$(cat "$K/vllm.pid")" # the engine started again (the first one, VLLM_PID, was killed)
+		restarted
 		stop_all
 	done
 }
@@ -323,8 +335,26 @@ sustained() {
 	done
 }
 
-probe() {
-	one dram probe-dram -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}"
+probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROBE_RESTART=1: and after a restart)
+	local cfg rs
+	for cfg in ${PROBE_SEQ:-dram}; do
+		rm -f "$K/relaunch.mark"
+		if orbitkv_cfg "$cfg"; then start_peer "$cfg" || continue; fi
+		start_vllm "$cfg" || { stop_all; continue; }
+		rs=()
+		[ "${PROBE_RESTART:-0}" = 1 ] && rs=(--restart-cmd "$(restart_cmd)" --restart-timeout 300s)
+		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens 8192 \
+			--probe-reps ${PROBE_REPS:-3} --filler-tokens 32768 "${rs[@]}" "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
+		python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('phases_ttft_ms') or {}; print('[probe-$cfg] TTFT p50 ms', {k: round(v['p50'], 1) for k, v in p.items()})" \
+			"$RUNS/probes/$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+		restarted
+		stop_all
+	done
+	# their own folder and report: the sustained report refuses runs of another workload
+	out/orbitkv bench report "$RUNS"/probes/*-[0-9] >"$O/probe-report.txt" 2>&1
+	say "bench report (probes) rc=$?"
+	tail -20 "$O/probe-report.txt" | tee -a "$S"
+	(cd "$K" && tar czf "$O/runs.tgz" "$(basename "$RUNS")")
 }
 
 overhead() {
