@@ -148,6 +148,28 @@ def test_a_peer_that_cannot_map_vllms_pool_gets_staged_stores(real_peer, engines
         os.rmdir(hop)
 
 
+def test_a_refusal_logged_by_the_thread_worker_lets_vllm_unmap_its_pool(real_peer, caplog):
+    """The thread worker logs why the peer refused a session as text. A record
+    holding the exception would keep its traceback's frames, and the views of
+    vLLM's pool in them, alive in any handler that keeps records (caplog here,
+    a MemoryHandler in a server): vLLM could not unmap its pool."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    hop = f"/dev/shm/vllm_offload_okvr-{os.getpid()}"
+    os.makedirs(hop, exist_ok=True)
+    try:
+        up = os.path.relpath(real_peer.data_dir, hop)
+        e = Engine(tier_entry(real_peer.socket, worker="thread"), engine_id=f"okvr-{os.getpid()}/{up}/pool")
+        _until(lambda: _ready(e))
+        assert e.tier.mode == "staging"
+        assert any("cannot map vLLM's CPU pool" in r.getMessage() for r in caplog.records)
+        e.close()
+        assert not [r for r in caplog.records if "still exported" in r.getMessage()]
+    finally:
+        os.rmdir(hop)
+
+
 def test_another_format_never_sees_the_pages(real_peer, engines):
     a = engines(real_peer.socket)
     other_dtype = engines(real_peer.socket, dtype="float16")
