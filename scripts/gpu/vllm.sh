@@ -80,11 +80,10 @@ gpu_env
 O=${OUT:-/tmp/orbitkv-gpu-out}
 K=${OKV_DIR:-/root/okv} # OKV_DIR: only for a dry run of the carry steps off the GPU machine
 case ${VLLM:=0.26} in
-0.26) VERSION=0.26.0 BUNDLE=vllm-site SITE=$K/site ;;
-0.33) VERSION=0.33.0 BUNDLE=vllm033-site SITE=$K/site033 ;;
+0.26) VERSION=0.26.0 BUNDLE=vllm-site SITE=$K/site RUNS=$K/runs ;;
+0.33) VERSION=0.33.0 BUNDLE=vllm033-site SITE=$K/site033 RUNS=$K/runs033 ;; # its own runs: bench report never mixes versions
 *) echo "VLLM=$VLLM: 0.26 or 0.33" >&2; exit 2 ;;
 esac
-RUNS=$K/runs
 mkdir -p "$O" "$K" "$RUNS"
 ROOT=$(pwd)
 S=$O/summary.txt
@@ -305,16 +304,17 @@ restarted() { # after a run with restart_cmd: the engine started again is the on
 }
 
 restart() { # per config in RESTART_SEQ: the engine killed (-9) RESTART_AT into the window and started again
+	# (runs in $RUNS/restarts: the sustained report refuses runs of another duration)
 	local cfg
 	for cfg in ${RESTART_SEQ:-offload dram}; do
 		rm -f "$K/relaunch.mark"
 		if orbitkv_cfg "$cfg"; then start_peer "$cfg" || continue; fi
 		start_vllm "$cfg" || { stop_all; continue; }
-		CFG_LABEL=restart-$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "restart-$cfg-${PAIR:-1}" "${SEEDS[@]}" \
+		CFG_LABEL=restart-$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "restarts/$cfg-${PAIR:-1}" "${SEEDS[@]}" \
 			--duration ${DURATION:-90s} --restart-at ${RESTART_AT:-30s} --restart-cmd "$(restart_cmd)" --restart-timeout 300s "${DET[@]}" \
 			--label pair=${PAIR:-1} --label order=${ORDER:-AB} --label shape=engine-restart
 		python3 -c "import json,sys; r=json.load(open(sys.argv[1])).get('restart') or {}; r.pop('completions_per_s', None); print('[restart-$cfg]', r)" \
-			"$RUNS/restart-$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+			"$RUNS/restarts/$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
 		[ -f "$K/relaunch.mark" ] && echo "[startup cache] restart-$cfg:" | tee -a "$S" && startup_caches "$K/relaunch.mark"
 		restarted
 		stop_all
@@ -354,7 +354,7 @@ probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROB
 	out/orbitkv bench report "$RUNS"/probes/*-[0-9] >"$O/probe-report.txt" 2>&1
 	say "bench report (probes) rc=$?"
 	tail -20 "$O/probe-report.txt" | tee -a "$S"
-	(cd "$K" && tar czf "$O/runs.tgz" "$(basename "$RUNS")")
+	(cd "$K" && tar czf "$O/runs.tgz" "${RUNS##*/}")
 }
 
 overhead() {
@@ -381,7 +381,7 @@ report() {
 	say "bench report rc=$?"
 	tail -40 "$O/report.txt" | tee -a "$S"
 	cp "$RUNS/report/report.md" "$O/report.md" 2>/dev/null
-	(cd "$K" && tar czf "$O/runs.tgz" runs)
+	(cd "$K" && tar czf "$O/runs.tgz" "${RUNS##*/}")
 }
 
 if [ "${1:-}" = flags ]; then # flags CONFIG: vLLM's argv for it after `serve MODEL`, one a line (vllm-check.py, on a CPU)
@@ -414,5 +414,5 @@ for m in "$@"; do
 	*) echo "usage: $0 carry1 | carry2 MODE... | MODE...; VLLM=0.33 $0 carryNN [MODE...] | MODE... (sustained probe overhead invariant corrupt two restart report lmcache-check)" >&2; exit 2 ;;
 	esac
 done
-(cd "$K" && tar czf "$O/runs.tgz" runs)
+(cd "$K" && tar czf "$O/runs.tgz" "${RUNS##*/}")
 tail -c 4000000 "$O/vllm.log" >"$O/vllm-tail.log" && rm -f "$O/vllm.log"
