@@ -12,6 +12,15 @@ gpu_env() {
 # say MESSAGE...: a timestamped line to the terminal and the summary.
 say() { echo "== $(date +%T) $*" | tee -a "$S"; }
 
+# phases_line LABEL RUN_DIR: a probe run's TTFT p50 per phase (cold, resident, evicted, restart, filler)
+# as one summary line, from its summary.json; says so when the run left none.
+phases_line() {
+	python3 -c 'import json, sys
+p = json.load(open(sys.argv[2] + "/summary.json")).get("phases_ttft_ms") or {}
+print("[%s] TTFT p50 ms" % sys.argv[1], {k: round(v["p50"], 1) for k, v in sorted(p.items())})' "$1" "$2" 2>&1 |
+		tail -1 | tee -a "$S"
+}
+
 # fresh_run_dir DIR: DIR absent, for a bench run. An earlier run there is kept beside it as
 # DIR.replaced-HHMMSS (bench report reads only NAME-<digit> directories, so it reads the new run
 # alone) and a line says so: two calls labelled with the same PAIR lost the first call's runs on

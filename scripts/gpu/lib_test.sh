@@ -45,6 +45,15 @@ kept=$(ls -d "$W"/runs/dram-1.replaced-* 2>/dev/null)
 (cd "$W/runs" && ls -d *-[0-9] 2>/dev/null | grep -q .) && bad "fresh_run_dir: the kept run matches bench report's glob" ||
 	ok "fresh_run_dir: the kept run is outside bench report's glob"
 
+# A probe run's phases as one summary line; a run that left no summary says so instead.
+mkdir -p "$W/runs/probes/dram-1"
+echo '{"phases_ttft_ms": {"cold": {"p50": 212.25}, "restart": {"p50": 61.04}}}' >"$W/runs/probes/dram-1/summary.json"
+line=$(S=$W/phases.txt phases_line probe-dram "$W/runs/probes/dram-1")
+[ "$line" = "[probe-dram] TTFT p50 ms {'cold': 212.2, 'restart': 61.0}" ] && grep -qF "$line" "$W/phases.txt" &&
+	ok "phases_line prints and logs a probe run's phases" || bad "phases_line: got '$line'"
+line=$(S=$W/phases.txt phases_line probe-ssd "$W/runs/probes/ssd-1")
+case $line in *"No such file"*) ok "phases_line says a run left no summary" ;; *) bad "phases_line on a missing run: '$line'" ;; esac
+
 # A bundle in two parts, carried one call at a time, then joined, checked and unpacked.
 mkdir -p "$W/repo/.gpucarry" "$W/src/pkg" && cd "$W/repo"
 head -c 300000 /dev/urandom >"$W/src/pkg/data.bin"

@@ -264,8 +264,7 @@ recovery() { # per config in RECOVERY_SEQ, runs in $RUNS/probes with a report of
 		one "$cfg" "probes/$cfg-${PAIR:-1}" -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}" \
 			--restart-cmd "curl -sf -X POST http://127.0.0.1:$PORT/flush_cache" --label mode=recovery \
 			--label pair=${PAIR:-1} --label order=${ORDER:-AB}
-		python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('phases_ttft_ms') or {}; print('[recovery-$cfg] TTFT p50 ms', {k: round(v['p50'], 1) for k, v in p.items()})" \
-			"$RUNS/probes/$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+		phases_line "recovery-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"
 	done
 	timeout 60 "$BIN" bench report "$RUNS"/probes/*-[0-9] >"$O/probe-report.txt" 2>&1 # the sustained report refuses probe runs
 	say "bench report (probes) rc=$?"

@@ -345,8 +345,7 @@ probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROB
 		[ "${PROBE_RESTART:-0}" = 1 ] && rs=(--restart-cmd "$(restart_cmd)" --restart-timeout 300s)
 		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens 8192 \
 			--probe-reps ${PROBE_REPS:-3} --filler-tokens 32768 "${rs[@]}" "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
-		python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('phases_ttft_ms') or {}; print('[probe-$cfg] TTFT p50 ms', {k: round(v['p50'], 1) for k, v in p.items()})" \
-			"$RUNS/probes/$cfg-${PAIR:-1}/summary.json" 2>&1 | tee -a "$S"
+		phases_line "probe-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"
 		restarted
 		stop_all
 	done
