@@ -149,10 +149,11 @@ def test_a_peer_that_cannot_map_vllms_pool_gets_staged_stores(real_peer, engines
 
 
 def test_a_refusal_logged_by_the_thread_worker_lets_vllm_unmap_its_pool(real_peer, caplog):
-    """The thread worker logs why the peer refused a session as text. A record
-    holding the exception would keep its traceback's frames, and the views of
-    vLLM's pool in them, alive in any handler that keeps records (caplog here,
-    a MemoryHandler in a server): vLLM could not unmap its pool."""
+    """The thread worker logs the peer's refusal of a session over vLLM's pool
+    with the refusal itself as an argument. A handler that keeps records
+    (caplog here, a MemoryHandler in a server) keeps that object alive; it must
+    hold no view of vLLM's pool (a traceback's frames would), or vLLM could not
+    unmap its pool at shutdown."""
     import logging
 
     caplog.set_level(logging.INFO)
