@@ -21,6 +21,12 @@ print("[%s] TTFT p50 ms" % sys.argv[1], {k: round(v["p50"], 1) for k, v in sorte
 		tail -1 | tee -a "$S"
 }
 
+# tag_lines LABEL: stdin with "[LABEL] " before each line. LABEL may hold "/" (probe runs are
+# named probes/CFG-N: a sed "s/^/[...]/" there failed and dropped their counters, 2026-12-06).
+tag_lines() {
+	awk -v t="[$1] " '{print t $0}'
+}
+
 # fresh_run_dir DIR: DIR absent, for a bench run. An earlier run there is kept beside it as
 # DIR.replaced-HHMMSS (bench report reads only NAME-<digit> directories, so it reads the new run
 # alone) and a line says so: two calls labelled with the same PAIR lost the first call's runs on

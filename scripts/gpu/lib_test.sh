@@ -54,6 +54,11 @@ line=$(S=$W/phases.txt phases_line probe-dram "$W/runs/probes/dram-1")
 line=$(S=$W/phases.txt phases_line probe-ssd "$W/runs/probes/ssd-1")
 case $line in *"No such file"*) ok "phases_line says a run left no summary" ;; *) bad "phases_line on a missing run: '$line'" ;; esac
 
+# Counter lines tagged with a probe run's name, which holds a "/".
+got=$(printf 'a 1\nb 2\n' | tag_lines "probes/dram-1 peer" 2>&1)
+[ "$got" = "$(printf '[probes/dram-1 peer] a 1\n[probes/dram-1 peer] b 2')" ] &&
+	ok "tag_lines tags every line, the label's / included" || bad "tag_lines: got '$got'"
+
 # A bundle in two parts, carried one call at a time, then joined, checked and unpacked.
 mkdir -p "$W/repo/.gpucarry" "$W/src/pkg" && cd "$W/repo"
 head -c 300000 /dev/urandom >"$W/src/pkg/data.bin"

@@ -231,10 +231,10 @@ bench() { # CFG NAME BENCH-ARGS...
 	say "bench $name rc=$?"
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	curl -s --max-time 5 127.0.0.1:$PORT/metrics | grep -E "^sglang:(prompt_tokens_total|cached_tokens_total|cache_hit_rate|num_retracted_reqs|.*hicache.*|.*storage.*|.*prefetch.*|.*backup.*)" |
-		grep -v "_bucket{" | sed "s/^/[$name sglang] /" | head -80 | tee -a "$S"
+		grep -v "_bucket{" | tag_lines "$name sglang" | head -80 | tee -a "$S"
 	[ ${#pm[@]} -gt 0 ] && curl -s --max-time 5 127.0.0.1:9464/metrics |
 		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_ssd_read_bytes_per_second" |
-		sed "s/^/[$name peer] /" | tee -a "$S"
+		tag_lines "$name peer" | tee -a "$S"
 	return 0
 }
 

@@ -250,14 +250,14 @@ bench() { # CFG NAME BENCH-ARGS...
 	[ -f "$RUNS/$name/summary.json" ] && head -c 1200 "$RUNS/$name/summary.json" | tee -a "$S" && echo | tee -a "$S"
 	for p in ${ENGINE_PORTS:-$PORT}; do
 		curl -s --max-time 5 127.0.0.1:"$p"/metrics | grep -E "^vllm:(prefix_cache_(hits|queries)|external_prefix_cache_(hits|queries)|num_preemptions|prompt_tokens|prompt_tokens_cached_by_source)_total|^vllm:request_(queue|prefill|decode)_time_seconds_sum" |
-			sed "s/^/[$name vllm:$p] /" | tee -a "$S"
+			tag_lines "$name vllm:$p" | tee -a "$S"
 	done
 	orbitkv_cfg "$cfg" && curl -s --max-time 5 127.0.0.1:9464/metrics |
 		grep -E "^orbitkv_fabric_(saved_pages|loaded_pages|lookup_hit_pages|lookup_miss_pages|lookup_budget_cut_pages|lookup_recompute_pages)_total|^orbitkv_tiers_(demoted|promoted)_pages_total|^orbitkv_tiers_dram_unflushed_drops_total|^orbitkv_tiers_flusher_busy_seconds_total|^orbitkv_tiers_readmitted_pages_total|^orbitkv_tiers_ssd_read_bytes_per_second|^orbitkv_transfer_gpu_(phase_seconds|batches)_total" |
-		sed "s/^/[$name peer] /" | tee -a "$S"
+		tag_lines "$name peer" | tee -a "$S"
 	# the connector's restore-gate counters, from vLLM's periodic "KV Transfer metrics" lines
 	# (and vLLM's own offloading's transfer counters, from the same lines)
-	{ orbitkv_cfg "$cfg" || [ "$cfg" = offload ]; } && awk '/^=== /{n=NR} {l[NR]=$0} END{for(i=n;i<=NR;i++) print l[i]}' "$O/vllm.log" | grep -o "KV Transfer metrics: .*" | tail -3 | sed "s/^/[$name kv] /" | tee -a "$S"
+	{ orbitkv_cfg "$cfg" || [ "$cfg" = offload ]; } && awk '/^=== /{n=NR} {l[NR]=$0} END{for(i=n;i<=NR;i++) print l[i]}' "$O/vllm.log" | grep -o "KV Transfer metrics: .*" | tail -3 | tag_lines "$name kv" | tee -a "$S"
 	return 0
 }
 
