@@ -38,7 +38,9 @@
 #               (vLLM's own prefix cache), evicted (after 32K filler tokens: restored by the config's cache,
 #               recomputed by native); PROBE_RESTART=1 adds restart (vLLM killed -9 and started again: OrbitKV's
 #               pages survive, vLLM's offloading cache does not). Without restarts ~2 min a config, with ~1.5 min
-#               more a prompt: PROBE_RESTART=1 PROBE_REPS=2 is one config a call
+#               more a prompt: PROBE_RESTART=1 PROBE_REPS=2 is one config a call. OrbitKV configs trace the
+#               connector's hooks per step (ORBITKV_HOOK_TRACE, orbitkv.hooktrace; HOOK_TRACE=0: off) into
+#               runs*/probes/CFG-N.hooks/ and print per-hook totals and each restore's timeline
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
 #               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
 #   invariant   VLLM_BATCH_INVARIANT=1: native, DRAM and SSD (or INV_SEQ) sustained runs (30 s windows) whose
@@ -336,16 +338,23 @@ sustained() {
 }
 
 probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROBE_RESTART=1: and after a restart)
-	local cfg rs
+	local cfg rs hooks
 	for cfg in ${PROBE_SEQ:-dram}; do
 		rm -f "$K/relaunch.mark"
-		if orbitkv_cfg "$cfg"; then start_peer "$cfg" || continue; fi
-		start_vllm "$cfg" || { stop_all; continue; }
+		hooks=()
+		if orbitkv_cfg "$cfg"; then
+			start_peer "$cfg" || continue
+			# the connector's per-step hook times (orbitkv.hooktrace), beside the run (not a NAME-<digit> dir)
+			[ "${HOOK_TRACE:-1}" = 1 ] && hooks=(ORBITKV_HOOK_TRACE="$RUNS/probes/$cfg-${PAIR:-1}.hooks")
+		fi
+		start_vllm "$cfg" "${hooks[@]}" || { stop_all; continue; }
 		rs=()
 		[ "${PROBE_RESTART:-0}" = 1 ] && rs=(--restart-cmd "$(restart_cmd)" --restart-timeout 300s)
 		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens 8192 \
 			--probe-reps ${PROBE_REPS:-3} --filler-tokens 32768 "${rs[@]}" "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
 		phases_line "probe-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"
+		[ ${#hooks[@]} -gt 0 ] && PYTHONPATH=$ROOT/integration/python python3 -m orbitkv.hooktrace "${hooks[0]#*=}" 2>&1 |
+			head -${HOOK_LINES:-60} | tag_lines "probe-$cfg hooks" | tee -a "$S"
 		restarted
 		stop_all
 	done

@@ -218,6 +218,38 @@ def test_a_fresh_engine_restores_a_prefix_byte_exact(real_peer):
         h.close()
 
 
+def test_the_hook_trace_records_a_restore_step_by_step(real_peer, tmp_path, monkeypatch):
+    """ORBITKV_HOOK_TRACE (orbitkv.hooktrace): each half writes a line per
+    step; the restored request's timeline runs lookup (tokens offered), load
+    planned, started, reported done, then scheduled; its summary names every
+    hook that ran. Unset, nothing is written."""
+    prompt = _prompt(7, 300)
+    _warm(real_peer.socket, {"p": prompt}, num_blocks=256)
+    assert not list(tmp_path.iterdir())  # unset: no trace
+    monkeypatch.setenv("ORBITKV_HOOK_TRACE", str(tmp_path / "hooks"))
+    h = Harness(real_peer.socket, num_blocks=256)
+    try:
+        h.add("p2", prompt)
+        h.run()
+        assert set(h.finished) == {"p2"} and h.loaded_pages == 4
+    finally:
+        h.close()
+    from orbitkv import hooktrace
+
+    lines = hooktrace.read_lines(str(tmp_path / "hooks"))
+    assert {d["side"] for d in lines} == {"scheduler", "worker"}
+    totals = hooktrace.hook_totals(lines)
+    for hook in ("scheduler.get_num_new_matched_tokens", "scheduler.build_connector_meta", "worker.start_load_kv",
+                 "worker.wait_for_save"):
+        assert totals[hook]["steps"] >= 1, (hook, sorted(totals))
+    events = [what.split(" {")[0] for _, what in hooktrace.timelines(lines)["p2"]]
+    order = ["scheduler lookups", "scheduler loads", "worker load_start", "worker recving", "scheduler scheduled"]
+    at = [events.index(e) for e in order]
+    assert at == sorted(at), events
+    lookup = next(v for d in lines for v in d.get("lookups", []) if v["req"] == "p2" and v["tokens"])
+    assert lookup["tokens"] == 4 * 64 and lookup["async"] is True
+
+
 def test_pages_vllm_holds_itself_are_looked_up_but_not_leased(real_peer):
     """A prompt whose first 4 pages sit in vLLM's own prefix cache (a shorter
     prompt with the same head ran in this engine just before) tells the peer

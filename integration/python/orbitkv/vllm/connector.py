@@ -31,6 +31,7 @@ from orbitkv.vllm._compat import (
 from orbitkv.vllm.config import ConnectorConfig, load_config
 from orbitkv.vllm.metadata import OrbitKVMetadata
 from orbitkv.vllm import pd
+from orbitkv.hooktrace import HookTrace
 from orbitkv.vllm.scheduler import LookupBackend, SchedulerHalf
 from orbitkv.vllm.stats import OrbitKVStats, from_data
 from orbitkv.vllm.worker import WorkerHalf
@@ -112,6 +113,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self._worker: Optional[WorkerHalf] = None
         self._control: Optional[ControlSession] = None
         self._client: Optional[Client] = None
+        self._trace = HookTrace("scheduler" if is_scheduler(role) else "worker")  # off unless ORBITKV_HOOK_TRACE
         if is_scheduler(role):
             if lookup_backend is None:
                 # Lazy: the engine starts even while the peer is down; lookups
@@ -195,12 +197,18 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return self._worker
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
-        if self.handoffs is not None and self.handoffs.should_wait(request):
-            return None, False  # a handed-off request's pages are not all visible yet
-        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        with self._trace.hook("get_num_new_matched_tokens"):
+            if self.handoffs is not None and self.handoffs.should_wait(request):
+                out: tuple[Optional[int], bool] = (None, False)  # a handed-off request's pages are not all visible yet
+            else:
+                out = self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        self._trace.note("lookups", {"req": str(request.request_id), "computed": num_computed_tokens,
+                                     "tokens": out[0] or 0, "async": out[1]})
+        return out
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+        with self._trace.hook("update_state_after_alloc"):
+            self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
         """vLLM >= 0.33: the external hit by tier, for
@@ -213,6 +221,19 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return {_CacheHitSource(k): v for k, v in by.items() if v}
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        with self._trace.hook("build_connector_meta"):
+            meta = self._build_meta(scheduler_output)
+        if self._trace.enabled:
+            for spec in meta.loads:
+                self._trace.note("loads", {"req": spec.req_id, "sync": spec.sync})
+            for spec in meta.saves:
+                self._trace.note("saves", spec.req_id)
+            for req, n in (getattr(scheduler_output, "num_scheduled_tokens", None) or {}).items():
+                self._trace.note("scheduled", {"req": str(req), "tokens": int(n)})
+        self._trace.end_step()
+        return meta
+
+    def _build_meta(self, scheduler_output: Any) -> OrbitKVMetadata:
         meta = self.scheduler.build_connector_meta(scheduler_output)
         if meta.has_sync_loads and getattr(scheduler_output, "has_sync_kv_loads", True) is False:
             # vLLM >= 0.29 starts a step's loads after its forward unless this says a
@@ -226,9 +247,14 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
-        self.scheduler.update_connector_output(connector_output)
+        with self._trace.hook("update_connector_output"):
+            self.scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: Any = None) -> tuple[bool, Optional[dict]]:
+        with self._trace.hook("request_finished"):
+            return self._request_finished(request, block_ids)
+
+    def _request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
         if self.handoffs is not None:
             self.handoffs.forget(request.request_id)
         pages = self.scheduler.planned_pages(request)
@@ -274,7 +300,8 @@ class OrbitKVConnector(KVConnectorBase_V1):
         read blocks the step reuses (early_free: orbitkv.vllm.fences)."""
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None and isinstance(connector_metadata, OrbitKVMetadata):
-            self._worker.begin_step(connector_metadata)
+            with self._trace.hook("begin_step"):
+                self._worker.begin_step(connector_metadata)
 
     def build_connector_worker_meta(self) -> Any:
         """Released requests whose saves ended (SavesDone), None when none."""
@@ -284,16 +311,20 @@ class OrbitKVConnector(KVConnectorBase_V1):
         """vLLM (0.26+) calls this with the step's metadata before it zeroes
         or copies any new block: the flush on reuse (begin_step) runs here
         first; bind_connector_metadata repeats it for vLLMs that do not."""
-        if self._worker is not None and isinstance(kv_connector_metadata, OrbitKVMetadata):
-            self._worker.begin_step(kv_connector_metadata)
-        ids = getattr(kv_connector_metadata, "preempted", kv_connector_metadata) or ()
-        self.worker.handle_preemptions(list(ids))
+        with self._trace.hook("handle_preemptions"):
+            if self._worker is not None and isinstance(kv_connector_metadata, OrbitKVMetadata):
+                self._worker.begin_step(kv_connector_metadata)
+            ids = getattr(kv_connector_metadata, "preempted", kv_connector_metadata) or ()
+            self.worker.handle_preemptions(list(ids))
 
     def start_load_kv(self, forward_context: Any = None, **kwargs: Any) -> None:
         meta = self._meta()
-        if meta.preempted:
-            self.worker.handle_preemptions(meta.preempted)
-        self.worker.start_load_kv(meta, hooks_skipped=_hooks_skipped(forward_context))
+        with self._trace.hook("start_load_kv"):
+            if meta.preempted:
+                self.worker.handle_preemptions(meta.preempted)
+            self.worker.start_load_kv(meta, hooks_skipped=_hooks_skipped(forward_context))
+        for spec in meta.loads:
+            self._trace.note("load_start", spec.req_id)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Layer-wise loads: a GPU-side wait on the layer's event; otherwise a
@@ -304,11 +335,21 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return None  # saves start in wait_for_save, after every layer is written
 
     def wait_for_save(self) -> None:
-        self.worker.wait_for_save(self._meta())
+        with self._trace.hook("wait_for_save"):
+            self.worker.wait_for_save(self._meta())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
-        sending, recving, _ = self.worker.get_results(list(finished_req_ids))
+        sending, recving = self._results(finished_req_ids, "get_finished")
         return sending or None, recving or None
+
+    def _results(self, finished_req_ids: set[str], hook: str) -> tuple[set[str], set[str]]:
+        """The worker's step-end results; the step's trace line ends here."""
+        with self._trace.hook(hook):
+            sending, recving, _ = self.worker.get_results(list(finished_req_ids))
+        for r in recving:
+            self._trace.note("recving", r)
+        self._trace.end_step()
+        return sending, recving
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
         """vLLM >= 0.29's step-end snapshot. A failed async load is reported
@@ -317,7 +358,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         that is the request-level report for connectors that cannot name
         blocks, and vLLM 0.33 answers it by recomputing the whole request
         (num_computed_tokens = 0), discarding the pages that did load."""
-        sending, recving, _failed = self.worker.get_results(list(finished_req_ids))
+        sending, recving = self._results(finished_req_ids, "get_transfer_results")
         return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving)
 
     def get_block_ids_with_load_errors(self) -> set[int]:

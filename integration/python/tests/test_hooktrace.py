@@ -1,0 +1,64 @@
+"""orbitkv.hooktrace without an engine: a step's line, the off switch, a
+trace that cannot be written, and the summary the GPU scripts print."""
+
+from __future__ import annotations
+
+import json
+
+from orbitkv import hooktrace
+from orbitkv.hooktrace import HookTrace
+
+
+def test_off_by_default_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(hooktrace.ENV, raising=False)
+    t = HookTrace("worker")
+    with t.hook("start_load_kv"):
+        pass
+    t.note("load_start", "r1")
+    t.end_step()
+    assert not t.enabled and not list(tmp_path.iterdir())
+
+
+def test_a_step_is_one_line_with_its_hooks_and_notes(tmp_path):
+    t = HookTrace("scheduler", str(tmp_path))
+    t.end_step()  # no hook ran: no line
+    with t.hook("get_num_new_matched_tokens"):
+        pass
+    with t.hook("get_num_new_matched_tokens"):
+        pass
+    t.note("lookups", {"req": "r1", "computed": 0, "tokens": 128, "async": True})
+    t.note("loads", {"req": "r1", "sync": False})
+    t.end_step()
+    with t.hook("build_connector_meta"):
+        pass
+    t.note("scheduled", {"req": "r1", "tokens": 16})
+    t.end_step()
+    lines = [json.loads(x) for x in open(t.path)]
+    assert len(lines) == 2
+    assert set(lines[0]["hooks"]) == {"get_num_new_matched_tokens"} and lines[0]["loads"][0]["req"] == "r1"
+    assert lines[0]["t0"] <= lines[0]["t1"] <= lines[1]["t1"]
+    assert "lookups" not in lines[1]  # notes belong to their step
+    events = [w for _, w in hooktrace.timelines(hooktrace.read_lines(str(tmp_path)))["r1"]]
+    assert [e.split(" {")[0] for e in events] == ["scheduler lookups", "scheduler loads", "scheduler scheduled"]
+
+
+def test_a_trace_that_cannot_be_written_stops_and_the_caller_goes_on(tmp_path):
+    t = HookTrace("worker", str(tmp_path))
+    (tmp_path / f"hooks-worker-{__import__('os').getpid()}.jsonl").mkdir()  # the path is a directory now
+    with t.hook("wait_for_save"):
+        pass
+    t.end_step()
+    assert not t.enabled
+
+
+def test_the_summary_prints_totals_and_timelines(tmp_path, capsys):
+    t = HookTrace("worker", str(tmp_path))
+    with t.hook("start_load_kv"):
+        pass
+    t.note("recving", "r9")
+    t.end_step()
+    assert hooktrace.main([str(tmp_path / "none")]) == 1
+    assert hooktrace.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 steps" in out and "worker.start_load_kv" in out
+    assert "request r9" not in out  # no lookup offered it tokens: no timeline
