@@ -28,7 +28,7 @@ func Compare(_ context.Context, dirs []string, opt Options, out io.Writer) error
 	}
 	fmt.Fprintf(out, "bench report: %d runs accepted, configurations %v → %s\n", len(rep.Runs), rep.Configs, filepath.Join(opt.Output, "report.md"))
 	for _, c := range rep.Comparisons {
-		fmt.Fprintf(out, "  %-16s %s/%s = %.3f  (%.0f%% CI %s, %d pairs)\n", c.Metric.Name, c.Candidate, c.Baseline,
+		fmt.Fprintf(out, "  %-18s %s/%s = %.3f  (%.0f%% CI %s, %d pairs)\n", c.Metric.Name, c.Candidate, c.Baseline,
 			c.Ratio.Est, opt.Level*100, c.Ratio.CIText(3), c.Ratio.N)
 	}
 	for _, r := range rep.Recovered {

@@ -28,18 +28,19 @@ type Metric struct {
 	Get        func(*Run) float64
 	Higher     bool // higher is better
 	Rate       bool // a rate over the window: not compared for probe runs
+	Optional   bool // 0 means not measured (a probe phase a run lacks): the pair is left out
 }
 
 // Metrics are compared in this order.
 var Metrics = []Metric{
-	{"throughput", "req/s", func(r *Run) float64 { return r.Summary.ThroughputRPS }, true, true},
-	{"output tokens/s", "tok/s", func(r *Run) float64 { return r.Summary.OutputTokPS }, true, true},
-	{"TTFT p50", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P50 }, false, false},
-	{"TTFT p90", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P90 }, false, false},
-	{"ITL p50", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P50 }, false, false},
-	{"ITL p90", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P90 }, false, false},
-	{"latency p50", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P50 }, false, false},
-	{"latency p90", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P90 }, false, false},
+	{"throughput", "req/s", func(r *Run) float64 { return r.Summary.ThroughputRPS }, true, true, false},
+	{"output tokens/s", "tok/s", func(r *Run) float64 { return r.Summary.OutputTokPS }, true, true, false},
+	{"TTFT p50", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P50 }, false, false, false},
+	{"TTFT p90", "ms", func(r *Run) float64 { return r.Summary.TTFTMS.P90 }, false, false, false},
+	{"ITL p50", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P50 }, false, false, false},
+	{"ITL p90", "ms", func(r *Run) float64 { return r.Summary.ITLMS.P90 }, false, false, false},
+	{"latency p50", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P50 }, false, false, false},
+	{"latency p90", "ms", func(r *Run) float64 { return r.Summary.LatencyMS.P90 }, false, false, false},
 }
 
 // Comparison is candidate/baseline for one metric over process pairs.
@@ -135,22 +136,47 @@ func (rep *Report) Nondeterministic() []*Run {
 	return out
 }
 
+// phaseMetrics are a probe report's metrics: each phase's TTFT p50 (cold,
+// resident, evicted, restart; those the runs measured), since a whole
+// probe run's TTFT mixes the fillers' recomputes with the restores, then
+// ITL. A pair where either run lacks the phase is left out of its ratio.
+func (rep *Report) phaseMetrics() []Metric {
+	var out []Metric
+	for _, ph := range []string{serving.PhaseCold, serving.PhaseResident, serving.PhaseEvicted, serving.PhaseRestart} {
+		for _, r := range rep.Runs {
+			if _, ok := r.Summary.Phases[ph]; ok {
+				out = append(out, Metric{Name: "TTFT p50 " + ph, Unit: "ms", Optional: true,
+					Get: func(r *Run) float64 { return r.Summary.Phases[ph].P50 }})
+				break
+			}
+		}
+	}
+	for _, m := range Metrics {
+		if strings.HasPrefix(m.Name, "ITL") {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 func (rep *Report) compare(opt Options) {
 	base := rep.Configs[0]
+	metrics := Metrics
 	if rep.isProbes() {
-		rep.Notes = append(rep.Notes, "probe runs: no throughput ratio (their requests are serial, with fillers and a restart in the window)")
+		rep.Notes = append(rep.Notes, "probe runs: TTFT by phase, no throughput ratio (their requests are serial, with fillers and a restart in the window)")
+		metrics = rep.phaseMetrics()
 	}
 	for _, cand := range rep.Configs[1:] {
 		incomplete := 0
-		for _, m := range Metrics {
-			if m.Rate && rep.isProbes() {
-				continue
-			}
+		for _, m := range metrics {
 			var ratios, bs, cs []float64
 			for _, byCfg := range rep.Pairs {
 				b, c := byCfg[base], byCfg[cand]
 				if b == nil || c == nil {
 					continue
+				}
+				if m.Optional && (m.Get(b) <= 0 || m.Get(c) <= 0) {
+					continue // a phase one of the pair's runs did not measure
 				}
 				bs, cs = append(bs, m.Get(b)), append(cs, m.Get(c))
 				if m.Get(b) > 0 {

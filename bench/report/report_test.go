@@ -394,3 +394,43 @@ func TestReportProbesGetNoThroughputRatio(t *testing.T) {
 		t.Errorf("report.md of probe runs has a throughput ratio or plot")
 	}
 }
+
+// TestReportProbesCompareEachPhase: a probe report divides each phase's TTFT
+// p50 by the baseline's (a restore is the evicted phase, not the whole run's
+// TTFT, which mixes in the fillers' recomputes); a phase one run of a pair
+// lacks leaves that pair out of that phase's ratio only.
+func TestReportProbesCompareEachPhase(t *testing.T) {
+	dirs := goodRuns(t)
+	for _, d := range dirs {
+		editManifest(t, d, func(m map[string]any) { m["config"].(map[string]any)["workload"] = serving.WorkloadProbes })
+		cfg := filepath.Base(d)
+		editSummary(t, d, func(s *serving.Summary) {
+			s.Phases = map[string]serving.Stats{serving.PhaseCold: {N: 3, P50: 220}, serving.PhaseEvicted: {N: 3, P50: 220}}
+			if strings.HasPrefix(cfg, "orbitkv") {
+				s.Phases[serving.PhaseEvicted] = serving.Stats{N: 3, P50: 55}
+			} else {
+				s.Phases[serving.PhaseRestart] = serving.Stats{N: 3, P50: 220} // native only: no pair has it twice
+			}
+		})
+	}
+	rep, err := Build(dirs, Options{Output: filepath.Join(t.TempDir(), "report"), Reps: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Comparison{}
+	for _, c := range rep.Comparisons {
+		got[c.Metric.Name] = c
+	}
+	if c, ok := got["TTFT p50 evicted"]; !ok || math.Abs(c.Ratio.Est-0.25) > 1e-9 || c.Ratio.N != len(rep.Pairs) {
+		t.Errorf("evicted: %+v (ok %v), want ratio 0.25 over %d pairs", c.Ratio, ok, len(rep.Pairs))
+	}
+	if c := got["TTFT p50 cold"]; math.Abs(c.Ratio.Est-1) > 1e-9 {
+		t.Errorf("cold ratio %v, want 1", c.Ratio.Est)
+	}
+	if c, ok := got["TTFT p50 restart"]; !ok || c.Ratio.N != 0 {
+		t.Errorf("restart, measured by the baseline only: %+v (ok %v), want no pair", c.Ratio, ok)
+	}
+	if _, ok := got["TTFT p50"]; ok {
+		t.Error("a probe report compared the whole run's TTFT p50")
+	}
+}
