@@ -202,8 +202,9 @@ class OrbitKVConnector(KVConnectorBase_V1):
                 out: tuple[Optional[int], bool] = (None, False)  # a handed-off request's pages are not all visible yet
             else:
                 out = self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
-        self._trace.note("lookups", {"req": str(request.request_id), "computed": num_computed_tokens,
-                                     "tokens": out[0] or 0, "async": out[1]})
+        if self._trace.enabled:
+            self._trace.note("lookups", {"req": str(request.request_id), "computed": num_computed_tokens,
+                                         "tokens": out[0] or 0, "async": out[1]})
         return out
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
