@@ -261,7 +261,7 @@ sustained() {
 recovery() { # per config in RECOVERY_SEQ, runs in $RUNS/probes with a report of their own
 	local cfg
 	for cfg in ${RECOVERY_SEQ:-dram}; do
-		one "$cfg" "probes/$cfg-${PAIR:-1}" -- --workload probes --probe-tokens 8192 --filler-tokens 32768 "${DET[@]}" \
+		one "$cfg" "probes/$cfg-${PAIR:-1}" -- --workload probes --probe-tokens ${PROBE_TOKENS:-8192} --filler-tokens 32768 "${DET[@]}" \
 			--restart-cmd "curl -sf -X POST http://127.0.0.1:$PORT/flush_cache" --label mode=recovery \
 			--label pair=${PAIR:-1} --label order=${ORDER:-AB}
 		phases_line "recovery-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"

@@ -40,7 +40,9 @@
 #               pages survive, vLLM's offloading cache does not). Without restarts ~2 min a config, with ~1.5 min
 #               more a prompt: PROBE_RESTART=1 PROBE_REPS=2 is one config a call. OrbitKV configs trace the
 #               connector's hooks per step (ORBITKV_HOOK_TRACE, orbitkv.hooktrace; HOOK_TRACE=0: off) into
-#               runs*/probes/CFG-N.hooks/ and print per-hook totals and each restore's timeline
+#               runs*/probes/CFG-N.hooks/ and print per-hook totals and each restore's timeline.
+#               PROBE_TOKENS (8192): a length that is not a multiple of the 64-token page (8200) ends in
+#               a partial page, as most real prompts do (a whole last page is saved again after a restore)
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
 #               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
 #   invariant   VLLM_BATCH_INVARIANT=1: native, DRAM and SSD (or INV_SEQ) sustained runs (30 s windows) whose
@@ -350,7 +352,7 @@ probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROB
 		start_vllm "$cfg" "${hooks[@]}" || { stop_all; continue; }
 		rs=()
 		[ "${PROBE_RESTART:-0}" = 1 ] && rs=(--restart-cmd "$(restart_cmd)" --restart-timeout 300s)
-		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens 8192 \
+		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens ${PROBE_TOKENS:-8192} \
 			--probe-reps ${PROBE_REPS:-3} --filler-tokens 32768 "${rs[@]}" "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
 		phases_line "probe-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"
 		[ ${#hooks[@]} -gt 0 ] && PYTHONPATH=$ROOT/integration/python python3 -m orbitkv.hooktrace "${hooks[0]#*=}" 2>&1 |
