@@ -347,7 +347,8 @@ probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROB
 		if orbitkv_cfg "$cfg"; then
 			start_peer "$cfg" || continue
 			# the connector's per-step hook times (orbitkv.hooktrace), beside the run (not a NAME-<digit> dir)
-			[ "${HOOK_TRACE:-1}" = 1 ] && hooks=(ORBITKV_HOOK_TRACE="$RUNS/probes/$cfg-${PAIR:-1}.hooks")
+			[ "${HOOK_TRACE:-1}" = 1 ] && hooks=(ORBITKV_HOOK_TRACE="$RUNS/probes/$cfg-${PAIR:-1}.hooks") &&
+				rm -rf "$RUNS/probes/$cfg-${PAIR:-1}.hooks" # an earlier call's trace of the same PAIR
 		fi
 		start_vllm "$cfg" "${hooks[@]}" || { stop_all; continue; }
 		rs=()
