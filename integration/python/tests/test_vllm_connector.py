@@ -136,6 +136,57 @@ def test_save_then_restore_byte_exact_with_gate(engine):
     assert e.sched.request_finished(b, b_blocks) == (False, None)
 
 
+def test_a_whole_last_page_the_peer_holds_is_not_saved_again(engine):
+    """A prompt that ends on a whole page: vLLM computes its last token again
+    whether its prefix is resident (its own cache stops a block short) or
+    restored (a load stops a page short), and that page, held by the peer
+    already, is not saved again; one the peer lacks is."""
+    e, _ = engine
+    a = Request("a", list(range(6000, 6000 + 4 * PT)))
+    a_blocks = list(range(0, 8))
+    assert e.sched.get_num_new_matched_tokens(a, 0) == (0, False)
+    e.sched.update_state_after_alloc(a, (a_blocks,), 0)
+    so = SchedulerOutput([NewRequestData("a", a.prompt_token_ids, (a_blocks,), 0)], num_scheduled_tokens={"a": 4 * PT})
+    meta, _, _ = e.step(so)
+    assert [len(s.blocks) for s in meta.saves] == [4], "every whole page, the last one too"
+    e.sched.request_finished(a, a_blocks)
+    e.idle_until(lambda s, r: "a" in s, finished=["a"])
+
+    # resident: vLLM's own cache holds all but the last block, which it computes again
+    r = Request("resident", a.prompt_token_ids)
+    assert e.sched.get_num_new_matched_tokens(r, 4 * PT - BS) == (0, False)
+    e.sched.update_state_after_alloc(r, (a_blocks,), 0)
+    so = SchedulerOutput([NewRequestData("resident", r.prompt_token_ids, (a_blocks,), 4 * PT - BS)],
+                         num_scheduled_tokens={"resident": BS})
+    meta, _, _ = e.step(so)
+    assert meta.saves == [], "the last page is held: not saved again"
+    assert e.sched.request_finished(r, a_blocks) == (False, None)
+
+    # restored: the load covers three pages, the engine computes the fourth, held already
+    b = Request("b", a.prompt_token_ids)
+    n, _ = e.sched.get_num_new_matched_tokens(b, 0)
+    assert n == 3 * PT
+    b_blocks = list(range(10, 18))
+    e.sched.update_state_after_alloc(b, (b_blocks,), n)
+    e.step(SchedulerOutput())
+    _, _, failed, errs = e.idle_until(lambda s, r: "b" in r)
+    assert not failed and not errs
+    e.sched.update_state_after_alloc(b, (b_blocks,), 0)
+    so = SchedulerOutput([NewRequestData("b", b.prompt_token_ids, (b_blocks,), 3 * PT)], num_scheduled_tokens={"b": PT})
+    meta, _, _ = e.step(so)
+    assert meta.saves == [], "neither restored pages nor the held last page are saved again"
+    assert e.sched.request_finished(b, b_blocks) == (False, None)
+
+    # a prompt sharing three pages whose whole last page the peer lacks: that page is saved
+    c = Request("c", a.prompt_token_ids[: 3 * PT] + list(range(7000, 7000 + PT)))
+    assert e.sched.get_num_new_matched_tokens(c, 4 * PT - BS) == (0, False)
+    c_blocks = list(range(20, 28))
+    e.sched.update_state_after_alloc(c, (c_blocks,), 0)
+    so = SchedulerOutput([NewRequestData("c", c.prompt_token_ids, (c_blocks,), 4 * PT - BS)], num_scheduled_tokens={"c": BS})
+    meta, _, _ = e.step(so)
+    assert [(s.first_page, len(s.blocks)) for s in meta.saves] == [(3, 1)]
+
+
 def test_corrupt_page_reports_block_errors(engine):
     e, peer = engine
     if peer.kind != "fake":

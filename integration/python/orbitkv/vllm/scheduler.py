@@ -60,13 +60,14 @@ class LookupBackend(Protocol):
 
 @dataclasses.dataclass
 class _Lookup:
-    hit_pages: int  # min over ranks
+    hit_pages: int  # min over ranks, at most the pages a load may cover (_max_pages)
     leases: dict[int, str]
     at: float
     expires_ms: int  # earliest lease expiry (unix ms), 0 = none
     budget_cut: int = 0  # pages the peer left out for the query budget (max over ranks)
     lease_from: int = 0  # leading pages the engine held at the lookup: not leased
     tiers: tuple[int, int, int] = (0, 0, 0)  # rank 0's hit pages from lease_from on in (DRAM, SSD, remote)
+    held_pages: int = 0  # min over ranks of every whole page the lookup named: what need not be saved again
 
     @property
     def leased_pages(self) -> int:
@@ -269,13 +270,16 @@ class SchedulerHalf:
             return st.lookup
         self._release(st.lookup)
         st.lookup = None
-        hit, leases, expires, cut, tiers = max_pages, {}, 0, 0, (0, 0, 0)
+        # A prompt that ends on a whole page: the lookup names that page too, though no load
+        # covers it (vLLM computes the last token), so a held one is not saved again.
+        named = max(max_pages, len(st.tokens) // self.cfg.layout.page_tokens)
+        hit, leases, expires, cut, tiers = named, {}, 0, 0, (0, 0, 0)
         rate = self.recompute_rate()
         extra = {"recompute_tokens_per_s": rate} if rate else {}
         if held:
             extra["lease_from"] = held
         for rank in self._fps:
-            ks = self._chain(st, rank)[:max_pages]
+            ks = self._chain(st, rank)[:named]
             res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms, **extra)
             if rank == 0:
                 tiers = (int(getattr(res, "dram", 0) or 0), int(getattr(res, "ssd", 0) or 0),
@@ -286,8 +290,9 @@ class SchedulerHalf:
                     expires = res.lease_expires_unix_ms if not expires else min(expires, res.lease_expires_unix_ms)
             hit = min(hit, res.hit_pages)
             cut = max(cut, int(getattr(res, "budget_cut_pages", 0) or 0))
+        held_pages, hit = hit, min(hit, max_pages)
         self.failed.listed(self._chain(st, 0)[:max_pages], hit)
-        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut, held, tiers)
+        st.lookup = _Lookup(hit, leases, self.clock(), expires, cut, held, tiers, held_pages)
         return st.lookup
 
     def _offer(self, st: _Req, lk: Optional[_Lookup]) -> int:
@@ -391,7 +396,10 @@ class SchedulerHalf:
             if leased:
                 st.deferred_until = self.clock() + BUDGET_RETRY_S
             return None, False
-        st.saved_pages = min(hit, n // pt)  # pages not offered (failed to load) are saved again once computed
+        # Pages not offered (failed to load) are saved again once computed; a whole last
+        # page the peer holds (named by the lookup, never loaded) is not.
+        held = lk.held_pages if lk is not None and hit == lk.hit_pages else hit
+        st.saved_pages = min(held, n // pt)
         # The local prefix hit may end inside a page (blocks are smaller than
         # pages): the external hit then starts there, the first page loaded
         # with its locally computed leading blocks skipped (never written).
