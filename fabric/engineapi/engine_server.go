@@ -3,10 +3,12 @@ package engineapi
 import (
 	"context"
 	"fmt"
-	"github.com/orbitkv/orbitkv/fabric/store"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/status"
+
+	"github.com/orbitkv/orbitkv/fabric/store"
 	pb "github.com/orbitkv/orbitkv/proto/orbitkv/v1"
 )
 
@@ -32,7 +34,7 @@ func (s *engineServer) session(id string) (*session, error) {
 	return sess, nil
 }
 
-func (s *engineServer) OpenSession(_ context.Context, r *pb.OpenSessionRequest) (*pb.OpenSessionResponse, error) {
+func (s *engineServer) OpenSession(ctx context.Context, r *pb.OpenSessionRequest) (*pb.OpenSessionResponse, error) {
 	spec, err := sessionFromPB(r, s.p.cfg.Keepalive)
 	if err != nil {
 		return nil, toStatus(err)
@@ -40,6 +42,13 @@ func (s *engineServer) OpenSession(_ context.Context, r *pb.OpenSessionRequest) 
 	sess, err := s.p.openSession(spec)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if ctx.Err() != nil {
+		// The engine stopped waiting (its deadline passed) before the buffers were
+		// registered: it never learns this session's id and opens another, so this
+		// one goes now instead of holding its mappings until its keepalive lapses.
+		s.p.closeSession(sess.id)
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	out := &pb.OpenSessionResponse{SessionId: sess.id, LayoutFingerprint: sess.FP[:], PageBytes: sess.PageBytes,
 		KeepaliveMs: uint32(sess.keepalive / time.Millisecond)}
