@@ -271,7 +271,8 @@ class SchedulerHalf:
         self._release(st.lookup)
         st.lookup = None
         # A prompt that ends on a whole page: the lookup names that page too, though no load
-        # covers it (vLLM computes the last token), so a held one is not saved again.
+        # covers it (vLLM computes the last token), so a held one is not saved again. Nothing
+        # past what the engine holds can load (a resident prompt): nothing to lease.
         named = max(max_pages, len(st.tokens) // self.cfg.layout.page_tokens)
         hit, leases, expires, cut, tiers = named, {}, 0, 0, (0, 0, 0)
         rate = self.recompute_rate()
@@ -280,7 +281,7 @@ class SchedulerHalf:
             extra["lease_from"] = held
         for rank in self._fps:
             ks = self._chain(st, rank)[:named]
-            res = self.backend.lookup(ks, lease=True, lease_ms=self.cfg.lease_ms, **extra)
+            res = self.backend.lookup(ks, lease=held < max_pages, lease_ms=self.cfg.lease_ms, **extra)
             if rank == 0:
                 tiers = (int(getattr(res, "dram", 0) or 0), int(getattr(res, "ssd", 0) or 0),
                          int(getattr(res, "remote", 0) or 0))
