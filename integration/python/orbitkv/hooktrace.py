@@ -8,7 +8,8 @@ what the step did per request (the scheduler: lookups with the tokens they
 offered, the loads and saves it planned, the requests it scheduled and how
 many tokens; the worker: loads and saves started, loads reported done). Wall
 clocks line up across the engine's processes and with the bench's requests.
-Off by default: no file, no timing.
+Off by default: no file, no timing. Lines are buffered: each reaches the
+file within FLUSH_S, and at the connector's shutdown or the process's exit.
 
     python -m orbitkv.hooktrace DIR     per hook: calls, total and max ms;
                                              per restored request: its timeline
@@ -21,6 +22,7 @@ step and which hook hold the rest.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import glob
@@ -31,6 +33,7 @@ import time
 from typing import Any, Iterator, Optional, Sequence
 
 ENV = "ORBITKV_HOOK_TRACE"
+FLUSH_S = 1.0  # a step's line reaches the file within this long
 
 
 class HookTrace:
@@ -40,6 +43,8 @@ class HookTrace:
         self.side = side
         directory = os.environ.get(ENV, "") if directory is None else directory
         self.path = os.path.join(directory, f"hooks-{side}-{os.getpid()}.jsonl") if directory else ""
+        self._file: Optional[Any] = None  # opened at the first line, kept open
+        self._flushed = 0.0
         if self.path:
             os.makedirs(directory, exist_ok=True)
         self._reset()
@@ -76,14 +81,31 @@ class HookTrace:
         if not self.path or self._t0 is None:
             self._reset()
             return
-        line = {"side": self.side, "t0": round(self._t0, 6), "t1": round(time.time(), 6),
+        now = time.time()
+        line = {"side": self.side, "t0": round(self._t0, 6), "t1": round(now, 6),
                 "hooks": {k: round(v, 3) for k, v in self._ms.items()}, **self._notes}
         self._reset()
+        # One open file, flushed at most once a second (and at exit): opening the
+        # file for every step's line cost the engine's step more than the hooks it timed.
         try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(line) + "\n")
+            if self._file is None:
+                self._file = open(self.path, "a", buffering=1 << 16)
+                atexit.register(self.close)
+            self._file.write(json.dumps(line) + "\n")
+            if now - self._flushed >= FLUSH_S:
+                self._file.flush()
+                self._flushed = now
         except OSError:
             self.path = ""  # a trace that cannot be written stops; the engine goes on
+
+    def close(self) -> None:
+        """Writes out what is buffered (also at exit)."""
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 def read_lines(directory: str) -> list[dict]:

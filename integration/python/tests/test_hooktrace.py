@@ -33,6 +33,7 @@ def test_a_step_is_one_line_with_its_hooks_and_notes(tmp_path):
         pass
     t.note("scheduled", {"req": "r1", "tokens": 16})
     t.end_step()
+    t.close()  # lines are buffered (flushed once a second, and at exit)
     lines = [json.loads(x) for x in open(t.path)]
     assert len(lines) == 2
     assert set(lines[0]["hooks"]) == {"get_num_new_matched_tokens"} and lines[0]["loads"][0]["req"] == "r1"
@@ -57,8 +58,28 @@ def test_the_summary_prints_totals_and_timelines(tmp_path, capsys):
         pass
     t.note("recving", "r9")
     t.end_step()
+    t.close()
     assert hooktrace.main([str(tmp_path / "none")]) == 1
     assert hooktrace.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1 steps" in out and "worker.start_load_kv" in out
     assert "request r9" not in out  # no lookup offered it tokens: no timeline
+
+
+def test_lines_are_buffered_and_written_out_at_close(tmp_path, monkeypatch):
+    """The file stays open: a step's line reaches it within FLUSH_S, or at close."""
+    t = HookTrace("worker", str(tmp_path))
+    monkeypatch.setattr(hooktrace, "FLUSH_S", 3600.0)
+    for i in range(3):
+        with t.hook("wait_for_save"):
+            pass
+        t.end_step()
+    first = open(t.path).read().splitlines()
+    assert len(first) == 1, "the first line is flushed; the next ones wait for FLUSH_S or close"
+    t.close()
+    assert len(open(t.path).read().splitlines()) == 3
+    with t.hook("wait_for_save"):  # a step after close opens the file again
+        pass
+    t.end_step()
+    t.close()
+    assert len(open(t.path).read().splitlines()) == 4

@@ -7,11 +7,12 @@ plumbing alone, orbitkv.bench.nullconn) and with OrbitKV against a fresh `orbitk
 
 Each config runs in a fresh engine process (and, for OrbitKV, a fresh peer), in the order
 given and then reversed (AB/BA) for each pair. Every rep sends a new random prompt three
-times, one request at a time, max_tokens 1: cold (computed), resident (vLLM's own prefix
-cache holds it) and evicted (after vLLM's reset_prefix_cache: OrbitKV restores it from the
-peer, the others compute it again). Every config gets the same prompts. A request's time
-is the wall clock of its LLM.generate call. The OrbitKV runs record the connector's hooks
-(orbitkv.hooktrace); the report adds each phase's mean connector time a request.
+times, one request at a time, --output-tokens each (16, as the GPU probe): cold (computed),
+resident (vLLM's own prefix cache holds it) and evicted (after vLLM's reset_prefix_cache:
+OrbitKV restores it from the peer, the others compute it again). Every config gets the same
+prompts. A request's time is vLLM's own time to first token (its first_token_latency, from
+the request's arrival). The OrbitKV runs record the connector's hooks (orbitkv.hooktrace);
+the report adds each phase's mean connector time a request (a request's steps to its end).
 
 This is the CPU side of the 8K probe on the H100 (scripts/gpu/vllm.sh probe), where a
 resident prompt was 6-7 ms slower with OrbitKV than native: the ratios and the hook times
@@ -66,33 +67,50 @@ def _kv_transfer(config: str, socket: str) -> Optional[dict]:
             "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"socket": socket}}
 
 
-def run_engine(config: str, socket: str, model: str, tokens: int, reps: int, out: str) -> None:
+RESET_DEADLINE_S = 30.0
+
+
+def run_engine(config: str, socket: str, model: str, tokens: int, reps: int, output_tokens: int, out: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     kw = {} if config == "native" else {"kv_transfer_config": _kv_transfer(config, socket)}
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              block_size=_block_size(), max_model_len=tokens + 64, enable_prefix_caching=True, seed=0, **kw)
-    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+              block_size=_block_size(), max_model_len=tokens + output_tokens + 64, enable_prefix_caching=True, seed=0,
+              disable_log_stats=False, **kw)
+    sp = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
 
-    def timed(p: list[int]) -> tuple[float, float, float]:
+    def timed(p: list[int]) -> tuple[float, float, float, float]:
         t0 = time.time()
         s = time.perf_counter()
-        llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)
-        return (time.perf_counter() - s) * 1000.0, t0, time.time()
+        o = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
+        wall = (time.perf_counter() - s) * 1000.0
+        ttft = getattr(o.metrics, "first_token_latency", 0.0) * 1000.0 if o.metrics is not None else 0.0
+        return (ttft or wall), wall, t0, time.time()
+
+    def evict() -> int:
+        """vLLM's reset_prefix_cache, retried while finished requests still hold
+        blocks (a connector's delayed free); returns the attempts it took."""
+        deadline = time.monotonic() + RESET_DEADLINE_S
+        for n in range(1, 10**6):
+            if llm.reset_prefix_cache() is not False:
+                return n
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reset_prefix_cache refused for {RESET_DEADLINE_S:g} s")
+            time.sleep(0.01)
+        return 0
 
     for p in prompts(2, tokens, seed=99):  # warm-up: not reported
         timed(p)
         timed(p)
-        llm.reset_prefix_cache()
+        evict()
         timed(p)
     rows = []
     for i, p in enumerate(prompts(reps, tokens)):
         for phase in PHASES:
-            if phase == "evicted":
-                llm.reset_prefix_cache()
-            ms, t0, t1 = timed(p)
-            rows.append({"rep": i, "phase": phase, "ms": ms, "t0": t0, "t1": t1})
+            resets = evict() if phase == "evicted" else 0
+            ms, wall, t0, t1 = timed(p)
+            rows.append({"rep": i, "phase": phase, "ms": ms, "wall_ms": wall, "t0": t0, "t1": t1, "resets": resets})
     with open(out, "w") as f:
         json.dump(rows, f)
 
@@ -127,10 +145,12 @@ def _run(config: str, i: int, args: argparse.Namespace, work: str) -> dict:
     peer, sock = None, ""
     if config == "orbitkv":
         peer, sock = _start_peer(args.peer_bin, tmp)
-        env["ORBITKV_HOOK_TRACE"] = os.path.join(tmp, "hooks")
+        if args.hook_trace:
+            env["ORBITKV_HOOK_TRACE"] = os.path.join(tmp, "hooks")
     out = os.path.join(tmp, "ttft.json")
     cmd = [sys.executable, "-m", "orbitkv.bench.vllm_cpu_ttft", "--engine", config, "--socket", sock, "--model",
-           args.model, "--tokens", str(args.tokens), "--reps", str(args.reps), "--result", out]
+           args.model, "--tokens", str(args.tokens), "--reps", str(args.reps), "--output-tokens",
+           str(args.output_tokens), "--result", out]
     try:
         with open(os.path.join(tmp, "engine.log"), "w") as log:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=ENGINE_DEADLINE_S).returncode
@@ -201,6 +221,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--pairs", type=int, default=1, help="AB/BA pairs: each pair runs the configs, then reversed")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--output-tokens", type=int, default=16)
+    ap.add_argument("--no-hook-trace", dest="hook_trace", action="store_false",
+                    help="OrbitKV runs without ORBITKV_HOOK_TRACE (no hook column)")
     ap.add_argument("--model", default=_default_model())
     ap.add_argument("--out", default="", help="keep every run's logs, hook traces and timings here")
     ap.add_argument("--engine", default="", help=argparse.SUPPRESS)  # a child: one engine
@@ -208,7 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.engine:
-        run_engine(args.engine, args.socket, args.model, args.tokens, args.reps, args.result)
+        run_engine(args.engine, args.socket, args.model, args.tokens, args.reps, args.output_tokens, args.result)
         return 0
     configs = [c for c in args.configs.split(",") if c]
     bad = [c for c in configs if c not in CONFIGS]
@@ -225,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"vllm_cpu_ttft: {c} run {runs[-1]['run']} done ({runs[-1]['dir']})", file=sys.stderr, flush=True)
     with open(os.path.join(work, "runs.json"), "w") as f:
         json.dump(runs, f)
-    print(f"vLLM CPU build, {args.tokens}-token prompts, {args.reps} reps a run, "
+    print(f"vLLM CPU build, {args.tokens}-token prompts, {args.output_tokens} output tokens, {args.reps} reps a run, "
           f"{args.pairs} AB/BA pair(s) of {', '.join(configs)}; records in {work}")
     print(report(runs))
     return 0

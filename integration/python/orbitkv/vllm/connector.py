@@ -366,6 +366,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         return self.worker.get_block_ids_with_load_errors()
 
     def shutdown(self) -> None:
+        self._trace.close()
         if self._sched is not None:
             self._sched.shutdown()
         if self._control is not None:

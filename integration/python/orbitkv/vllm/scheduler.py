@@ -194,7 +194,7 @@ class SchedulerHalf:
     def _new_req(self, rid: str, request: Any, salt_known: bool) -> _Req:
         extras, why = request_extras(request, salt_known)
         tokens = getattr(request, "prompt_token_ids", None)
-        st = _Req(rid, [int(t) for t in tokens] if tokens is not None else [], extras=extras, unkeyed=why,
+        st = _Req(rid, list(map(int, tokens)) if tokens is not None else [], extras=extras, unkeyed=why,
                   request=request if hasattr(request, "num_publishable_block_hashes") else None)
         st.hands_off = self.cfg.saves and pd.wants_handoff(self.cfg.kv_role, request)
         # A full-prompt hit only with async loads: vLLM then computes the last token
