@@ -24,9 +24,18 @@ def test_report_puts_each_config_beside_native():
     res = [l.split() for l in out if " resident " in l]
     assert res[0][:2] == ["native", "resident"] and float(res[0][3]) == 10.0 and float(res[0][5]) == 1.0
     assert res[1][:2] == ["orbitkv", "resident"] and float(res[1][3]) == 12.0 and float(res[1][5]) == 1.2
-    assert float(res[1][6]) == 1.5
+    assert float(res[1][-1]) == 1.5
     ev = [l.split() for l in out if " evicted " in l]
-    assert float(ev[1][5]) == 0.4 and float(ev[1][6]) == 3.0
+    assert float(ev[1][5]) == 0.4 and float(ev[1][-1]) == 3.0
+
+
+def test_report_splits_queue_and_first_step_where_vllm_timed_them():
+    rows = _rows({"resident": [12, 12, 14]})
+    for r, (q, f) in zip(rows, ((1, 10), (2, 10), (3, 12))):
+        r.update(queued_ms=q, first_step_ms=f)
+    out = b.report([{"config": "orbitkv", "run": 1, "rows": rows, "hooks": {}}])
+    line = next(l for l in out.splitlines() if " resident " in l).split()
+    assert line[-3:] == ["2.00", "/", "10.00"]
 
 
 def test_hook_ms_counts_the_steps_inside_each_request(tmp_path):

@@ -80,13 +80,20 @@ def run_engine(config: str, socket: str, model: str, tokens: int, reps: int, out
               disable_log_stats=False, **kw)
     sp = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
 
-    def timed(p: list[int]) -> tuple[float, float, float, float]:
+    def timed(p: list[int]) -> dict:
         t0 = time.time()
         s = time.perf_counter()
         o = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
         wall = (time.perf_counter() - s) * 1000.0
-        ttft = getattr(o.metrics, "first_token_latency", 0.0) * 1000.0 if o.metrics is not None else 0.0
-        return (ttft or wall), wall, t0, time.time()
+        m = o.metrics
+        ttft = getattr(m, "first_token_latency", 0.0) * 1000.0 if m is not None else 0.0
+        row = {"ms": ttft or wall, "wall_ms": wall, "t0": t0, "t1": time.time()}
+        if m is not None and getattr(m, "scheduled_ts", 0) and getattr(m, "first_token_ts", 0):
+            # vLLM's engine-core clock: in its queue (the connector's lookup included), then
+            # from scheduled to the first token (the step(s) that compute it)
+            row["queued_ms"] = (m.scheduled_ts - m.queued_ts) * 1000.0
+            row["first_step_ms"] = (m.first_token_ts - m.scheduled_ts) * 1000.0
+        return row
 
     def evict() -> int:
         """vLLM's reset_prefix_cache, retried while finished requests still hold
@@ -109,8 +116,7 @@ def run_engine(config: str, socket: str, model: str, tokens: int, reps: int, out
     for i, p in enumerate(prompts(reps, tokens)):
         for phase in PHASES:
             resets = evict() if phase == "evicted" else 0
-            ms, wall, t0, t1 = timed(p)
-            rows.append({"rep": i, "phase": phase, "ms": ms, "wall_ms": wall, "t0": t0, "t1": t1, "resets": resets})
+            rows.append({"rep": i, "phase": phase, "resets": resets, **timed(p)})
     with open(out, "w") as f:
         json.dump(rows, f)
 
@@ -199,7 +205,12 @@ def report(runs: Sequence[dict]) -> str:
         for ph, ms in r["hooks"].items():
             hooks.setdefault((r["config"], ph), []).append(ms)
     configs = [c for c in CONFIGS if any(k[0] == c for k in by)]
-    lines = ["config    phase      n   p50 ms   p90 ms  × native p50  connector hooks ms/request"]
+    parts: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for r in runs:
+        for row in r["rows"]:
+            if "queued_ms" in row:
+                parts.setdefault((r["config"], row["phase"]), []).append((row["queued_ms"], row["first_step_ms"]))
+    lines = ["config    phase      n   p50 ms   p90 ms  × native p50  queued / to 1st token p50  connector hooks ms/request"]
     for ph in PHASES:
         base = statistics.median(by[("native", ph)]) if ("native", ph) in by else 0.0
         for c in configs:
@@ -210,7 +221,10 @@ def report(runs: Sequence[dict]) -> str:
             ratio = f"{p50 / base:12.3f}" if base else f"{'':>12}"
             h = hooks.get((c, ph))
             hs = f"{statistics.fmean(h):10.2f}" if h else ""
-            lines.append(f"{c:9s} {ph:9s} {len(v):3d} {p50:8.2f} {_pct(v, 0.9):8.2f} {ratio}  {hs}")
+            q = parts.get((c, ph))
+            qs = (f"{statistics.median(x for x, _ in q):10.2f} / {statistics.median(y for _, y in q):8.2f}  " if q
+                  else f"{'':>23}  ")
+            lines.append(f"{c:9s} {ph:9s} {len(v):3d} {p50:8.2f} {_pct(v, 0.9):8.2f} {ratio}  {qs}{hs}")
     return "\n".join(lines)
 
 
