@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,8 +29,9 @@ type Shared struct {
 // waits for at most one step.
 const populateChunk = 64 << 20
 
-// populate faults mem in, a chunk at a time, until done or stop closes.
-// Swapped by tests to hold it mid-way.
+// populate faults mem in, a chunk at a time, until done, stop closes, or a
+// chunk cannot be faulted in (the engine shrank the file). Swapped by tests
+// to hold it mid-way.
 var populate = func(mem []byte, stop <-chan struct{}) {
 	for off := 0; off < len(mem); off += populateChunk {
 		select {
@@ -36,23 +39,46 @@ var populate = func(mem []byte, stop <-chan struct{}) {
 			return
 		default:
 		}
-		prefault(mem[off:min(off+populateChunk, len(mem))])
+		if !prefault(mem[off:min(off+populateChunk, len(mem))]) {
+			return // copies fault pages in themselves, and Check reports a shrink
+		}
 	}
 }
 
 // prefault maps a chunk's pages writable without writing them (their bytes
 // are the engine's); where MADV_POPULATE_WRITE is missing (Linux < 5.14), it
-// reads a byte of each page instead.
-func prefault(chunk []byte) {
-	if unix.Madvise(chunk, unix.MADV_POPULATE_WRITE) == nil {
-		return
+// reads a byte of each page instead. False: pages past the file's end (it
+// shrank under the mapping), which a read would have turned into a SIGBUS.
+func prefault(chunk []byte) bool {
+	err := unix.Madvise(chunk, unix.MADV_POPULATE_WRITE)
+	if err == nil {
+		return true
 	}
-	var sink byte
-	for i := 0; i < len(chunk); i += 4096 {
-		sink += chunk[i]
+	if !errors.Is(err, unix.EINVAL) {
+		return false
 	}
-	_ = sink
+	return readPages(chunk)
 }
+
+// readPages reads a byte of every page of chunk; a fault (a page past the
+// file's end) ends it with false instead of crashing the peer.
+func readPages(chunk []byte) (ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	var sum byte
+	for i := 0; i < len(chunk); i += 4096 {
+		sum += chunk[i]
+	}
+	readSink.Store(uint32(sum)) // kept: the loads are the point
+	return true
+}
+
+// readSink keeps readPages' loads from being optimized away.
+var readSink atomic.Uint32
 
 // MapShared maps size bytes of the file at path, read-write and shared, so
 // the peer's copies land in the engine's memory.

@@ -183,3 +183,32 @@ func TestMapSharedFaultsEveryPageInAndWritesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A file the engine shrank under the mapping: the populate stops at the
+// missing pages with false, on either path, and never faults the peer.
+func TestPrefaultOfAShrunkFileStopsWithoutAFault(t *testing.T) {
+	path := filepath.Join(shmDir(t), "kv")
+	if err := os.WriteFile(path, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	orig := populate
+	populate = func([]byte, <-chan struct{}) {} // this test drives prefault itself
+	defer func() { populate = orig }()
+	s, err := MapShared(path, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !prefault(s.Bytes()) {
+		t.Fatal("prefault of an intact file failed")
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if prefault(s.Bytes()) {
+		t.Fatal("prefault of pages past the file's end reported success")
+	}
+	if readPages(s.Bytes()) {
+		t.Fatal("reading pages past the file's end reported success")
+	}
+}
