@@ -89,7 +89,7 @@ def run_engine(config: str, socket: str, model: str, tokens: int, reps: int, out
         ttft = getattr(m, "first_token_latency", 0.0) * 1000.0 if m is not None else 0.0
         row = {"ms": ttft or wall, "wall_ms": wall, "t0": t0, "t1": time.time()}
         if m is not None and getattr(m, "scheduled_ts", 0) and getattr(m, "first_token_ts", 0):
-            # vLLM's engine-core clock: in its queue (the connector's lookup included), then
+            # vLLM's engine-core clock: waiting (for a slot, or for an async load), then
             # from scheduled to the first token (the step(s) that compute it)
             row["queued_ms"] = (m.scheduled_ts - m.queued_ts) * 1000.0
             row["first_step_ms"] = (m.first_token_ts - m.scheduled_ts) * 1000.0
@@ -99,13 +99,13 @@ def run_engine(config: str, socket: str, model: str, tokens: int, reps: int, out
         """vLLM's reset_prefix_cache, retried while finished requests still hold
         blocks (a connector's delayed free); returns the attempts it took."""
         deadline = time.monotonic() + RESET_DEADLINE_S
-        for n in range(1, 10**6):
-            if llm.reset_prefix_cache() is not False:
-                return n
+        n = 1
+        while llm.reset_prefix_cache() is False:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"reset_prefix_cache refused for {RESET_DEADLINE_S:g} s")
             time.sleep(0.01)
-        return 0
+            n += 1
+        return n
 
     for p in prompts(2, tokens, seed=99):  # warm-up: not reported
         timed(p)
