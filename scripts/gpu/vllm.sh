@@ -356,10 +356,11 @@ probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROB
 		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens ${PROBE_TOKENS:-8192} \
 			--probe-reps ${PROBE_REPS:-3} --filler-tokens 32768 "${rs[@]}" "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
 		phases_line "probe-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"
-		[ ${#hooks[@]} -gt 0 ] && PYTHONPATH=$ROOT/integration/python python3 -m orbitkv.hooktrace "${hooks[0]#*=}" 2>&1 |
-			head -${HOOK_LINES:-60} | tag_lines "probe-$cfg hooks" | tee -a "$S"
 		restarted
 		stop_all
+		# after the engine stopped: the trace's lines are buffered until its shutdown (orbitkv.hooktrace)
+		[ ${#hooks[@]} -gt 0 ] && PYTHONPATH=$ROOT/integration/python python3 -m orbitkv.hooktrace "${hooks[0]#*=}" 2>&1 |
+			head -${HOOK_LINES:-60} | tag_lines "probe-$cfg hooks" | tee -a "$S"
 	done
 	# their own folder and report: the sustained report refuses runs of another workload
 	out/orbitkv bench report "$RUNS"/probes/*-[0-9] >"$O/probe-report.txt" 2>&1

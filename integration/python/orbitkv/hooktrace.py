@@ -8,8 +8,9 @@ what the step did per request (the scheduler: lookups with the tokens they
 offered, the loads and saves it planned, the requests it scheduled and how
 many tokens; the worker: loads and saves started, loads reported done). Wall
 clocks line up across the engine's processes and with the bench's requests.
-Off by default: no file, no timing. Lines are buffered: each reaches the
-file within FLUSH_S, and at the connector's shutdown or the process's exit.
+Off by default: no file, no timing. Lines are buffered: a thread writes
+them out every FLUSH_S, and the connector's shutdown (or the process's exit)
+the rest.
 
     python -m orbitkv.hooktrace DIR     per hook: calls, total and max ms;
                                              per restored request: its timeline
@@ -29,11 +30,12 @@ import glob
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
 ENV = "ORBITKV_HOOK_TRACE"
-FLUSH_S = 1.0  # a step's line reaches the file within this long
+FLUSH_S = 1.0  # a step's line reaches the file within about this long
 
 
 class HookTrace:
@@ -44,7 +46,8 @@ class HookTrace:
         directory = os.environ.get(ENV, "") if directory is None else directory
         self.path = os.path.join(directory, f"hooks-{side}-{os.getpid()}.jsonl") if directory else ""
         self._file: Optional[Any] = None  # opened at the first line, kept open
-        self._flushed = 0.0
+        self._lock = threading.Lock()  # the file: the step's thread writes, the flusher flushes
+        self._stop = threading.Event()
         if self.path:
             os.makedirs(directory, exist_ok=True)
         self._reset()
@@ -81,26 +84,41 @@ class HookTrace:
         if not self.path or self._t0 is None:
             self._reset()
             return
-        now = time.time()
-        line = {"side": self.side, "t0": round(self._t0, 6), "t1": round(now, 6),
+        line = {"side": self.side, "t0": round(self._t0, 6), "t1": round(time.time(), 6),
                 "hooks": {k: round(v, 3) for k, v in self._ms.items()}, **self._notes}
         self._reset()
-        # One open file, flushed at most once a second (and at exit): opening the
-        # file for every step's line cost the engine's step more than the hooks it timed.
+        # One open file, buffered, flushed by a thread once a second and at close (and
+        # exit): opening the file for every step's line cost the engine's step more than
+        # the hooks it timed.
+        text = json.dumps(line) + "\n"
         try:
-            if self._file is None:
-                self._file = open(self.path, "a", buffering=1 << 16)
-                atexit.register(self.close)
-            self._file.write(json.dumps(line) + "\n")
-            if now - self._flushed >= FLUSH_S:
-                self._file.flush()
-                self._flushed = now
+            with self._lock:
+                if self._file is None:
+                    self._file = open(self.path, "a", buffering=1 << 16)
+                    self._stop.clear()
+                    threading.Thread(target=self._flusher, name="orbitkv-hooktrace", daemon=True).start()
+                    atexit.register(self.close)
+                self._file.write(text)
         except OSError:
             self.path = ""  # a trace that cannot be written stops; the engine goes on
 
+    def _flusher(self) -> None:
+        while not self._stop.wait(FLUSH_S):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.flush()
+                except OSError:
+                    pass
+
     def close(self) -> None:
-        """Writes out what is buffered (also at exit)."""
-        f, self._file = self._file, None
+        """Writes out what is buffered and stops the flusher (also at exit)."""
+        self._stop.set()
+        with self._lock:
+            f, self._file = self._file, None
         if f is not None:
             try:
                 f.close()

@@ -4,6 +4,7 @@ trace that cannot be written, and the summary the GPU scripts print."""
 from __future__ import annotations
 
 import json
+import time
 
 from orbitkv import hooktrace
 from orbitkv.hooktrace import HookTrace
@@ -66,20 +67,38 @@ def test_the_summary_prints_totals_and_timelines(tmp_path, capsys):
     assert "request r9" not in out  # no lookup offered it tokens: no timeline
 
 
-def test_lines_are_buffered_and_written_out_at_close(tmp_path, monkeypatch):
-    """The file stays open: a step's line reaches it within FLUSH_S, or at close."""
+def test_lines_are_buffered_and_written_out_by_the_flusher_and_at_close(tmp_path, monkeypatch):
+    """The file stays open: lines reach it when the flusher runs (every
+    FLUSH_S), or at close; a step after close opens it again."""
+    monkeypatch.setattr(hooktrace, "FLUSH_S", 3600.0)  # the flusher never runs by itself here
     t = HookTrace("worker", str(tmp_path))
-    monkeypatch.setattr(hooktrace, "FLUSH_S", 3600.0)
-    for i in range(3):
+    for _ in range(3):
         with t.hook("wait_for_save"):
             pass
         t.end_step()
-    first = open(t.path).read().splitlines()
-    assert len(first) == 1, "the first line is flushed; the next ones wait for FLUSH_S or close"
-    t.close()
+    assert open(t.path).read() == "", "buffered: nothing written before a flush"
+    t.flush()  # what the flusher thread does every FLUSH_S
     assert len(open(t.path).read().splitlines()) == 3
-    with t.hook("wait_for_save"):  # a step after close opens the file again
+    with t.hook("wait_for_save"):
         pass
     t.end_step()
     t.close()
     assert len(open(t.path).read().splitlines()) == 4
+    with t.hook("wait_for_save"):  # a step after close opens the file again
+        pass
+    t.end_step()
+    t.close()
+    assert len(open(t.path).read().splitlines()) == 5
+
+
+def test_the_flusher_writes_lines_out_while_the_engine_idles(tmp_path, monkeypatch):
+    monkeypatch.setattr(hooktrace, "FLUSH_S", 0.01)
+    t = HookTrace("scheduler", str(tmp_path))
+    with t.hook("build_connector_meta"):
+        pass
+    t.end_step()  # then no step for a while: an idle engine
+    deadline = time.monotonic() + 60  # a bound only: the flusher runs every 10 ms
+    while open(t.path).read() == "" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(open(t.path).read().splitlines()) == 1
+    t.close()
