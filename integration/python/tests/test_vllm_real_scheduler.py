@@ -650,14 +650,19 @@ def _run_with_a_bad_page(socket: str, prompt: list[int], bad_page: int, policy: 
 
 def _run_settled(h: Harness) -> int:
     """Steps until every request finished, at most BAD_STEPS; after each step, waits
-    (bounded) for the loads it started, so that steps count engine work, not polls of
-    a load in flight. Returns the steps taken."""
+    (bounded) for the loads and saves it started, so that steps count engine work, not
+    polls of an operation in flight (a save still running on a loaded machine kept a
+    finished request's steps going past BAD_STEPS). Returns the steps taken."""
     for i in range(BAD_STEPS):
         if not h.scheduler.has_requests() and h._idle():
             return i
         h.step()
-        for st in list(h.worker.worker._loads.values()):
+        w = h.worker.worker
+        for st in list(w._loads.values()):
             st.future.result()  # bounded by the load deadline (5 s) and its grace, not by us
+        for futs in list(w._saves.values()):
+            for f in list(futs):
+                f.result()  # bounded by the save deadline and its grace
     return BAD_STEPS
 
 
