@@ -656,13 +656,11 @@ def _run_settled(h: Harness) -> int:
     for i in range(BAD_STEPS):
         if not h.scheduler.has_requests() and h._idle():
             return i
-        h.step()
-        w = h.worker.worker
-        for st in list(w._loads.values()):
+        so = h.step()
+        for st in list(h.worker.worker._loads.values()):
             st.future.result()  # bounded by the load deadline (5 s) and its grace, not by us
-        for futs in list(w._saves.values()):
-            for f in list(futs):
-                f.result()  # bounded by the save deadline and its grace
+        if so.total_num_scheduled_tokens == 0:
+            h.wait_for_transfer()  # an idle step waits for a save in flight, as Harness.run does
     return BAD_STEPS
 
 
