@@ -12,8 +12,10 @@ Off by default: no file, no timing. Lines are buffered: a thread writes
 them out every FLUSH_S, and the connector's shutdown (or the process's exit)
 the rest.
 
-    python -m orbitkv.hooktrace DIR     per hook: calls, total and max ms;
-                                             per restored request: its timeline
+    python -m orbitkv.hooktrace DIR     per hook: calls, total and max ms; per
+                                        request kind (restored, resident, miss),
+                                        lookup to its next step; one resident
+                                        request's steps; each restore's timeline
 
 The 8K probe on an H100 (2026-12-06) found a resident prompt 6 ms slower
 with the connector than without and an evicted one 10 ms slower than vLLM's
@@ -167,6 +169,48 @@ def timelines(lines: Sequence[dict]) -> dict[str, list[tuple[float, str]]]:
     return dict(events)
 
 
+def _kind(lk: dict) -> str:
+    if lk.get("tokens", 0) > 0:
+        return "restored"
+    return "resident" if lk.get("computed", 0) > 0 else "miss"
+
+
+def request_steps(lines: Sequence[dict]) -> dict[str, tuple[str, float, float]]:
+    """Per looked-up request: (kind, its first lookup step's start, the start of
+    the scheduler step after its first scheduled one — when vLLM has its
+    first token). kind: restored (the lookup offered tokens), resident (the
+    engine held a prefix, nothing offered), miss."""
+    first: dict[str, tuple[str, float]] = {}
+    sched: dict[str, list[float]] = collections.defaultdict(list)
+    for d in lines:
+        if d["side"] != "scheduler":
+            continue
+        for lk in d.get("lookups", []):
+            if lk["req"] not in first:
+                first[lk["req"]] = (_kind(lk), d["t0"])
+        for v in d.get("scheduled", []):
+            if v["req"] in first:
+                sched[v["req"]].append(d["t0"])
+    return {r: (k, t, sched[r][1]) for r, (k, t) in first.items() if len(sched[r]) > 1}
+
+
+def kind_summary(lines: Sequence[dict]) -> dict[str, list[float]]:
+    """Per kind: milliseconds from each request's lookup step to its first token's step."""
+    out: dict[str, list[float]] = collections.defaultdict(list)
+    for kind, t0, t_first in request_steps(lines).values():
+        out[kind].append((t_first - t0) * 1000.0)
+    return dict(out)
+
+
+def step_window(lines: Sequence[dict], req: str) -> list[tuple[float, float, str, dict]]:
+    """The steps (both sides) from req's lookup step to its first token's step:
+    (start offset ms, duration ms, side, hooks over 0.05 ms)."""
+    kind, t0, t_first = request_steps(lines)[req]
+    return [(round((d["t0"] - t0) * 1000.0, 2), round((d["t1"] - d["t0"]) * 1000.0, 2), d["side"],
+             {k: v for k, v in d.get("hooks", {}).items() if v > 0.05})
+            for d in lines if t0 <= d["t0"] <= t_first]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
@@ -179,10 +223,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{len(lines)} steps")
     for name, a in sorted(hook_totals(lines).items(), key=lambda kv: -kv[1]["total_ms"]):
         print(f"  {name:45s} steps {int(a['steps']):6d}  total {a['total_ms']:9.1f} ms  max {a['max_ms']:7.2f} ms")
+    kinds = kind_summary(lines)
+    for kind in ("restored", "resident", "miss"):
+        v = sorted(kinds.get(kind, []))
+        if v:
+            print(f"{kind:9s} requests {len(v):4d}: lookup step to the next step scheduling it (its first token's, "
+                  f"unless its prefill is chunked) p50 {v[len(v) // 2]:8.2f} ms, min {v[0]:8.2f}, max {v[-1]:8.2f}")
+    resident = [r for r, (k, _, _) in request_steps(lines).items() if k == "resident"]
+    if resident:  # where a request that restores nothing spends its time to the first token
+        print(f"resident request {resident[-1]}, its steps (start, duration ms, side, hooks over 0.05 ms):")
+        for start, dur, side, hooks in step_window(lines, resident[-1]):
+            print(f"  +{start:8.2f} {dur:7.2f} {side:9s} {json.dumps(hooks)}")
     for req, evs in timelines(lines).items():
         print(f"request {req}:")
+        scheduled = 0
         for ms, what in evs:
             print(f"  +{ms:8.2f} ms  {what}")
+            scheduled += what.startswith("scheduler scheduled")
+            if scheduled == 2:  # the decode steps after it say nothing of the restore
+                break
     return 0
 
 

@@ -102,3 +102,34 @@ def test_the_flusher_writes_lines_out_while_the_engine_idles(tmp_path, monkeypat
         time.sleep(0.01)
     assert len(open(t.path).read().splitlines()) == 1
     t.close()
+
+
+def test_requests_are_told_apart_by_kind_and_a_resident_ones_steps_are_listed(capsys, tmp_path):
+    """restored (the lookup offered tokens), resident (vLLM held a prefix, nothing offered),
+    miss: each from its lookup step to the next step that schedules it."""
+    S, W = "scheduler", "worker"
+    lines = [
+        {"side": S, "t0": 10.000, "t1": 10.002, "hooks": {"get_num_new_matched_tokens": 1.5},
+         "lookups": [{"req": "res", "computed": 8176, "tokens": 0, "async": False}],
+         "scheduled": [{"req": "res", "tokens": 16}]},
+        {"side": W, "t0": 10.003, "t1": 10.008, "hooks": {"wait_for_save": 0.01}},
+        {"side": S, "t0": 10.010, "t1": 10.011, "hooks": {}, "scheduled": [{"req": "res", "tokens": 1}]},
+        {"side": S, "t0": 20.000, "t1": 20.001, "hooks": {},
+         "lookups": [{"req": "rst", "computed": 0, "tokens": 8128, "async": True}]},
+        {"side": S, "t0": 20.005, "t1": 20.006, "hooks": {}, "scheduled": [{"req": "rst", "tokens": 64}]},
+        {"side": S, "t0": 20.040, "t1": 20.041, "hooks": {}, "scheduled": [{"req": "rst", "tokens": 1}]},
+        {"side": S, "t0": 30.000, "t1": 30.001, "hooks": {},  # scheduled once only: left out
+         "lookups": [{"req": "one", "computed": 0, "tokens": 0, "async": False}], "scheduled": [{"req": "one", "tokens": 8}]},
+    ]
+    steps = hooktrace.request_steps(lines)
+    assert set(steps) == {"res", "rst"} and steps["res"][0] == "resident" and steps["rst"][0] == "restored"
+    kinds = hooktrace.kind_summary(lines)
+    assert [round(x, 3) for x in kinds["resident"]] == [10.0] and [round(x, 3) for x in kinds["restored"]] == [40.0]
+    win = hooktrace.step_window(lines, "res")
+    assert [(w[2], w[0]) for w in win] == [("scheduler", 0.0), ("worker", 3.0), ("scheduler", 10.0)]
+    assert win[0][3] == {"get_num_new_matched_tokens": 1.5} and win[1][3] == {}  # hooks over 0.05 ms only
+    with open(tmp_path / "hooks-all-1.jsonl", "w") as f:
+        f.write("".join(json.dumps(d) + "\n" for d in lines))
+    assert hooktrace.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "resident  requests    1" in out and "resident request res, its steps" in out
