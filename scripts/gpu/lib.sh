@@ -129,3 +129,51 @@ unpack_bundle() {
 	mv "$dest.tmp" "$dest" && rm -f "$dir/$name.tar.xz"
 	say "$name unpacked: $(du -sm "$dest" | cut -f1) MiB"
 }
+
+# pyspy_install: py-spy from a carried wheel (.gpucarry/pyspy/py_spy-*.whl; the GPU machine has no
+# network) into $K/pyspy/py-spy, kept while the machine stays warm; 1 where none was ever carried.
+pyspy_install() {
+	[ -x "$K/pyspy/py-spy" ] && return 0
+	local whl
+	whl=$(ls .gpucarry/pyspy/py_spy-*.whl 2>/dev/null | head -1)
+	[ -n "$whl" ] || { say "py-spy: no .gpucarry/pyspy/py_spy-*.whl carried; no profile"; return 1; }
+	mkdir -p "$K/pyspy" && python3 -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+n = [m for m in z.namelist() if m.endswith("/scripts/py-spy")][0]
+open(sys.argv[2], "wb").write(z.read(n))' "$whl" "$K/pyspy/py-spy" && chmod +x "$K/pyspy/py-spy" ||
+		{ say "py-spy: cannot unpack $whl"; return 1; }
+}
+
+# pyspy_start PID FILE: sample PID and its child processes (every thread while it runs, without
+# pausing them) into FILE in py-spy's raw (collapsed) format until pyspy_stop; PYSPY_RATE a second
+# (default 200). Sets PYSPY_PID; a no-op without py-spy.
+pyspy_start() {
+	PYSPY_PID=
+	pyspy_install || return 0
+	"$K/pyspy/py-spy" record --pid "$1" --subprocesses --threads --nonblocking --rate "${PYSPY_RATE:-200}" \
+		--format raw --output "$2" >>"$2.log" 2>&1 &
+	PYSPY_PID=$!
+}
+
+# pyspy_stop: end the sampler (SIGINT: it writes its file then), within 20 s.
+pyspy_stop() {
+	[ -n "${PYSPY_PID:-}" ] || return 0
+	kill -INT "$PYSPY_PID" 2>/dev/null
+	for _ in $(seq 200); do kill -0 "$PYSPY_PID" 2>/dev/null || break; sleep 0.1; done
+	kill -9 "$PYSPY_PID" 2>/dev/null
+	wait "$PYSPY_PID" 2>/dev/null
+	PYSPY_PID=
+}
+
+# pyspy_dumps PID FILE N SECONDS: in the background, N stack dumps of PID and its children (every
+# thread, waiting ones too), SECONDS apart, appended to FILE with a timestamp each: what a stalled
+# engine waits on. A no-op without py-spy.
+pyspy_dumps() {
+	pyspy_install || return 0
+	local pid=$1 file=$2 n=$3 gap=$4
+	(for _ in $(seq "$n"); do
+		echo "=== $(date +%T.%N | cut -c1-12)"
+		timeout 10 "$K/pyspy/py-spy" dump --pid "$pid" --subprocesses --nonblocking 2>&1
+		sleep "$gap"
+	done >>"$file") &
+}

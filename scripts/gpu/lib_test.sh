@@ -153,5 +153,31 @@ mkdir -p "$W/k23/site033/vllm" && cp "$W/s23.part01" .gpucarry/sglang0523-site.p
 sgl carry01 && [ -f "$W/k23/sgl0523/sglang/__init__.py" ] && [ ! -e "$W/k23/sgl" ] && ok "sglang.sh 0.5.23 unpacks to sgl0523 over site033" || bad "0.5.23 unpack (log: $(tail -3 "$W/sgl.log"))"
 cd "$ROOT"
 
+# pyspy_install takes py-spy's binary out of a carried wheel; pyspy-summary.py reads py-spy's raw lines
+# (the shape a real `py-spy record --subprocesses --threads --format raw` wrote, 2026-12-06): per
+# process its busiest threads, frames by inclusive time (once per stack), the frames matching --match.
+mkdir -p "$W/pyspy-repo/.gpucarry/pyspy" && python3 - "$W/pyspy-repo/.gpucarry/pyspy/py_spy-0.4.1-py2.py3-none-manylinux1_x86_64.whl" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    z.writestr("py_spy-0.4.1.data/scripts/py-spy", "#!/bin/sh\necho py-spy 0.4.1\n")
+PY
+(cd "$W/pyspy-repo" && K=$W/kspy pyspy_install) && [ "$("$W/kspy/pyspy/py-spy")" = "py-spy 0.4.1" ] &&
+	ok "pyspy_install unpacks the carried wheel's binary" || bad "pyspy_install"
+(cd "$W" && K=$W/knone pyspy_install) && bad "pyspy_install without a wheel succeeded" || ok "pyspy_install without a wheel says so"
+P='process 7:"python3 -m vllm serve"' E='process 9:"VLLM::EngineCore"'
+cat >"$W/prof.raw" <<RAW
+$P;thread (7): MainThread;serve (cli.py:1);loop (a.py:2) 40
+$E;thread (9): MainThread;run (core.py:5);step (core.py:9);schedule (s.py:3);get_num_new_matched_tokens (orbitkv/vllm/connector.py:200);lookup (orbitkv/client.py:9) 30
+$E;thread (9): MainThread;run (core.py:5);step (core.py:9);execute_model (r.py:4);step (core.py:9) 60
+$E;thread (11): Thread-2 (saves);_save (orbitkv/vllm/worker.py:3) 10
+$E;thread (12): idle;poll (x.py:1) 1
+RAW
+out=$(python3 scripts/gpu/pyspy-summary.py "$W/prof.raw" --rate 100 --threads 2 --top 3 --match orbitkv)
+echo "$out" | grep -q '^process 9 VLLM::EngineCore | thread (9): MainThread: 0.90 s running$' &&
+	echo "$out" | grep -qE '^ +900.0 ms  step \(core.py:9\)$' && echo "$out" | grep -qE '^ +300.0 ms  lookup \(orbitkv/client.py:9\)$' &&
+	echo "$out" | grep -qE '^ +100.0 ms  _save' && ! echo "$out" | grep -q 'idle' &&
+	echo "$out" | grep -q '^process 7 python3 -m vllm serve | thread (7): MainThread: 0.40 s running$' &&
+	ok "pyspy-summary: threads by CPU, frames once per stack, matches, the two busiest threads" || { bad "pyspy-summary"; echo "$out"; }
+
 [ $fails -eq 0 ] && echo "scripts/gpu/lib.sh: all passed" || echo "scripts/gpu/lib.sh: $fails failed"
 exit $((fails > 0))

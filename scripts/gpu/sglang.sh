@@ -33,6 +33,8 @@
 #                 own pool beside OrbitKV): cold (recompute), resident (SGLang's radix cache), evicted (after
 #                 32K filler tokens), restart = after POST /flush_cache (HBM and host pool emptied, so the
 #                 prefix comes back from OrbitKV alone, and l2 recomputes); runs in $RUNS/probes, own report
+#                 PYSPY=1: 10 py-spy stack dumps of the server and its children, 1.5 s apart, from the run's
+#                 start (carry .gpucarry/pyspy/py_spy-*.whl once) into $RUNS/probes/CFG-N.dumps.txt (runs.tgz)
 #   deterministic --enable-deterministic-inference, configs in DETSEQ (default "dram"), 30 s windows:
 #                 every reused prompt must match its serial reference token for token
 #   report        bench report over every sustained run so far
@@ -246,6 +248,8 @@ one() { # CFG NAME [SGLANG-FLAG...] -- BENCH-ARGS...
 	shift
 	case $(base "$cfg") in dram | ssd) start_peer "$cfg" || return 1 ;; esac
 	start_sglang "$cfg" "${flags[@]}" || { stop_all; return 1; }
+	# PYSPY=1: stack dumps of the server and its children through the run's first seconds (a first-request stall)
+	[ "${PYSPY:-0}" = 1 ] && mkdir -p "$(dirname "$RUNS/$name")" && pyspy_dumps "$ENGINE_PID" "$RUNS/$name.dumps.txt" "${PYSPY_DUMPS:-10}" 1.5
 	bench "$cfg" "$name" "$@"
 	stop_all
 }

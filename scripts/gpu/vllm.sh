@@ -43,6 +43,9 @@
 #               runs*/probes/CFG-N.hooks/ and print per-hook totals and each restore's timeline.
 #               PROBE_TOKENS (8192): a length that is not a multiple of the 64-token page (8200) ends in
 #               a partial page, as most real prompts do (a whole last page is saved again after a restore)
+#               PYSPY=1: py-spy samples the server and its engine process through each run (carry
+#               .gpucarry/pyspy/py_spy-*.whl once; lib.sh pyspy_start) into runs*/probes/CFG-N.pyspy, and the
+#               summary gives each process's two busiest threads and their frames (scripts/gpu/pyspy-summary.py)
 #   overhead    the connector's per-step cost: 48-token prompts (no page to save or load), 128
 #               output tokens, vLLM with OrbitKV vs without; decode step = inter-token latency
 #   invariant   VLLM_BATCH_INVARIANT=1: native, DRAM and SSD (or INV_SEQ) sustained runs (30 s windows) whose
@@ -353,11 +356,15 @@ probe() { # per config in PROBE_SEQ: 8K-token TTFT cold, resident, evicted (PROB
 		start_vllm "$cfg" "${hooks[@]}" || { stop_all; continue; }
 		rs=()
 		[ "${PROBE_RESTART:-0}" = 1 ] && rs=(--restart-cmd "$(restart_cmd)" --restart-timeout 300s)
+		[ "${PYSPY:-0}" = 1 ] && pyspy_start "$VLLM_PID" "$RUNS/probes/$cfg-${PAIR:-1}.pyspy"
 		CFG_LABEL=$cfg RUN_TIMEOUT=${RUN_TIMEOUT:-540} bench "$cfg" "probes/$cfg-${PAIR:-1}" --workload probes --probe-tokens ${PROBE_TOKENS:-8192} \
 			--probe-reps ${PROBE_REPS:-3} --filler-tokens 32768 "${rs[@]}" "${DET[@]}" --label pair=${PAIR:-1} --label order=${ORDER:-AB}
+		pyspy_stop
 		phases_line "probe-$cfg" "$RUNS/probes/$cfg-${PAIR:-1}"
 		restarted
 		stop_all
+		[ -s "$RUNS/probes/$cfg-${PAIR:-1}.pyspy" ] && python3 scripts/gpu/pyspy-summary.py "$RUNS/probes/$cfg-${PAIR:-1}.pyspy" \
+			--rate "${PYSPY_RATE:-200}" --threads 2 --top 8 2>&1 | head -${PYSPY_LINES:-40} | tag_lines "probe-$cfg py-spy" | tee -a "$S"
 		# after the engine stopped: the trace's lines are buffered until its shutdown (orbitkv.hooktrace)
 		[ ${#hooks[@]} -gt 0 ] && PYTHONPATH=$ROOT/integration/python python3 -m orbitkv.hooktrace "${hooks[0]#*=}" 2>&1 |
 			head -${HOOK_LINES:-60} | tag_lines "probe-$cfg hooks" | tee -a "$S"
