@@ -84,14 +84,16 @@ def test_consumer_waits_then_recomputes_pages_that_never_come(real_peer):
     assert _saved(real_peer) == 0
 
 
+@pytest.mark.parametrize("loads", [True, None], ids=["async", "default"])
 @pytest.mark.parametrize("n", [8, 40, 64, 128, 130])
-def test_handoff_covers_the_whole_prompt_tail_included(real_peer, n):
+def test_handoff_covers_the_whole_prompt_tail_included(real_peer, n, loads):
     """The producer hands over the whole prompt: its whole pages and its
     partial last page (the tail, saved under its tail key), a page-aligned
     prompt's last page too. The consumer's hit covers the whole prompt (vLLM
     computes only the last token again after the async load), and every block
     of the prompt, the tail's last partial block included, holds the
-    producer's bytes."""
+    producer's bytes. With async_load unset too: a handoff loads async even
+    where other hits load inside the step (vLLM >= 0.29)."""
     prompt = _prompt(1000 + n, n)
     prod = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_producer", "engine_id": "prefill"})
     try:
@@ -106,7 +108,7 @@ def test_handoff_covers_the_whole_prompt_tail_included(real_peer, n):
         prod.close()
     assert params[pd.PAGES] == -(-n // 64) and params[pd.TAIL_TOKENS] == n % 64, params
 
-    cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000})
+    cons = Harness(real_peer.socket, num_blocks=64, extra={"kv_role": "kv_consumer", "pd_wait_ms": 5000, "async_load": loads})
     seen: dict[str, list[int]] = {}
     track = cons._track_blocks
 

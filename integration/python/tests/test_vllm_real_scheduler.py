@@ -250,6 +250,41 @@ def test_the_hook_trace_records_a_restore_step_by_step(real_peer, tmp_path, monk
     assert lookup["tokens"] == 4 * 64 and lookup["async"] is True
 
 
+def test_the_default_loads_inside_the_step_on_vllm_029_and_later(real_peer, tmp_path, monkeypatch):
+    """Without async_load in the extra config the connector loads inside the
+    step on vLLM >= 0.29 (which would start an async load only after the
+    step's forward and report it a step later: 15-20 ms more to an 8K
+    restore's first token on the H100, 2026-12-06), between steps before.
+    Through this vLLM's real scheduler: the lookup says which, the restore
+    is scheduled in its lookup's step when sync (no finished_recving round
+    trip), and its bytes and output are the first engine's."""
+    from orbitkv import hooktrace
+    from orbitkv.vllm._compat import _at_least, vllm_version
+
+    sync = _at_least(vllm_version(), (0, 29))
+    prompt = _prompt(43, 300)
+    first = _warm(real_peer.socket, {"p": prompt}, num_blocks=256)
+    monkeypatch.setenv("ORBITKV_HOOK_TRACE", str(tmp_path / "hooks"))
+    h = Harness(real_peer.socket, num_blocks=256, extra={"async_load": None})  # the connector's own default
+    try:
+        assert h.connector.cfg.async_load is (not sync)
+        h.add("p2", prompt)
+        h.run()
+        assert set(h.finished) == {"p2"} and h.loaded_pages == 4
+        assert h.checked_tokens >= 4 * 64
+        assert h.finished["p2"].tokens == first.finished["p"].tokens
+    finally:
+        h.close()
+    lines = hooktrace.read_lines(str(tmp_path / "hooks"))
+    lookup = next(v for d in lines for v in d.get("lookups", []) if v["req"] == "p2" and v["tokens"])
+    assert lookup["async"] is (not sync)
+    sched = [d for d in lines if d["side"] == "scheduler"]
+    at_lookup = next(d for d in sched if any(v["req"] == "p2" and v["tokens"] for v in d.get("lookups", [])))
+    scheduled_there = any(v["req"] == "p2" for v in at_lookup.get("scheduled", []))
+    recving = any("p2" in d.get("recving", []) for d in lines)
+    assert (scheduled_there, recving) == ((True, False) if sync else (False, True))
+
+
 def test_pages_vllm_holds_itself_are_looked_up_but_not_leased(real_peer):
     """A prompt whose first 4 pages sit in vLLM's own prefix cache (a shorter
     prompt with the same head ran in this engine just before) tells the peer

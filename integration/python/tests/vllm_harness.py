@@ -366,6 +366,17 @@ def next_token(tokens: list[int]) -> int:
     return int(prefix_hashes(tokens[-64:])[-1]) % VOCAB
 
 
+def _loads(extra: dict) -> dict:
+    """The tests' extra config: async loads unless a test says otherwise or asks
+    for the connector's own default (``"async_load": None``: sync loads on vLLM
+    >= 0.29, orbitkv.vllm.config.default_async_load). The scheduling paths these
+    tests drive are written for async loads, the default before 0.29."""
+    out = {"async_load": True, **extra}
+    if out["async_load"] is None:
+        del out["async_load"]
+    return out
+
+
 def _vllm_config(socket: str, block_size: int, max_batched: int, max_seqs: int, policy: str, connector: bool,
                  extra: dict, failure_policy: str) -> VllmConfig:
     mc = ModelConfig(model=os.path.abspath(MODEL_DIR), skip_tokenizer_init=True, dtype="float32", seed=42,
@@ -378,6 +389,6 @@ def _vllm_config(socket: str, block_size: int, max_batched: int, max_seqs: int, 
         kvt = KVTransferConfig(kv_connector="OrbitKVConnector", kv_connector_module_path="orbitkv.vllm",
                                kv_role=extra.get("kv_role", "kv_both"), kv_load_failure_policy=failure_policy,
                                kv_connector_extra_config={"socket": socket, "load_deadline_ms": 5000,
-                                                          "save_deadline_ms": 5000, **extra})
+                                                          "save_deadline_ms": 5000, **_loads(extra)})
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kvt,
                       device_config=DeviceConfig("cpu"))

@@ -137,7 +137,7 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self.handoffs: Optional[pd.Handoffs] = None
         if self.cfg.kv_role != "kv_producer":
             self.handoffs = pd.Handoffs(self.cfg.pd_wait_ms, self.cfg.layout.page_tokens, self.scheduler.peek_hit,
-                                        whole=self.cfg.async_load)
+                                        whole=self.cfg.handoff_async)
 
     def _own_member(self) -> Optional[dict]:
         if self._member is None and self._control is not None and self._control.available:

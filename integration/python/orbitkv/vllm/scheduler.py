@@ -198,8 +198,9 @@ class SchedulerHalf:
                   request=request if hasattr(request, "num_publishable_block_hashes") else None)
         st.hands_off = self.cfg.saves and pd.wants_handoff(self.cfg.kv_role, request)
         # A full-prompt hit only with async loads: vLLM then computes the last token
-        # again itself (_update_waiting_for_remote_kv); a sync hit must leave one.
-        st.whole = (self.cfg.kv_role != "kv_producer" and self.cfg.async_load
+        # again itself (_update_waiting_for_remote_kv); a sync hit must leave one. Such a
+        # handoff loads async even where other hits load inside the step (_async).
+        st.whole = (self.cfg.kv_role != "kv_producer" and self.cfg.handoff_async
                     and pd.whole_prompt(getattr(request, "kv_transfer_params", None)))
         if why and why not in self._unkeyed_seen:
             self._unkeyed_seen.add(why)
@@ -411,7 +412,12 @@ class SchedulerHalf:
             return 0, False
         st.first_page = first
         st.skip_blocks = (num_computed_tokens - first * pt) // self.cfg.block_tokens
-        return min(hit * pt, n) - num_computed_tokens, self.cfg.async_load
+        return min(hit * pt, n) - num_computed_tokens, self._async(st)
+
+    def _async(self, st: _Req) -> bool:
+        """Whether st's load runs between steps: a whole-prompt handoff's always
+        (its hit covers the last page), others as the config says."""
+        return st.whole or self.cfg.async_load
 
     def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
         """The request's external hit (the load planned by
@@ -472,11 +478,11 @@ class SchedulerHalf:
         ks = {r: self._chain(st, r)[first : first + npages] for r in self._fps}
         st.sources = self._plan_sources(st, pages, end - num_external_tokens, end)
         leases = dict(st.lookup.leases) if st.lookup else {}
-        spec = LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self.cfg.async_load, skip_blocks=skip)
+        spec = LoadSpec(st.req_id, first, ks, blocks_per, leases, sync=not self._async(st), skip_blocks=skip)
         self._loads.append(spec)
         self._pending[st.req_id] = spec
-        st.loading = self.cfg.async_load
-        st.sync_load = not self.cfg.async_load
+        st.loading = self._async(st)
+        st.sync_load = not self._async(st)
         self.gate.allocated(st.req_id, num_external_tokens, self.clock(), blocks=-(-len(st.tokens) // self.cfg.block_tokens))
 
     def build_connector_meta(self, scheduler_output: Any) -> OrbitKVMetadata:
