@@ -253,7 +253,7 @@ def test_the_hook_trace_records_a_restore_step_by_step(real_peer, tmp_path, monk
 def test_the_default_loads_inside_the_step_on_vllm_029_and_later(real_peer, tmp_path, monkeypatch):
     """Without async_load in the extra config the connector loads inside the
     step on vLLM >= 0.29 (which would start an async load only after the
-    step's forward and report it a step later: 15-20 ms more to an 8K
+    step's forward and report it a step later: 12-20 ms more to an 8K
     restore's first token on the H100, 2026-12-06), between steps before.
     Through this vLLM's real scheduler: the lookup says which, the restore
     is scheduled in its lookup's step when sync (no finished_recving round

@@ -17,7 +17,7 @@ Extra-config keys (all optional except ``socket``):
                     the step on vLLM >= 0.29, between steps on older vLLM and other engines.
                     vLLM >= 0.29 starts a step's async loads after its forward and reports them
                     done a step later: on an H100 with vLLM 0.33 an 8K-token restore reached
-                    its first token 15-20 ms later async than sync (77.6 against 57.9-65.3 ms
+                    its first token 12-20 ms later async than sync (77.6 against 57.9-65.3 ms
                     p50), and the sync loads cost the seeds' sustained workload nothing
                     (11.57 req/s, vLLM's own offloading 10.97; 2026-12-06). Unset, a P/D
                     handoff that covers the whole prompt still loads between steps (only an
