@@ -272,7 +272,10 @@ func TestTimeoutFlushesDrainsAndRecovers(t *testing.T) {
 	ops := scatterOps(p, 2, 64<<10)
 	// Nothing completes, so the batch can end only by its deadline: the
 	// deadline error on every op shows it did (a hang is the test's timeout).
-	errs := p.conn.Read(ctxFor(t, 50*time.Millisecond), ops)
+	// A quarter of the deadline is kept for the drain (drainReserve): 2 s leaves
+	// the fake's flush 0.5 s, where 50 ms left a TCG guest 12.5 ms and it
+	// destroyed the QPs that had not drained by then (CI, 2026-12-06).
+	errs := p.conn.Read(ctxFor(t, 2*time.Second), ops)
 	for i, err := range errs {
 		if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("op %d: %v, want ErrTimeout", i, err)
