@@ -4,8 +4,9 @@ pyspy_start: every process and thread, samples of running threads only, RATE a s
 
   python3 scripts/gpu/pyspy-summary.py FILE [--rate 200] [--top 20] [--threads 3] [--match orbitkv,kv_connector]
 
-Per thread (the THREADS busiest of each process), its samples as seconds of CPU, then its TOP frames by inclusive time (a frame counted once per
-stack) and every frame whose text holds one of MATCH. Two runs of one workload (a connector
+Per thread (the THREADS busiest of each process), its samples as seconds of CPU, then its
+TOP frames by inclusive time (a frame counted once per stack) and every frame whose text holds
+one of MATCH. Two runs of one workload (a connector
 against another) compare frame by frame. Standard library only: it runs on the GPU machine.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+
 
 def parse(lines):
     """{(process, thread): [(frames, count)]} from py-spy's raw lines."""

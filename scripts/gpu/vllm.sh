@@ -42,7 +42,7 @@
 #               connector's hooks per step (ORBITKV_HOOK_TRACE, orbitkv.hooktrace; HOOK_TRACE=0: off) into
 #               runs*/probes/CFG-N.hooks/ and print per-hook totals and each restore's timeline.
 #               PROBE_TOKENS (8192): a length that is not a multiple of the 64-token page (8200) ends in
-#               a partial page, as most real prompts do (a whole last page is saved again after a restore)
+#               a partial page, as most real prompts do (never saved; a whole last page is looked up, not saved again)
 #               PYSPY=1: py-spy samples the server and its engine process through each run (carry
 #               .gpucarry/pyspy/py_spy-*.whl once; lib.sh pyspy_start) into runs*/probes/CFG-N.pyspy, and the
 #               summary gives each process's two busiest threads and their frames (scripts/gpu/pyspy-summary.py)
