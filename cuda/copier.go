@@ -352,7 +352,20 @@ func (c *Copier) folds(dir Direction, h *HostRegion) bool {
 		return false
 	}
 	c.mu.segs = lower(c.mu.segs[:0], dir, uint64(uintptr(h.base)), c.mu.merged)
-	return c.foldsRange(0, len(c.mu.segs))
+	return c.foldsRange(0, len(c.mu.segs)) && (dir != HostToDevice || meanRow(c.mu.rects) >= c.cfg.RestorePitchMinRow)
+}
+
+// meanRow is the bytes per row of rs, on average over their rows.
+func meanRow(rs []cRect) uint64 {
+	var bytes, rows uint64
+	for _, r := range rs {
+		bytes += r.Width * r.Height
+		rows += r.Height
+	}
+	if rows == 0 {
+		return 0
+	}
+	return bytes / rows
 }
 
 // foldsRange reports whether the lowered copies c.mu.segs[lo:hi) fold into
@@ -369,7 +382,7 @@ func (c *Copier) foldsRange(lo, hi int) bool {
 func (c *Copier) engineLocked(m Method, dir Direction, lo, hi int) error {
 	switch m {
 	case MethodBatch:
-		return c.batchLocked(lo, hi)
+		return c.batchLocked(dir == HostToDevice && !c.cfg.BatchStreamOrder, lo, hi)
 	case MethodPerSegment:
 		return c.eachLocked(dir, c.streams[:1], lo, hi)
 	case MethodPitched:
@@ -420,15 +433,20 @@ func (c *Copier) pitchedLocked(dir Direction, lo, hi int) error {
 
 // batchLocked enqueues segs[lo:hi) as cuMemcpyBatchAsync calls split over
 // the streams; each segment uses its own slots of the scratch arrays.
-func (c *Copier) batchLocked(lo, hi int) error {
+// srcAny: the sources may be read out of stream order (BatchStreamOrder).
+func (c *Copier) batchLocked(srcAny bool, lo, hi int) error {
 	segs := c.mu.segs
 	n := uint64(c.cfg.MaxSegments)
+	anyOrder := C.int(0)
+	if srcAny {
+		anyOrder = 1
+	}
 	words := unsafe.Slice((*C.CUdeviceptr)(c.scratch), 3*n)
 	for k, rg := range splitEven(hi-lo, len(c.streams)) {
 		i, j := lo+rg[0], lo+rg[1]
 		var failed C.size_t
 		r := C.okv_copy_batch(c.d.ctx, (*C.okv_seg)(unsafe.Pointer(&segs[i])), C.size_t(j-i), c.streams[k].s,
-			C.uint(c.cfg.BatchFlags), &words[i], &words[n+uint64(i)], (*C.size_t)(unsafe.Pointer(&words[2*n+uint64(i)])), &failed)
+			C.uint(c.cfg.BatchFlags), anyOrder, &words[i], &words[n+uint64(i)], (*C.size_t)(unsafe.Pointer(&words[2*n+uint64(i)])), &failed)
 		if r != 0 {
 			return cudaErr(fmt.Sprintf("cuMemcpyBatchAsync segments [%d,%d)", i, j), r)
 		}

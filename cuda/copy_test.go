@@ -162,12 +162,14 @@ func TestRestoreSaveScattered(t *testing.T) {
 		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}, false},
 		{"batch", CopierConfig{Method: MethodBatch}, false},
 		{"batch-2-streams", CopierConfig{Method: MethodBatch, Streams: 2}, false},
+		{"batch, restores in stream order", CopierConfig{Method: MethodBatch, BatchStreamOrder: true}, false},
 		{"kernel", CopierConfig{Method: MethodKernel}, false},
 		{"pitched, shuffled (rows)", CopierConfig{Method: MethodPitched}, false},
 		{"pitched, page order (runs)", CopierConfig{Method: MethodPitched}, true},
 		{"pitched-3-streams, page order", CopierConfig{Method: MethodPitched, Streams: 3}, true},
 		{"auto", CopierConfig{}, false},
 		{"auto, page order", CopierConfig{}, true},
+		{"auto, page order, restores pitched only past its rows", CopierConfig{RestorePitchMinRow: 1 << 30}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := d.NewCopier(tc.cfg)

@@ -76,7 +76,7 @@ func (c *Copier) enqueuePeerLocked(src *Device) (Method, error) {
 		}
 	}
 	if c.scratch != nil {
-		return MethodBatch, c.batchLocked(0, len(c.mu.segs))
+		return MethodBatch, c.batchLocked(false, 0, len(c.mu.segs)) // the source GPU's streams may still write it
 	}
 	for i, s := range c.mu.segs {
 		st := c.streams[i%len(c.streams)]

@@ -274,3 +274,49 @@ func TestLowerPeerSegments(t *testing.T) {
 		}
 	}
 }
+
+// TestRestorePitchMinRow: MethodAuto's choice for a batch of scattered
+// 16-token blocks (32-KiB rows that fold by the page's planes) and of whole
+// 64-token blocks (128-KiB rows): pitched everywhere by default; with
+// RestorePitchMinRow at 64 KiB the narrow rows restore by batched copies
+// while saves and the wide rows stay pitched.
+func TestRestorePitchMinRow(t *testing.T) {
+	const planes, pages = 72, 4
+	batch := func(perPage int) []Segment {
+		bb := uint64(128<<10) / uint64(perPage)
+		var segs []Segment
+		for pg := range pages {
+			for pl := range planes {
+				for j := range perPage {
+					back := uint64(perPage - 1 - j) // a page's blocks in reverse: no two merge
+					segs = append(segs, Segment{
+						HostOff: uint64(pg*planes*perPage+pl*perPage+j) * bb,
+						Dev:     DevicePtr(1<<40 + uint64(pl)<<30 + uint64(pg)<<20 + back*bb),
+						Len:     bb,
+					})
+				}
+			}
+		}
+		return segs
+	}
+	host := &HostRegion{}
+	for _, tc := range []struct {
+		perPage int
+		minRow  uint64
+		dir     Direction
+		want    bool
+	}{
+		{4, 0, HostToDevice, true},
+		{4, 64 << 10, HostToDevice, false},
+		{4, 64 << 10, DeviceToHost, true},
+		{4, 32 << 10, HostToDevice, true},
+		{1, 64 << 10, HostToDevice, true},
+	} {
+		c := &Copier{cfg: CopierConfig{RestorePitchMinRow: tc.minRow}, maxPitch: 1 << 31}
+		c.mu.merged = coalesce(nil, batch(tc.perPage))
+		if got := c.folds(tc.dir, host); got != tc.want {
+			t.Errorf("%d blocks per page, min row %d, %v: pitched %v, want %v (mean row %d B over %d rectangles)",
+				tc.perPage, tc.minRow, tc.dir, got, tc.want, meanRow(c.mu.rects), len(c.mu.rects))
+		}
+	}
+}

@@ -79,7 +79,7 @@ typedef struct {
 	okv_mem_location dst_loc_hint;
 	unsigned int flags;
 } okv_memcpy_attrs;
-enum { OKV_SRC_ACCESS_ORDER_STREAM = 1 };
+enum { OKV_SRC_ACCESS_ORDER_STREAM = 1, OKV_SRC_ACCESS_ORDER_ANY = 3 };
 // CUDA 12.8: cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrsIdxs,
 // numAttrs, failIdx, stream). CUDA 13.0 renamed the entry point to
 // cuMemcpyBatchAsync_v2 and dropped failIdx.
@@ -365,7 +365,7 @@ CUresult okv_copy_each(CUcontext ctx, int dir, const okv_seg *segs, size_t n,
 }
 
 CUresult okv_copy_batch(CUcontext ctx, const okv_seg *segs, size_t n, CUstream s,
-		unsigned int flags, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t *failed) {
+		unsigned int flags, int src_any, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t *failed) {
 	SETCTX(ctx);
 	if (p_batch_v1 == NULL && p_batch_v2 == NULL) return OKV_CUDA_ERROR_NOT_SUPPORTED;
 	for (size_t i = 0; i < n; i++) {
@@ -375,7 +375,7 @@ CUresult okv_copy_batch(CUcontext ctx, const okv_seg *segs, size_t n, CUstream s
 	}
 	okv_memcpy_attrs attr;
 	memset(&attr, 0, sizeof attr);
-	attr.src_access_order = OKV_SRC_ACCESS_ORDER_STREAM;
+	attr.src_access_order = src_any ? OKV_SRC_ACCESS_ORDER_ANY : OKV_SRC_ACCESS_ORDER_STREAM;
 	attr.flags = flags;
 	size_t idx = 0;
 	*failed = (size_t)-1;

@@ -121,9 +121,11 @@ enum { OKV_HTOD = 0, OKV_DTOH = 1 };
 CUresult okv_copy_each(CUcontext ctx, int dir, const okv_seg *segs, size_t n,
 	CUstream *streams, int nstreams, size_t *failed);
 // Enqueues the segments as one cuMemcpyBatchAsync on s. dsts, srcs and sizes
-// are scratch arrays of at least n entries owned by the caller.
+// are scratch arrays of at least n entries owned by the caller. src_any: the
+// sources may be read out of stream order (CU_MEMCPY_SRC_ACCESS_ORDER_ANY),
+// for sources no earlier stream work writes.
 CUresult okv_copy_batch(CUcontext ctx, const okv_seg *segs, size_t n, CUstream s,
-	unsigned int flags, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t *failed);
+	unsigned int flags, int src_any, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t *failed);
 // A pitched copy: height rows of width bytes, row r from src + r*src_pitch
 // to dst + r*dst_pitch. Same layout as Go's cRect.
 typedef struct {

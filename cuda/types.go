@@ -121,6 +121,17 @@ type CopierConfig struct {
 	// BatchFlags is passed to cuMemcpyBatchAsync's attributes (CUmemcpyFlags;
 	// 1 = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE). Default 0.
 	BatchFlags uint32
+	// BatchStreamOrder makes host → device batches read their sources in
+	// stream order. By default they may read them in any order
+	// (CU_MEMCPY_SRC_ACCESS_ORDER_ANY, as vLLM's offloading restores do): a
+	// restore's source is a pinned DRAM slot that no earlier work on the
+	// copier's streams writes. Device → host batches always keep stream order.
+	BatchStreamOrder bool
+	// RestorePitchMinRow: MethodAuto moves a host → device batch by pitched
+	// copies only where their rows average at least this many bytes, else by
+	// cuMemcpyBatchAsync (narrow rows: vLLM's 16-token blocks are 32 KiB per
+	// layer and K or V). 0 (the default) leaves every batch that folds pitched.
+	RestorePitchMinRow uint64
 }
 
 func (c *CopierConfig) setDefaults() {

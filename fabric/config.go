@@ -61,6 +61,9 @@ type Config struct {
 	CUDA        string
 	CUDACopiers int    // device copies in flight at once, per GPU (operations beyond wait)
 	CUDAMethod  string // copy method: auto, kernel, pitched, batch, streams, per-segment
+	// CUDARestorePitchMinRow: auto restores by pitched copies only where
+	// their rows average at least this many bytes (cuda.CopierConfig).
+	CUDARestorePitchMinRow bytesize.Size
 	// CUDALayerGates gates layer-wise loads where the driver has stream
 	// memory operations: the Load answers once the layer events are armed,
 	// and the copies (on the copy engines) are enqueued after it.
@@ -116,6 +119,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CUDACopiers, "cuda-copiers", c.CUDACopiers, "device copies in flight at once per GPU")
 	fs.Var(&c.HBMStageBytes, "hbm-stage-bytes", "HBM the peer takes on each GPU in use to keep saved pages for GPU-to-GPU loads on this host (same-host P/D); 0 disables")
 	fs.StringVar(&c.CUDAMethod, "cuda-method", c.CUDAMethod, "host<->GPU copy method: auto, kernel, pitched, batch, streams, per-segment")
+	fs.Var(&c.CUDARestorePitchMinRow, "cuda-restore-pitch-min-row", "with --cuda-method auto, restore by pitched copies only where their rows average at least this many bytes, else by cuMemcpyBatchAsync")
 	c.Config.RegisterFlags(fs)
 	fs.BoolVar(&c.CUDALayerGates, "cuda-layer-gates", c.CUDALayerGates, "gate layer-wise loads (answer once layer events are armed, enqueue the copies after; copy engines) where the driver has stream memory ops")
 }

@@ -87,6 +87,7 @@ func openGPU(cfg Config, dramR *transfer.Region, addStage func(*store.HBMStage),
 	}
 	g := &gpuState{cfg: transfer.CUDAConfig{Copiers: cfg.CUDACopiers, NoLayerGates: !cfg.CUDALayerGates}, host: h, dev0: d, count: n, dramR: dramR, imp: hbm.NewImporter(),
 		stageBytes: uint64(cfg.HBMStageBytes), addStage: addStage, log: log}
+	g.cfg.Copier.RestorePitchMinRow = uint64(cfg.CUDARestorePitchMinRow)
 	if cfg.CUDAMethod != "" {
 		if g.cfg.Copier.Method, err = cuda.ParseMethod(cfg.CUDAMethod); err != nil {
 			return nil, errors.Join(err, g.close())

@@ -48,8 +48,9 @@ type Config struct {
 	Sets      int    // random page placements rotated through (default 8)
 	Seed      uint64 // placement and data seed
 
-	SkipTables bool        // skip the copy-method tables
-	Peer       *PeerConfig // the through-the-peer rows (peer.go); nil skips them
+	BlockTokens []int       // engine block sizes of the copy-method tables (default 64 and 16: one table each)
+	SkipTables  bool        // skip the copy-method tables
+	Peer        *PeerConfig // the through-the-peer rows (peer.go); nil skips them
 }
 
 func (c *Config) setDefaults() {
@@ -73,6 +74,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Sets == 0 {
 		c.Sets = 8
+	}
+	if len(c.BlockTokens) == 0 {
+		c.BlockTokens = []int{64, 16}
 	}
 }
 
@@ -113,8 +117,10 @@ func Run(ctx context.Context, cfg Config, w io.Writer) error {
 		if cfg.SkipTables {
 			break
 		}
-		if err := b.table(ctx, w, pages); err != nil {
-			return err
+		for _, bt := range cfg.BlockTokens {
+			if err := b.table(ctx, w, pages, gpuPageTokens/bt); err != nil {
+				return err
+			}
 		}
 	}
 	if cfg.Peer != nil && cfg.Peer.Enabled {
@@ -252,6 +258,24 @@ func (b *gpuBench) segments(p placement, slotBase func(page int) uint64) []cuda.
 	return segs
 }
 
+// split cuts every (page, plane) segment into perPage blocks, a page's
+// blocks in reverse device order so that no two copies merge (an engine's
+// blocks of one page are rarely consecutive).
+func split(segs []cuda.Segment, perPage int) []cuda.Segment {
+	if perPage <= 1 {
+		return segs
+	}
+	out := make([]cuda.Segment, 0, len(segs)*perPage)
+	for _, s := range segs {
+		n := s.Len / uint64(perPage)
+		for j := range uint64(perPage) {
+			back := uint64(perPage) - 1 - j
+			out = append(out, cuda.Segment{HostOff: s.HostOff + j*n, Dev: s.Dev + cuda.DevicePtr(back*n), Len: n})
+		}
+	}
+	return out
+}
+
 // variant is one row of the table.
 type variant struct {
 	name string
@@ -266,9 +290,11 @@ func (b *gpuBench) variants() []variant {
 	if cuda.HasBatchCopy() {
 		vs = append(vs,
 			variant{"cuMemcpyBatchAsync, 1 stream", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 1}},
+			variant{"cuMemcpyBatchAsync, 1 stream, restores in stream order", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 1, BatchStreamOrder: true}},
 			variant{"cuMemcpyBatchAsync, 2 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 2}},
 			variant{"cuMemcpyBatchAsync, 3 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 3}},
 			variant{"cuMemcpyBatchAsync, 4 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4}},
+			variant{"cuMemcpyBatchAsync, 4 streams, restores in stream order", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4, BatchStreamOrder: true}},
 			variant{"cuMemcpyBatchAsync, 4 streams, prefer-overlap flag", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4, BatchFlags: 1}})
 	}
 	vs = append(vs,
@@ -279,13 +305,15 @@ func (b *gpuBench) variants() []variant {
 		variant{"gather/scatter kernel, 64 KiB chunks × 256 threads", cuda.CopierConfig{Method: cuda.MethodKernel}},
 		variant{"gather/scatter kernel, 32 KiB chunks × 256 threads", cuda.CopierConfig{Method: cuda.MethodKernel, KernelChunk: 32 << 10}},
 		variant{"gather/scatter kernel, 128 KiB chunks × 512 threads", cuda.CopierConfig{Method: cuda.MethodKernel, KernelChunk: 128 << 10, KernelThreads: 512}},
-		variant{"auto", cuda.CopierConfig{}})
+		variant{"auto", cuda.CopierConfig{}},
+		variant{"auto, restores pitched only for rows of 64 KiB or more", cuda.CopierConfig{RestorePitchMinRow: 64 << 10}})
 }
 
 // table prints the contiguous limits and every variant for one batch size.
-func (b *gpuBench) table(ctx context.Context, w io.Writer, pages int) error {
+func (b *gpuBench) table(ctx context.Context, w io.Writer, pages, perPage int) error {
 	total := uint64(pages) * gpuPageBytes
-	fmt.Fprintf(w, "\nbatch of %d pages (%d tokens): %d segments, %d MiB\n", pages, pages*gpuPageTokens, pages*gpuPlanes, total>>20)
+	fmt.Fprintf(w, "\nbatch of %d pages (%d tokens), %d-token blocks: %d segments of %d KiB, %d MiB\n", pages, pages*gpuPageTokens,
+		gpuPageTokens/perPage, pages*gpuPlanes*perPage, gpuSegBytes/perPage>>10, total>>20)
 	contig, err := b.contiguous(ctx, total)
 	if err != nil {
 		return err
@@ -299,13 +327,13 @@ func (b *gpuBench) table(ctx context.Context, w io.Writer, pages int) error {
 		gbps float64
 	}{}
 	for _, v := range b.variants() {
-		res, method, streams, err := b.measure(ctx, v.cfg, sets)
+		res, method, streams, err := b.measure(ctx, v.cfg, sets, perPage)
 		if err != nil {
 			fmt.Fprintf(tw, "%s\terror: %v\t\t\t\t\t\n", v.name, err)
 			continue
 		}
 		check := "ok"
-		if err := b.check(ctx, v.cfg, sets[0]); err != nil {
+		if err := b.check(ctx, v.cfg, sets[0], perPage); err != nil {
 			check = "FAILED: " + err.Error()
 		}
 		name := v.name
@@ -347,18 +375,19 @@ func (b *gpuBench) contiguous(ctx context.Context, n uint64) ([2]float64, error)
 }
 
 // measure times restore and save of the rotating placements with cfg.
-func (b *gpuBench) measure(ctx context.Context, cfg cuda.CopierConfig, sets []placement) (_ [2]float64, _ cuda.Method, streams int, _ error) {
+func (b *gpuBench) measure(ctx context.Context, cfg cuda.CopierConfig, sets []placement, perPage int) (_ [2]float64, _ cuda.Method, streams int, _ error) {
 	var out [2]float64
+	segs := make([][]cuda.Segment, len(sets))
+	for i, p := range sets {
+		segs[i] = split(b.segments(p, func(page int) uint64 { return uint64(p.slots[page]) * gpuPageBytes }), perPage)
+	}
+	cfg.MaxSegments = max(cfg.MaxSegments, len(segs[0]))
 	c, err := b.d.NewCopier(cfg)
 	if err != nil {
 		return out, 0, 0, err
 	}
 	defer c.Close()
-	segs := make([][]cuda.Segment, len(sets))
-	for i, p := range sets {
-		segs[i] = b.segments(p, func(page int) uint64 { return uint64(p.slots[page]) * gpuPageBytes })
-	}
-	n := float64(len(segs[0])) * gpuSegBytes
+	n := float64(len(sets[0].slots)) * gpuPageBytes
 	for dir, run := range []func(context.Context, *cuda.HostRegion, []cuda.Segment) error{c.Restore, c.Save} {
 		t, err := b.timeRuns(ctx, func(i int) error { return run(ctx, b.host, segs[i%len(segs)]) })
 		if err != nil {
@@ -394,7 +423,7 @@ func (b *gpuBench) timeRuns(ctx context.Context, run func(i int) error) (time.Du
 // check verifies cfg byte for byte on up to 8 pages of p: restore with cfg
 // then save with the naive method into scratch, and restore with the naive
 // method then save with cfg, each compared with the source pages.
-func (b *gpuBench) check(ctx context.Context, cfg cuda.CopierConfig, p placement) error {
+func (b *gpuBench) check(ctx context.Context, cfg cuda.CopierConfig, p placement, perPage int) error {
 	k := min(len(p.slots), 8)
 	p = placement{p.slots[:k], p.blocks[:k]}
 	naive, err := b.d.NewCopier(cuda.CopierConfig{Method: cuda.MethodPerSegment})
@@ -402,13 +431,14 @@ func (b *gpuBench) check(ctx context.Context, cfg cuda.CopierConfig, p placement
 		return err
 	}
 	defer naive.Close()
+	src := split(b.segments(p, func(i int) uint64 { return uint64(p.slots[i]) * gpuPageBytes }), perPage)
+	dst := split(b.segments(p, func(i int) uint64 { return uint64(i) * gpuPageBytes }), perPage)
+	cfg.MaxSegments = max(cfg.MaxSegments, len(src))
 	c, err := b.d.NewCopier(cfg)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	src := b.segments(p, func(i int) uint64 { return uint64(p.slots[i]) * gpuPageBytes })
-	dst := b.segments(p, func(i int) uint64 { return uint64(i) * gpuPageBytes })
 	for _, pair := range [][2]*cuda.Copier{{c, naive}, {naive, c}} {
 		clear(b.scratch.Bytes())
 		if err := pair[0].Restore(ctx, b.host, src); err != nil {

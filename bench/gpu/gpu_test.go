@@ -28,7 +28,10 @@ func TestRunTiny(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	t.Log("\n" + out.String())
-	for _, want := range []string{"batch of 4 pages", "contiguous pinned copy", "best restore:"} {
+	if strings.Contains(out.String(), "FAILED") || strings.Contains(out.String(), "error:") {
+		t.Errorf("a method failed:\n%s", out.String())
+	}
+	for _, want := range []string{"batch of 4 pages", "64-token blocks", "16-token blocks", "contiguous pinned copy", "best restore:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

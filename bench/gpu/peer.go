@@ -44,8 +44,10 @@ type PeerConfig struct {
 	BlockTokens []int         // engine block sizes, one table each (a page is 64 tokens)
 	Concurrency int           // concurrent loads in the concurrency row
 	Copiers     int           // peer --cuda-copiers
-	Method      string        // peer --cuda-method
-	child       string        // internal: run as the engine process ("BYTES")
+	Method      string        // peer --cuda-method; comma-separated, one peer (and its rows) each
+	// RestorePitchMinRow is the peer's --cuda-restore-pitch-min-row.
+	RestorePitchMinRow bytesize.Size
+	child              string // internal: run as the engine process ("BYTES")
 }
 
 // RegisterFlags adds the flags of `bench gpu` beyond the basic ones:
@@ -71,7 +73,7 @@ func registerPeerFlags(fs *flag.FlagSet) *PeerConfig {
 	fs.BoolVar(&c.Enabled, "peer", true, "also measure save/restore through an in-process peer and a CUDA session")
 	fs.Var(&c.DRAM, "peer-dram-bytes", "peer DRAM pool for the through-the-peer rows")
 	fs.Var(&c.EngineBytes, "engine-bytes", "GPU memory of the engine process's KV blocks")
-	fs.Func("block-tokens", "engine block sizes in tokens for the peer rows, comma separated (default 64,16)", func(s string) error {
+	fs.Func("block-tokens", "engine block sizes in tokens for the copy-method tables and the peer rows, comma separated (default 64,16)", func(s string) error {
 		c.BlockTokens = nil
 		for _, f := range strings.Split(s, ",") {
 			var n int
@@ -84,7 +86,8 @@ func registerPeerFlags(fs *flag.FlagSet) *PeerConfig {
 	})
 	fs.IntVar(&c.Concurrency, "concurrency", 4, "concurrent loads in the concurrency row")
 	fs.IntVar(&c.Copiers, "cuda-copiers", 4, "peer copiers per GPU (concurrent device copies)")
-	fs.StringVar(&c.Method, "cuda-method", "auto", "peer copy method")
+	fs.StringVar(&c.Method, "cuda-method", "auto", "peer copy methods for the peer rows, comma separated (one peer each)")
+	fs.Var(&c.RestorePitchMinRow, "cuda-restore-pitch-min-row", "the peer's --cuda-restore-pitch-min-row")
 	fs.StringVar(&c.child, "engine-child", "", "internal: run as the engine process")
 	return c
 }
@@ -174,10 +177,22 @@ func (b *gpuBench) peerTables(ctx context.Context, w io.Writer, pc PeerConfig) e
 	if err != nil {
 		return err
 	}
+	crcReport(w, b.host.Bytes()[:min(b.host.Len(), 1<<30)])
+	for _, method := range strings.Split(pc.Method, ",") {
+		if err := b.peerRun(ctx, w, pc, strings.TrimSpace(method), dir, handle); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerRun starts an in-process peer copying by method and prints its rows.
+func (b *gpuBench) peerRun(ctx context.Context, w io.Writer, pc PeerConfig, method, dir string, handle []byte) error {
 	cfg := fabric.DefaultConfig()
 	cfg.DataDir, cfg.MetricsAddr = dir, ""
 	cfg.DRAMBytes, cfg.DRAMSlabBytes, cfg.SSDBytes = pc.DRAM, 64<<20, 0
-	cfg.CUDA, cfg.CUDACopiers, cfg.CUDAMethod = "require", pc.Copiers, pc.Method
+	cfg.CUDA, cfg.CUDACopiers, cfg.CUDAMethod = "require", pc.Copiers, method
+	cfg.CUDARestorePitchMinRow = pc.RestorePitchMinRow
 	if err := cfg.Validate(); err != nil { // fills the socket path
 		return err
 	}
@@ -195,9 +210,8 @@ func (b *gpuBench) peerTables(ctx context.Context, w io.Writer, pc PeerConfig) e
 		return err
 	}
 	defer conn.Close()
-	fmt.Fprintf(w, "\nthrough the peer API: in-process peer, %v DRAM pool pinned+mapped (start %v), engine process with %v of KV blocks on the GPU, one CUDA session (IPC handle), --cuda-copiers %d --cuda-method %s\n",
-		pc.DRAM, time.Since(start).Round(time.Millisecond), pc.EngineBytes, pc.Copiers, pc.Method)
-	crcReport(w, b.host.Bytes()[:min(b.host.Len(), 1<<30)])
+	fmt.Fprintf(w, "\nthrough the peer API: in-process peer, %v DRAM pool pinned+mapped (start %v), engine process with %v of KV blocks on the GPU, one CUDA session (IPC handle), --cuda-copiers %d --cuda-method %s --cuda-restore-pitch-min-row %v\n",
+		pc.DRAM, time.Since(start).Round(time.Millisecond), pc.EngineBytes, pc.Copiers, method, pc.RestorePitchMinRow)
 	pbench := &peerBench{cfg: pc, b: b, peer: peer, conn: conn, handle: handle, rng: mrand.New(mrand.NewPCG(b.cfg.Seed, 0x9ee7))}
 	for _, bt := range pc.BlockTokens {
 		for _, pages := range b.cfg.Pages {
@@ -424,14 +438,7 @@ func (b *gpuBench) perBlock(ctx context.Context, pages, perPage int) ([2]float64
 	sets := b.placements(pages)
 	segs := make([][]cuda.Segment, len(sets))
 	for i, pl := range sets {
-		for _, s := range b.segments(pl, func(page int) uint64 { return uint64(pl.slots[page]) * gpuPageBytes }) {
-			n := s.Len / uint64(perPage)
-			for j := range uint64(perPage) {
-				// A page's blocks in reverse device order: no two copies merge.
-				back := uint64(perPage) - 1 - j
-				segs[i] = append(segs[i], cuda.Segment{HostOff: s.HostOff + j*n, Dev: s.Dev + cuda.DevicePtr(back*n), Len: n})
-			}
-		}
+		segs[i] = split(b.segments(pl, func(page int) uint64 { return uint64(pl.slots[page]) * gpuPageBytes }), perPage)
 	}
 	c, err := b.d.NewCopier(cuda.CopierConfig{Method: cuda.MethodPerSegment, MaxSegments: len(segs[0])})
 	if err != nil {

@@ -75,6 +75,7 @@ func runBenchGPU(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	cfg.PoolBytes, cfg.HostBytes = uint64(pool), uint64(host)
+	cfg.BlockTokens = cfg.Peer.BlockTokens // --block-tokens: the method tables' and the peer rows'
 	return gpu.Run(ctx, cfg, out)
 }
 
