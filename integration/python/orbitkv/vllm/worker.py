@@ -258,13 +258,30 @@ class WorkerHalf:
                     _stream_wait(self._device, ev)
                 self._wait_layers = False
             return
-        for spec in meta.loads:
+        specs = list(meta.loads)
+        # The step waits for its sync loads anyway: the last one runs on this
+        # thread (no wake-up of an idle pool thread on its critical path).
+        inline = specs.pop() if specs and specs[-1].sync else None
+        for spec in specs:
             fut = self._load_pool.submit(self._run_load, spec, ready)
             with self._lock:
                 self._loads[spec.req_id] = _LoadState(spec, fut)
+        if inline is not None:
+            self._run_inline(inline, ready)
         for spec in meta.loads:
             if spec.sync:
                 self._loads[spec.req_id].future.result()
+
+    def _run_inline(self, spec: LoadSpec, ready: Any) -> None:
+        """_run_load on the caller's thread, its outcome in a done future as a
+        pool thread would leave it (get_results reads it the same way)."""
+        fut: cf.Future = cf.Future()
+        with self._lock:
+            self._loads[spec.req_id] = _LoadState(spec, fut)
+        try:
+            fut.set_result(self._run_load(spec, ready))
+        except Exception as e:  # as a pool thread's future holds it: raised by the wait below
+            fut.set_exception(e)
 
     def _start_layerwise(self, specs: Sequence[LoadSpec], ready: Any = None) -> None:
         """One layer-wise Load for every load of the step; returns once the
