@@ -155,12 +155,12 @@ def test_a_whole_last_page_the_peer_holds_is_not_saved_again(engine):
     # resident: vLLM's own cache holds all but the last block, which it computes again
     r = Request("resident", a.prompt_token_ids)
     assert e.sched.get_num_new_matched_tokens(r, 4 * PT - BS) == (0, False)
-    assert e.sched.scheduler._reqs["resident"].lookup.leases == {}, "nothing can load: nothing leased"
     e.sched.update_state_after_alloc(r, (a_blocks,), 0)
     so = SchedulerOutput([NewRequestData("resident", r.prompt_token_ids, (a_blocks,), 4 * PT - BS)],
                          num_scheduled_tokens={"resident": BS})
     meta, _, _ = e.step(so)
     assert meta.saves == [], "the last page is held: not saved again"
+    assert e.sched.scheduler._reqs["resident"].lookup.leases == {}, "nothing can load: nothing leased"
     assert e.sched.request_finished(r, a_blocks) == (False, None)
 
     # restored: the load covers three pages, the engine computes the fourth, held already
