@@ -382,7 +382,7 @@ func (c *Copier) foldsRange(lo, hi int) bool {
 func (c *Copier) engineLocked(m Method, dir Direction, lo, hi int) error {
 	switch m {
 	case MethodBatch:
-		return c.batchLocked(dir == HostToDevice && !c.cfg.BatchStreamOrder, lo, hi)
+		return c.batchLocked(dir == HostToDevice && c.cfg.BatchSrcAnyOrder, lo, hi)
 	case MethodPerSegment:
 		return c.eachLocked(dir, c.streams[:1], lo, hi)
 	case MethodPitched:
@@ -433,7 +433,7 @@ func (c *Copier) pitchedLocked(dir Direction, lo, hi int) error {
 
 // batchLocked enqueues segs[lo:hi) as cuMemcpyBatchAsync calls split over
 // the streams; each segment uses its own slots of the scratch arrays.
-// srcAny: the sources may be read out of stream order (BatchStreamOrder).
+// srcAny: the sources may be read out of stream order (BatchSrcAnyOrder).
 func (c *Copier) batchLocked(srcAny bool, lo, hi int) error {
 	segs := c.mu.segs
 	n := uint64(c.cfg.MaxSegments)

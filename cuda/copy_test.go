@@ -162,7 +162,7 @@ func TestRestoreSaveScattered(t *testing.T) {
 		{"streams", CopierConfig{Method: MethodStreams, Streams: 4}, false},
 		{"batch", CopierConfig{Method: MethodBatch}, false},
 		{"batch-2-streams", CopierConfig{Method: MethodBatch, Streams: 2}, false},
-		{"batch, restores in stream order", CopierConfig{Method: MethodBatch, BatchStreamOrder: true}, false},
+		{"batch, restores read in any order", CopierConfig{Method: MethodBatch, BatchSrcAnyOrder: true}, false},
 		{"kernel", CopierConfig{Method: MethodKernel}, false},
 		{"pitched, shuffled (rows)", CopierConfig{Method: MethodPitched}, false},
 		{"pitched, page order (runs)", CopierConfig{Method: MethodPitched}, true},

@@ -290,11 +290,11 @@ func (b *gpuBench) variants() []variant {
 	if cuda.HasBatchCopy() {
 		vs = append(vs,
 			variant{"cuMemcpyBatchAsync, 1 stream", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 1}},
-			variant{"cuMemcpyBatchAsync, 1 stream, restores in stream order", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 1, BatchStreamOrder: true}},
+			variant{"cuMemcpyBatchAsync, 1 stream, restores read in any order", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 1, BatchSrcAnyOrder: true}},
 			variant{"cuMemcpyBatchAsync, 2 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 2}},
 			variant{"cuMemcpyBatchAsync, 3 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 3}},
 			variant{"cuMemcpyBatchAsync, 4 streams", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4}},
-			variant{"cuMemcpyBatchAsync, 4 streams, restores in stream order", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4, BatchStreamOrder: true}},
+			variant{"cuMemcpyBatchAsync, 4 streams, restores read in any order", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4, BatchSrcAnyOrder: true}},
 			variant{"cuMemcpyBatchAsync, 4 streams, prefer-overlap flag", cuda.CopierConfig{Method: cuda.MethodBatch, Streams: 4, BatchFlags: 1}})
 	}
 	vs = append(vs,
