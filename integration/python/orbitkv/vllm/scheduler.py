@@ -482,7 +482,7 @@ class SchedulerHalf:
         st.pending = None
         try:
             results = fut.result(timeout=self.cfg.timeout_s)
-        except (errors.OrbitKVError, cf.TimeoutError) as e:
+        except (errors.OrbitKVError, cf.TimeoutError, cf.CancelledError) as e:
             log.debug("orbitkv lookup for resident %s failed, saving its pages: %s", st.req_id, e)
             return
         lk = self._answer(st, ask, results)
