@@ -81,3 +81,23 @@ def test_a_prompt_the_engine_does_not_hold_whole_looks_up_in_the_step():
     n, _ = conn.get_num_new_matched_tokens(req, HELD - PT)  # one page short: a hit can load it
     assert n == PT and be.calls == 1, "the hit is needed now: asked in the call"
     conn.shutdown()
+
+
+def test_a_resident_visit_then_a_hit_uses_the_hits_lookup():
+    """vLLM's cache lost a page between two visits of a request it could not
+    schedule: the second visit's lookup (a hit, leased) is the one the step
+    plans with; the resident one, still unsettled, is dropped."""
+    conn, be, req = _conn()
+    be.go.set()
+    assert conn.get_num_new_matched_tokens(req, HELD) == (0, False)
+    n, _ = conn.get_num_new_matched_tokens(req, HELD - PT)
+    assert n == PT
+    st = conn._reqs["r"]
+    assert st.pending is None and st.lookup.leases, "the hit's leased lookup stands"
+    leased = dict(st.lookup.leases)
+    blocks = list(range(N // BT))
+    conn.update_state_after_alloc(req, (blocks,), n)
+    meta = conn.build_connector_meta(SchedulerOutput([NewRequestData("r", req.prompt_token_ids, (blocks,), HELD - PT)],
+                                                     num_scheduled_tokens={"r": N - HELD}))
+    assert [sp.leases for sp in meta.loads] == [leased], "the load carries the hit's lease"
+    conn.shutdown()

@@ -402,6 +402,7 @@ class SchedulerHalf:
         max_pages = self._max_pages(st)
         if self._resident(st, max_pages, num_computed_tokens):
             return self._ask_resident(st, max_pages, num_computed_tokens // pt)
+        st.pending = None  # vLLM's own cache lost pages since a resident visit: this lookup decides
         lk = None
         if max_pages > 0 and self._available() and not st.unkeyed:  # peer down or unkeyable: a miss, no call
             try:
