@@ -434,3 +434,28 @@ func TestReportProbesCompareEachPhase(t *testing.T) {
 		t.Error("a probe report compared the whole run's TTFT p50")
 	}
 }
+
+// TestProbesPoolEveryRequest: the probe table gives, beside the mean of the
+// runs' p50s, the median of every answered request of a phase over a
+// config's runs (failed requests left out).
+func TestProbesPoolEveryRequest(t *testing.T) {
+	run := func(cfg, pair string, ttfts ...float64) *Run {
+		r := &Run{Manifest: serving.Manifest{Labels: map[string]string{"config": cfg, "pair": pair}}}
+		r.Summary.Phases = map[string]serving.Stats{serving.PhaseEvicted: {N: len(ttfts), P50: ttfts[len(ttfts)/2]}}
+		for _, v := range ttfts {
+			r.Rows = append(r.Rows, serving.Row{Phase: serving.PhaseEvicted, TTFTMS: v})
+		}
+		r.Rows = append(r.Rows, serving.Row{Phase: serving.PhaseEvicted, TTFTMS: 1, Error: "HTTP 500"})
+		return r
+	}
+	rep := &Report{Configs: []string{"offload", "dram"}, Runs: []*Run{
+		run("offload", "1", 60, 66, 70), run("dram", "1", 55, 58, 63), run("dram", "2", 57, 64, 67),
+	}}
+	var b strings.Builder
+	rep.probes(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) })
+	for _, want := range []string{"| evicted | offload | 66.0 | 66.0 (n=3) | 3 |", "| evicted | dram | 61.0 | 60.5 (n=6) | 6 |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("probe table lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -186,7 +187,9 @@ func (rep *Report) correctness(p func(string, ...any)) {
 	p("\nMatching outputs are diagnostic evidence, not a batch-invariance proof.\n")
 }
 
-// probes tabulates probe TTFT by phase, when the runs are probes.
+// probes tabulates probe TTFT by phase, when the runs are probes: the mean
+// of the runs' p50s and the median of every answered request of the phase
+// over all the config's runs (what a few prompts per run, pooled, say).
 func (rep *Report) probes(p func(string, ...any)) {
 	header := false
 	for _, ph := range []string{serving.PhaseCold, serving.PhaseResident, serving.PhaseEvicted, serving.PhaseRestart} {
@@ -202,12 +205,34 @@ func (rep *Report) probes(p func(string, ...any)) {
 				continue
 			}
 			if !header {
-				p("\n## Probes\n\n| phase | config | TTFT p50 ms (mean over runs) | requests |\n|---|---|---|---|\n")
+				p("\n## Probes\n\n| phase | config | TTFT p50 ms (mean over runs) | TTFT median of every request ms | requests |\n|---|---|---|---|---|\n")
 				header = true
 			}
-			p("| %s | %s | %.1f | %d |\n", ph, c, mean(p50), n)
+			p("| %s | %s | %.1f | %s | %d |\n", ph, c, mean(p50), pooledMedian(rep.runsOf(c), ph), n)
 		}
 	}
+}
+
+// pooledMedian is the median TTFT of every answered request of phase ph over
+// runs, "–" when the rows hold none.
+func pooledMedian(runs []*Run, ph string) string {
+	var ts []float64
+	for _, r := range runs {
+		for _, row := range r.Rows {
+			if row.Phase == ph && row.Error == "" {
+				ts = append(ts, row.TTFTMS)
+			}
+		}
+	}
+	if len(ts) == 0 {
+		return "–"
+	}
+	slices.Sort(ts)
+	m := ts[len(ts)/2]
+	if len(ts)%2 == 0 {
+		m = (ts[len(ts)/2-1] + m) / 2
+	}
+	return fmt.Sprintf("%.1f (n=%d)", m, len(ts))
 }
 
 func short(rev string) string {
