@@ -338,7 +338,7 @@ func (b *gpuBench) table(ctx context.Context, w io.Writer, pages, perPage int) e
 		}
 		name := v.name
 		if v.cfg.Method == cuda.MethodAuto {
-			name = fmt.Sprintf("auto → %v, %d streams", method, streams)
+			name = fmt.Sprintf("%s (pitched where a batch folds, else %v over %d streams)", v.name, method, streams)
 		}
 		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%.1f\t%.2f\t%s\t\n", name, res[0], res[0]/contig[0], res[1], res[1]/contig[1], check)
 		for dir := range 2 {
