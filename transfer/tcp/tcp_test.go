@@ -27,6 +27,7 @@ type memSource struct {
 	corrupt  map[pagekey.Key]bool // send the header with a wrong checksum
 	flip     map[pagekey.Key]int  // send the bytes with this one changed (the header's checksum true)
 	block    chan struct{}        // Open waits for it or the deadline
+	hold     chan struct{}        // with block: Open, past the deadline, also waits for it
 	opens    atomic.Int64
 	releases atomic.Int64
 }
@@ -56,12 +57,15 @@ func (m *memSource) add(seed uint64, size int) Want {
 func (m *memSource) Open(ctx context.Context, wants []Want) ([]Page, func()) {
 	m.opens.Add(1)
 	m.mu.Lock()
-	block := m.block
+	block, hold := m.block, m.hold
 	m.mu.Unlock()
 	if block != nil {
 		select {
 		case <-block:
 		case <-ctx.Done():
+			if hold != nil {
+				<-hold
+			}
 		}
 	}
 	m.mu.Lock()
@@ -213,12 +217,17 @@ func TestFetchEndsAtItsDeadline(t *testing.T) {
 	src := newMemSource()
 	w := src.add(1, 100)
 	src.block = make(chan struct{}) // never closed: Open waits for its deadline
+	src.hold = make(chan struct{})  // and then for the fetch to have ended
 	_, addr := serve(t, src, nil)
 	c := NewClient(nil)
 	defer c.Close()
-	// The server never answers: the fetch ends by its own deadline (the error
-	// says which), not by the server; the test's timeout catches a hang.
+	// The server answers only once the fetch returned: the fetch ends by its
+	// own deadline (the error says which), not by the server, however late
+	// a loaded machine fires either side's timers; the test's timeout catches
+	// a hang. (Without hold, the server's deadline, a transit later than the
+	// client's, once let the page through first under -race: CI, 2026-12-06.)
 	errs := errsOf(c.Fetch(ctxFor(t, 200*time.Millisecond), addr, []Want{w}, buffers([]Want{w})))
+	close(src.hold)
 	if errs[0] == nil || !errors.Is(errs[0], context.DeadlineExceeded) {
 		t.Errorf("err %v, want deadline exceeded", errs[0])
 	}
