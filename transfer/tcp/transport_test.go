@@ -22,8 +22,10 @@ func tcpHarness(t *testing.T) transporttest.Harness {
 		return transfer.PageKey(h.Key, h.Layout)
 	}
 	stall := func() {
+		hold := make(chan struct{}) // the answer waits for the case's end: its fetch ends by its own deadline
+		t.Cleanup(func() { close(hold) })
 		src.mu.Lock()
-		src.block = make(chan struct{})
+		src.block, src.hold = make(chan struct{}), hold
 		src.mu.Unlock()
 	}
 	return transporttest.Harness{Transport: c, Endpoint: addr, Put: put, Stall: stall}
