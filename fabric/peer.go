@@ -205,11 +205,13 @@ func (p *Peer) Run(ctx context.Context) error {
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxConcurrentStreams(1024), grpc.ChainUnaryInterceptor(p.m.rpc.unary))
 	p.api.Register(srv)
 	var wg sync.WaitGroup
-	errc := make(chan error, 2)
+	errc := make(chan error, 3) // gRPC, the lane, metrics
 	wg.Add(1)
 	go func() { defer wg.Done(); errc <- srv.Serve(lis) }()
+	lane := p.serveLane(&wg, errc)
 	metricsAddr, stopMetrics, err := p.serveMetrics(&wg, errc)
 	if err != nil {
+		lane.Close()
 		srv.Stop()
 		wg.Wait()
 		return err
@@ -218,6 +220,7 @@ func (p *Peer) Run(ctx context.Context) error {
 	if p.cluster != nil {
 		if stopCluster, err = p.cluster.Start(ctx, p.cat, p.pages); err != nil {
 			stopMetrics()
+			lane.Close()
 			srv.Stop()
 			wg.Wait()
 			return fmt.Errorf("cluster: %w", err)
@@ -245,9 +248,34 @@ func (p *Peer) Run(ctx context.Context) error {
 	cancel()
 	stopMetrics()
 	p.api.CloseSessions()
+	lane.Close()
 	srv.Stop()
 	wg.Wait()
 	return errors.Join(err, p.Close())
+}
+
+// LaneSuffix names the engine lane's socket: the API socket's path plus it.
+const LaneSuffix = ".lane"
+
+// serveLane starts the engine lane (engineapi/lane.go) on the socket's
+// path plus LaneSuffix. A peer that cannot listen there serves without it
+// (engines fall back to gRPC) and says why.
+func (p *Peer) serveLane(wg *sync.WaitGroup, errc chan<- error) *engineapi.Lane {
+	lane := p.api.NewLane(p.m.rpc.unary)
+	path := p.cfg.Socket + LaneSuffix
+	lis, err := listenUnix(path)
+	if err != nil {
+		p.log.Warn().Err(err).Str("socket", path).Msg("engine lane unavailable: engines use gRPC only")
+		return lane
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := lane.Serve(lis); err != nil {
+			errc <- err
+		}
+	}()
+	return lane
 }
 
 func listenUnix(path string) (net.Listener, error) {

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import grpc
 
-from orbitkv import errors
+from orbitkv import errors, lane
 from orbitkv._proto import engine_pb2, engine_pb2_grpc
 from orbitkv.buffers import Buffer, Segment
 from orbitkv.keys import Layout
@@ -69,6 +69,20 @@ def _channel_options(connect_timeout: float) -> list[tuple[str, int]]:
         ("grpc.min_reconnect_backoff_ms", max(100, int(connect_timeout * 1000))),
         ("grpc.max_reconnect_backoff_ms", 1000),
     ]
+
+
+# The engine calls the lane carries, with their answers' types. OpenSession
+# stays on gRPC: its channel-ready wait is how a session waits for a peer
+# that is starting.
+_LANE_METHODS = {
+    "Keepalive": engine_pb2.KeepaliveResponse,
+    "CloseSession": engine_pb2.CloseSessionResponse,
+    "Lookup": engine_pb2.LookupResponse,
+    "Save": engine_pb2.OpHandle,
+    "Load": engine_pb2.OpHandle,
+    "Wait": engine_pb2.OpStatus,
+    "Release": engine_pb2.ReleaseResponse,
+}
 
 
 class PageCode(enum.IntEnum):
@@ -164,7 +178,8 @@ class Client:
     """A connection to one peer. ``timeout`` (seconds) bounds every call."""
 
     def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S, lazy: bool = False) -> None:
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S, lazy: bool = False,
+                 use_lane: Optional[bool] = None) -> None:
         """``lazy``: do not wait for the socket (the peer may be down or not
         started yet); the channel connects on first use and keeps retrying.
         Otherwise raise PeerUnavailable if it is not ready within
@@ -176,7 +191,11 @@ class Client:
         connection but is slow to answer (busy, paused): such a peer is
         waited for, not reported unreachable. A peer that is down refuses at
         once, whatever the deadline: a lazy open then returns unopened and
-        retries in the background."""
+        retries in the background.
+
+        ``use_lane`` (default: unless ORBITKV_LANE=0): make the engine calls
+        but OpenSession on the peer's engine lane (orbitkv.lane), falling
+        back to gRPC while the lane cannot be reached."""
         self.socket_path = socket_path
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -191,6 +210,8 @@ class Client:
                 raise errors.PeerUnavailable(f"connect {socket_path}: not ready within {connect_timeout}s", "UNAVAILABLE")
             self._reachable = True
         self.stub = engine_pb2_grpc.EngineServiceStub(self._channel)
+        self._lane = lane.Lane(socket_path + lane.SUFFIX, connect_timeout) if \
+            (lane.enabled() if use_lane is None else use_lane) else None
         self._sessions: list[Session] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -215,18 +236,34 @@ class Client:
             log.warning("orbitkv peer %s reachable again", self.socket_path)
 
     def call(self, action: str, method: str, request, timeout: Optional[float] = None):
-        """Invokes one RPC with a deadline, mapping errors."""
+        """Invokes one RPC with a deadline, mapping errors: on the engine
+        lane if it is reachable, else over gRPC."""
+        if self._lane is not None and method in _LANE_METHODS:
+            try:
+                out = self._lane.call(action, method, request.SerializeToString(), timeout or self.timeout)
+            except lane.Unreachable:
+                pass  # over gRPC, which also decides whether the peer is reachable
+            except errors.OrbitKVError as err:
+                self._answered(err)
+                raise
+            else:
+                self._set_reachable(True)
+                return _LANE_METHODS[method].FromString(out)
         try:
             resp = getattr(self.stub, method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             err = errors.from_rpc_error(action, e)
-            if isinstance(err, errors.PeerUnavailable):
-                self._set_reachable(False, str(err))
-            elif not isinstance(err, errors.PeerTimeout) and err.code:
-                self._set_reachable(True)  # the peer answered (with an error)
+            self._answered(err)
             raise err from None
         self._set_reachable(True)
         return resp
+
+    def _answered(self, err: errors.OrbitKVError) -> None:
+        """Notes what a failed call says of the peer's reachability."""
+        if isinstance(err, errors.PeerUnavailable):
+            self._set_reachable(False, str(err))
+        elif not isinstance(err, errors.PeerTimeout) and err.code:
+            self._set_reachable(True)  # the peer answered (with an error)
 
     def open_session(
         self,
@@ -305,6 +342,8 @@ class Client:
             sessions, self._sessions = self._sessions, []
         for s in sessions:
             s.close()
+        if self._lane is not None:
+            self._lane.close()
         self._channel.close()
 
     def __enter__(self) -> "Client":

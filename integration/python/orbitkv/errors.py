@@ -71,5 +71,11 @@ def from_rpc_error(action: str, err: Any) -> OrbitKVError:
         details = err.details() or ""
     except Exception:  # not a call error (e.g. a channel failure)
         code, details = "UNKNOWN", str(err)
+    return from_code(action, code, details)
+
+
+def from_code(action: str, code: str, details: str) -> OrbitKVError:
+    """The OrbitKVError of a peer's answer with gRPC code ``code`` (its
+    name) and ``details``, over gRPC or the engine lane."""
     cls = _CODE_TABLE.get(code, OrbitKVError)
     return cls(f"{action}: {code}: {details}", code)
