@@ -27,7 +27,22 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		"tiers": runBenchTiers, "saturation": runBenchSaturation,
 		"lookup": runBenchLookup, "fabric": runBenchFabric, "transfer": runBenchTransfer, "cluster": runBenchCluster,
 		"gpu": runBenchGPU, "serving": runBenchServing, "report": runBenchReport, "restart": runBenchRestart,
+		"echo": runBenchEcho,
 	})
+}
+
+// runBenchEcho serves a bare Unix-socket echo: the baseline of the engine
+// RPC benchmark (integration/python orbitkv.bench.rpc).
+func runBenchEcho(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench echo", flag.ContinueOnError)
+	path := fs.String("socket", "", "Unix socket path to echo on, until interrupted")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return fmt.Errorf("bench echo: --socket is required")
+	}
+	return benchutil.ServeEcho(ctx, *path)
 }
 
 func runBenchSSD(ctx context.Context, args []string, out io.Writer) error {
