@@ -3,6 +3,8 @@ package fabric
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -98,8 +100,8 @@ func TestLaneMalformedFrames(t *testing.T) {
 		raw.SetReadDeadline(time.Now().Add(20 * time.Second))
 		n, err := raw.Read(make([]byte, 64))
 		raw.Close()
-		if n != 0 || err == nil {
-			t.Errorf("%s: read %d bytes, %v; want the connection closed", tc.name, n, err)
+		if n != 0 || !errors.Is(err, io.EOF) {
+			t.Errorf("%s: read %d bytes, %v; want the connection closed (EOF)", tc.name, n, err)
 		}
 	}
 	var got pb.LookupResponse

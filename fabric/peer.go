@@ -205,10 +205,10 @@ func (p *Peer) Run(ctx context.Context) error {
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxConcurrentStreams(1024), grpc.ChainUnaryInterceptor(p.m.rpc.unary))
 	p.api.Register(srv)
 	var wg sync.WaitGroup
-	errc := make(chan error, 3) // gRPC, the lane, metrics
+	errc := make(chan error, 2)
 	wg.Add(1)
 	go func() { defer wg.Done(); errc <- srv.Serve(lis) }()
-	lane := p.serveLane(&wg, errc)
+	lane := p.serveLane(&wg)
 	metricsAddr, stopMetrics, err := p.serveMetrics(&wg, errc)
 	if err != nil {
 		lane.Close()
@@ -258,9 +258,9 @@ func (p *Peer) Run(ctx context.Context) error {
 const LaneSuffix = ".lane"
 
 // serveLane starts the engine lane (engineapi/lane.go) on the socket's
-// path plus LaneSuffix. A peer that cannot listen there serves without it
-// (engines fall back to gRPC) and says why.
-func (p *Peer) serveLane(wg *sync.WaitGroup, errc chan<- error) *engineapi.Lane {
+// path plus LaneSuffix. A peer that cannot listen there, or whose lane
+// fails, serves without it (engines fall back to gRPC) and says why.
+func (p *Peer) serveLane(wg *sync.WaitGroup) *engineapi.Lane {
 	lane := p.api.NewLane(p.m.rpc.unary)
 	path := p.cfg.Socket + LaneSuffix
 	lis, err := listenUnix(path)
@@ -272,7 +272,7 @@ func (p *Peer) serveLane(wg *sync.WaitGroup, errc chan<- error) *engineapi.Lane 
 	go func() {
 		defer wg.Done()
 		if err := lane.Serve(lis); err != nil {
-			errc <- err
+			p.log.Error().Err(err).Msg("engine lane stopped: engines use gRPC only")
 		}
 	}()
 	return lane

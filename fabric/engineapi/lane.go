@@ -12,8 +12,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,23 +64,35 @@ func (p *API) NewLane(interceptor grpc.UnaryServerInterceptor) *Lane {
 	return l
 }
 
-// Serve accepts connections on lis until Close (nil) or an accept error.
+// Serve accepts connections on lis until Close (nil) or an accept error
+// that is not temporary (returned: the lane stops, gRPC serves on).
 func (l *Lane) Serve(lis net.Listener) error {
 	defer lis.Close()
 	go func() { <-l.ctx.Done(); lis.Close() }()
+	backoff := time.Duration(0)
 	for {
 		c, err := lis.Accept()
 		if err != nil {
 			if l.ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("lane accept: %w", err)
+			var te interface{ Temporary() bool }
+			if !errors.As(err, &te) || !te.Temporary() { // EMFILE and its kind are temporary: wait, as gRPC does
+				return fmt.Errorf("lane accept: %w", err)
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-l.ctx.Done():
+				return nil
+			}
+			continue
 		}
+		backoff = 0
 		if !l.track(c) {
 			c.Close()
 			return nil
 		}
-		l.wg.Add(1)
 		go func() { defer l.wg.Done(); defer l.untrack(c); l.serveConn(c) }()
 	}
 }
@@ -94,6 +110,7 @@ func (l *Lane) Close() {
 	l.wg.Wait()
 }
 
+// track adds c to the connections Close closes and waits for.
 func (l *Lane) track(c net.Conn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -101,6 +118,7 @@ func (l *Lane) track(c net.Conn) bool {
 		return false
 	}
 	l.mu.conns[c] = struct{}{}
+	l.wg.Add(1)
 	return true
 }
 
@@ -124,7 +142,13 @@ func (l *Lane) serveConn(c net.Conn) {
 			}
 			return
 		}
-		code, out := l.call(req.Method, req.Deadline, req.Body)
+		c.SetReadDeadline(time.Time{})
+		if hungUp(c) { // queued while the peer was paused, say; its caller gave up
+			return
+		}
+		ctx, stop := watchCaller(l.ctx, c, r)
+		code, out := l.call(ctx, req.Method, req.Deadline, req.Body)
+		stop()
 		c.SetWriteDeadline(time.Now().Add(laneTransit))
 		if _, err := c.Write(lane.AppendResponse(nil, code, out)); err != nil {
 			return
@@ -134,7 +158,7 @@ func (l *Lane) serveConn(c net.Conn) {
 
 // call runs one method's handler; it returns the gRPC code and the
 // marshalled response or the error's message.
-func (l *Lane) call(method string, deadline time.Duration, body []byte) (codes.Code, []byte) {
+func (l *Lane) call(ctx context.Context, method string, deadline time.Duration, body []byte) (codes.Code, []byte) {
 	md, ok := l.methods[method]
 	if !ok {
 		return codes.Unimplemented, []byte(fmt.Sprintf("lane: unknown method %q", method))
@@ -142,7 +166,7 @@ func (l *Lane) call(method string, deadline time.Duration, body []byte) (codes.C
 	if deadline <= 0 {
 		deadline = laneDefaultDeadline
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, deadline)
+	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	dec := func(m any) error {
 		if err := proto.Unmarshal(body, m.(proto.Message)); err != nil {
@@ -160,4 +184,46 @@ func (l *Lane) call(method string, deadline time.Duration, body []byte) (codes.C
 		return codes.Internal, []byte(fmt.Sprintf("lane: encode %s response: %v", method, err))
 	}
 	return codes.OK, out
+}
+
+// watchCaller returns a context cancelled when the caller hangs up while
+// its call runs (as gRPC cancels a call whose client went away: a waiting
+// Save or Load ends early), and stop, which ends the watch and leaves the
+// reader ready for the next request. A caller sends nothing while it
+// waits, so whatever ends the watch's read early is a hang-up.
+func watchCaller(parent context.Context, c net.Conn, r *bufio.Reader) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := r.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			cancel()
+		}
+	}()
+	return ctx, func() {
+		c.SetReadDeadline(time.Now()) // ends the Peek
+		<-done
+		cancel()
+	}
+}
+
+// hungUp reports whether c's caller has closed its end already (an end of
+// file waits to be read), without blocking.
+func hungUp(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		gone = n == 0 && err == nil
+		return true
+	})
+	return gone
 }

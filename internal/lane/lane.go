@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"time"
 
@@ -46,7 +47,7 @@ func AppendRequest(b []byte, r Request) []byte {
 	start := len(b)
 	b = append(b, 0, 0, 0, 0, byte(len(r.Method)))
 	b = append(b, r.Method...)
-	b = binary.BigEndian.AppendUint32(b, uint32(r.Deadline/time.Millisecond))
+	b = binary.BigEndian.AppendUint32(b, uint32(min(r.Deadline/time.Millisecond, math.MaxUint32)))
 	b = append(b, r.Body...)
 	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
 	return b
@@ -118,10 +119,12 @@ func readFrame(r io.Reader, arrived func()) ([]byte, error) {
 }
 
 // Client is one lane connection; a call at a time (not safe for
-// concurrent use).
+// concurrent use). After a transport error it refuses further calls (a
+// late answer must not be read as the next call's): dial again.
 type Client struct {
-	c net.Conn
-	r *bufio.Reader
+	c      net.Conn
+	r      *bufio.Reader
+	broken error
 }
 
 // Dial connects to the lane socket at path within timeout.
@@ -137,6 +140,18 @@ func Dial(path string, timeout time.Duration) (*Client, error) {
 // error comes back as a gRPC status error, as over gRPC. ctx's deadline
 // bounds the call (the connection is unusable after a transport error).
 func (c *Client) Call(ctx context.Context, method string, req, resp proto.Message) error {
+	if c.broken != nil {
+		return fmt.Errorf("lane %s: connection unusable after %w", method, c.broken)
+	}
+	err := c.call(ctx, method, req, resp)
+	var st interface{ GRPCStatus() *status.Status }
+	if err != nil && !errors.As(err, &st) {
+		c.broken = err
+	}
+	return err
+}
+
+func (c *Client) call(ctx context.Context, method string, req, resp proto.Message) error {
 	body, err := proto.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("lane %s: encode: %w", method, err)
@@ -159,7 +174,7 @@ func (c *Client) Call(ctx context.Context, method string, req, resp proto.Messag
 		return status.Error(code, string(out))
 	}
 	if err := proto.Unmarshal(out, resp); err != nil {
-		return fmt.Errorf("lane %s: decode: %w", method, err)
+		return status.Errorf(codes.Internal, "lane %s: decode the answer: %v", method, err)
 	}
 	return nil
 }

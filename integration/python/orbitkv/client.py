@@ -40,6 +40,7 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from orbitkv import errors, lane
 from orbitkv._proto import engine_pb2, engine_pb2_grpc
@@ -248,7 +249,10 @@ class Client:
                 raise
             else:
                 self._set_reachable(True)
-                return _LANE_METHODS[method].FromString(out)
+                try:
+                    return _LANE_METHODS[method].FromString(out)
+                except DecodeError as e:
+                    raise errors.from_code(action, "INTERNAL", f"lane: undecodable answer: {e}") from None
         try:
             resp = getattr(self.stub, method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as e:

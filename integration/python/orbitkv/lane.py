@@ -24,7 +24,7 @@ from typing import Optional
 from orbitkv import errors
 
 SUFFIX = ".lane"
-RETRY_S = 5.0
+RETRY_S = 1.0
 MAX_FRAME = 16 << 20
 # Status codes as the peer sends them (gRPC's numbering).
 _CODES = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
@@ -56,6 +56,8 @@ class Lane:
         error raises the matching OrbitKVError, a transport failure
         PeerUnavailable or PeerTimeout, a lane that cannot be reached
         Unreachable (nothing was sent)."""
+        if len(body) + len(method) + 9 > MAX_FRAME:
+            raise Unreachable("over the lane's frame limit")  # gRPC answers it (RESOURCE_EXHAUSTED)
         deadline = time.monotonic() + timeout
         s, reused = self._take()
         try:
@@ -141,10 +143,10 @@ def _roundtrip(s: socket.socket, method: str, body: bytes, deadline: float) -> t
     left = deadline - time.monotonic()
     if left <= 0:
         raise socket.timeout()
-    rest = struct.pack(">B", len(name)) + name + struct.pack(">I", max(1, int(left * 1000))) + body
+    rest = struct.pack(">B", len(name)) + name + struct.pack(">I", min(max(1, int(left * 1000)), 0xFFFFFFFF)) + body
     s.settimeout(left)
     try:
-        s.sendall(struct.pack(">I", len(rest)) + rest)
+        s.sendall(struct.pack(">I", len(rest)) + rest, socket.MSG_NOSIGNAL)  # EPIPE, not SIGPIPE
     except (BrokenPipeError, ConnectionResetError) as e:
         raise _NotSent(str(e)) from None
     buf = bytearray()

@@ -55,7 +55,10 @@ def _echo(path: str, size: int):
         s.sendall(msg)
         got = 0
         while got < size:
-            got += len(s.recv(1 << 16))
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                raise SystemExit("the echo server closed the connection")
+            got += len(chunk)
     return call, s
 
 
