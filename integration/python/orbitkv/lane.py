@@ -43,6 +43,8 @@ def enabled() -> bool:
 
 
 class Lane:
+    """The connections of one client to one peer's lane."""
+
     def __init__(self, path: str, connect_timeout: float) -> None:
         self.path = path
         self.connect_timeout = connect_timeout
@@ -59,7 +61,7 @@ class Lane:
         if len(body) + len(method) + 9 > MAX_FRAME:
             raise Unreachable("over the lane's frame limit")  # gRPC answers it (RESOURCE_EXHAUSTED)
         deadline = time.monotonic() + timeout
-        s, reused = self._take()
+        s, reused = self._take(action, deadline)
         try:
             try:
                 code, out = _roundtrip(s, method, body, deadline)
@@ -67,7 +69,7 @@ class Lane:
                 if not reused:
                     raise
                 s.close()  # the peer closed it while idle (e.g. it restarted): nothing was sent to anyone
-                s, _ = self._take(fresh=True)
+                s, _ = self._take(action, deadline, fresh=True)
                 code, out = _roundtrip(s, method, body, deadline)
         except socket.timeout:
             s.close()
@@ -82,9 +84,10 @@ class Lane:
             raise errors.from_code(action, name, out.decode("utf-8", "replace"))
         return out
 
-    def _take(self, fresh: bool = False) -> tuple[socket.socket, bool]:
+    def _take(self, action: str, deadline: float, fresh: bool = False) -> tuple[socket.socket, bool]:
         """An idle connection the peer has not closed, or a new one; and
-        whether it was idle."""
+        whether it was idle. A connection the peer does not accept before
+        the call's deadline (it is paused, its backlog full) is a timeout."""
         while not fresh:
             with self._lock:
                 if self._closed:
@@ -101,9 +104,13 @@ class Lane:
             if time.monotonic() < self._retry_at:
                 raise Unreachable("not reachable lately")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.connect_timeout)
+        s.settimeout(max(0.001, min(self.connect_timeout, deadline - time.monotonic())))
         try:
             s.connect(self.path)
+        except socket.timeout:
+            s.close()
+            raise errors.PeerTimeout(f"{action}: DEADLINE_EXCEEDED: the lane did not accept the connection in time",
+                                     "DEADLINE_EXCEEDED") from None
         except OSError as e:
             s.close()
             with self._lock:
