@@ -2,8 +2,9 @@
 // engine service's unary calls as plain length-prefixed frames on a Unix
 // socket beside the gRPC one (the server is fabric/engineapi/lane.go; the
 // Python client orbitkv/lane.py). It exists for latency: a Python gRPC
-// unary call on a Unix socket costs 0.35 ms hot and 1.0-1.9 ms after an
-// idle spell, a plain socket round trip 0.05-0.2 ms.
+// unary call on a Unix socket costs 0.3 ms hot and 1.0-1.9 ms after an
+// idle spell, a Lookup over the lane 0.06 and 0.4-0.5 ms (a bare socket
+// round trip 0.01 and 0.15-0.2 ms; orbitkv.bench.rpc, H100 host).
 //
 // A request frame: u32 length of the rest, u8 length of the method name,
 // the name (EngineService's, e.g. "Lookup"), u32 deadline in ms (0: the

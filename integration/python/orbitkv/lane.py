@@ -1,9 +1,10 @@
 """The engine lane: the peer's engine calls as plain frames on a Unix socket
 beside its gRPC one (``<socket>.lane``; the format is the peer's
 internal/lane package). The same calls, answers and errors as gRPC, at a
-fraction of its latency: a gRPC unary call from Python costs 0.35 ms hot
+fraction of its latency: a gRPC unary call from Python costs 0.3 ms hot
 and 1-2 ms after an idle spell (an engine's first lookup for a prompt
-always comes after one), a round trip on a plain socket 0.05-0.2 ms.
+always comes after one), a Lookup over the lane 0.06 and 0.4-0.5 ms
+(python -m orbitkv.bench.rpc on the H100 host, 2026-12-06).
 
 A call takes an idle connection or opens one (one per calling thread at a
 time), and drops it after any transport error, so a late answer can never

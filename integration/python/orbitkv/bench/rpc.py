@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from orbitkv import keys
+from orbitkv._proto import engine_pb2
 from orbitkv.client import Client
 
 SERVE_DEADLINE_S = 60
@@ -93,8 +94,8 @@ def _run(sock: str, echo: str, calls: int, gaps: list[float]) -> int:
     for k in ("grpc", "lane"):
         s = sessions[k]
         rows.append((f"lookup {k}", lambda s=s: s.lookup(ks, lease=True)))
-        rows.append((f"keepalive {k}", lambda c=clients[k], s=s: c.call("keepalive", "Keepalive",
-                                                                         _keepalive(s.id))))
+        rows.append((f"keepalive {k}", lambda c=clients[k], s=s: c.call(
+            "keepalive", "Keepalive", engine_pb2.KeepaliveRequest(session_id=s.id))))
     print(f"{'call':<18}" + "".join(f"{'gap ' + format(g * 1000, 'g') + ' ms':>22}" for g in gaps))
     print(f"{'':<18}" + "".join(f"{'p50 / p90 us':>22}" for _ in gaps))
     for name, fn in rows:
@@ -109,11 +110,6 @@ def _run(sock: str, echo: str, calls: int, gaps: list[float]) -> int:
     for c in clients.values():
         c.close()
     return 0
-
-
-def _keepalive(sid: str):
-    from orbitkv._proto import engine_pb2
-    return engine_pb2.KeepaliveRequest(session_id=sid)
 
 
 if __name__ == "__main__":
